@@ -1,0 +1,3 @@
+from kvpilot.main import main
+
+raise SystemExit(main())

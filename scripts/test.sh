@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs everything the tests need into .venv and runs lint + the CPU test suite.
+# Extra arguments go to pytest (e.g. scripts/test.sh -m gpu on a GPU machine).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -x .venv/bin/python ] || python3 -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+# CPU torch for the tests (a file on this kind of machine's disk; elsewhere PyPI's build). The project itself
+# only asks for torch>=2.4, so a GPU user's install keeps its CUDA build.
+python -m pip install -q "torch==2.13.0"
+python -m pip install -q -e ".[all,dev]"
+ruff check .
+# pytest exits 5 when it collects nothing: with `set -e` that fails the run instead of passing vacuously.
+python -m pytest -q -p no:cacheprovider "$@"
