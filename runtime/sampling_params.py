@@ -34,6 +34,7 @@ class SamplingParams:
     logprobs: int | None = None  # number of top alternatives to return (0 = only the chosen token)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    detokenize: bool = True  # False: token ids only (benchmarks feed and read ids)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
