@@ -1,0 +1,219 @@
+"""`python -m kvpilot.runtime.bench`: DESIGN.md's workloads W1–W4 on random weights of real model shapes.
+
+No download: a model directory holds the real config.json of the shape plus the tiny fixture tokenizer, and
+the runner initialises random weights on the device (`load_format="dummy"`). Prompts are random token ids
+and outputs ignore EOS, so the work is exactly the workload's. The same run can time Hugging Face
+transformers' continuous batching (`generate_batch`, attn "paged|sdpa") on the same inputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+HBM_BYTES_PER_S = 4.25e12  # device-to-device copy measured on the H200 (DESIGN.md)
+BF16_FLOPS = 784e12  # bf16 matmul measured on the H200
+
+SHAPES: dict[str, dict[str, Any]] = {
+    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True,
+                       max_position_embeddings=40960),
+    "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False,
+                     max_position_embeddings=40960),
+}
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    shape: str
+    num_seqs: int
+    input_len: tuple[int, int]
+    output_len: tuple[int, int]
+    measure: str  # "throughput" | "tpot" | "ttft"
+
+
+WORKLOADS = {
+    "W1": Workload("W1", "qwen3-0.6b", 256, (100, 1024), (100, 1024), "throughput"),
+    "W2": Workload("W2", "qwen3-8b", 256, (100, 1024), (256, 256), "throughput"),
+    "W3": Workload("W3", "qwen3-8b", 1, (1024, 1024), (256, 256), "tpot"),
+    "W4": Workload("W4", "qwen3-8b", 1, (1024, 1024), (1, 1), "ttft"),
+}
+
+
+def qwen3_config(shape: str) -> dict[str, Any]:
+    return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_act": "silu",
+            "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_scaling": None, "attention_bias": False,
+            "torch_dtype": "bfloat16", "bos_token_id": 151643, "eos_token_id": 151645, **SHAPES[shape]}
+
+
+def write_model_dir(root: Path, shape: str) -> Path:
+    """config.json of the real shape + the fixture tokenizer (ids are fed directly, text is never needed)."""
+    from kvpilot.runtime.fixtures import make_tiny_checkpoint
+
+    tiny = make_tiny_checkpoint(root / "tiny", "qwen3")
+    out = root / shape
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        (out / name).write_bytes((tiny / name).read_bytes())
+    (out / "config.json").write_text(json.dumps(qwen3_config(shape)))
+    return out
+
+
+def make_requests(w: Workload, vocab: int, seed: int) -> list[tuple[list[int], int]]:
+    rng = random.Random(seed)
+    reqs = []
+    for _ in range(w.num_seqs):
+        n_in = rng.randint(*w.input_len)
+        reqs.append(([rng.randrange(1000, vocab - 1000) for _ in range(n_in)], rng.randint(*w.output_len)))
+    return reqs
+
+
+def param_count(c: dict[str, Any]) -> int:
+    h, i, layers, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+    q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
+    per_layer = h * (q + 2 * kv) + q * h + 3 * h * i
+    return layers * per_layer + v * h * (1 if c["tie_word_embeddings"] else 2)
+
+
+def physical_floor_s(w: Workload, reqs: list[tuple[list[int], int]]) -> float:
+    """Prefill FLOPs at the matmul rate + every decode step streaming the weights and each sequence's KV."""
+    c = qwen3_config(w.shape)
+    params = param_count(c)
+    weight_bytes = 2 * params
+    kv_per_token = 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * c["head_dim"] * 2
+    prefill_flops = sum(2 * params * len(p) for p, _ in reqs)
+    decode_steps = max(o for _, o in reqs) - 1 if w.measure != "ttft" else 0
+    kv_read = sum(kv_per_token * (len(p) * (o - 1) + (o - 1) * o // 2) for p, o in reqs)
+    return prefill_flops / BF16_FLOPS + (decode_steps * weight_bytes + kv_read) / HBM_BYTES_PER_S
+
+
+def build_engine(model_dir: Path, args: argparse.Namespace) -> Any:
+    from kvpilot.runtime.engine.llm_engine import EngineArgs, LLMEngine
+
+    return LLMEngine.from_args(EngineArgs(
+        model=str(model_dir), max_model_len=4096, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, gpu_memory_utilization=0.9,
+        device="cuda", dtype="bfloat16", load_format="dummy", enable_prefix_caching=False))
+
+
+def run_ours(engine: Any, reqs: list[tuple[list[int], int]], tag: str) -> dict[str, float]:
+    from kvpilot.runtime.sampling_params import SamplingParams
+
+    for i, (prompt, out_len) in enumerate(reqs):
+        engine.add_request(f"{tag}-{i}", prompt, SamplingParams(
+            max_tokens=out_len, temperature=0.0, ignore_eos=True, detokenize=False))
+    step_times: list[float] = []
+    first_token: dict[str, float] = {}
+    t0 = time.perf_counter()
+    generated = 0
+    while engine.has_unfinished_requests():
+        ts = time.perf_counter()
+        outputs = engine.step()
+        step_times.append(time.perf_counter() - ts)
+        for o in outputs:
+            generated += len(o.new_token_ids)
+            if o.new_token_ids and o.request_id not in first_token:
+                first_token[o.request_id] = time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    return {"wall_s": wall, "output_tokens": generated, "output_tok_s": generated / wall,
+            "ttft_s": min(first_token.values()) if first_token else float("nan"),
+            "tpot_s": (sum(step_times[1:]) / max(1, len(step_times) - 1)) if len(step_times) > 1 else 0.0}
+
+
+def run_hf(shape: str, reqs: list[tuple[list[int], int]], max_new_tokens: int) -> dict[str, float]:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    config = AutoConfig.for_model(**{k: v for k, v in qwen3_config(shape).items() if k != "architectures"})
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16,
+                                                 attn_implementation="paged|sdpa").eval()
+    gen = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None,
+                           pad_token_id=0)
+    inputs = [p for p, _ in reqs]
+    model.generate_batch(inputs=inputs[:4], generation_config=gen)  # warm-up: graphs, allocator
+    t0 = time.perf_counter()
+    out = model.generate_batch(inputs=inputs, generation_config=gen)
+    wall = time.perf_counter() - t0
+    generated = sum(len(o.generated_tokens) for o in out.values())
+    del model
+    torch.cuda.empty_cache()
+    return {"wall_s": wall, "output_tokens": generated, "output_tok_s": generated / wall}
+
+
+def run_workload(w: Workload, root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    model_dir = write_model_dir(root, w.shape)
+    reqs = make_requests(w, SHAPES[w.shape]["vocab_size"], args.seed)
+    engine = build_engine(model_dir, args)
+    run_ours(engine, make_requests(Workload("warm", w.shape, 4, (64, 128), (8, 8), "x"), 150000, 1), "warm")
+    result: dict[str, Any] = {"workload": asdict(w), "ours": run_ours(engine, reqs, w.name)}
+    floor = physical_floor_s(w, reqs)
+    result["floor_s"] = floor
+    if w.measure == "throughput":
+        result["floor_tok_s"] = sum(o for _, o in reqs) / floor
+    if args.hf and w.measure == "throughput":
+        side = reqs[: args.hf_seqs]
+        side = [(p, args.hf_output) for p, _ in side]
+        result["side_by_side"] = {"num_seqs": len(side), "output_len": args.hf_output,
+                                  "ours": run_ours(engine, side, w.name + "-side")}
+        del engine
+        torch.cuda.empty_cache()
+        try:
+            result["side_by_side"]["hf"] = run_hf(w.shape, side, args.hf_output)
+        except Exception as exc:  # the comparison must not lose our own numbers
+            result["side_by_side"]["hf_error"] = f"{type(exc).__name__}: {exc}"
+    return result
+
+
+def summary_row(r: dict[str, Any]) -> str:
+    w, ours = r["workload"], r["ours"]
+    if w["measure"] == "throughput":
+        got, floor, unit = ours["output_tok_s"], r["floor_tok_s"], "out tok/s"
+        ratio = got / floor
+    elif w["measure"] == "tpot":
+        got, floor, unit = ours["tpot_s"] * 1e3, r["floor_s"] / w["output_len"][0] * 1e3, "ms/token"
+        ratio = floor / got
+    else:
+        got, floor, unit = ours["ttft_s"] * 1e3, r["floor_s"] * 1e3, "ms TTFT"
+        ratio = floor / got
+    side = r.get("side_by_side", {})
+    hf = side.get("hf", {}).get("output_tok_s")
+    vs = f"{side['ours']['output_tok_s'] / hf:.1f}x HF" if hf else side.get("hf_error", "")[:40]
+    return f"| {w['name']} | {w['shape']} | {got:,.1f} {unit} | {floor:,.1f} | {ratio:.0%} | {vs} |"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workloads", default="W1,W2,W3,W4")
+    p.add_argument("--root", type=Path, default=Path("/tmp/kvpilot-bench"))
+    p.add_argument("--out", type=Path, default=None, help="write all numbers as JSON here")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hf", action="store_true", help="also time transformers' generate_batch side by side")
+    p.add_argument("--hf-seqs", type=int, default=64)
+    p.add_argument("--hf-output", type=int, default=256)
+    args = p.parse_args(argv)
+    results = []
+    for name in args.workloads.split(","):
+        results.append(run_workload(WORKLOADS[name], args.root, args))
+        print(json.dumps(results[-1]), flush=True)
+        if args.out:
+            args.out.write_text(json.dumps(results, indent=1))
+    print("| workload | shape | ours | floor | of floor | side by side |\n|---|---|---|---|---|---|")
+    for r in results:
+        print(summary_row(r))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
