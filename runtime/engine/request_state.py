@@ -1,0 +1,68 @@
+"""One request's output side: incremental text, stop checks, and the delta each step hands back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvpilot.runtime.engine.detokenizer import IncrementalDetokenizer
+from kvpilot.runtime.engine.output import RequestOutput, TokenLogprob
+from kvpilot.runtime.engine.sequence import Sequence
+from kvpilot.runtime.engine.stop import StopStringMatcher, token_stop_reason
+
+
+class RequestState:
+    def __init__(self, request_id: str, seq: Sequence, tokenizer: Any, eos_token_ids: frozenset[int]):
+        self.request_id = request_id
+        self.seq = seq
+        params = seq.params
+        self._eos_token_ids = eos_token_ids
+        self._detokenizer = None
+        if params.detokenize:
+            self._detokenizer = IncrementalDetokenizer(
+                tokenizer, seq.prompt_token_ids, params.skip_special_tokens)
+        self._matcher = StopStringMatcher(params.stop, params.include_stop_str_in_output)
+
+    def process_token(self, sampled: Any, token_limit: int) -> RequestOutput:
+        """The delta for the token just appended to the sequence (`sampled` is the SampledToken)."""
+        seq, params = self.seq, self.seq.params
+        token_id = seq.output_token_ids[-1]
+        can_stop = seq.num_output_tokens >= params.min_tokens
+        stopped, stop_reason = token_stop_reason(
+            token_id, eos_token_ids=self._eos_token_ids, stop_token_ids=params.stop_token_ids,
+            ignore_eos=params.ignore_eos) if can_stop else (False, None)
+        finish_reason = "stop" if stopped else None
+        text = ""
+        if self._detokenizer is not None:
+            show_token = not stopped or params.include_stop_str_in_output
+            match = self._matcher.feed(self._detokenizer.add(token_id) if show_token else "", can_stop)
+            text = match.text
+            if match.stop is not None and finish_reason is None:
+                finish_reason, stop_reason = "stop", match.stop
+        out_of_room = seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= token_limit
+        if finish_reason is None and out_of_room:
+            finish_reason = "length"
+        if finish_reason is not None:
+            text += self._flush_text(can_stop)
+        logprobs = None
+        if params.logprobs is not None:
+            logprobs = [TokenLogprob(token_id, float(sampled.logprob), list(sampled.top_logprobs))]
+        return self._output([token_id], text, logprobs, finish_reason, stop_reason)
+
+    def _flush_text(self, can_stop: bool) -> str:
+        if self._detokenizer is None:
+            return ""
+        return self._matcher.feed(self._detokenizer.flush(), can_stop).text + self._matcher.flush()
+
+    def finish_output(self, finish_reason: str, error: str | None = None) -> RequestOutput:
+        """The final delta of a request that ends outside the model step (abort, failure)."""
+        return self._output([], "", None, finish_reason, None, error)
+
+    def _output(self, token_ids: list[int], text: str, logprobs: list[TokenLogprob] | None,
+                finish_reason: str | None, stop_reason: int | str | None,
+                error: str | None = None) -> RequestOutput:
+        seq = self.seq
+        return RequestOutput(
+            request_id=self.request_id, new_token_ids=token_ids, new_text=text, new_logprobs=logprobs,
+            finished=finish_reason is not None, finish_reason=finish_reason, stop_reason=stop_reason,
+            num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=seq.num_output_tokens,
+            num_cached_tokens=seq.num_cached_tokens or 0, error=error)
