@@ -1,0 +1,109 @@
+"""Rendering helpers for the chart tests: helm-python-sdk (libhelm, no helm binary, offline)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART_DIR = REPO / "charts" / "kvpilot"
+EVERYTHING_VALUES = CHART_DIR / "ci" / "everything-values.yaml"
+RELEASE = "kvpilot"
+NAMESPACE = "kvpilot-system"
+
+Manifest = dict[str, Any]
+
+
+class Manifests(list[Manifest]):
+    """Rendered objects with lookups; returned by fixtures so test modules need no imports from here."""
+
+    def get(self, kind: str, name: str) -> Manifest:
+        matches = [m for m in self if m["kind"] == kind and m["metadata"]["name"] == name]
+        if len(matches) != 1:
+            raise LookupError(f"expected one {kind}/{name}, found {len(matches)}")
+        return matches[0]
+
+    def of_kind(self, *kinds: str) -> list[Manifest]:
+        return [m for m in self if m["kind"] in kinds]
+
+    def ids(self) -> set[tuple[str, str]]:
+        return {(m["kind"], m["metadata"]["name"]) for m in self}
+
+
+Render = Callable[..., Manifests]
+
+
+def manifests_of(rendered: dict[str, str]) -> Manifests:
+    """Every YAML document of every rendered template (NOTES.txt excluded), empty documents dropped."""
+    docs = Manifests()
+    for path, text in sorted(rendered.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        docs.extend(doc for doc in yaml.safe_load_all(text) if doc)
+    return docs
+
+
+@pytest.fixture(scope="session")
+def chart_dir() -> Path:
+    return CHART_DIR
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def everything_values() -> dict[str, Any]:
+    return yaml.safe_load(EVERYTHING_VALUES.read_text())
+
+
+@pytest.fixture(scope="session")
+def chart() -> Iterator[helm.Chart]:
+    with helm.Chart.load(CHART_DIR) as loaded:
+        yield loaded
+
+
+@pytest.fixture(scope="session")
+def render_raw(chart: helm.Chart) -> Callable[..., dict[str, str]]:
+    """Template path -> rendered text, as `helm template` would print it (offline, no cluster)."""
+
+    def _render(values: dict[str, Any] | None = None, namespace: str = NAMESPACE) -> dict[str, str]:
+        return chart.render(values or {}, name=RELEASE, namespace=namespace, is_install=True)
+
+    return _render
+
+
+@pytest.fixture(scope="session")
+def render(render_raw: Callable[..., dict[str, str]]) -> Render:
+    def _render(values: dict[str, Any] | None = None, namespace: str = NAMESPACE) -> Manifests:
+        return manifests_of(render_raw(values, namespace))
+
+    return _render
+
+
+@pytest.fixture(scope="session")
+def default_manifests(render: Render) -> Manifests:
+    return render()
+
+
+@pytest.fixture(scope="session")
+def everything_manifests(render: Render, everything_values: dict[str, Any]) -> Manifests:
+    return render(everything_values)
+
+
+@pytest.fixture(scope="session")
+def gateway_metric_names() -> set[str]:
+    """Sample names the gateway exports, read from its own metrics registry (not a copied list)."""
+    from kvpilot.gateway.metrics import GatewayMetrics
+
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    names: set[str] = set()
+    for family in GatewayMetrics().registry.collect():
+        names.update(family.name + suffix for suffix in suffixes.get(family.type, ("",)))
+    return names
