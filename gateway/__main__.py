@@ -42,7 +42,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="a static pool (repeatable)")
     p.add_argument("--policy", choices=[p.value for p in PolicyName], help="routing policy for --pool pools")
     p.add_argument("--api-keys-file", type=Path, help="enable API keys: one key per line")
-    p.add_argument("--kubernetes", action="store_true", help="discover InferenceServices and scale via /scale")
+    p.add_argument("--kubernetes", action="store_true", help="discover InferenceServices, scale via /scale")
     p.add_argument("--namespace", default=os.environ.get("KVPILOT_WATCH_NAMESPACE") or None)
     p.add_argument("--kube-api-url", help="Kubernetes API URL (default: in-cluster, then kubeconfig)")
     p.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE"),
@@ -111,7 +111,7 @@ class _Background:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         config = build_config(args)
         app = build_app(args, config)
