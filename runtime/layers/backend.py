@@ -1,0 +1,21 @@
+"""Choosing an op implementation by backend name, passed down explicitly from the model runner.
+
+"torch" runs the plain-PyTorch references from runtime/kernels (the CPU path and the oracle); "triton"
+entries are added beside them as the GPU kernels land.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+BACKENDS = ("torch", "triton")
+
+
+def pick_op(ops: Mapping[str, Callable[..., Any]], backend: str, op_name: str) -> Callable[..., Any]:
+    """ops[backend], or a ValueError naming the op and the backends that implement it."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend not in ops:
+        raise ValueError(f"{op_name} has no {backend!r} implementation; available: {', '.join(ops)}")
+    return ops[backend]
