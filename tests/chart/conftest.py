@@ -107,3 +107,36 @@ def gateway_metric_names() -> set[str]:
     for family in GatewayMetrics().registry.collect():
         names.update(family.name + suffix for suffix in suffixes.get(family.type, ("",)))
     return names
+
+
+# --- container images (docker/*.Dockerfile) ---------------------------------------------------------------
+
+Instruction = tuple[str, str]  # (INSTRUCTION, arguments with line continuations joined)
+
+
+def parse_dockerfile(text: str) -> list[Instruction]:
+    """Instructions in order; comment lines dropped (also inside continuations), `\\` continuations joined."""
+    instructions: list[Instruction] = []
+    pending = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        pending = f"{pending} {line}".strip()
+        if pending.endswith("\\"):
+            pending = pending[:-1].rstrip()
+            continue
+        keyword, _, args = pending.partition(" ")
+        instructions.append((keyword.upper(), args.strip()))
+        pending = ""
+    if pending:
+        raise ValueError(f"Dockerfile ends inside a continuation: {pending!r}")
+    return instructions
+
+
+@pytest.fixture(scope="session")
+def dockerfile() -> Callable[[str], list[Instruction]]:
+    def _load(image: str) -> list[Instruction]:
+        return parse_dockerfile((REPO / "docker" / f"{image}.Dockerfile").read_text())
+
+    return _load

@@ -26,7 +26,10 @@ GATEWAY_RULES = {
     ("kvpilot.dev", "inferenceservices/scale", ()): {"get", "patch", "update"},
     ("discovery.k8s.io", "endpointslices", ()): {"get", "list", "watch"},
 }
-LEASE_RULES = {("coordination.k8s.io", "leases", ()): {"get", "create", "update"}}
+LEASE_RULES = {
+    ("coordination.k8s.io", "leases", ()): {"create"},
+    ("coordination.k8s.io", "leases", ("kvpilot-gateway-autoscaler",)): {"get", "update"},
+}
 PROFILES_RULES = {("", "configmaps", ("kvpilot-gpu-profiles",)): {"get", "list", "watch"}}
 
 Grants = dict[tuple[str, str, tuple[str, ...]], set[str]]

@@ -55,7 +55,10 @@ def test_operator_command_one_namespace(everything_manifests) -> None:
 def test_gateway_command_and_autoscaling_defaults(default_manifests, everything_manifests) -> None:
     spec = container(default_manifests, "kvpilot-gateway")
     assert spec["image"] == "ghcr.io/kvpilot/gateway:0.1.0"
-    assert spec["command"] + spec["args"] == ["kvpilot-gateway", "--kubernetes", "--port", "8080"]
+    assert spec["command"] + spec["args"] == [
+        "kvpilot-gateway", "--kubernetes", "--port", "8080", "--log-level", "info",
+        "--lease-name", "kvpilot-gateway-autoscaler",
+    ]
     assert spec["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
     env = env_of(spec)
     assert (env["KVPILOT_AUTOSCALING_WINDOW_SECONDS"], env["KVPILOT_AUTOSCALING_TARGET_QUEUE_DEPTH"],
@@ -63,7 +66,8 @@ def test_gateway_command_and_autoscaling_defaults(default_manifests, everything_
     env = env_of(container(everything_manifests, "kvpilot-gateway"))
     assert (env["KVPILOT_AUTOSCALING_WINDOW_SECONDS"], env["KVPILOT_AUTOSCALING_TARGET_QUEUE_DEPTH"],
             env["KVPILOT_AUTOSCALING_SCALE_DOWN_DELAY_SECONDS"]) == ("20", "8", "600")
-    assert env["KVPILOT_WATCH_NAMESPACE"] == "ml-serving"
+    args = container(everything_manifests, "kvpilot-gateway")["args"]
+    assert args[args.index("--namespace") + 1] == "ml-serving"
 
 
 def test_gateway_service_reaches_gateway_pods(default_manifests) -> None:
@@ -132,10 +136,13 @@ def test_api_keys_from_chart_secret(everything_manifests) -> None:
     keys = secret["stringData"]["api-keys"].split()
     assert keys == ["sk-kvpilot-test-0001", "sk-kvpilot-test-0002"]
     spec = container(everything_manifests, "kvpilot-gateway")
-    assert env_of(spec)["KVPILOT_API_KEYS_FILE"] == "/etc/kvpilot/api-keys/api-keys"
+    key_file = spec["args"][spec["args"].index("--api-keys-file") + 1]
+    [mount] = [m for m in spec["volumeMounts"] if m["name"] == "api-keys"]
+    assert key_file == f"{mount['mountPath']}/api-keys" and mount["readOnly"] is True
     pod = everything_manifests.get("Deployment", "kvpilot-gateway")["spec"]["template"]["spec"]
     [volume] = [v for v in pod["volumes"] if v["name"] == "api-keys"]
     assert volume["secret"]["secretName"] == "kvpilot-gateway-api-keys"
+    assert [item["path"] for item in volume["secret"]["items"]] == ["api-keys"]
 
 
 def test_api_keys_from_existing_secret(render) -> None:
@@ -147,7 +154,7 @@ def test_api_keys_from_existing_secret(render) -> None:
 
 def test_api_keys_off_by_default(default_manifests) -> None:
     assert not default_manifests.of_kind("Secret")
-    assert "KVPILOT_API_KEYS_FILE" not in env_of(container(default_manifests, "kvpilot-gateway"))
+    assert "--api-keys-file" not in container(default_manifests, "kvpilot-gateway")["args"]
 
 
 def test_api_keys_enabled_without_keys_is_a_clear_error(render) -> None:

@@ -62,6 +62,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- if include "kvpilot.namespaced" . }}Role{{ else }}ClusterRole{{ end }}
 {{- end }}
 
+{{/* The Lease the gateway replicas elect their autoscaling leader with. */}}
+{{- define "kvpilot.gateway.leaseName" -}}
+{{- printf "%s-autoscaler" (include "kvpilot.gateway.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{/* Name of the Secret holding the gateway's API keys. */}}
 {{- define "kvpilot.gateway.apiKeysSecret" -}}
 {{- default (printf "%s-api-keys" (include "kvpilot.gateway.fullname" .)) .Values.gateway.apiKeys.existingSecret }}
