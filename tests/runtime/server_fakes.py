@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-
 from kvpilot.runtime.errors import InvalidRequestError
 from kvpilot.runtime.sampling_params import SamplingParams
 from kvpilot.runtime.server.app import build_app
@@ -98,7 +97,8 @@ class _Seq:
 
 class FakeEngine:
     def __init__(self, *, max_model_len: int = 64, max_num_seqs: int = 8, step_delay: float = 0.0,
-                 tokenizer: FakeTokenizer | None = None, num_kv_blocks: int = 32, block_size: int = 4) -> None:
+                 tokenizer: FakeTokenizer | None = None, num_kv_blocks: int = 32,
+                 block_size: int = 4) -> None:
         self.tokenizer = tokenizer or FakeTokenizer()
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
@@ -169,8 +169,8 @@ class FakeEngine:
             logprobs = [FakeLogprob(token, -0.5, tops)]
         if finish:
             self.running.remove(seq)
-        return FakeOutput(seq.request_id, [token], new_text, logprobs, finish is not None, finish, stop_reason,
-                          len(seq.prompt), len(seq.output))
+        return FakeOutput(seq.request_id, [token], new_text, logprobs, finish is not None, finish,
+                          stop_reason, len(seq.prompt), len(seq.output))
 
     def stats(self) -> FakeStats:
         used = sum(-(-(len(s.prompt) + len(s.output)) // self.block_size) for s in self.running)
