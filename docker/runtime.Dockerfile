@@ -23,4 +23,3 @@ ENV HF_HOME=/home/kvpilot/.cache/huggingface TRITON_CACHE_DIR=/home/kvpilot/.cac
 USER 10001:10001
 EXPOSE 8000
 ENTRYPOINT ["kvpilot-runtime"]
-CMD ["--host", "0.0.0.0", "--port", "8000"]
