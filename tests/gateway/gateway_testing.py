@@ -1,0 +1,95 @@
+"""Helpers for the gateway tests: servers in background threads, polling, metrics parsing."""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+HERE = Path(__file__).parent
+
+
+def load_sibling(name: str) -> Any:
+    """Import tests/gateway/<name>.py (pytest runs with import-mode=importlib: no package imports)."""
+    module_name = f"_kvpilot_gateway_tests_{name}"
+    if module_name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(module_name, HERE / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[module_name]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.02) -> Any:
+    """Poll until `predicate()` is truthy; fail the test (not hang) after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s: {predicate}")
+
+
+class ServerThread:
+    """An ASGI app served by uvicorn on 127.0.0.1 in a background thread (its own event loop)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app, self.port = app, free_port()
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
+                                timeout_graceful_shutdown=2)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        wait_until(lambda: self.server.started or not self.thread.is_alive(), timeout=30)
+        if not self.server.started:
+            raise RuntimeError("server failed to start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+
+
+def ready_replicas(gateway_url: str, model: str) -> int:
+    return httpx.get(f"{gateway_url}/health", timeout=5).json()["readyReplicas"].get(model, 0)
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of `name` whose labels include `labels` in a Prometheus exposition."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+def gateway_config(pools: dict[str, Any], **sections: Any) -> Any:
+    """A GatewayConfig with fast health checks (tests wait on readiness, never on fixed sleeps)."""
+    from kvpilot.gateway.config import GatewayConfig
+
+    data = {"pools": pools, "health": {"intervalSeconds": 0.1, "timeoutSeconds": 2}, **sections}
+    return GatewayConfig.model_validate(data)
