@@ -1,0 +1,77 @@
+"""The inner step shared by the paged attention kernels: one BLOCK_N tile of context, online softmax.
+
+A tile is BLOCK_N consecutive context positions n0 .. n0 + BLOCK_N - 1. Each position is looked up in the
+sequence's block table (page = table[pos // PAGE], row = pos % PAGE), so a tile gathers BLOCK_N / PAGE
+pages when PAGE <= BLOCK_N, or part of one page otherwise. Scores are in base 2 (qk_scale includes
+log2(e)) and accumulate in fp32.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def attend_tile(
+    acc,  # [BLOCK_M, BLOCK_D] fp32 un-normalised output
+    l_i,  # [BLOCK_M] fp32 running sum of exp2(score - m_i)
+    m_i,  # [BLOCK_M] fp32 running max score
+    q,  # [BLOCK_M, BLOCK_D] in the cache dtype
+    q_pos,  # [BLOCK_M] position of each query row (used when CAUSAL)
+    k_cache_ptr,
+    v_cache_ptr,
+    bt_row,  # pointer to this sequence's block-table row
+    n0,  # first context position of the tile
+    end,  # positions >= end are masked out (used when MASK)
+    qk_scale,
+    k_head_off,  # kv_head * stride of the head dim, K cache
+    v_head_off,
+    stride_kb,
+    stride_ks,
+    stride_vb,
+    stride_vs,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASK: tl.constexpr,  # the tile may run past `end` (the last tile)
+    CAUSAL: tl.constexpr,  # the tile may hold positions after some query row (diagonal tiles)
+):
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    pos = n0 + offs_n  # [BLOCK_N]
+    valid = pos < end
+    if MASK:  # noqa: SIM108 (constexpr branches read better in kernels)
+        page = tl.load(bt_row + pos // PAGE, mask=valid, other=0)
+    else:
+        page = tl.load(bt_row + pos // PAGE)
+    page = page.to(tl.int64)
+    in_page = pos % PAGE
+    k_rows = page * stride_kb + in_page * stride_ks + k_head_off  # [BLOCK_N] element offsets of each row
+    v_rows = page * stride_vb + in_page * stride_vs + v_head_off
+    k_ptrs = k_cache_ptr + k_rows[:, None] + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
+    v_ptrs = v_cache_ptr + v_rows[:, None] + offs_d[None, :]
+    # Issue the V load together with K (before the first dot) so that, when the compiler does not
+    # pipeline the loop, a tile costs one memory latency rather than two.
+    if MASK or HEAD_DIM != BLOCK_D:
+        kv_mask = valid[:, None] & (offs_d[None, :] < HEAD_DIM)  # [BLOCK_N, BLOCK_D]
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+    else:
+        k = tl.load(k_ptrs)  # [BLOCK_N, BLOCK_D]
+        v = tl.load(v_ptrs)
+
+    s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_M, BLOCK_N] fp32
+    if CAUSAL:
+        s = tl.where((pos[None, :] <= q_pos[:, None]) & valid[None, :], s, float("-inf"))
+    elif MASK:
+        s = tl.where(valid[None, :], s, float("-inf"))
+    # m_i is finite after the first tile (position 0 is visible to every row), so no -inf - -inf.
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, l_i, m_new

@@ -1,0 +1,40 @@
+"""Small host-side helpers shared by the Triton kernel wrappers (no kernels here)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+# H200 (and H100 SXM) multiprocessor count; used when no CUDA device can be asked (the CPU interpreter).
+DEFAULT_NUM_SMS = 132
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+@functools.lru_cache(maxsize=16)
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def num_sms(device: torch.device) -> int:
+    """Multiprocessor count of `device`; DEFAULT_NUM_SMS off CUDA (interpreter runs)."""
+    if device.type != "cuda":
+        return DEFAULT_NUM_SMS
+    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def require_last_dim_contiguous(name: str, t: torch.Tensor) -> None:
+    """Kernels take strides for every dim but the last, which must be dense (vector loads)."""
+    if t.stride(-1) != 1:
+        raise ValueError(f"{name} must be contiguous in its last dimension, got strides {tuple(t.stride())}")
+
+
+def require_same_device(**tensors: torch.Tensor) -> torch.device:
+    devices = {t.device for t in tensors.values()}
+    if len(devices) != 1:
+        names = ", ".join(f"{k}={v.device}" for k, v in tensors.items())
+        raise ValueError(f"tensors must share one device, got {names}")
+    return devices.pop()
