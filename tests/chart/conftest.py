@@ -97,16 +97,29 @@ def everything_manifests(render: Render, everything_values: dict[str, Any]) -> M
     return render(everything_values)
 
 
-@pytest.fixture(scope="session")
-def gateway_metric_names() -> set[str]:
-    """Sample names the gateway exports, read from its own metrics registry (not a copied list)."""
-    from kvpilot.gateway.metrics import GatewayMetrics
-
+def exported_names(registry: Any) -> set[str]:
+    """Sample names a prometheus_client registry exposes (counters gain _total, histograms _bucket...)."""
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
     names: set[str] = set()
-    for family in GatewayMetrics().registry.collect():
+    for family in registry.collect():
         names.update(family.name + suffix for suffix in suffixes.get(family.type, ("",)))
     return names
+
+
+@pytest.fixture(scope="session")
+def gateway_metric_names() -> set[str]:
+    """What the gateway exports, read from its own metrics registry (not a copied list)."""
+    from kvpilot.gateway.metrics import GatewayMetrics
+
+    return exported_names(GatewayMetrics().registry)
+
+
+@pytest.fixture(scope="session")
+def runtime_metric_names() -> set[str]:
+    """What the runtime exports, read from its own metrics registry (not a copied list)."""
+    from kvpilot.runtime.server.metrics import ServerMetrics
+
+    return exported_names(ServerMetrics("any-model").registry)
 
 
 # --- container images (docker/*.Dockerfile) ---------------------------------------------------------------
