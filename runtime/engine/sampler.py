@@ -1,0 +1,149 @@
+"""Turning a step's logits into tokens: penalties, banned tokens, greedy or seeded random sampling,
+and logprobs. One SampleRow per logits row (the runner returns them in chunk order)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from kvpilot.runtime.layers.sampler import apply_min_p, apply_penalties, apply_top_k_top_p, sample_with_noise
+from kvpilot.runtime.sampling_params import SamplingParams
+
+GREEDY_TEMPERATURE = 1e-5  # temperatures below this sample greedily, as in vLLM
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class SampleRow:
+    params: SamplingParams
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+    banned_token_ids: frozenset[int] = frozenset()  # e.g. EOS while len(output) < min_tokens
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    token_id: int
+    logprob: float | None  # log_softmax of the raw logits; None unless params.logprobs is set
+    top_logprobs: list[tuple[int, float]] = field(default_factory=list)  # params.logprobs entries
+
+
+def stream_seed(seed: int, index: int) -> int:
+    """The generator seed for token `index` of a request seeded with `seed` (splitmix64 finaliser)."""
+    x = (seed * 0x9E3779B97F4A7C15 + index + 1) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (x ^ (x >> 31)) & ((1 << 63) - 1)
+
+
+def _is_greedy(params: SamplingParams) -> bool:
+    return params.temperature < GREEDY_TEMPERATURE
+
+
+def _needs_penalties(params: SamplingParams) -> bool:
+    return (params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
+            or params.frequency_penalty != 0.0)
+
+
+class Sampler:
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
+        self._generators: dict[torch.device, torch.Generator] = {}  # unseeded rows, per device
+
+    def sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> list[SampledToken]:
+        if logits.shape[0] != len(rows):
+            raise ValueError(f"{logits.shape[0]} logits rows for {len(rows)} sample rows")
+        if not rows:
+            return []
+        raw = logits.float()
+        processed = self._process(raw.clone(), rows)
+        greedy = [i for i, r in enumerate(rows) if _is_greedy(r.params)]
+        random = [i for i, r in enumerate(rows) if not _is_greedy(r.params)]
+        token_ids = torch.empty(len(rows), dtype=torch.long, device=raw.device)
+        if greedy:
+            token_ids[greedy] = processed[greedy].argmax(dim=-1)
+        if random:
+            token_ids[random] = self._sample_random(processed[random], [rows[i] for i in random])
+        return self._results(raw, token_ids.tolist(), rows)
+
+    def _process(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+        """Banned tokens to -inf, then penalties on the rows that ask for them."""
+        vocab = logits.shape[-1]
+        for i, row in enumerate(rows):
+            banned = [t for t in row.banned_token_ids if 0 <= t < vocab]
+            if banned:
+                logits[i, banned] = float("-inf")
+        penalised = [i for i, r in enumerate(rows) if _needs_penalties(r.params)]
+        if penalised:
+            logits[penalised] = apply_penalties(logits[penalised], *self._penalty_inputs(
+                [rows[i] for i in penalised], vocab, logits.device))
+        return logits
+
+    @staticmethod
+    def _penalty_inputs(rows: list[SampleRow], vocab: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        def counts(ids: Sequence[int]) -> torch.Tensor:
+            ids_t = torch.tensor([t for t in ids if 0 <= t < vocab], dtype=torch.long, device=device)
+            return torch.bincount(ids_t, minlength=vocab)
+
+        prompt_mask = torch.stack([counts(r.prompt_token_ids) > 0 for r in rows])
+        output_counts = torch.stack([counts(r.output_token_ids) for r in rows])
+
+        def column(name: str) -> torch.Tensor:
+            return torch.tensor([getattr(r.params, name) for r in rows], dtype=torch.float32, device=device)
+
+        return (prompt_mask, output_counts, column("repetition_penalty"), column("frequency_penalty"),
+                column("presence_penalty"))
+
+    def _sample_random(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+        device, vocab = logits.device, logits.shape[-1]
+
+        def column(values: list[float]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.float32, device=device)
+
+        logits = logits / column([r.params.temperature for r in rows])[:, None]
+        min_p = column([r.params.min_p for r in rows])
+        if bool((min_p > 0).any()):
+            logits = apply_min_p(logits, min_p)
+        top_k = column([r.params.top_k if r.params.top_k > 0 else vocab for r in rows])
+        top_p = column([r.params.top_p for r in rows])
+        if bool((top_k < vocab).any() or (top_p < 1.0).any()):
+            logits = apply_top_k_top_p(logits, top_k, top_p)
+        return sample_with_noise(torch.softmax(logits, dim=-1), self._noise(rows, vocab, device))
+
+    def _noise(self, rows: list[SampleRow], vocab: int, device: torch.device) -> torch.Tensor:
+        """Exp(1) noise per row: from the request's own stream when seeded, else the sampler's."""
+        noise = torch.empty(len(rows), vocab, device=device)
+        unseeded = [i for i, r in enumerate(rows) if r.params.seed is None]
+        if unseeded:
+            noise[unseeded] = torch.empty(len(unseeded), vocab, device=device).exponential_(
+                generator=self._generator(device))
+        for i, row in enumerate(rows):
+            if row.params.seed is not None:
+                generator = torch.Generator(device=device)
+                generator.manual_seed(stream_seed(row.params.seed, len(row.output_token_ids)))
+                noise[i].exponential_(generator=generator)
+        return noise
+
+    def _generator(self, device: torch.device) -> torch.Generator:
+        if device not in self._generators:
+            self._generators[device] = torch.Generator(device=device)
+            self._generators[device].manual_seed(self.seed)
+        return self._generators[device]
+
+    @staticmethod
+    def _results(raw: torch.Tensor, token_ids: list[int], rows: list[SampleRow]) -> list[SampledToken]:
+        wanted = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+        logprobs = torch.log_softmax(raw[wanted], dim=-1) if wanted else None
+        position = {row_index: k for k, row_index in enumerate(wanted)}
+        results = []
+        for i, (token, row) in enumerate(zip(token_ids, rows, strict=True)):
+            n = row.params.logprobs
+            if n is None or logprobs is None:
+                results.append(SampledToken(token, None, []))
+                continue
+            row_logprobs = logprobs[position[i]]
+            top = torch.topk(row_logprobs, n) if n > 0 else None
+            pairs = list(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if top else []
+            results.append(SampledToken(token, float(row_logprobs[token]), pairs))
+        return results
