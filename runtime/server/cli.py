@@ -9,7 +9,10 @@ import argparse
 from typing import Any
 
 SUPPORTED_QUANTIZATION = (None, "none")
-SUPPORTED_KV_CACHE_DTYPES = ("auto",)
+# What the model runner implements (runtime/engine/model_runner.py); int8 KV is planned, not built.
+SUPPORTED_KV_CACHE_DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16", "half", "fp8",
+                             "fp8_e4m3")
+LOAD_FORMATS = ("auto", "dummy")
 DEVICES = ("auto", "cuda", "cpu")
 
 
@@ -31,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--device", choices=DEVICES, default="auto")
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--load-format", choices=LOAD_FORMATS, default="auto",
+                   help="dummy: random weights of the checkpoint's shapes (benchmarks)")
     p.add_argument("--num-kv-blocks", type=int, default=None,
                    help="KV-cache blocks to allocate (default: sized from memory); tests use small numbers")
     p.add_argument("--seed", type=int, default=0)
@@ -104,6 +109,7 @@ def engine_args_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "tensor_parallel_size": args.tensor_parallel_size,
         "enable_prefix_caching": args.enable_prefix_caching,
         "device": args.device, "dtype": args.dtype, "num_kv_blocks": args.num_kv_blocks, "seed": args.seed,
+        "load_format": args.load_format,
     }
 
 

@@ -80,6 +80,9 @@ class GenerationStream:
             if isinstance(event, RequestFailed):
                 self._finished = set(range(self.size))
                 raise EngineFailure(str(event.error)) from event.error
+            if getattr(event, "error", None):  # the engine finished this request because it failed
+                self._finished.add(index)
+                raise EngineFailure(event.error)
             if isinstance(event, RequestAborted) or event.finished:
                 self._finished.add(index)
             yield index, event
