@@ -93,3 +93,15 @@ def gateway_config(pools: dict[str, Any], **sections: Any) -> Any:
 
     data = {"pools": pools, "health": {"intervalSeconds": 0.1, "timeoutSeconds": 2}, **sections}
     return GatewayConfig.model_validate(data)
+
+
+async def wait_until_async(predicate: Callable[[], Any], timeout: float = 10.0) -> Any:
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"condition not met within {timeout}s")
