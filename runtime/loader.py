@@ -129,16 +129,40 @@ def load_weights(model: nn.Module, model_dir: Path, config: ModelConfig) -> None
                              f"{', '.join(missing[:5])}{more}")
 
 
+def init_dummy_weights(model: nn.Module, seed: int) -> None:
+    """Random weights of the right shapes, made on the model's device (benchmarks: shapes are real,
+    values are not). Norm weights are 1, everything else N(0, 0.02)."""
+    generator: torch.Generator | None = None
+    for name, param in model.named_parameters():
+        if generator is None:
+            generator = torch.Generator(device=param.device)
+            generator.manual_seed(seed)
+        if "norm" in name:
+            param.data.fill_(1.0)
+        else:
+            param.data.normal_(0.0, 0.02, generator=generator)
+
+
+LOAD_FORMATS = ("auto", "dummy")
+
+
 def load_model(model_dir: str | Path, config: ModelConfig, *, device: torch.device, dtype: torch.dtype,
-               backend: str = "torch", max_positions: int | None = None) -> nn.Module:
-    """Build the model for `config` directly on `device` in `dtype` and fill it from the checkpoint."""
+               backend: str = "torch", max_positions: int | None = None, load_format: str = "auto",
+               seed: int = 0) -> nn.Module:
+    """Build the model for `config` directly on `device` in `dtype` and fill it from the checkpoint
+    (load_format "auto") or with seeded random values ("dummy": no weight files needed)."""
+    if load_format not in LOAD_FORMATS:
+        raise ModelLoadError(f"unknown load_format {load_format!r}; use one of {', '.join(LOAD_FORMATS)}")
     cls = model_class(config.architecture)
     with torch.device("meta"):
         model = cls(config, backend=backend, max_positions=max_positions, rope_device=device)
     model = model.to(dtype=dtype).to_empty(device=device)
     if config.tie_word_embeddings:
         model.tie_weights()
-    load_weights(model, Path(model_dir), config)
+    if load_format == "dummy":
+        init_dummy_weights(model, seed)
+    else:
+        load_weights(model, Path(model_dir), config)
     model.eval()
     model.requires_grad_(False)
     return model

@@ -135,7 +135,9 @@ class ModelRunner:
     def __init__(self, model_dir: str | Path, *, block_size: int = 16, max_model_len: int | None = None,
                  device: str = "auto", dtype: str = "auto", gpu_memory_utilization: float = 0.9,
                  num_kv_blocks: int | None = None, kv_cache_dtype: str = "auto", seed: int = 0,
-                 backend: str = "torch") -> None:
+                 backend: str = "torch", load_format: str = "auto") -> None:
+        """backend: "torch" (reference ops) or "triton". load_format: "auto" reads the safetensors,
+        "dummy" makes seeded random weights of the same shapes (benchmarks)."""
         if block_size < 1:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.model_config = ModelConfig.from_dir(model_dir)
@@ -148,7 +150,7 @@ class ModelRunner:
                 f"max_model_len {max_model_len} exceeds the model's max_position_embeddings {limit}")
         self.max_model_len = max_model_len or limit
         self.model = load_model(model_dir, self.model_config, device=self.device, dtype=self.dtype,
-                                backend=backend, max_positions=limit)
+                                backend=backend, max_positions=limit, load_format=load_format, seed=seed)
         self.kv_cache_dtype = resolve_kv_cache_dtype(kv_cache_dtype, self.dtype)
         block_bytes = kv_block_bytes(self.model_config, block_size, self.kv_cache_dtype)
         if num_kv_blocks is not None and num_kv_blocks < 1:
