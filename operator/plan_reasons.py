@@ -29,9 +29,7 @@ def feasible_reasons(request: PlanRequest, workload: Workload, chosen: Candidate
         "maxModelLen": max_model_len(request, workload),
         "maxNumSeqs": max_num_seqs(request, workload, chosen, meets),
         "maxNumBatchedTokens": batched_tokens(request, workload),
-        "gpuMemoryUtilization": (f"{chosen.utilization:.2f}: " + (
-            "default headroom for other processes and fragmentation" if chosen.utilization < 0.95
-            else "raised from 0.90 because nothing fits at 0.90")),
+        "gpuMemoryUtilization": utilization(workload, chosen, same_layout),
         "kvCacheTokens": kv_tokens(chosen),
     }
 
@@ -95,6 +93,15 @@ def pipeline(request: PlanRequest, chosen: Candidate) -> str:
             "layers, one node each")
 
 
+def utilization(workload: Workload, chosen: Candidate, same_layout: list[Candidate]) -> str:
+    if chosen.utilization < 0.95:
+        return f"{chosen.utilization:.2f}: default headroom for other processes and fragmentation"
+    at_default = [c.capacity for c in same_layout if c.utilization < 0.95 and c.feasible]
+    why = (f"at most {max(at_default)} of {workload.target_seqs} target sequences fit"
+           if at_default else "nothing fits")
+    return f"{chosen.utilization:.2f}: raised from 0.90 because at 0.90 {why}"
+
+
 def batched_tokens(request: PlanRequest, workload: Workload) -> str:
     return (f"{workload.batched_tokens}: prefill chunk of 8 x the {request.profile.name}'s compute/bandwidth "
             f"ridge ({request.profile.ridge_tokens:.0f} tokens), a power of two in [2048, 16384] and at "
@@ -130,7 +137,8 @@ def max_num_seqs(request: PlanRequest, workload: Workload, chosen: Candidate, me
 def summary(request: PlanRequest, workload: Workload, chosen: Candidate, meets: bool, seqs: int) -> str:
     stages = f" x pp{chosen.pp}" if chosen.pp > 1 else ""
     short = "" if meets else f", short of the {workload.target_seqs} target"
-    return (f"{chosen.gpus} x {request.profile.name} (tp{chosen.tp}{stages}), {chosen.quantization} weights, "
+    weights = format_name(request, chosen.quantization)
+    return (f"{chosen.gpus} x {request.profile.name} (tp{chosen.tp}{stages}), {weights} weights, "
             f"{chosen.kv_dtype} KV: {seqs} sequences of ~{workload.avg_context_len:,} tokens, up to "
             f"{workload.max_model_len:,}{short}")
 

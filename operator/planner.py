@@ -6,7 +6,8 @@ Every way to run the model (layout x weight format x KV dtype) is sized as a Can
   target, then the fewest GPUs. If nothing reaches the target, the most sequences (an honest shortfall).
 - quality: 16-bit KV before 8-bit KV, then weights none > fp8 > int8 > awq > gptq.
 - "fits" means the weights, the workspace and the KV of one max-length sequence fit in
-  gpu_memory_utilization x memory on every GPU; 0.95 is used only when nothing fits at 0.90.
+  gpu_memory_utilization x memory on every GPU; 0.95 instead of 0.90 only when nothing reaches the
+  target at 0.90.
 """
 
 from __future__ import annotations
@@ -115,14 +116,16 @@ def plan(request: PlanRequest) -> Plan:
     except PlanningError as exc:
         return Plan(feasible=False, gpu_profile=request.profile.name, reason=str(exc))
     evaluated: list[Candidate] = []
-    for group in layout_groups(single, multi, request.gpu_count is not None):
-        for utilization in UTILIZATIONS:
-            batch = [size(request, workload, tp, pp, q, kv, utilization)
+    count_given = request.gpu_count is not None
+    for group in layout_groups(single, multi, count_given):
+        for utilizations in (UTILIZATIONS[:1], UTILIZATIONS):
+            batch = [size(request, workload, tp, pp, q, kv, utilization) for utilization in utilizations
                      for tp, pp in group for q in quantizations for kv in kv_dtypes]
             evaluated.extend(batch)
             feasible = [c for c in batch if c.feasible]
-            if feasible:
-                chosen, meets = choose(feasible, workload.target_seqs, request.gpu_count is not None)
+            meets = any(c.capacity >= workload.target_seqs for c in feasible)
+            if meets or (feasible and len(utilizations) == len(UTILIZATIONS)):
+                chosen, meets = choose(feasible, workload.target_seqs, count_given)
                 return build_plan(request, workload, chosen, meets, batch)
     return infeasible_plan(request, workload, evaluated, quantizations, kv_dtypes)
 
@@ -233,8 +236,8 @@ def choose(feasible: list[Candidate], target: int, count_given: bool) -> tuple[C
         pool = [c for c in feasible if c.gpus == fewest]
     meeting = [c for c in pool if c.capacity >= target]
     if meeting:
-        return min(meeting, key=lambda c: (c.quality, c.gpus)), True
-    return max(pool, key=lambda c: (c.capacity, -c.gpus, [-q for q in c.quality])), False
+        return min(meeting, key=lambda c: (c.quality, c.gpus, c.utilization)), True
+    return max(pool, key=lambda c: (c.capacity, -c.gpus, [-q for q in c.quality], -c.utilization)), False
 
 
 def build_plan(request: PlanRequest, workload: Workload, chosen: Candidate, meets: bool,

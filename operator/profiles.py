@@ -93,7 +93,11 @@ class ProfileStore:
         """Replace the admin profiles with the ConfigMap's (None: none); returns the names that changed."""
         text = ((configmap or {}).get("data") or {}).get(PROFILES_KEY, "")
         name = ((configmap or {}).get("metadata") or {}).get("name", "configmap")
-        merged = merge_profiles(self._builtins, parse_profiles(text, f"{name}/{PROFILES_KEY}"))
+        return self.load_admin(parse_profiles(text, f"{name}/{PROFILES_KEY}"))
+
+    def load_admin(self, admin: list[GpuProfile]) -> set[str]:
+        """Replace the admin profiles; returns the names whose profile changed (added, edited, removed)."""
+        merged = merge_profiles(self._builtins, admin)
         changed = {n for n in set(merged) | set(self._profiles) if merged.get(n) != self._profiles.get(n)}
         self._profiles = merged
         return changed
