@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import os
+import sys
 
 import torch
 
@@ -38,3 +40,20 @@ def require_same_device(**tensors: torch.Tensor) -> torch.device:
         names = ", ".join(f"{k}={v.device}" for k, v in tensors.items())
         raise ValueError(f"tensors must share one device, got {names}")
     return devices.pop()
+
+
+def interpret_without_gpu() -> bool:
+    """Switch Triton to its CPU interpreter when no CUDA device exists (tests, CI); returns whether it did.
+
+    Triton decides at @triton.jit decoration time (its own standard library included) whether a kernel
+    is compiled or interpreted, so this must run before the first `import triton` in the process.
+    """
+    if torch.cuda.is_available():
+        return False
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(
+            "triton was imported before TRITON_INTERPRET=1 was set, so its kernels cannot be interpreted on "
+            "CPU: export TRITON_INTERPRET=1 (or set it before anything imports triton) when there is no GPU"
+        )
+    os.environ["TRITON_INTERPRET"] = "1"
+    return True

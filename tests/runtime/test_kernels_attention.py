@@ -1,0 +1,275 @@
+"""Triton paged attention (decode split-KV / single pass, varlen prefill, dispatcher) vs the reference.
+
+Without CUDA the kernels run under TRITON_INTERPRET=1 on CPU (set below BEFORE triton is imported: triton
+decides at @triton.jit decoration time whether a kernel is compiled or interpreted) in float32 at small
+sizes. With CUDA the same small tests run the compiled kernels (float32 dots use TF32 there, hence the
+looser tolerance). Tests marked `gpu` run Qwen3-8B head shapes in bf16 on the GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kvpilot.runtime.kernels.triton_utils import interpret_without_gpu
+
+INTERPRET = interpret_without_gpu()  # before anything imports triton
+
+from kvpilot.runtime.kernels import attention_triton  # noqa: E402
+from kvpilot.runtime.kernels.attention import paged_attention, paged_attention_ref  # noqa: E402
+from kvpilot.runtime.kernels.decode_attention_triton import (  # noqa: E402
+    DecodeConfig,
+    DecodePlan,
+    paged_decode_attention_triton,
+    plan_decode,
+)
+from kvpilot.runtime.kernels.prefill_attention_triton import (  # noqa: E402
+    PrefillConfig,
+    paged_prefill_attention_triton,
+)
+
+DEVICE = "cpu" if INTERPRET else "cuda"
+SMALL_TOL = {"atol": 1e-4, "rtol": 1e-4} if DEVICE == "cpu" else {"atol": 2e-2, "rtol": 2e-2}
+GQA = [(4, 4), (4, 2), (8, 2), (6, 2), (4, 1)]  # (q heads, kv heads): ratios 1, 2, 4, 3 (padded), MQA
+SMALL_DECODE = DecodeConfig(block_n=16, min_partition=16)  # several tiles and splits at small contexts
+SMALL_PREFILL = PrefillConfig(block_m=16, block_n=16)
+
+
+def make_batch(
+    ctx_lens: list[int],
+    q_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str = DEVICE,
+    seed: int = 0,
+) -> dict[str, torch.Tensor]:
+    """Fresh random q and paged K/V; each sequence's pages are scattered over the pool (random block
+    table) and unused table entries are -1, so reading a wrong or missing page shows in the output."""
+    gen = torch.Generator().manual_seed(seed)
+    per_seq = [-(-c // block_size) for c in ctx_lens]
+    num_blocks = sum(per_seq) + 3
+    perm = torch.randperm(num_blocks, generator=gen)
+    tables = torch.full((len(ctx_lens), max(per_seq, default=0) + 1), -1, dtype=torch.int32)
+    used = 0
+    for s, n in enumerate(per_seq):
+        tables[s, :n] = perm[used : used + n]
+        used += n
+    cache_shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    dev_gen = torch.Generator(device=device).manual_seed(seed)
+    out = {
+        "q": torch.randn(int(cu[-1]), num_heads, head_dim, generator=dev_gen, device=device, dtype=dtype),
+        "k_cache": torch.randn(cache_shape, generator=dev_gen, device=device, dtype=dtype),
+        "v_cache": torch.randn(cache_shape, generator=dev_gen, device=device, dtype=dtype),
+    }
+    out["cu_seqlens_q"] = cu.to(device)
+    out["context_lens"] = torch.tensor(ctx_lens, dtype=torch.int32, device=device)
+    out["block_tables"] = tables.to(device)
+    return out
+
+
+def reference(b: dict[str, torch.Tensor], scale: float) -> torch.Tensor:
+    return paged_attention_ref(
+        b["q"], b["k_cache"], b["v_cache"], b["cu_seqlens_q"], b["context_lens"], b["block_tables"], scale
+    )
+
+
+def decode(b: dict[str, torch.Tensor], scale: float, **kw: object) -> torch.Tensor:
+    return paged_decode_attention_triton(
+        b["q"], b["k_cache"], b["v_cache"], b["context_lens"], b["block_tables"], scale, **kw
+    )
+
+
+def prefill(b: dict[str, torch.Tensor], scale: float, **kw: object) -> torch.Tensor:
+    args = (b["q"], b["k_cache"], b["v_cache"], b["cu_seqlens_q"], b["context_lens"], b["block_tables"])
+    return paged_prefill_attention_triton(*args, scale, **kw)
+
+
+# ---------------------------------------------------------------- decode planning (pure)
+
+
+def test_plan_single_pass_when_the_batch_fills_the_gpu() -> None:
+    assert plan_decode(64, 8, 4096, 132, DecodeConfig()).num_splits == 1
+
+
+@pytest.mark.parametrize(("num_seqs", "max_ctx"), [(1, 4096), (1, 4097), (4, 1000), (16, 130)])
+def test_plan_split_partitions_cover_the_context(num_seqs: int, max_ctx: int) -> None:
+    cfg = DecodeConfig()
+    plan = plan_decode(num_seqs, 8, max_ctx, 132, cfg)
+    assert plan.partition_size % cfg.block_n == 0
+    assert plan.num_splits * plan.partition_size >= max_ctx > (plan.num_splits - 1) * plan.partition_size
+    if max_ctx >= 1000:
+        assert plan.num_splits > 1
+        assert plan.partition_size >= cfg.min_partition
+
+
+def test_plan_short_context_is_one_pass() -> None:
+    assert plan_decode(1, 1, 64, 132, DecodeConfig(min_partition=128)) == DecodePlan(1, 64)
+
+
+# ---------------------------------------------------------------- decode kernel, small, interpreted on CPU
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), GQA)
+@pytest.mark.parametrize("block_size", [4, 8, 16])
+@pytest.mark.parametrize("sms", [1, 132], ids=["single_pass", "split_kv"])
+def test_decode_matches_reference(num_heads: int, num_kv_heads: int, block_size: int, sms: int) -> None:
+    ctx_lens = [1, 17, 33, 64, 70]  # one position, page/tile boundaries straddled, exact multiple, odd
+    b = make_batch(ctx_lens, [1] * len(ctx_lens), num_heads, num_kv_heads, 16, block_size, seed=block_size)
+    out = decode(b, 0.37, config=SMALL_DECODE, sms=sms)
+    torch.testing.assert_close(out, reference(b, 0.37), **SMALL_TOL)
+
+
+def test_decode_default_config_and_block_size_one() -> None:
+    b = make_batch([3, 130, 200], [1, 1, 1], 8, 2, 32, 1, seed=3)
+    for sms in (1, 132):
+        torch.testing.assert_close(decode(b, 0.2, sms=sms), reference(b, 0.2), **SMALL_TOL)
+
+
+def test_decode_odd_head_dim_and_explicit_plan() -> None:
+    b = make_batch([9, 50], [1, 1], 4, 2, 24, 8, seed=4)  # head_dim 24: padded to 32 inside the kernel
+    out = decode(b, 0.3, config=SMALL_DECODE, plan=DecodePlan(num_splits=4, partition_size=16))
+    torch.testing.assert_close(out, reference(b, 0.3), **SMALL_TOL)
+
+
+def test_decode_empty_context_gives_zeros() -> None:
+    b = make_batch([0, 5], [1, 1], 4, 2, 16, 4, seed=5)  # a padding row (context 0) beside a real one
+    for sms in (1, 132):
+        out = decode(b, 0.5, config=SMALL_DECODE, sms=sms)
+        assert torch.equal(out[0], torch.zeros_like(out[0]))
+        torch.testing.assert_close(out, reference(b, 0.5), **SMALL_TOL)
+
+
+# ---------------------------------------------------------------- prefill kernel, small
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), GQA)
+@pytest.mark.parametrize("block_size", [4, 8, 16])
+def test_prefill_mixed_batch_matches_reference(num_heads: int, num_kv_heads: int, block_size: int) -> None:
+    # full prompt, prefix + new tokens (odd, straddling pages and tiles), a decode row, a one-token prompt
+    q_lens = [23, 9, 1, 1, 40]
+    ctx_lens = [23, 37, 18, 1, 57]
+    b = make_batch(ctx_lens, q_lens, num_heads, num_kv_heads, 16, block_size, seed=10 + block_size)
+    out = prefill(b, 0.29, config=SMALL_PREFILL)
+    torch.testing.assert_close(out, reference(b, 0.29), **SMALL_TOL)
+
+
+def test_prefill_default_config_with_max_q_len_hint() -> None:
+    b = make_batch([150, 70], [150, 3], 8, 2, 32, 16, seed=20)
+    torch.testing.assert_close(prefill(b, 0.2, max_q_len=150), reference(b, 0.2), **SMALL_TOL)
+
+
+def test_prefill_block_size_one_and_odd_head_dim() -> None:
+    b = make_batch([12, 31], [5, 31], 6, 3, 20, 1, seed=21)
+    torch.testing.assert_close(prefill(b, 0.25, config=SMALL_PREFILL), reference(b, 0.25), **SMALL_TOL)
+
+
+# ---------------------------------------------------------------- dispatcher
+
+
+def _dispatch(b: dict[str, torch.Tensor], backend: str, **kw: object) -> torch.Tensor:
+    args = (b["q"], b["k_cache"], b["v_cache"], b["cu_seqlens_q"], b["context_lens"], b["block_tables"])
+    return paged_attention(*args, 0.3, backend=backend, **kw)
+
+
+def test_dispatcher_routes_decode_and_prefill(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    real_decode = attention_triton.paged_decode_attention_triton
+    real_prefill = attention_triton.paged_prefill_attention_triton
+
+    def spy_decode(*a: object, **k: object) -> torch.Tensor:
+        calls.append("decode")
+        return real_decode(*a, **k)
+
+    def spy_prefill(*a: object, **k: object) -> torch.Tensor:
+        calls.append("prefill")
+        return real_prefill(*a, **k)
+
+    monkeypatch.setattr(attention_triton, "paged_decode_attention_triton", spy_decode)
+    monkeypatch.setattr(attention_triton, "paged_prefill_attention_triton", spy_prefill)
+    dec = make_batch([5, 20], [1, 1], 4, 2, 16, 4, seed=30)
+    pre = make_batch([5, 20], [2, 1], 4, 2, 16, 4, seed=31)
+    torch.testing.assert_close(_dispatch(dec, "triton"), _dispatch(dec, "torch"), **SMALL_TOL)
+    torch.testing.assert_close(_dispatch(pre, "triton"), _dispatch(pre, "torch"), **SMALL_TOL)
+    torch.testing.assert_close(_dispatch(pre, "triton", max_q_len=2), reference(pre, 0.3), **SMALL_TOL)
+    torch.testing.assert_close(_dispatch(dec, "triton", is_decode=False), reference(dec, 0.3), **SMALL_TOL)
+    assert calls == ["decode", "prefill", "prefill", "prefill"]
+
+
+def test_dispatcher_rejects_bad_input() -> None:
+    b = make_batch([5, 20], [2, 1], 4, 2, 16, 4, seed=32)
+    with pytest.raises(ValueError, match="backend"):
+        _dispatch(b, "cuda")
+    with pytest.raises(ValueError, match="one query token per sequence"):
+        _dispatch(b, "triton", is_decode=True)
+    with pytest.raises(ValueError, match="int32"):
+        _dispatch({**b, "context_lens": b["context_lens"].long()}, "triton")
+    with pytest.raises(ValueError, match="KV heads"):
+        _dispatch({**b, "q": b["q"][:, :3]}, "triton")
+    odd = make_batch([5, 20], [2, 1], 4, 2, 16, 6, seed=33)
+    with pytest.raises(ValueError, match="power of two"):
+        _dispatch(odd, "triton")
+
+
+# ---------------------------------------------------------------- GPU: Qwen3-8B heads, bf16, full size
+
+QWEN3_8B = {"num_heads": 32, "num_kv_heads": 8, "head_dim": 128}
+BF16_TOL = {"atol": 2e-2, "rtol": 2e-2}  # p is rounded to bf16 before the PV matmul; output is bf16
+
+
+def _assert_bf16_close(out: torch.Tensor, ref: torch.Tensor) -> None:
+    assert not torch.isnan(out).any()
+    torch.testing.assert_close(out.float(), ref.float(), **BF16_TOL)
+    rel = (out.float() - ref.float()).norm() / ref.float().norm()
+    assert rel < 1e-2, f"relative L2 error {rel:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("batch", "max_ctx"), [(64, 4096), (1, 4096), (8, 1500)])
+@pytest.mark.parametrize("path", ["auto", "single_pass", "split_kv"])
+def test_gpu_decode_qwen3_8b(batch: int, max_ctx: int, path: str) -> None:
+    gen = torch.Generator().manual_seed(batch + max_ctx)
+    ctx = [max_ctx, *torch.randint(1, max_ctx + 1, (batch - 1,), generator=gen).tolist()]
+    b = make_batch(ctx, [1] * batch, **QWEN3_8B, block_size=16, dtype=torch.bfloat16, device="cuda")
+    plans = {
+        "auto": None,
+        "single_pass": DecodePlan(1, -(-max_ctx // 64) * 64),
+        "split_kv": DecodePlan(-(-max_ctx // 256), 256),
+    }
+    scale = 128**-0.5
+    _assert_bf16_close(decode(b, scale, plan=plans[path]), reference(b, scale))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("ctx_lens", "q_lens"),
+    [([1024], [1024]), ([3000], [512]), ([700, 33, 2049, 1], [700, 1, 100, 1])],
+    ids=["prefill_1k", "extend_512_on_2488", "mixed"],
+)
+def test_gpu_prefill_qwen3_8b(ctx_lens: list[int], q_lens: list[int]) -> None:
+    b = make_batch(ctx_lens, q_lens, **QWEN3_8B, block_size=16, dtype=torch.bfloat16, device="cuda")
+    scale = 128**-0.5
+    _assert_bf16_close(prefill(b, scale), reference(b, scale))
+
+
+@pytest.mark.gpu
+def test_gpu_decode_cuda_graph_replay_matches_eager() -> None:
+    """The decode launch is capturable: grid and plan depend on shapes only, no host sync."""
+    b = make_batch([4000, 4000, 1, 2500], [1] * 4, **QWEN3_8B, block_size=16, dtype=torch.bfloat16,
+                   device="cuda")  # fmt: skip
+    scale = 128**-0.5
+    args = (b["q"], b["k_cache"], b["v_cache"], b["cu_seqlens_q"], b["context_lens"], b["block_tables"])
+    args = (*args, scale)
+    paged_attention(*args, backend="triton", is_decode=True)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = paged_attention(*args, backend="triton", is_decode=True)
+    b["q"].copy_(torch.randn_like(b["q"]))  # new step: new queries, contexts moved (within allocated pages)
+    b["context_lens"].copy_(torch.tensor([17, 3999, 0, 2500], dtype=torch.int32))
+    graph.replay()
+    _assert_bf16_close(captured, reference(b, scale))
+    assert torch.equal(captured[2], torch.zeros_like(captured[2]))
