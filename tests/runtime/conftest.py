@@ -14,9 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from kvpilot.runtime.fixtures import FAMILIES, make_tiny_checkpoint
-
-FAMILY_NAMES = sorted(FAMILIES)
+from kvpilot.runtime.fixtures import make_tiny_checkpoint
 
 
 @pytest.fixture(scope="session")
