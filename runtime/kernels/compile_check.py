@@ -12,7 +12,9 @@ the compiler).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
+import json
 import os
 import re
 import subprocess
@@ -130,12 +132,16 @@ def compile_kernel(spec: KernelSpec, arch: int = 90) -> KernelReport:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90)
+    parser.add_argument("--json", action="store_true", help="print one JSON list instead of a table")
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("unset TRITON_INTERPRET: the interpreter does not compile")
+    reports = [compile_kernel(spec, args.arch) for spec in default_specs()]
+    if args.json:
+        print(json.dumps([dataclasses.asdict(r) for r in reports]))
+        return
     print("| kernel | registers | spill stack B | shared B | async copies |\n|---|---|---|---|---|")
-    for spec in default_specs():
-        r = compile_kernel(spec, args.arch)
+    for r in reports:
         print(f"| {r.name} | {r.registers} | {r.stack_bytes} | {r.shared_bytes} | {r.async_copies} |")
 
 
