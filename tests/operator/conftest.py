@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,3 +37,30 @@ def examples() -> dict[str, dict[str, Any]]:
 def model_configs() -> dict[str, dict[str, Any]]:
     """config.json of real models (architecture keys only), keyed by Hugging Face repo id."""
     return {json.loads(p.read_text())["_repo"]: json.loads(p.read_text()) for p in CONFIGS.glob("*.json")}
+
+
+@dataclass(frozen=True)
+class Planned:
+    owner: Any
+    spec: Any
+    plan: Any
+    profile: Any
+
+
+@pytest.fixture(scope="session")
+def planned(model_configs: dict[str, dict[str, Any]]) -> Callable[..., Planned]:
+    """Plan a manifest synchronously: facts from spec.model.config or the fixture configs by repo id."""
+    from kvpilot.operator.labels import Owner
+    from kvpilot.operator.model_facts import facts_from_config
+    from kvpilot.operator.planner import PlanRequest, plan
+    from kvpilot.operator.profiles import ProfileStore
+    from kvpilot.operator.spec import parse_spec
+
+    def run(manifest: dict[str, Any], store: ProfileStore | None = None) -> Planned:
+        spec = parse_spec(manifest["spec"])
+        profile = (store or ProfileStore()).get(spec.gpu.profile)
+        config = spec.model.config or model_configs[spec.model.location]
+        owner = Owner(manifest["metadata"]["name"], manifest["metadata"].get("namespace", "ml"), "uid-1234")
+        request = PlanRequest.from_spec(spec, facts_from_config(config), profile)
+        return Planned(owner, spec, plan(request), profile)
+    return run
