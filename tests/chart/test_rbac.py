@@ -30,7 +30,7 @@ LEASE_RULES = {
     ("coordination.k8s.io", "leases", ()): {"create"},
     ("coordination.k8s.io", "leases", ("kvpilot-gateway-autoscaler",)): {"get", "update"},
 }
-PROFILES_RULES = {("", "configmaps", ("kvpilot-gpu-profiles",)): {"get", "list", "watch"}}
+PROFILES_RULES = {("", "configmaps", ("kvpilot-gpu-profiles",)): {"get"}}
 
 Grants = dict[tuple[str, str, tuple[str, ...]], set[str]]
 

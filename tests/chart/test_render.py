@@ -39,6 +39,7 @@ def test_operator_command_all_namespaces(default_manifests) -> None:
     assert spec["command"] + spec["args"] == [
         "kvpilot-operator", "--all-namespaces",
         "--profiles-configmap", "kvpilot-gpu-profiles", "--profiles-namespace", NAMESPACE,
+        "--runtime-image", "ghcr.io/kvpilot/runtime:0.1.0",
     ]
     deployment = default_manifests.get("Deployment", "kvpilot-operator")
     assert deployment["spec"]["replicas"] == 1
@@ -112,14 +113,6 @@ def test_gpu_profiles(default_manifests, everything_manifests, everything_values
     assert yaml.safe_load(admin["data"]["profiles.yaml"]) == everything_values["gpuProfiles"]["profiles"]
 
 
-def test_profile_change_restarts_operator(render, everything_values) -> None:
-    def checksum(values: dict[str, Any]) -> str:
-        pod = render(values).get("Deployment", "kvpilot-operator")["spec"]["template"]
-        return pod["metadata"]["annotations"]["checksum/gpu-profiles"]
-
-    assert checksum({}) != checksum({"gpuProfiles": everything_values["gpuProfiles"]})
-
-
 @pytest.mark.parametrize(("profile", "complaint"), [
     ({"name": "x", "memoryGB": 80, "bandwidthGBps": 1, "bf16Tflops": 1}, "memoryGB"),
     ({"name": "x", "memoryGiB": -1, "bandwidthGBps": 1, "bf16Tflops": 1}, "memoryGiB"),
@@ -168,12 +161,25 @@ def test_service_monitors(default_manifests, everything_manifests) -> None:
     service = everything_manifests.get("Service", "kvpilot-gateway")
     assert gateway["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert [e["port"] for e in gateway["spec"]["endpoints"]] == [p["name"] for p in service["spec"]["ports"]]
-    runtime = everything_manifests.get("ServiceMonitor", "kvpilot-runtime")
+    assert gateway["spec"]["endpoints"][0]["path"] == "/metrics"
+    runtime = everything_manifests.get("PodMonitor", "kvpilot-runtime")
     assert runtime["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/managed-by": "kvpilot"}
     assert runtime["spec"]["namespaceSelector"] == {"matchNames": ["ml-serving"]}
+    assert runtime["spec"]["podMetricsEndpoints"][0] == {
+        "port": "http", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}
     for monitor in (gateway, runtime):
         assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-        assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+
+
+def test_pod_monitor_matches_operator_runtime_pods(everything_manifests) -> None:
+    """The operator's own pod template (kvpilot.operator.pod) carries the labels and port the monitor uses."""
+    from kvpilot.operator.labels import labels
+
+    monitor = everything_manifests.get("PodMonitor", "kvpilot-runtime")["spec"]
+    pod_labels = labels("any-model")
+    assert monitor["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert monitor["selector"]["matchExpressions"][0]["key"] in pod_labels
+    assert monitor["podTargetLabels"] == ["kvpilot.dev/inferenceservice"]
 
 
 def test_notes_tell_how_to_call_the_gateway(render_raw, everything_values) -> None:

@@ -12,9 +12,9 @@ from kubernetes_validate.utils import latest_version
 
 # Chart.yaml kubeVersion ">=1.27.0-0", and the newest schemas kubernetes-validate ships.
 VERSIONS = ["1.27", latest_version()]
-# ServiceMonitor is a Prometheus Operator CRD: kubernetes-validate ships schemas for built-in kinds only,
-# so it is checked structurally in test_render.py instead.
-NO_SCHEMA = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+# ServiceMonitor and PodMonitor are Prometheus Operator CRDs: kubernetes-validate ships schemas for built-in
+# kinds only, so they are checked structurally in test_render.py instead.
+NO_SCHEMA = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PodMonitor")}
 
 
 def _validate_all(manifests: list[dict[str, Any]], version: str) -> list[str]:
@@ -37,7 +37,7 @@ def test_default_render_validates(default_manifests, version: str) -> None:
 def test_everything_render_validates(everything_manifests, version: str) -> None:
     checked = _validate_all(everything_manifests, version)
     assert {"Secret", "Role", "RoleBinding", "ConfigMap"} <= set(checked)
-    assert len(checked) == len(everything_manifests) - 2  # the two ServiceMonitors
+    assert len(checked) == len(everything_manifests) - 2  # ServiceMonitor and PodMonitor
 
 
 @pytest.mark.parametrize("version", VERSIONS)
