@@ -155,3 +155,25 @@ def test_dependency_closure_is_transitive() -> None:
     assert {"fastapi", "starlette", "pydantic"} <= closure
     assert "torch" not in closure
     assert "torch" in dependency_closure(image_requirements("runtime"))
+
+
+def test_runtime_image_can_run_the_operators_model_download() -> None:
+    """The operator's fetch-model init container runs `python -c HF_DOWNLOAD` in the runtime image."""
+    from kvpilot.operator.model_mount import HF_DOWNLOAD
+
+    closure = dependency_closure(image_requirements("runtime"))
+    providers = packages_distributions()
+    for name in imported_names_of_source(HF_DOWNLOAD):
+        if name in sys.stdlib_module_names:
+            continue
+        assert {canonicalize_name(d) for d in providers.get(name, [])} & closure, name
+    dockerfile = (REPO / "docker" / "runtime.Dockerfile").read_text()
+    assert "python3.12 -m venv /opt/venv" in dockerfile and "PATH=/opt/venv/bin:$PATH" in dockerfile
+
+
+def imported_names_of_source(code: str) -> set[str]:
+    tree = ast.parse(code)
+    names = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+             for alias in node.names}
+    return names | {node.module.split(".")[0] for node in ast.walk(tree)
+                    if isinstance(node, ast.ImportFrom) and node.module}

@@ -41,6 +41,7 @@ def test_operator_command_all_namespaces(default_manifests) -> None:
         "--profiles-configmap", "kvpilot-gpu-profiles", "--profiles-namespace", NAMESPACE,
         "--runtime-image", "ghcr.io/kvpilot/runtime:0.1.0",
     ]
+    assert "HF_TOKEN" not in env_of(spec)
     deployment = default_manifests.get("Deployment", "kvpilot-operator")
     assert deployment["spec"]["replicas"] == 1
     assert deployment["spec"]["strategy"]["type"] == "Recreate"
@@ -51,6 +52,8 @@ def test_operator_command_one_namespace(everything_manifests) -> None:
     assert spec["args"][:2] == ["--namespace", "ml-serving"]
     assert "--all-namespaces" not in spec["args"]
     assert env_of(spec)["HF_ENDPOINT"] == "https://hf-mirror.example.com"
+    [token] = [e for e in spec["env"] if e["name"] == "HF_TOKEN"]
+    assert token["valueFrom"] == {"secretKeyRef": {"name": "hf-token", "key": "token"}}
 
 
 def test_gateway_command_and_autoscaling_defaults(default_manifests, everything_manifests) -> None:
