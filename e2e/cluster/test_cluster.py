@@ -139,6 +139,8 @@ def completion_served(kube: Any, model: str) -> dict[str, Any] | None:
 
 def ready_replicas(kube: Any, name: str, wanted: int) -> bool:
     status = isvc_status(kube, name)
+    if status.get("phase") == "Failed":  # e.g. infeasible on this profile: no point waiting
+        pytest.fail(f"{name} failed: {json.dumps(status.get('conditions'), indent=2)}")
     return status.get("phase") == "Ready" and status.get("readyReplicas", 0) >= wanted
 
 
