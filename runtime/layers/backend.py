@@ -7,9 +7,23 @@ entries are added beside them as the GPU kernels land.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from importlib import import_module
 from typing import Any
 
 BACKENDS = ("torch", "triton")
+
+
+def lazy_op(module: str, name: str) -> Callable[..., Any]:
+    """An op imported on first call, so choosing the torch backend never imports triton."""
+    resolved: list[Callable[..., Any]] = []
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not resolved:
+            resolved.append(getattr(import_module(module), name))
+        return resolved[0](*args, **kwargs)
+
+    call.__name__ = name
+    return call
 
 
 def pick_op(ops: Mapping[str, Callable[..., Any]], backend: str, op_name: str) -> Callable[..., Any]:

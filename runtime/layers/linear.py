@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from kvpilot.runtime.layers.backend import pick_op
 from torch import nn
 
-_LINEAR = {"torch": F.linear}
+_LINEAR = {"torch": F.linear, "triton": F.linear}  # cuBLAS is the GEMM on both paths
 
 
 class Linear(nn.Module):

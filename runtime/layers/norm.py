@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import torch
 from kvpilot.runtime.kernels.norm import rms_norm_ref
-from kvpilot.runtime.layers.backend import pick_op
+from kvpilot.runtime.layers.backend import lazy_op, pick_op
 from torch import nn
 
-_RMS_NORM = {"torch": rms_norm_ref}
+_RMS_NORM = {
+    "torch": rms_norm_ref,
+    "triton": lazy_op("kvpilot.runtime.kernels.norm_triton", "rms_norm_triton"),
+}
 
 
 class RMSNorm(nn.Module):

@@ -7,10 +7,13 @@ from typing import Any
 
 import torch
 from kvpilot.runtime.kernels.rotary import apply_rotary_ref
-from kvpilot.runtime.layers.backend import pick_op
+from kvpilot.runtime.layers.backend import lazy_op, pick_op
 from torch import nn
 
-_APPLY_ROTARY = {"torch": apply_rotary_ref}
+_APPLY_ROTARY = {
+    "torch": apply_rotary_ref,
+    "triton": lazy_op("kvpilot.runtime.kernels.rotary_triton", "apply_rotary_triton"),
+}
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None,
