@@ -7,11 +7,14 @@ from dataclasses import dataclass
 import torch
 from kvpilot.runtime.kernels.attention import paged_attention_ref
 from kvpilot.runtime.kernels.kv_cache import store_kv_cache_ref
-from kvpilot.runtime.layers.backend import pick_op
+from kvpilot.runtime.layers.backend import lazy_op, pick_op
 from torch import nn
 
-_STORE_KV = {"torch": store_kv_cache_ref}
-_PAGED_ATTENTION = {"torch": paged_attention_ref}
+_STORE_KV = {
+    "torch": store_kv_cache_ref,
+    "triton": lazy_op("kvpilot.runtime.kernels.kv_cache_triton", "store_kv_cache_triton"),
+}
+_paged_attention_triton = lazy_op("kvpilot.runtime.kernels.attention_triton", "paged_attention_triton")
 
 
 @dataclass
@@ -24,6 +27,22 @@ class AttentionMetadata:
     block_tables: torch.Tensor  # [num_seqs, max_blocks] int32, padded with 0
     max_q_len: int
     max_context_len: int
+
+
+def _attend_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                scale: float) -> torch.Tensor:
+    return paged_attention_ref(q, k_cache, v_cache, meta.cu_seqlens_q, meta.context_lens, meta.block_tables,
+                               scale)
+
+
+def _attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                   scale: float) -> torch.Tensor:
+    """max_q_len is known on the host, so the kernel choice and grid never read device memory."""
+    return _paged_attention_triton(q, k_cache, v_cache, meta.cu_seqlens_q, meta.context_lens,
+                                   meta.block_tables, scale, max_q_len=meta.max_q_len)
+
+
+_PAGED_ATTENTION = {"torch": _attend_ref, "triton": _attend_triton}
 
 
 class PagedAttention(nn.Module):
@@ -39,5 +58,4 @@ class PagedAttention(nn.Module):
                 v_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """q [T, H, D]; k, v [T, KVH, D]; caches [num_blocks, block_size, KVH, D] -> [T, H, D]."""
         self._store(k, v, k_cache, v_cache, meta.slot_mapping)
-        return self._attend(q, k_cache, v_cache, meta.cu_seqlens_q, meta.context_lens,
-                            meta.block_tables, self.scale)
+        return self._attend(q, k_cache, v_cache, meta, self.scale)
