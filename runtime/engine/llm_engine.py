@@ -46,6 +46,8 @@ class EngineArgs:
     num_kv_blocks: int | None = None
     seed: int = 0
     load_format: str = "auto"  # "dummy": random weights of the checkpoint's shapes (benchmarks)
+    enforce_eager: bool = False  # no CUDA graphs for decode
+    backend: str = "auto"  # kernels: "triton" on CUDA, "torch" (references) elsewhere
 
 
 class LLMEngine:
@@ -98,6 +100,8 @@ class LLMEngine:
             "block_size": args.block_size, "max_model_len": args.max_model_len, "device": args.device,
             "dtype": args.dtype, "gpu_memory_utilization": args.gpu_memory_utilization,
             "num_kv_blocks": args.num_kv_blocks, "kv_cache_dtype": args.kv_cache_dtype, "seed": args.seed,
+            "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
+            "enforce_eager": args.enforce_eager, "backend": args.backend,
         }
         if args.load_format != "auto":
             runner_kwargs["load_format"] = args.load_format

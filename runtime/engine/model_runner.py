@@ -6,12 +6,15 @@ into the paged cache, attends over it and returns the logits of the rows that wi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
 from pathlib import Path
 
 import torch
 from kvpilot.runtime.config import ModelConfig
-from kvpilot.runtime.engine.batch import StepBatch
+from kvpilot.runtime.engine.batch import SeqChunk, StepBatch
+from kvpilot.runtime.engine.cuda_graphs import DecodeGraphs
+from kvpilot.runtime.engine.memory import kv_cache_blocks, profile_peak
+from kvpilot.runtime.engine.model_inputs import prepare_inputs
 from kvpilot.runtime.errors import ModelLoadError, UnsupportedModelError
 from kvpilot.runtime.layers.attention import AttentionMetadata
 from kvpilot.runtime.loader import load_model
@@ -24,52 +27,9 @@ _DTYPES = {
 _KV_ONLY_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}
 CPU_KV_CACHE_BYTES = 1 << 30  # CPU default: at most 1 GiB of KV cache ...
 CPU_KV_CACHE_SEQS = 8  # ... and no more than 8 sequences of max_model_len tokens
+
+log = logging.getLogger(__name__)
 CUDA_ACTIVATION_RESERVE_BYTES = 1 << 30  # kept free for activations when sizing the cache from memory
-
-
-@dataclass
-class ModelInputs:
-    input_ids: torch.Tensor  # [num_tokens] int64
-    positions: torch.Tensor  # [num_tokens] int64
-    meta: AttentionMetadata
-    sample_indices: torch.Tensor  # [num_sampled] int64: the rows whose logits are returned, in chunk order
-
-
-def prepare_inputs(batch: StepBatch, block_size: int, device: torch.device) -> ModelInputs:
-    """Flatten a StepBatch: token ids, positions, cache slots, per-sequence lengths, padded block tables."""
-    input_ids: list[int] = []
-    positions: list[int] = []
-    slots: list[int] = []
-    cu_seqlens, context_lens, sample_indices = [0], [], []
-    for chunk in batch.chunks:
-        if len(chunk.block_table) * block_size < chunk.context_len:
-            raise ValueError(f"sequence {chunk.seq_id}: block table of {len(chunk.block_table)} blocks "
-                             f"cannot hold {chunk.context_len} tokens at block size {block_size}")
-        chunk_positions = range(chunk.start_pos, chunk.context_len)
-        input_ids.extend(chunk.token_ids)
-        positions.extend(chunk_positions)
-        slots.extend(chunk.block_table[p // block_size] * block_size + p % block_size
-                     for p in chunk_positions)
-        cu_seqlens.append(len(input_ids))
-        context_lens.append(chunk.context_len)
-        if chunk.sample:
-            sample_indices.append(len(input_ids) - 1)
-    max_blocks = max((len(c.block_table) for c in batch.chunks), default=0)
-    tables = [c.block_table + [0] * (max_blocks - len(c.block_table)) for c in batch.chunks]
-
-    def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype, device=device)
-
-    meta = AttentionMetadata(
-        slot_mapping=tensor(slots, torch.int64),
-        cu_seqlens_q=tensor(cu_seqlens, torch.int32),
-        context_lens=tensor(context_lens, torch.int32),
-        block_tables=tensor(tables, torch.int32).reshape(len(tables), max_blocks),
-        max_q_len=max((len(c.token_ids) for c in batch.chunks), default=0),
-        max_context_len=max(context_lens, default=0),
-    )
-    return ModelInputs(tensor(input_ids, torch.int64), tensor(positions, torch.int64), meta,
-                       tensor(sample_indices, torch.int64))
 
 
 def resolve_device(device: str) -> torch.device:
@@ -135,14 +95,18 @@ class ModelRunner:
     def __init__(self, model_dir: str | Path, *, block_size: int = 16, max_model_len: int | None = None,
                  device: str = "auto", dtype: str = "auto", gpu_memory_utilization: float = 0.9,
                  num_kv_blocks: int | None = None, kv_cache_dtype: str = "auto", seed: int = 0,
-                 backend: str = "torch", load_format: str = "auto") -> None:
-        """backend: "torch" (reference ops) or "triton". load_format: "auto" reads the safetensors,
-        "dummy" makes seeded random weights of the same shapes (benchmarks)."""
+                 backend: str = "auto", load_format: str = "auto", max_num_seqs: int = 256,
+                 max_num_batched_tokens: int = 8192, enforce_eager: bool = False) -> None:
+        """backend: "torch" (reference ops), "triton", or "auto" (triton on CUDA, torch elsewhere).
+        load_format: "auto" reads the safetensors, "dummy" makes seeded random weights (benchmarks).
+        On CUDA the cache is sized by profiling a step of max_num_batched_tokens tokens, and decode
+        steps of up to max_num_seqs sequences replay CUDA graphs unless enforce_eager."""
         if block_size < 1:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.model_config = ModelConfig.from_dir(model_dir)
-        self.block_size, self.seed, self.backend = block_size, seed, backend
         self.device = resolve_device(device)
+        self.block_size, self.seed = block_size, seed
+        self.backend = backend if backend != "auto" else ("triton" if self.device.type == "cuda" else "torch")
         self.dtype = resolve_dtype(dtype, self.model_config, self.device)
         limit = self.model_config.max_position_embeddings
         if max_model_len is not None and max_model_len > limit:
@@ -150,15 +114,52 @@ class ModelRunner:
                 f"max_model_len {max_model_len} exceeds the model's max_position_embeddings {limit}")
         self.max_model_len = max_model_len or limit
         self.model = load_model(model_dir, self.model_config, device=self.device, dtype=self.dtype,
-                                backend=backend, max_positions=limit, load_format=load_format, seed=seed)
+                                backend=self.backend, max_positions=limit, load_format=load_format, seed=seed)
         self.kv_cache_dtype = resolve_kv_cache_dtype(kv_cache_dtype, self.dtype)
-        block_bytes = kv_block_bytes(self.model_config, block_size, self.kv_cache_dtype)
         if num_kv_blocks is not None and num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be positive, got {num_kv_blocks}")
-        self.num_kv_blocks = num_kv_blocks or default_num_kv_blocks(
-            device=self.device, block_bytes=block_bytes, block_size=block_size,
-            max_model_len=self.max_model_len, gpu_memory_utilization=gpu_memory_utilization)
+        self.graphs: DecodeGraphs | None = None
+        self.num_kv_blocks = num_kv_blocks or self._size_kv_cache(
+            gpu_memory_utilization, max_num_seqs, max_num_batched_tokens)
         self.kv_caches = self._allocate_kv_cache()
+        log.info("KV cache: %d blocks of %d tokens = %d tokens (%.2f GiB, %s)", self.num_kv_blocks,
+                 block_size, self.num_kv_blocks * block_size,
+                 self.num_kv_blocks * self._block_bytes() / 2**30, self.kv_cache_dtype)
+        if self.device.type == "cuda" and self.backend == "triton" and not enforce_eager:
+            self.graphs = DecodeGraphs(self._forward_logits, max_num_seqs=max_num_seqs,
+                                       max_blocks_per_seq=-(-self.max_model_len // block_size),
+                                       block_size=block_size, device=self.device)
+            self.graphs.capture()
+
+    def _block_bytes(self) -> int:
+        return kv_block_bytes(self.model_config, self.block_size, self.kv_cache_dtype)
+
+    def _size_kv_cache(self, utilization: float, max_num_seqs: int, max_num_batched_tokens: int) -> int:
+        blocks_per_seq = -(-self.max_model_len // self.block_size)
+        if self.device.type != "cuda":
+            return default_num_kv_blocks(device=self.device, block_bytes=self._block_bytes(),
+                                         block_size=self.block_size, max_model_len=self.max_model_len,
+                                         gpu_memory_utilization=utilization)
+        profile = profile_peak(self.device, lambda: self._worst_step(max_num_seqs, max_num_batched_tokens))
+        return kv_cache_blocks(profile, gpu_memory_utilization=utilization, block_bytes=self._block_bytes(),
+                               blocks_per_seq=blocks_per_seq, max_model_len=self.max_model_len)
+
+    def _worst_step(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        """A prefill of max_num_batched_tokens tokens over max_num_seqs sequences, every one sampled,
+        against a scratch cache just big enough; everything it allocates is freed on return."""
+        seqs = max(1, min(max_num_seqs, max_num_batched_tokens))
+        per_seq = max(1, max_num_batched_tokens // seqs)
+        blocks_per_seq = -(-per_seq // self.block_size)
+        chunks, next_block = [], 0
+        for i in range(seqs):
+            table = list(range(next_block, next_block + blocks_per_seq))
+            next_block += blocks_per_seq
+            chunks.append(SeqChunk(i, [1] * per_seq, 0, table, True))
+        self.num_kv_blocks = next_block
+        self.kv_caches = self._allocate_kv_cache()
+        logits = self.execute(StepBatch(chunks))
+        torch.softmax(logits, dim=-1)  # the sampler's largest temporary is of this size
+        del self.kv_caches, logits
 
     def _allocate_kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """One tensor [layers, 2, num_blocks, block_size, kv_heads, head_dim]; per-layer (K, V) views."""
@@ -168,11 +169,25 @@ class ModelRunner:
                             device=self.device)
         return [(cache[layer, 0], cache[layer, 1]) for layer in range(cfg.num_hidden_layers)]
 
+    def _forward_logits(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                        meta: AttentionMetadata) -> torch.Tensor:
+        """Every row's logits (decode: every row is sampled); what the CUDA graphs capture."""
+        return self.model.compute_logits(self.model(input_ids, positions, self.kv_caches, meta))
+
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> torch.Tensor:
         """Run one step; returns float32 logits [batch.num_sampled, vocab_size] in chunk order."""
         if not batch.chunks:
             return torch.empty(0, self.model_config.vocab_size, device=self.device)
         inputs = prepare_inputs(batch, self.block_size, self.device)
+        size = self._graph_size(batch)
+        if size is not None and self.graphs is not None:
+            logits = self.graphs.run(inputs, size)
+            return logits if batch.num_sampled == len(batch.chunks) else logits[inputs.sample_indices]
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
         return self.model.compute_logits(hidden[inputs.sample_indices])
+
+    def _graph_size(self, batch: StepBatch) -> int | None:
+        if self.graphs is None or not batch.is_decode_only:
+            return None
+        return self.graphs.bucket(len(batch.chunks), max(len(c.block_table) for c in batch.chunks))
