@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 import yaml
@@ -26,7 +26,7 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
 
-class PolicyName(str, Enum):
+class PolicyName(StrEnum):
     PREFIX_AWARE = "prefix-aware"
     LEAST_LOAD = "least-load"
     ROUND_ROBIN = "round-robin"

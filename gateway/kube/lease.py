@@ -24,7 +24,7 @@ def _parse(value: str | None) -> dt.datetime | None:
         return None
     for fmt in (_FORMAT, "%Y-%m-%dT%H:%M:%SZ"):
         with contextlib.suppress(ValueError):
-            return dt.datetime.strptime(value, fmt).replace(tzinfo=dt.timezone.utc)
+            return dt.datetime.strptime(value, fmt).replace(tzinfo=dt.UTC)
     return None
 
 
@@ -48,7 +48,7 @@ class LeaseElector:
                  clock: Callable[[], dt.datetime] | None = None) -> None:
         self.client, self.namespace, self.name, self.identity = client, namespace, name, identity
         self.duration, self.renew_seconds = duration_seconds, renew_seconds
-        self.clock = clock or (lambda: dt.datetime.now(dt.timezone.utc))
+        self.clock = clock or (lambda: dt.datetime.now(dt.UTC))
         self._held_until: dt.datetime | None = None
 
     @property

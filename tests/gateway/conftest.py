@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # import-mode=importlib: make gateway_testing importable
 
-from gateway_testing import ServerThread, load_sibling, ready_replicas, wait_until
+from gateway_testing import RuntimeProcess, ServerThread, load_sibling, ready_replicas, wait_until
 
 
 @pytest.fixture
@@ -49,3 +49,32 @@ def run_gateway() -> Iterator[Callable[..., ServerThread]]:
     yield start
     for server in started:
         server.__exit__()
+
+
+# Long enough that a generation cut short by a disconnect or a kill is clearly not one that finished.
+LONG_CONTEXT = 16384
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from kvpilot.runtime.fixtures import make_tiny_checkpoint
+
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("gateway-ckpt"), "qwen3",
+                                max_position_embeddings=LONG_CONTEXT)
+
+
+@pytest.fixture(scope="session")
+def start_runtimes(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable]:
+    """start(n, served_name="tiny") -> n healthy runtime processes (started in parallel); all stopped at the
+    end of the session unless a test killed them first."""
+    log_dir = tmp_path_factory.mktemp("runtime-logs")
+    started: list[RuntimeProcess] = []
+
+    def start(n: int, served_name: str = "tiny") -> list[RuntimeProcess]:
+        runtimes = [RuntimeProcess(tiny_model_dir, served_name, log_dir) for _ in range(n)]
+        started.extend(runtimes)
+        return [r.wait_healthy() for r in runtimes]
+
+    yield start
+    for runtime in started:
+        runtime.stop()

@@ -105,3 +105,52 @@ async def wait_until_async(predicate: Callable[[], Any], timeout: float = 10.0) 
             return value
         await asyncio.sleep(0.01)
     raise AssertionError(f"condition not met within {timeout}s")
+
+
+class RuntimeProcess:
+    """A real `kvpilot-runtime` process on CPU with a tiny checkpoint, started (and killed) by tests."""
+
+    def __init__(self, model_dir: Path, served_name: str, log_dir: Path, *extra: str) -> None:
+        import subprocess
+
+        self.port = free_port()
+        self.log_path = log_dir / f"runtime-{self.port}.log"
+        argv = [sys.executable, "-m", "kvpilot.runtime", "--model", str(model_dir), "--served-model-name",
+                served_name, "--host", "127.0.0.1", "--port", str(self.port), "--device", "cpu", *extra]
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_healthy(self, timeout: float = 90.0) -> RuntimeProcess:
+        def healthy() -> bool:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"runtime exited: {self.log_path.read_text()[-2000:]}")
+            try:
+                return httpx.get(f"{self.url}/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(healthy, timeout=timeout, interval=0.1)
+        return self
+
+    def metric(self, name: str) -> float:
+        return metric_value(httpx.get(f"{self.url}/metrics", timeout=5).text, name)
+
+    def running(self) -> float:
+        return self.metric("vllm:num_requests_running")
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except Exception:
+                self.process.kill()
+                self.process.wait(timeout=10)

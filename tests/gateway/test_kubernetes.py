@@ -79,7 +79,7 @@ def _leases_with_update(kmock) -> None:
 
 async def test_lease_create_renew_follow_and_take_over(kmock, kube) -> None:
     _leases_with_update(kmock)
-    clock = [dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)]
+    clock = [dt.datetime(2026, 1, 1, tzinfo=dt.UTC)]
     first = LeaseElector(kube, "gw", "autoscaler", "gw-a", duration_seconds=15, clock=lambda: clock[0])
     second = LeaseElector(kube, "gw", "autoscaler", "gw-b", duration_seconds=15, clock=lambda: clock[0])
     assert await first.try_acquire_or_renew() and first.is_leader()
@@ -99,7 +99,7 @@ async def test_lease_create_renew_follow_and_take_over(kmock, kube) -> None:
 
 
 def test_lease_action_table() -> None:
-    now = dt.datetime(2026, 1, 1, 0, 1, tzinfo=dt.timezone.utc)
+    now = dt.datetime(2026, 1, 1, 0, 1, tzinfo=dt.UTC)
     held = {"spec": {"holderIdentity": "b", "renewTime": "2026-01-01T00:00:55.000000Z",
                      "leaseDurationSeconds": 15}}
     assert lease_action(None, "a", now) == "create"

@@ -110,8 +110,9 @@ def test_client_disconnect_mid_stream_cancels_upstream(fake_upstreams, run_gatew
     state, url = fake_upstreams(hold=True)
     gw = run_gateway(gateway_config({"m": {"endpoints": [url]}}), ready={"m": 1})
     with httpx.stream("POST", f"{gw.url}/v1/completions", json={**BODY, "stream": True}, timeout=10) as resp:
-        assert next(resp.iter_lines()).startswith("data: ")
-        assert state.active == 1
+        lines = resp.iter_lines()
+        assert next(lines).startswith("data: ")
+        assert state.active == 1 and state.cancelled == 0
     wait_until(lambda: state.active == 0 and state.cancelled == 1)
     wait_until(lambda: inflight(gw.url) == 0)
 
