@@ -29,7 +29,12 @@ from .triton_utils import next_power_of_2, num_sms
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    block_n: int = 64  # context positions per tile (a multiple of nothing: pages are gathered per position)
+    """Launch parameters. Defaults (from sm_90 compiles, see compile_check.py): ~128 registers at 4 warps
+    -> 4 programs per SM, each with one 32 KB K+V tile in flight (Triton pipelines the tile loads one
+    iteration ahead with cp.async), i.e. ~128 KB in flight per SM, a few times what Little's law asks
+    for at 4.25 TB/s. benchmarks/bench_kernels.py --sweep measures the alternatives on the GPU."""
+
+    block_n: int = 64  # context positions per tile; any power of two >= 16 (pages are gathered per position)
     num_warps: int = 4
     num_stages: int = 2
     min_partition: int = 128  # fewest context positions a split-KV program handles

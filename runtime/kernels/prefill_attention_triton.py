@@ -61,7 +61,8 @@ def _prefill_kernel(
     BLOCK_Q: tl.constexpr,  # query tokens per program, BLOCK_M // GROUP_PAD
     BLOCK_N: tl.constexpr,
 ):
-    tile = tl.program_id(0)
+    # Launch the last (longest, most causal context) query tiles first so short ones fill the tail.
+    tile = tl.num_programs(0) - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
     seq = tl.program_id(2)
     q_start = tl.load(cu_seqlens_q_ptr + seq)
