@@ -47,20 +47,22 @@ def build_registry(deps: Deps, login: Any, retry_delay_s: float = RETRY_DELAY_S)
     registry = kopf.OperatorRegistry()
     kopf.on.login(registry=registry)(login)
 
-    async def run_pass(body: Mapping[str, Any], logger: logging.Logger) -> None:
-        try:
-            result = await reconcile(plain(body), deps)
-        except ApiError as exc:
-            deps.record(plain(body), "Warning", "ApplyFailed", str(exc))
-            raise kopf.TemporaryError(str(exc), delay=retry_delay_s) from exc
-        if result.applied is not None and result.applied.changed:
-            logger.info("applied: %s", result.applied)
-
     @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
     @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
     @kopf.on.update(GROUP, VERSION, PLURAL, registry=registry)
-    async def reconcile_service(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
-        await run_pass(body, logger)
+    async def reconcile_service(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger,
+                                **_: Any) -> None:
+        try:
+            result = await reconcile(plain(body), deps, write_status=False)
+        except ApiError as exc:
+            deps.record(plain(body), "Warning", "ApplyFailed", str(exc))
+            raise kopf.TemporaryError(str(exc), delay=retry_delay_s) from exc
+        if result.status_patch is not None:  # kopf writes it after its own annotations: one echo, not two
+            for key, value in result.status_patch["status"].items():
+                patch.status[key] = value
+        if result.applied is not None and result.applied.changed:
+            logger.info("applied: created %s, updated %s, scaled %s, deleted %s", result.applied.created,
+                        result.applied.updated, result.applied.scaled, result.applied.deleted)
 
     async def workload_changed(event: Mapping[str, Any], body: kopf.Body, logger: logging.Logger,
                                **_: Any) -> None:

@@ -7,7 +7,7 @@ raise ApiError so the caller (kopf) retries with backoff.
 
 from __future__ import annotations
 
-import datetime
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -28,7 +28,7 @@ class Recorder(Protocol):
 
 
 def utc_now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 @dataclass
@@ -45,14 +45,21 @@ class Deps:
 
 @dataclass
 class PassResult:
-    outcome: PlanOutcome
-    applied: ApplyResult | None
-    status_written: bool
+    outcome: PlanOutcome | None  # None: the InferenceService is gone
+    applied: ApplyResult | None = None
+    status_patch: dict[str, Any] | None = None  # None: the status was already up to date
 
 
-async def reconcile(body: dict[str, Any], deps: Deps) -> PassResult:
+async def reconcile(body: dict[str, Any], deps: Deps, write_status: bool = True) -> PassResult:
+    """One pass over the object as the server has it now (the event's body may be stale).
+
+    write_status=False leaves the status patch to the caller (kopf applies it with its own patch).
+    """
     owner = Owner.from_body(body)
-    meta = body.get("metadata") or {}
+    fresh = await deps.api.get(API_VERSION, KIND, owner.namespace, owner.name)
+    if fresh is None or (fresh.get("metadata") or {}).get("deletionTimestamp"):
+        return PassResult(None)
+    body, owner = fresh, Owner.from_body(fresh)
     outcome = await plan_service(body.get("spec"), deps.profiles, deps.fetch)
     try:
         owner.check_name()
@@ -66,16 +73,23 @@ async def reconcile(body: dict[str, Any], deps: Deps) -> PassResult:
     else:
         workload = await observe_workload(deps.api, owner)
     previous = body.get("status") or {}
-    desired = outcome.spec.replicas if outcome.spec else int((body.get("spec") or {}).get("replicas") or 0)
-    served = served_model_name(outcome.spec, owner) if outcome.spec else None
-    status = compute_status(owner, int(meta.get("generation") or 0), desired, outcome,
-                            Observed.from_workload(workload), previous, served, deps.clock())
+    status = compute_status(owner, int((body.get("metadata") or {}).get("generation") or 0),
+                            desired_replicas(body, outcome), outcome, Observed.from_workload(workload),
+                            previous, served_model_name(outcome.spec, owner) if outcome.spec else None,
+                            deps.clock())
     record_events(body, previous, outcome, applied, deps.record)
-    written = status_changed(previous, status)
-    if written:
-        await deps.api.merge_patch(API_VERSION, KIND, owner.namespace, owner.name,
-                                   status_patch(previous, status), subresource="status")
-    return PassResult(outcome, applied, written)
+    patch = status_patch(previous, status) if status_changed(previous, status) else None
+    if patch is not None and write_status:
+        await deps.api.merge_patch(API_VERSION, KIND, owner.namespace, owner.name, patch,
+                                   subresource="status")
+    return PassResult(outcome, applied, patch)
+
+
+def desired_replicas(body: dict[str, Any], outcome: PlanOutcome) -> int:
+    if outcome.spec is not None:
+        return outcome.spec.replicas
+    value = (body.get("spec") or {}).get("replicas")
+    return value if type(value) is int and value >= 0 else 0
 
 
 def record_events(body: dict[str, Any], previous: dict[str, Any], outcome: PlanOutcome,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +16,20 @@ REPO = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO / "crds" / "inferenceservices.kvpilot.dev.yaml"
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 CONFIGS = Path(__file__).parent / "configs"
+
+
+def _load_kit() -> Any:
+    """tests/operator/kmock_cluster.py as a module (import-mode=importlib puts no test dir on sys.path)."""
+    spec = importlib.util.spec_from_file_location("kvpilot_operator_kmock_kit",
+                                                  Path(__file__).parent / "kmock_cluster.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+@pytest.fixture(scope="session")
+def kit() -> Any:
+    return _load_kit()
 
 
 @pytest.fixture(scope="session")
