@@ -28,6 +28,7 @@ RESOURCES = {
     "v1/services": ("Service", set()),
     "v1/configmaps": ("ConfigMap", set()),
     "v1/events": ("Event", set()),
+    "leaderworkerset.x-k8s.io/v1/leaderworkersets": ("LeaderWorkerSet", {"status"}),
     "v1/namespaces": ("Namespace", set()),  # kopf waits to discover these two before it watches
     "apiextensions.k8s.io/v1/customresourcedefinitions": ("CustomResourceDefinition", set()),
 }

@@ -128,6 +128,9 @@ def test_schema_is_structural(isvc_schema: dict[str, Any]) -> None:
 
 
 def test_cel_rules_are_declared(isvc_schema: dict[str, Any]) -> None:
+    """Their intent is tested in test_spec.py (spec rules) and test_render.py (the name rule)."""
+    (root,) = isvc_schema["x-kubernetes-validations"]
+    assert "self.metadata.name.size() <= 58" in root["rule"]
     spec = isvc_schema["properties"]["spec"]
     rules = [r["rule"] for r in spec["properties"]["model"]["x-kubernetes-validations"]]
     assert rules == ["self.uri.startsWith('hf://') || has(self.config)"]

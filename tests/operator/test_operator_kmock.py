@@ -188,3 +188,21 @@ async def test_gpu_profile_change_reschedules(kit: Any, fake_hub: Any) -> None:
         # kmock merges patches instead of applying them, so the old selector key stays there as well.
         moved = kit.live(k, "deployments", "qwen3-8b")
         assert moved is not None and moved["spec"]["template"]["spec"]["nodeSelector"]["pool"] == "h100-spot"
+
+
+async def test_multi_node_plan_swaps_deployment_for_leader_worker_set(kit: Any, fake_hub: Any) -> None:
+    async with kit.emulated_cluster() as (k, _, api):
+        await api.create(isvc())
+        deps = make_deps(api, fake_hub, OperatorConfig())
+        deps.record = lambda body, type, reason, message: None
+        await reconcile(kit.live(k, "inferenceservices", "qwen3-8b"), deps)
+        assert kit.live(k, "deployments", "qwen3-8b") is not None
+        bigger = {"spec": {"model": {"uri": "hf://meta-llama/Llama-3.1-405B-Instruct"},
+                           "gpu": {"profile": "l4", "count": 16}}}
+        await api.merge_patch(API, KIND, "ml", "qwen3-8b", bigger)
+        result = await reconcile(kit.live(k, "inferenceservices", "qwen3-8b"), deps)
+        assert result.applied is not None and result.applied.deleted == ["Deployment/qwen3-8b"]
+        lws = kit.live(k, "leaderworkersets", "qwen3-8b")
+        assert lws is not None and lws["spec"]["leaderWorkerTemplate"]["size"] == 2
+        assert kit.live(k, "deployments", "qwen3-8b") is None
+        assert kit.live(k, "inferenceservices", "qwen3-8b")["status"]["plan"]["pipelineParallel"] == 2
