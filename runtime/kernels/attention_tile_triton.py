@@ -53,11 +53,16 @@ def attend_tile(
     k_ptrs = k_cache_ptr + k_rows[:, None] + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
     v_ptrs = v_cache_ptr + v_rows[:, None] + offs_d[None, :]
     # Issue the V load together with K (before the first dot) so that, when the compiler does not
-    # pipeline the loop, a tile costs one memory latency rather than two.
-    if MASK or HEAD_DIM != BLOCK_D:
+    # pipeline the loop, a tile costs one memory latency rather than two. (Nested constexpr branches, no
+    # `or`, keep this portable across Triton versions.)
+    if MASK:
         kv_mask = valid[:, None] & (offs_d[None, :] < HEAD_DIM)  # [BLOCK_N, BLOCK_D]
         k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
         v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+    elif HEAD_DIM != BLOCK_D:
+        d_mask = offs_d[None, :] < HEAD_DIM  # [1, BLOCK_D], broadcast over the rows
+        k = tl.load(k_ptrs, mask=d_mask, other=0.0)
+        v = tl.load(v_ptrs, mask=d_mask, other=0.0)
     else:
         k = tl.load(k_ptrs)  # [BLOCK_N, BLOCK_D]
         v = tl.load(v_ptrs)

@@ -71,6 +71,8 @@ def default_specs() -> list[KernelSpec]:
                    {**dec_consts, "SPLIT": False}, dec.num_warps, dec.num_stages, _DEC_NODIV),
         KernelSpec("decode_split", decode_attention_triton._decode_kernel, dec_types,
                    {**dec_consts, "SPLIT": True}, dec.num_warps, dec.num_stages, _DEC_NODIV),
+        KernelSpec("decode_head_dim_80", decode_attention_triton._decode_kernel, dec_types,
+                   {**dec_consts, "HEAD_DIM": 80, "SPLIT": True}, dec.num_warps, dec.num_stages, _DEC_NODIV),
         KernelSpec("decode_reduce", decode_attention_triton._decode_reduce_kernel,
                    {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16",
                     "context_lens_ptr": "*i32"},
