@@ -138,7 +138,7 @@ class EngineClient:
         assert self._idle is not None, "start() first"
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         return True
 
