@@ -170,10 +170,12 @@ class BlockManager:
 
     def append_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Cover positions up to num_computed_tokens + num_new_tokens with blocks. All or nothing."""
-        needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        needed = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size) - len(seq.block_table)
+        if needed <= 0:
+            return True
         if needed > self.num_free_blocks:
             return False
-        for _ in range(max(0, needed)):
+        for _ in range(needed):
             seq.block_table.append(self._take_free_block())
         return True
 

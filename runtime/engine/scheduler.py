@@ -108,8 +108,10 @@ class Scheduler:
         out = SchedulerOutput(StepBatch([]))
         budget = self.max_num_batched_tokens
         scheduled_ids: set[int] = set()
-        decodes = [s for s in self.running if s.is_prefilled]
-        prefills = [s for s in self.running if not s.is_prefilled]
+        decodes: list[Sequence] = []
+        prefills: list[Sequence] = []
+        for seq in self.running:
+            (decodes if seq.is_prefilled else prefills).append(seq)
         for seq in decodes + prefills:
             if budget == 0:
                 break
@@ -136,6 +138,8 @@ class Scheduler:
         """Slots for up to `want` tokens of a running sequence, preempting newer sequences if needed.
         Returns the tokens granted, 0 when `seq` itself had to be preempted."""
         bm = self.block_manager
+        if bm.append_slots(seq, want):  # the common case: room in the last block or a free block
+            return want
         while True:
             n = min(want, bm.num_appendable_tokens(seq))
             if n >= 1:
@@ -168,7 +172,7 @@ class Scheduler:
             seq_id=seq.seq_id,
             token_ids=seq.token_slice(start, start + n),
             start_pos=start,
-            block_table=list(seq.block_table),
+            block_table=seq.block_table,  # live list: unchanged until the step is over
             sample=sample,
         ))
         out.scheduled.append(ScheduledChunk(seq, n, sample))
