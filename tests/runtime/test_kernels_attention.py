@@ -167,6 +167,16 @@ def test_prefill_block_size_one_and_odd_head_dim() -> None:
     torch.testing.assert_close(prefill(b, 0.25, config=SMALL_PREFILL), reference(b, 0.25), **SMALL_TOL)
 
 
+def test_half_precision_decode_and_prefill() -> None:
+    """The casts to the cache dtype (q, probabilities before the PV matmul, output). float16 because the
+    interpreter multiplies bfloat16 bit patterns as integers; bf16 itself is covered by the gpu tests."""
+    half_tol = {"atol": 5e-3, "rtol": 5e-3}
+    dec = make_batch([40, 77], [1, 1], 8, 2, 32, 16, dtype=torch.float16, seed=40)
+    torch.testing.assert_close(decode(dec, 0.2, config=SMALL_DECODE), reference(dec, 0.2), **half_tol)
+    pre = make_batch([40, 70], [40, 9], 8, 2, 32, 16, dtype=torch.float16, seed=41)
+    torch.testing.assert_close(prefill(pre, 0.2, config=SMALL_PREFILL), reference(pre, 0.2), **half_tol)
+
+
 # ---------------------------------------------------------------- dispatcher
 
 
