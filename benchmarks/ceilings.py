@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import torch
 from triton.testing import do_bench
@@ -28,7 +29,7 @@ def main() -> int:
            "bf16_TFLOPs": matmul_rate() / 1e12, "torch": torch.__version__}
     print(json.dumps(out))
     if len(sys.argv) > 1:
-        open(sys.argv[1], "w").write(json.dumps(out))
+        Path(sys.argv[1]).write_text(json.dumps(out))
     return 0
 
 

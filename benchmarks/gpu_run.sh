@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# One device call: ceilings, GPU tests, kernel and engine benchmarks. Logs and JSON under $OUT.
+#   bash benchmarks/gpu_run.sh [tests] [kernels] [engine W1,W2,...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source benchmarks/gpu_env.sh
+OUT=${OUT:-/tmp/kvpilot-out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv | tee "$OUT/gpu.txt"
+git rev-parse HEAD 2>/dev/null | tee "$OUT/commit.txt"
+python benchmarks/ceilings.py "$OUT/ceilings.json" 2>&1 | tail -1
+for step in "$@"; do
+  case "$step" in
+    tests) python -m pytest -q -p no:cacheprovider -o addopts="--import-mode=importlib" -m "gpu or not gpu" \
+             tests/runtime/test_kernels_*.py tests/runtime/test_triton_model_path.py \
+             tests/runtime/test_gpu_paths.py -s 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25 ;;
+    kernels) python benchmarks/bench_kernels.py --out "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.log" | tail -30 ;;
+    W*) python -m kvpilot.runtime.bench --workloads "$step" --out "$OUT/bench.json" ${BENCH_ARGS:-} \
+          2>&1 | tee "$OUT/bench.log" | grep -v '^{' | tail -15 ;;
+  esac
+done
