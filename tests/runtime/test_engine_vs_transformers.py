@@ -9,6 +9,7 @@ transformers' logits (tolerance 1e-4 absolute, the models' logits tolerance).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -51,7 +52,8 @@ def hf_greedy(path: Path, prompt: list[int]) -> list[int]:
     return _hf_cache[key]
 
 
-def hf_logprobs(path: Path, prompt: list[int], output: list[int]) -> list[float]:
+@functools.cache
+def hf_logprobs(path: Path, prompt: tuple[int, ...], output: tuple[int, ...]) -> list[float]:
     """log_softmax of transformers' logits for each output token, given everything before it."""
     with torch.no_grad():
         logits = hf_model(path)(torch.tensor([prompt + output])).logits[0].float()
@@ -77,7 +79,8 @@ def test_greedy_equals_transformers_generate(family: str, config: str,
             assert out.finish_reason in ("stop", "length")
             # tiny random models repeat themselves; the logprobs expose any context that went wrong
             got = [lp.logprob for lp in out.logprobs]
-            assert got == pytest.approx(hf_logprobs(path, out.prompt_token_ids, out.token_ids), abs=ATOL)
+            want = hf_logprobs(path, tuple(out.prompt_token_ids), tuple(out.token_ids))
+            assert got == pytest.approx(want, abs=ATOL)
     stats = llm.engine.stats()
     if config == "preemption":
         assert stats.num_preemptions > 0
