@@ -98,8 +98,10 @@ def test_seeded_sampling_is_independent_of_the_batch(tiny_checkpoint_factory: Ca
     batch = crowded.generate([PROMPTS[2], PROMPTS[0], PROMPTS[1], PROMPTS[0]], [other, seeded, other, seeded])
     assert crowded.engine.stats().num_preemptions > 0
     assert batch[1].token_ids == alone.token_ids == batch[3].token_ids
-    (unseeded_a,) = make_llm(path).generate([PROMPTS[0]], other)
-    assert len(unseeded_a.token_ids) == MAX_NEW
+    reseeded = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, seed=99, max_tokens=MAX_NEW,
+                              ignore_eos=True)
+    (different,) = make_llm(path).generate([PROMPTS[0]], reseeded)
+    assert different.token_ids != alone.token_ids  # it really samples: the seed matters
 
 
 def test_logprobs_equal_log_softmax_of_transformers(tiny_checkpoint_factory: Callable[..., Path]) -> None:
