@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="KV-cache blocks to allocate (default: sized from memory); tests use small numbers")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-waiting-requests", type=int, default=256,
-                   help="new requests get 503 + Retry-After while this many are already waiting")
+                   help="503 + Retry-After for a request that would make the waiting queue longer than "
+                        "this (an empty queue always admits one request)")
     p.add_argument("--shutdown-grace-seconds", type=float, default=30.0,
                    help="on SIGTERM, how long running requests may take to finish")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))

@@ -163,7 +163,12 @@ class EngineLoop:
         self._observer.on_loaded(engine)
         self._on_loaded(engine)
         while (commands := self._next_commands(engine)) is not None:
-            self._iterate(engine, commands)
+            try:
+                self._iterate(engine, commands)
+            except Exception as err:  # e.g. stats() broke: fail what is in flight, keep serving
+                logger.exception("engine loop iteration failed")
+                self._fail_all(engine, err)
+                self._flush()
         for route in self._routes.values():
             self._outbox.append((route.sink, route.index, RequestAborted()))
         self._flush()

@@ -24,7 +24,8 @@ from kvpilot.runtime.server.metrics import ServerMetrics
 from kvpilot.runtime.server.serve import GracefulShutdown, _Server
 
 EOS = 3
-FAIL_MARKER = "EXPLODE"
+FAIL_MARKER = "EXPLODE"  # in a prompt: the engine's step() raises
+CRASH_MARKER = "CRASH"  # as a chat message: the tokenizer raises an unexpected error
 
 
 @dataclass
@@ -77,6 +78,8 @@ class FakeTokenizer:
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         if self.chat_template is None:
             raise InvalidRequestError("this model has no chat template", "messages")
+        if any(m["content"] == CRASH_MARKER for m in messages):
+            raise RuntimeError("a bug in the template code")
         text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")
 

@@ -215,6 +215,14 @@ def test_engine_failure_is_500_with_request_id_and_loop_survives(server: InProce
     assert ok.status_code == 200 and ok.json()["choices"][0]["text"] == expected_text(4, 2)
 
 
+def test_unexpected_handler_error_is_500_naming_the_request(server: InProcessServer) -> None:
+    r = httpx.post(server.base_url + "/v1/chat/completions", json={"messages": [{"role": "user",
+                                                                                  "content": "CRASH"}]})
+    assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+    assert r.headers["x-request-id"] in r.json()["error"]["message"]
+    assert httpx.post(server.base_url + "/v1/completions", json={"prompt": "ok"}).status_code == 200
+
+
 def test_metrics_parse_and_counters_move(server: InProcessServer) -> None:
     before = metric_values(server.base_url)
     httpx.post(server.base_url + "/v1/completions", json={"prompt": "metrics!", "max_tokens": 4})
