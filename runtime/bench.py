@@ -83,15 +83,21 @@ def param_count(c: dict[str, Any]) -> int:
 
 
 def physical_floor_s(w: Workload, reqs: list[tuple[list[int], int]]) -> float:
-    """Prefill FLOPs at the matmul rate + every decode step streaming the weights and each sequence's KV."""
+    """Prefill FLOPs at the matmul rate + every decode step streaming the weights and each sequence's KV.
+
+    A decode step reads every layer weight and the LM head, but only a few rows of an untied input
+    embedding; prefill multiplies each prompt token by the layer weights and only the last by the LM head.
+    """
     c = qwen3_config(w.shape)
-    params = param_count(c)
-    weight_bytes = 2 * params
+    embed = c["vocab_size"] * c["hidden_size"]
+    layers = param_count(c) - embed * (1 if c["tie_word_embeddings"] else 2)
+    streamed_bytes = 2 * (layers + embed)
     kv_per_token = 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * c["head_dim"] * 2
-    prefill_flops = sum(2 * params * len(p) for p, _ in reqs)
+    attn_per_pair = 4 * c["num_hidden_layers"] * c["num_attention_heads"] * c["head_dim"]  # QK^T and PV
+    prefill_flops = sum(2 * layers * len(p) + 2 * embed + attn_per_pair * len(p) ** 2 / 2 for p, _ in reqs)
     decode_steps = max(o for _, o in reqs) - 1 if w.measure != "ttft" else 0
     kv_read = sum(kv_per_token * (len(p) * (o - 1) + (o - 1) * o // 2) for p, o in reqs)
-    return prefill_flops / BF16_FLOPS + (decode_steps * weight_bytes + kv_read) / HBM_BYTES_PER_S
+    return prefill_flops / BF16_FLOPS + (decode_steps * streamed_bytes + kv_read) / HBM_BYTES_PER_S
 
 
 def build_engine(model_dir: Path, args: argparse.Namespace) -> Any:
