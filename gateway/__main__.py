@@ -95,18 +95,8 @@ def build_app(args: argparse.Namespace, config: GatewayConfig) -> FastAPI:
     lease_ns = args.lease_namespace or args.namespace or "default"
     elector = LeaseElector(client, lease_ns, args.lease_name, args.identity)
     discovery = KubernetesDiscovery(client, args.namespace, config.default_pool, autoscaling_defaults())
-    return create_app(config, [StaticDiscovery(config), discovery, _Background(elector.run)],
-                      KubernetesScaler(client, elector))
-
-
-class _Background:
-    """Runs a coroutine function for the app's lifetime (the lease elector) through the discovery slot."""
-
-    def __init__(self, target: Any) -> None:
-        self.target = target
-
-    async def run(self, sink: Any) -> None:
-        await self.target()
+    return create_app(config, [StaticDiscovery(config), discovery], KubernetesScaler(client, elector),
+                      background=[elector.run])
 
 
 def main(argv: list[str] | None = None) -> int:

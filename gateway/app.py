@@ -11,7 +11,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import httpx
@@ -53,13 +53,15 @@ async def _supervise(name: str, coro: Any) -> None:
 
 def create_app(config: GatewayConfig, discovery: Discovery | Sequence[Discovery] | None = None,
                driver: ScaleDriver | None = None,
-               metrics_registry: CollectorRegistry | None = None) -> FastAPI:
+               metrics_registry: CollectorRegistry | None = None,
+               background: Sequence[Callable[[], Awaitable[None]]] = ()) -> FastAPI:
     """Build the gateway app.
 
     discovery: where endpoints come from (default: the config's static endpoints). A LocalDriver is both a
       discovery source and a driver: pass it in both places.
     driver: applies autoscaling decisions (KubernetesScaler, LocalDriver); None disables the autoscaler
       (queue depth is still exported for HPA/KEDA).
+    background: coroutine functions run for the app's lifetime (e.g. LeaseElector.run).
     """
     sources = [StaticDiscovery(config)] if discovery is None else (
         list(discovery) if isinstance(discovery, Sequence) else [discovery])
@@ -83,6 +85,8 @@ def create_app(config: GatewayConfig, discovery: Discovery | Sequence[Discovery]
                 tasks.append(asyncio.create_task(_supervise("autoscaler", autoscaler.run())))
             tasks += [asyncio.create_task(_supervise(f"discovery {type(s).__name__}", s.run(registry)))
                       for s in sources]
+            tasks += [asyncio.create_task(_supervise(getattr(fn, "__qualname__", "task"), fn()))
+                      for fn in background]
             try:
                 yield
             finally:
