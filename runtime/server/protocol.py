@@ -21,6 +21,7 @@ from kvpilot.runtime.server.errors import (
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 MAX_CHOICES = 128
+MAX_GENERATIONS = 1024  # prompts x n in one HTTP request
 Prompt = str | list[int]
 
 
@@ -106,6 +107,9 @@ class CompletionRequest(_GenerationRequest):
             raise invalid_request("prompt must not be empty", "prompt")
         if isinstance(prompt[0], int):
             return [list(prompt)]  # type: ignore[arg-type]
+        if len(prompt) * self.n > MAX_GENERATIONS:
+            raise invalid_request(f"{len(prompt)} prompts x n={self.n} asks for more than {MAX_GENERATIONS} "
+                                  "generations in one request", "prompt")
         return list(prompt)  # type: ignore[arg-type]
 
     def sampling_params(self) -> list[SamplingParams]:

@@ -69,6 +69,12 @@ def test_wrong_types_are_400_naming_the_field(fields: dict, param: str) -> None:
     assert exc.value.status == 400 and exc.value.param == param
 
 
+def test_too_many_generations_in_one_request_is_400() -> None:
+    with pytest.raises(APIError) as exc:
+        completion(prompt=["p"] * 20, n=100).prompts()
+    assert exc.value.status == 400 and "1024" in exc.value.message
+
+
 def test_unknown_fields_are_ignored() -> None:
     assert completion(frobnicate=True, metadata={"a": 1}).prompts() == ["x"]
 
