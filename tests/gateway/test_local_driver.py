@@ -30,9 +30,13 @@ def test_scale_from_zero_serves_the_held_request_then_scales_to_zero(tiny_model_
         process = replica.process
         assert replica.ready and process.poll() is None
         # Idle for longer than scaleDownDelaySeconds: back to zero, the process is stopped.
-        wait_until(lambda: driver.replicas["tiny"] == [] and process.poll() is not None, timeout=30)
+        def scaled_down() -> bool:
+            metrics = httpx.get(f"{gw.url}/metrics").text
+            return metric_value(metrics, "kvpilot_gateway_scaling_decisions_total", direction="down") == 1
+
+        wait_until(scaled_down, timeout=30)  # counted once the driver has stopped the process
+        assert driver.replicas["tiny"] == [] and process.poll() is not None
         metrics = httpx.get(f"{gw.url}/metrics").text
-        assert metric_value(metrics, "kvpilot_gateway_scaling_decisions_total", direction="down") == 1
         assert metric_value(metrics, "kvpilot_gateway_pool_desired_replicas", model="tiny") == 0
         client.completions.create(model="tiny", prompt="again", max_tokens=2)  # and from zero once more
         second = driver.replicas["tiny"][0].process
