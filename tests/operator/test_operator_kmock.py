@@ -99,7 +99,10 @@ async def test_create_update_scale_ready_and_delete(kit: Any, fake_hub: Any) -> 
         assert ready["status"]["observedGeneration"] == 2
 
         # Delete: nothing blocks it (no finalizer); the garbage collector removes the owned children.
+        # (Settle first: a pass still in flight may re-create a child; a real garbage collector removes
+        # such a child too, because its owner reference points at an object that no longer exists.)
         assert not (ready["metadata"].get("finalizers") or [])
+        await kit.settle(k)
         await api.delete(API, KIND, "ml", "qwen3-8b")
         owned = kit.children(k, UID)
         assert owned == [("configmaps", "qwen3-8b-plan"), ("deployments", "qwen3-8b"),
