@@ -161,7 +161,13 @@ def run_workload(w: Workload, root: Path, args: argparse.Namespace) -> dict[str,
     reqs = make_requests(w, SHAPES[w.shape]["vocab_size"], args.seed)
     engine = build_engine(model_dir, args)
     run_ours(engine, make_requests(Workload("warm", w.shape, 4, (64, 128), (8, 8), "x"), 150000, 1), "warm")
+    if args.profile_dir is not None:
+        profile_engine(engine, reqs, w.name, args.profile_dir)
     result: dict[str, Any] = {"workload": asdict(w), "ours": run_ours(engine, reqs, w.name)}
+    if w.measure == "ttft":  # one step is a noisy sample: report the median of several
+        ttfts = sorted(run_ours(engine, reqs, f"{w.name}-{i}")["ttft_s"] for i in range(7))
+        result["ours"]["ttft_samples_s"] = ttfts
+        result["ours"]["ttft_s"] = ttfts[len(ttfts) // 2]
     floor = physical_floor_s(w, reqs)
     result["floor_s"] = floor
     if w.measure == "throughput":
@@ -178,6 +184,31 @@ def run_workload(w: Workload, root: Path, args: argparse.Namespace) -> dict[str,
         except Exception as exc:  # the comparison must not lose our own numbers
             result["side_by_side"]["hf_error"] = f"{type(exc).__name__}: {exc}"
     return result
+
+
+def profile_engine(engine: Any, reqs: list[tuple[list[int], int]], tag: str, out_dir: Path) -> None:
+    """Where a step's time goes: host functions (cProfile) and device kernels (torch.profiler)."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sample = reqs[: max(1, len(reqs) // 4)]
+    prof = cProfile.Profile()
+    prof.enable()
+    run_ours(engine, [(p, min(o, 64)) for p, o in sample], tag + "-cprof")
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
+    (out_dir / f"{tag}-host.txt").write_text(text.getvalue())
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as tprof:
+        run_ours(engine, [(p, min(o, 8)) for p, o in sample], tag + "-tprof")
+        torch.cuda.synchronize()
+    table = tprof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
+    (out_dir / f"{tag}-device.txt").write_text(table)
 
 
 def summary_row(r: dict[str, Any]) -> str:
@@ -205,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile-dir", type=Path, default=None, help="write host/device profiles here")
     p.add_argument("--hf", action="store_true", help="also time transformers' generate_batch side by side")
     p.add_argument("--hf-seqs", type=int, default=64)
     p.add_argument("--hf-output", type=int, default=256)
