@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 source benchmarks/gpu_env.sh
 OUT=${OUT:-/tmp/kvpilot-out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv | tee "$OUT/gpu.txt"
-git rev-parse HEAD 2>/dev/null | tee "$OUT/commit.txt"
+echo "commit ${KVPILOT_COMMIT:-unknown} (the device copy has no .git: pass KVPILOT_COMMIT)" | tee "$OUT/commit.txt"
 python benchmarks/ceilings.py "$OUT/ceilings.json" 2>&1 | tail -1
 for step in "$@"; do
   case "$step" in
