@@ -32,6 +32,7 @@ from . import (
     kv_cache_triton,
     norm_triton,
     prefill_attention_triton,
+    qkv_prepare_triton,
     rotary_triton,
 )
 
@@ -59,6 +60,11 @@ class KernelReport:
 _ATTN = {"q_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "out_ptr": "*bf16",
          "context_lens_ptr": "*i32", "block_tables_ptr": "*i32", "qk_scale": "fp32"}  # fmt: skip
 _HEADS = {"HEAD_DIM": 128, "BLOCK_D": 128, "PAGE": 16}
+_QKV_PREPARE = {"qkv_ptr": "*bf16", "positions_ptr": "*i64", "cos_sin_ptr": "*fp32", "q_norm_ptr": "*bf16",
+                "k_norm_ptr": "*bf16", "q_out_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16",
+                "slot_mapping_ptr": "*i64", "eps": "fp32"}  # fmt: skip
+_QKV_PREPARE_CONSTS = {"NUM_HEADS": 32, "NUM_KV_HEADS": 8, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "BLOCK_G": 4,
+                       "BLOCK_HALF": 64}  # fmt: skip
 _DEC_NODIV = ("partition_size", "num_splits", "num_heads", "stride_bt")
 
 
@@ -93,6 +99,10 @@ def default_specs() -> list[KernelSpec]:
                     "k_out_ptr": "*bf16", "cos_sin_ptr": "*fp32"},
                    {"HALF": 64, "BLOCK_HALF": 64, "BLOCK_HQ": 32, "BLOCK_HK": 8}, 4, 1,
                    ("num_heads", "num_kv_heads")),
+        KernelSpec("qkv_prepare_qk_norm", qkv_prepare_triton._qkv_prepare_kernel, _QKV_PREPARE,
+                   {**_QKV_PREPARE_CONSTS, "HAS_NORM": True}, 2),
+        KernelSpec("qkv_prepare", qkv_prepare_triton._qkv_prepare_kernel, _QKV_PREPARE,
+                   {**_QKV_PREPARE_CONSTS, "HAS_NORM": False}, 2),
         KernelSpec("silu_and_mul", activation_triton._silu_and_mul_kernel,
                    {"x_ptr": "*bf16", "out_ptr": "*bf16"}, {"BLOCK": 1024}, 4),
     ]  # fmt: skip
