@@ -28,7 +28,7 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = Linear(config.hidden_size, (self.q_size, self.kv_size, self.kv_size),
                                bias=config.attention_bias, backend=backend)
         self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_proj_bias, backend=backend)
-        if config.qk_norm:
+        if config.qk_norm:  # hold the weights; the norms run inside attn.store_qkv
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, backend=backend)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, backend=backend)
         self.qk_norm = config.qk_norm
@@ -38,17 +38,19 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: KVCache,
                 meta: AttentionMetadata) -> torch.Tensor:
-        num_tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.reshape(num_tokens, self.num_heads, self.head_dim)
-        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q = self.q_norm(q.reshape(-1, self.head_dim)).view_as(q)
-            k = self.k_norm(k.reshape(-1, self.head_dim)).view_as(k)
-        q, k = self.rotary(positions, q, k)
-        out = self.attn(q, k, v.contiguous(), kv_cache[0], kv_cache[1], meta)
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
+        """q/k norm, rotary and the K/V store run as one op on the fused projection, with no copies."""
+        k_cache, v_cache = kv_cache
+        q = self.attn.store_qkv(self.qkv_proj(hidden), positions, self.rotary.cos_sin_cache, k_cache, v_cache,
+                                meta, **self._qk_norm_weights())
+        out = self.attn(q, k_cache, v_cache, meta)
+        return self.o_proj(out.reshape(hidden.shape[0], self.q_size))  # a view: out is dense
+
+    def _qk_norm_weights(self) -> dict[str, torch.Tensor | float]:
+        """Read at call time: the loader may replace the parameters after construction."""
+        if not self.qk_norm:
+            return {}
+        return {"q_norm_weight": self.q_norm.weight, "k_norm_weight": self.k_norm.weight,
+                "eps": self.q_norm.eps}
 
 
 class LlamaMLP(nn.Module):
