@@ -8,11 +8,11 @@ import ast
 import json
 import shlex
 import sys
+import tomllib
 from importlib.metadata import PackageNotFoundError, distribution, packages_distributions
 from pathlib import Path
 
 import pytest
-import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 

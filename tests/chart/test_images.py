@@ -8,10 +8,10 @@ import ast
 import fnmatch
 import json
 import shlex
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGES = {"operator": "kvpilot-operator", "gateway": "kvpilot-gateway", "runtime": "kvpilot-runtime"}
