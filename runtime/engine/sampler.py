@@ -46,6 +46,40 @@ def _needs_penalties(params: SamplingParams) -> bool:
             or params.frequency_penalty != 0.0)
 
 
+@dataclass
+class _RowPlan:
+    """Which rows need what, found in one pass over the rows."""
+
+    plain_greedy: list[int]  # greedy rows with nothing to process: the argmax of the raw logits
+    processed: list[int]  # rows with banned tokens or penalties (greedy or random)
+    random: list[int]  # rows sampled with temperature
+    any_logprobs: bool
+
+    @property
+    def plain_greedy_only(self) -> bool:
+        return not self.processed and not self.random
+
+    @classmethod
+    def of(cls, rows: list[SampleRow]) -> _RowPlan:
+        plain_greedy: list[int] = []
+        processed: list[int] = []
+        random: list[int] = []
+        any_logprobs = False
+        for i, row in enumerate(rows):
+            params = row.params
+            if row.banned_token_ids or _needs_penalties(params):
+                processed.append(i)
+                if params.temperature >= GREEDY_TEMPERATURE:
+                    random.append(i)
+            elif params.temperature >= GREEDY_TEMPERATURE:
+                random.append(i)
+            else:
+                plain_greedy.append(i)
+            if params.logprobs is not None:
+                any_logprobs = True
+        return cls(plain_greedy, processed, random, any_logprobs)
+
+
 class Sampler:
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
@@ -56,16 +90,36 @@ class Sampler:
             raise ValueError(f"{logits.shape[0]} logits rows for {len(rows)} sample rows")
         if not rows:
             return []
-        raw = logits.float()
-        processed = self._process(raw.clone(), rows)
-        greedy = [i for i, r in enumerate(rows) if _is_greedy(r.params)]
-        random = [i for i, r in enumerate(rows) if not _is_greedy(r.params)]
-        token_ids = torch.empty(len(rows), dtype=torch.long, device=raw.device)
-        if greedy:
-            token_ids[greedy] = processed[greedy].argmax(dim=-1)
-        if random:
-            token_ids[random] = self._sample_random(processed[random], [rows[i] for i in random])
-        return self._results(raw, token_ids.tolist(), rows)
+        raw = logits.float()  # never modified: processing works on copies of the rows that need it
+        plan = _RowPlan.of(rows)
+        if plan.plain_greedy_only:  # the common case: one argmax, one copy to the host
+            token_ids: list[int] = raw.argmax(dim=-1).tolist()
+        else:
+            token_ids = self._token_ids(raw, rows, plan)
+        if not plan.any_logprobs:
+            return [SampledToken(token, None, []) for token in token_ids]
+        return self._results(raw, token_ids, rows)
+
+    def _token_ids(self, raw: torch.Tensor, rows: list[SampleRow], plan: _RowPlan) -> list[int]:
+        """Greedy rows: argmax of their (processed) logits; random rows: _sample_random."""
+        if plan.plain_greedy:
+            token_ids = raw.argmax(dim=-1)  # every row: cheaper than gathering the plain greedy ones
+        else:
+            token_ids = torch.empty(len(rows), dtype=torch.long, device=raw.device)
+        position = {i: k for k, i in enumerate(plan.processed)}
+        processed = raw[:0]
+        if plan.processed:
+            processed = self._process(raw[plan.processed], [rows[i] for i in plan.processed])
+            greedy = [i for i in plan.processed if _is_greedy(rows[i].params)]
+            if greedy:
+                token_ids[greedy] = processed[[position[i] for i in greedy]].argmax(dim=-1)
+        if plan.random:
+            random = raw[plan.random]
+            moved = [(k, position[i]) for k, i in enumerate(plan.random) if i in position]
+            if moved:
+                random[[k for k, _ in moved]] = processed[[j for _, j in moved]]
+            token_ids[plan.random] = self._sample_random(random, [rows[i] for i in plan.random])
+        return token_ids.tolist()
 
     def _process(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
         """Banned tokens to -inf, then penalties on the rows that ask for them."""
