@@ -21,7 +21,6 @@ from kvpilot.runtime.engine.output import EngineStats, RequestOutput
 from kvpilot.runtime.engine.request_state import RequestState
 from kvpilot.runtime.engine.scheduler import Scheduler, SchedulerOutput
 from kvpilot.runtime.engine.sequence import Sequence
-from kvpilot.runtime.engine.stop import banned_token_ids
 from kvpilot.runtime.errors import InvalidRequestError, UnsupportedModelError
 from kvpilot.runtime.sampling_params import SamplingParams
 
@@ -198,10 +197,11 @@ class LLMEngine:
             for seq_id, message in failed.items():
                 outputs.append(self._fail(self._by_seq[seq_id], message))
             self.scheduler.update(sched, {sid: t.token_id for sid, t in sampled.items()})
+            token_limit = self._token_limit
             for seq_id, token in sampled.items():
                 req = self._by_seq[seq_id]
                 try:
-                    out = req.process_token(token, self._token_limit)
+                    out = req.process_token(token, token_limit)
                 except Exception as exc:  # a request's own data broke it: finish it, keep the loop
                     logger.exception("request %s failed while processing its output", req.request_id)
                     outputs.append(self._fail(req, f"output processing failed: {exc}"))
@@ -226,14 +226,8 @@ class LLMEngine:
         return req.finish_output("abort", error=message)
 
     def _rows(self, chunks: list[Any]) -> list[Any]:
-        return [self._sample_row(params=c.seq.params, prompt_token_ids=c.seq.prompt_token_ids,
-                                 output_token_ids=c.seq.output_token_ids,
-                                 banned_token_ids=self._requests_banned(c.seq)) for c in chunks]
-
-    def _requests_banned(self, seq: Sequence) -> frozenset[int]:
-        p = seq.params
-        return banned_token_ids(seq.num_output_tokens, p.min_tokens, eos_token_ids=self._eos_token_ids,
-                                stop_token_ids=p.stop_token_ids, ignore_eos=p.ignore_eos)
+        by_seq, row_type = self._by_seq, self._sample_row
+        return [by_seq[c.seq.seq_id].sample_row(row_type) for c in chunks]
 
     def _execute(self, sched: SchedulerOutput) -> tuple[dict[int, Any], dict[int, str]]:
         """Run the batch; if it raises, run chunk by chunk to find and fail only the culprits (a

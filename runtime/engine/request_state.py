@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from kvpilot.runtime.engine.detokenizer import IncrementalDetokenizer
 from kvpilot.runtime.engine.output import RequestOutput, TokenLogprob
 from kvpilot.runtime.engine.sequence import Sequence
-from kvpilot.runtime.engine.stop import StopStringMatcher, token_stop_reason
+from kvpilot.runtime.engine.stop import StopStringMatcher, banned_token_ids, token_stop_reason
 
 
 class RequestState:
@@ -20,24 +21,47 @@ class RequestState:
         if params.detokenize:
             self._detokenizer = IncrementalDetokenizer(
                 tokenizer, seq.prompt_token_ids, params.skip_special_tokens)
-        self._matcher = StopStringMatcher(params.stop, params.include_stop_str_in_output)
+        # no stop strings: the matcher would pass every text through unchanged, so it is skipped
+        self._matcher = (StopStringMatcher(params.stop, params.include_stop_str_in_output)
+                         if any(params.stop) else None)
+        # tokens that may stop the request (the reason comes from token_stop_reason)
+        self._stopping_ids = frozenset(params.stop_token_ids) | (
+            frozenset() if params.ignore_eos else eos_token_ids)
+        self._row: Any = None  # the SampleRow once no token is banned: it holds the live token lists
+
+    def sample_row(self, row_type: Callable[..., Any]) -> Any:
+        """The sampler's row for the next token: stopping tokens are banned until min_tokens exist."""
+        seq = self.seq
+        params = seq.params
+        if seq.num_output_tokens < params.min_tokens:
+            return row_type(params, seq.prompt_token_ids, seq.output_token_ids, banned_token_ids(
+                seq.num_output_tokens, params.min_tokens, eos_token_ids=self._eos_token_ids,
+                stop_token_ids=params.stop_token_ids, ignore_eos=params.ignore_eos))
+        if self._row is None:
+            self._row = row_type(params, seq.prompt_token_ids, seq.output_token_ids)
+        return self._row
 
     def process_token(self, sampled: Any, token_limit: int) -> RequestOutput:
         """The delta for the token just appended to the sequence (`sampled` is the SampledToken)."""
-        seq, params = self.seq, self.seq.params
+        seq = self.seq
+        params = seq.params
         token_id = seq.output_token_ids[-1]
         can_stop = seq.num_output_tokens >= params.min_tokens
-        stopped, stop_reason = token_stop_reason(
-            token_id, eos_token_ids=self._eos_token_ids, stop_token_ids=params.stop_token_ids,
-            ignore_eos=params.ignore_eos) if can_stop else (False, None)
+        stopped, stop_reason = False, None
+        if can_stop and token_id in self._stopping_ids:
+            stopped, stop_reason = token_stop_reason(
+                token_id, eos_token_ids=self._eos_token_ids, stop_token_ids=params.stop_token_ids,
+                ignore_eos=params.ignore_eos)
         finish_reason = "stop" if stopped else None
         text = ""
         if self._detokenizer is not None:
             show_token = not stopped or params.include_stop_str_in_output
-            match = self._matcher.feed(self._detokenizer.add(token_id) if show_token else "", can_stop)
-            text = match.text
-            if match.stop is not None and finish_reason is None:
-                finish_reason, stop_reason = "stop", match.stop
+            text = self._detokenizer.add(token_id) if show_token else ""
+            if self._matcher is not None:
+                match = self._matcher.feed(text, can_stop)
+                text = match.text
+                if match.stop is not None and finish_reason is None:
+                    finish_reason, stop_reason = "stop", match.stop
         out_of_room = seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= token_limit
         if finish_reason is None and out_of_room:
             finish_reason = "length"
@@ -51,7 +75,10 @@ class RequestState:
     def _flush_text(self, can_stop: bool) -> str:
         if self._detokenizer is None:
             return ""
-        return self._matcher.feed(self._detokenizer.flush(), can_stop).text + self._matcher.flush()
+        text = self._detokenizer.flush()
+        if self._matcher is None:
+            return text
+        return self._matcher.feed(text, can_stop).text + self._matcher.flush()
 
     def finish_output(self, finish_reason: str, error: str | None = None) -> RequestOutput:
         """The final delta of a request that ends outside the model step (abort, failure)."""

@@ -18,14 +18,14 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from kvpilot.runtime.engine.batch import SeqChunk, StepBatch
 from kvpilot.runtime.engine.block_manager import BlockManager
 from kvpilot.runtime.engine.sequence import Sequence, SequenceStatus
 
 
-@dataclass(frozen=True)
-class ScheduledChunk:
+class ScheduledChunk(NamedTuple):  # a tuple: built for every sequence in every step
     seq: Sequence
     num_tokens: int
     sample: bool
@@ -108,16 +108,16 @@ class Scheduler:
         out = SchedulerOutput(StepBatch([]))
         budget = self.max_num_batched_tokens
         scheduled_ids: set[int] = set()
-        decodes: list[Sequence] = []
-        prefills: list[Sequence] = []
-        for seq in self.running:
-            (decodes if seq.is_prefilled else prefills).append(seq)
-        for seq in decodes + prefills:
+        decodes = [seq for seq in self.running if seq.num_tokens - seq.num_computed_tokens <= 1]
+        prefills = [seq for seq in self.running if seq.num_tokens - seq.num_computed_tokens > 1
+                    ] if len(decodes) < len(self.running) else []
+        budget = self._schedule_decodes(decodes, budget, scheduled_ids, out)
+        for seq in prefills:
             if budget == 0:
                 break
-            want = min(seq.num_uncomputed_tokens, budget)
-            if seq.status is not SequenceStatus.RUNNING or want == 0:
-                continue  # preempted earlier in this step, or nothing to compute
+            want = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this step
             n = self._reserve(seq, want, scheduled_ids, out)
             if n:
                 self._add_chunk(out, seq, n, scheduled_ids)
@@ -133,6 +133,26 @@ class Scheduler:
             self._add_chunk(out, seq, n, scheduled_ids)
             budget -= n
         return out
+
+    def _schedule_decodes(self, decodes: list[Sequence], budget: int, scheduled_ids: set[int],
+                          out: SchedulerOutput) -> int:
+        """One token for each sequence that just decodes (most steps need no new block for it)."""
+        chunks, scheduled = out.batch.chunks, out.scheduled
+        append_slots, running = self.block_manager.append_slots, SequenceStatus.RUNNING
+        for seq in decodes:
+            if budget == 0:
+                break
+            if seq.num_tokens == seq.num_computed_tokens or seq.status is not running:
+                continue  # nothing to compute, or preempted earlier in this step
+            if not append_slots(seq, 1) and not self._reserve(seq, 1, scheduled_ids, out):
+                continue  # preempted itself
+            seq_id = seq.seq_id
+            start = seq.num_computed_tokens
+            chunks.append(SeqChunk(seq_id, [seq.last_token_id], start, seq.block_table, True))
+            scheduled.append(ScheduledChunk(seq, 1, True))
+            scheduled_ids.add(seq_id)
+            budget -= 1
+        return budget
 
     def _reserve(self, seq: Sequence, want: int, scheduled_ids: set[int], out: SchedulerOutput) -> int:
         """Slots for up to `want` tokens of a running sequence, preempting newer sequences if needed.

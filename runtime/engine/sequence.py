@@ -37,7 +37,11 @@ class Sequence:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
         self.seq_id = seq_id
         self.prompt_token_ids = list(prompt_token_ids)
-        self.output_token_ids: list[int] = []
+        self.output_token_ids: list[int] = []  # grows only through append_token
+        # Lengths kept as plain attributes (read for every sequence in every step), updated on append
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+        self.num_output_tokens = 0
+        self.num_tokens = self.num_prompt_tokens
         self.params = params
         self.max_tokens = max_tokens
         self.arrival_time = arrival_time
@@ -50,25 +54,17 @@ class Sequence:
         self.num_preemptions = 0
 
     @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
-
-    @property
-    def num_output_tokens(self) -> int:
-        return len(self.output_token_ids)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
-
-    @property
     def max_total_tokens(self) -> int:
         """Tokens the sequence may reach: its prompt plus every token it is allowed to generate."""
-        return len(self.prompt_token_ids) + self.max_tokens
+        return self.num_prompt_tokens + self.max_tokens
 
     @property
     def num_uncomputed_tokens(self) -> int:
         return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def last_token_id(self) -> int:
+        return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
 
     @property
     def is_prefilled(self) -> bool:
@@ -80,11 +76,11 @@ class Sequence:
         return self.status is SequenceStatus.FINISHED
 
     def token_at(self, pos: int) -> int:
-        n = len(self.prompt_token_ids)
+        n = self.num_prompt_tokens
         return self.prompt_token_ids[pos] if pos < n else self.output_token_ids[pos - n]
 
     def token_slice(self, start: int, stop: int) -> list[int]:
-        n = len(self.prompt_token_ids)
+        n = self.num_prompt_tokens
         if stop <= n:
             return self.prompt_token_ids[start:stop]
         if start >= n:
@@ -97,6 +93,8 @@ class Sequence:
 
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
+        self.num_output_tokens += 1
+        self.num_tokens += 1
 
     def reset_for_recompute(self) -> None:
         """Preemption by recompute: the KV is dropped; prompt and output are computed again later."""
