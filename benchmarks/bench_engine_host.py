@@ -7,7 +7,8 @@ not overlapped, so these numbers add to every step. Parts:
   engine   LLMEngine.step with a stub runner and a stub sampler (both ~free): scheduler, block manager,
            sample rows, token append, stop checks, detokenizer, outputs. 256 sequences with 500-token
            prompts and 200 output tokens each, greedy, ignore_eos; steps split into "mixed" (prefill
-           chunks + decodes) and "decode" (decode only).
+           chunks + decodes) and "decode" (decode only); again without detokenization (the byte-level
+           fake tokenizer's decode is Python, slower than a real tokenizer's).
   inputs   prepare_inputs (device cpu: no pinning) on 256 decode chunks with ~60-block tables, and on
            a mixed batch (16 prefill chunks of 500 tokens + 240 decodes).
   sampler  Sampler.sample on [256, vocab] float32 CPU logits: all greedy, and a mix (a few seeded,
@@ -75,13 +76,13 @@ class StubSampler:
         return [token] * len(rows)
 
 
-def bench_engine(batch: int, prompt_len: int, output_len: int) -> dict[str, float]:
+def bench_engine(batch: int, prompt_len: int, output_len: int, detokenize: bool = True) -> dict[str, float]:
     blocks = batch * -(-(prompt_len + output_len) // BLOCK_SIZE) + 64
     runner = StubRunner(blocks, BLOCK_SIZE, 2048)
     engine = LLMEngine(runner, FakeTokenizer(), StubSampler(), max_num_seqs=256,
                        max_num_batched_tokens=8192, max_model_len=2048)
     rng = random.Random(0)
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True, detokenize=detokenize)
     for i in range(batch):
         engine.add_request(str(i), [rng.randrange(1, 257) for _ in range(prompt_len)], params)
     mixed, decode = [], []
@@ -157,7 +158,9 @@ def main() -> None:
     parts = set(args.parts.split(","))
     results: dict[str, Any] = {}
     if "engine" in parts:
-        results["engine"] = bench_engine(BATCH, PROMPT_LEN, 50 if args.quick else OUTPUT_LEN)
+        output_len = 50 if args.quick else OUTPUT_LEN
+        results["engine"] = bench_engine(BATCH, PROMPT_LEN, output_len)
+        results["engine_no_detokenize"] = bench_engine(BATCH, PROMPT_LEN, output_len, detokenize=False)
     if "inputs" in parts:
         results["prepare_inputs"] = bench_inputs(repeats * 2)
     if "sampler" in parts:

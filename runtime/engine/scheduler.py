@@ -138,16 +138,16 @@ class Scheduler:
                           out: SchedulerOutput) -> int:
         """One token for each sequence that just decodes (most steps need no new block for it)."""
         chunks, scheduled = out.batch.chunks, out.scheduled
-        append_slots, running = self.block_manager.append_slots, SequenceStatus.RUNNING
+        block_size, running = self.block_manager.block_size, SequenceStatus.RUNNING
         for seq in decodes:
             if budget == 0:
                 break
-            if seq.num_tokens == seq.num_computed_tokens or seq.status is not running:
-                continue  # nothing to compute, or preempted earlier in this step
-            if not append_slots(seq, 1) and not self._reserve(seq, 1, scheduled_ids, out):
-                continue  # preempted itself
-            seq_id = seq.seq_id
             start = seq.num_computed_tokens
+            if seq.num_tokens == start or seq.status is not running:
+                continue  # nothing to compute, or preempted earlier in this step
+            if start >= len(seq.block_table) * block_size and not self._reserve(seq, 1, scheduled_ids, out):
+                continue  # the last block is full and no block could be had: preempted itself
+            seq_id = seq.seq_id
             chunks.append(SeqChunk(seq_id, [seq.last_token_id], start, seq.block_table, True))
             scheduled.append(ScheduledChunk(seq, 1, True))
             scheduled_ids.add(seq_id)
@@ -202,11 +202,15 @@ class Scheduler:
     def update(self, out: SchedulerOutput, sampled: Mapping[int, int]) -> None:
         """Record the step: the scheduled tokens now have KV, and each sampled token (by seq id) is
         appended. Sequences finished meanwhile (failed, aborted) are skipped."""
-        for chunk in out.scheduled:
-            seq = chunk.seq
-            if seq.status is not SequenceStatus.RUNNING:
+        commit, block_size = self.block_manager.commit_computed, self.block_manager.block_size
+        running = SequenceStatus.RUNNING
+        for seq, num_tokens, sample in out.scheduled:
+            if seq.status is not running:
                 continue
-            seq.num_computed_tokens += chunk.num_tokens
-            self.block_manager.commit_computed(seq)
-            if chunk.sample and seq.seq_id in sampled:
-                seq.append_token(sampled[seq.seq_id])
+            seq.num_computed_tokens += num_tokens
+            if seq.num_computed_tokens >= (seq.num_committed_blocks + 1) * block_size:
+                commit(seq)  # a block filled up since the last commit
+            if sample:
+                token = sampled.get(seq.seq_id)
+                if token is not None:
+                    seq.append_token(token)
