@@ -66,6 +66,10 @@ def attend_tile(
     else:
         k = tl.load(k_ptrs)  # [BLOCK_N, BLOCK_D]
         v = tl.load(v_ptrs)
+    # An 8-bit KV cache (fp8 stored by a plain cast) is widened to q's type for the tensor-core dots; for a
+    # 16-bit cache this is a no-op.
+    k = k.to(q.dtype)
+    v = v.to(q.dtype)
 
     s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_M, BLOCK_N] fp32
     if CAUSAL:

@@ -29,10 +29,10 @@ def qwen3_06b_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_model_dir(tmp_path_factory.mktemp("gpu"), "qwen3-0.6b")
 
 
-def _runner(model_dir: Path, backend: str, eager: bool) -> ModelRunner:
+def _runner(model_dir: Path, backend: str, eager: bool, kv_cache_dtype: str = "auto") -> ModelRunner:
     return ModelRunner(model_dir, block_size=BLOCK, max_model_len=1024, device="cuda", dtype="bfloat16",
                        num_kv_blocks=128, backend=backend, load_format="dummy", seed=7, max_num_seqs=8,
-                       enforce_eager=eager)
+                       enforce_eager=eager, kv_cache_dtype=kv_cache_dtype)
 
 
 def _tables() -> list[list[int]]:
@@ -83,3 +83,10 @@ def test_cuda_graph_path_matches_eager(qwen3_06b_dir: Path) -> None:
     assert graphed.graphs is not None and eager.graphs is None
     pairs = teacher_forced_logits(eager, graphed)
     assert_agree(pairs, atol=0.05)
+
+
+def test_fp8_kv_cache_stays_close_to_bf16(qwen3_06b_dir: Path) -> None:
+    """fp8 (e4m3, no scales) halves KV bytes; logits move by its rounding, never by a wrong layout."""
+    ref, fp8 = _runner(qwen3_06b_dir, "triton", True), _runner(qwen3_06b_dir, "triton", False, "fp8")
+    assert fp8.kv_caches[0][0].dtype == torch.float8_e4m3fn
+    assert_agree(teacher_forced_logits(ref, fp8), atol=0.5)
