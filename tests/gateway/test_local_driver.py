@@ -22,7 +22,8 @@ def test_scale_from_zero_serves_the_held_request_then_scales_to_zero(tiny_model_
     with ServerThread(create_app(config, discovery=[driver], driver=driver)) as gw:
         assert driver.replicas["tiny"] == []  # nothing runs before the first request
         client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0, timeout=120)
-        reply = client.completions.create(model="tiny", prompt="hello", max_tokens=3)
+        reply = client.completions.create(model="tiny", prompt="hello", max_tokens=3,
+                                           extra_body={"ignore_eos": True})
         assert reply.usage.completion_tokens == 3
         metrics = httpx.get(f"{gw.url}/metrics").text
         assert metric_value(metrics, "kvpilot_gateway_scaling_decisions_total", direction="up") == 1

@@ -35,7 +35,8 @@ def test_replica_killed_before_first_byte_is_retried_elsewhere(start_runtimes, s
         victim.kill()
         client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
         for _ in range(2):  # round-robin: one of the two goes to the dead replica first
-            reply = client.completions.create(model="tiny", prompt="hello", max_tokens=3)
+            reply = client.completions.create(model="tiny", prompt="hello", max_tokens=3,
+                                               extra_body={"ignore_eos": True})
             assert reply.choices[0].text is not None and reply.usage.completion_tokens == 3
         metrics = gateway_metrics(gw)
         assert metric_value(metrics, "kvpilot_gateway_retries_total", model="tiny") == 1
@@ -79,7 +80,8 @@ def test_429_when_the_queue_is_full_and_503_without_replicas(survivor) -> None:
         assert unavailable.value.status_code == 503
         assert unavailable.value.response.headers["retry-after"] == "2"
         wait_until(lambda: survivor.running() == 0)
-        reply = client.completions.create(model="tiny", prompt="after", max_tokens=2)  # the slot is free
+        reply = client.completions.create(model="tiny", prompt="after", max_tokens=2,  # the slot is free
+                                           extra_body={"ignore_eos": True})
         assert reply.usage.completion_tokens == 2
         metrics = gateway_metrics(gw)
         assert metric_value(metrics, "kvpilot_gateway_inflight_requests") == 0
@@ -95,7 +97,8 @@ def test_concurrent_requests_all_succeed_and_counters_return_to_zero(survivor) -
         results: list[int] = []
 
         def one(i: int) -> None:
-            reply = client.completions.create(model="tiny", prompt=f"request {i}", max_tokens=4)
+            reply = client.completions.create(model="tiny", prompt=f"request {i}", max_tokens=4,
+                                               extra_body={"ignore_eos": True})
             results.append(reply.usage.completion_tokens)
 
         threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]  # some queue in the gateway
