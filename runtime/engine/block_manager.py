@@ -84,12 +84,15 @@ class BlockManager:
 
     # ---- prefix cache ---------------------------------------------------------------------------
     def _update_hashes(self, seq: Sequence, num_full_blocks: int) -> list[int]:
+        """Hashes of the first full blocks; their token tuples are kept beside them (seq.block_tokens)."""
         bs = self.block_size
-        hashes = seq.block_hashes
+        hashes, tokens = seq.block_hashes, seq.block_tokens
         while len(hashes) < num_full_blocks:
             i = len(hashes)
             parent = hashes[-1] if hashes else None
-            hashes.append(self._hash_fn(parent, tuple(seq.token_slice(i * bs, (i + 1) * bs))))
+            block_tokens = tuple(seq.token_slice(i * bs, (i + 1) * bs))
+            hashes.append(self._hash_fn(parent, block_tokens))
+            tokens.append(block_tokens)
         return hashes[:num_full_blocks]
 
     def match_prefix(self, seq: Sequence) -> list[int]:
@@ -106,9 +109,7 @@ class BlockManager:
             if block_id is None:
                 break
             block = self._blocks[block_id]
-            if block.parent_generation != parent_generation or block.token_ids != tuple(
-                seq.token_slice(i * bs, (i + 1) * bs)
-            ):
+            if block.parent_generation != parent_generation or block.token_ids != seq.block_tokens[i]:
                 break  # a hash collision: same hash, different prefix
             found.append(block_id)
             parent_generation = block.generation
@@ -134,7 +135,7 @@ class BlockManager:
             if parent is not None and parent.hash is None:
                 break  # parent not cached: a child would be unreachable
             block.hash = hashes[i]
-            block.token_ids = tuple(seq.token_slice(i * bs, (i + 1) * bs))
+            block.token_ids = seq.block_tokens[i]
             block.generation = self._next_generation
             block.parent_generation = parent.generation if parent else _ROOT_GENERATION
             self._next_generation += 1

@@ -49,6 +49,7 @@ class Sequence:
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []
+        self.block_tokens: list[tuple[int, ...]] = []  # the tokens of each hashed block
         self.num_committed_blocks = 0  # leading blocks the prefix cache has already seen
         self.num_cached_tokens: int | None = None  # prefix-cache hit at first admission
         self.num_preemptions = 0
