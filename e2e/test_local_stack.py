@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from kvpilot.gateway.autoscale.local import free_port
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -34,12 +34,6 @@ class Stack:
 
     def runtime_pids(self) -> list[int]:
         return children(self.process.pid)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def children(pid: int) -> list[int]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import socket
 import sys
 import threading
 import time
@@ -13,6 +12,7 @@ from typing import Any
 
 import httpx
 import uvicorn
+from kvpilot.gateway.autoscale.local import free_port
 
 HERE = Path(__file__).parent
 
@@ -26,12 +26,6 @@ def load_sibling(name: str) -> Any:
         sys.modules[module_name] = module
         spec.loader.exec_module(module)
     return sys.modules[module_name]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.02) -> Any:
