@@ -163,6 +163,8 @@ def run_workload(w: Workload, root: Path, args: argparse.Namespace) -> dict[str,
     run_ours(engine, make_requests(Workload("warm", w.shape, 4, (64, 128), (8, 8), "x"), 150000, 1), "warm")
     if args.profile_dir is not None:
         profile_engine(engine, reqs, w.name, args.profile_dir)
+        if args.profile_only:
+            return {"workload": asdict(w), "profiled": str(args.profile_dir)}
     result: dict[str, Any] = {"workload": asdict(w), "ours": run_ours(engine, reqs, w.name)}
     if w.measure == "ttft":  # one step is a noisy sample: report the median of several
         ttfts = sorted(run_ours(engine, reqs, f"{w.name}-{i}")["ttft_s"] for i in range(7))
@@ -186,29 +188,48 @@ def run_workload(w: Workload, root: Path, args: argparse.Namespace) -> dict[str,
     return result
 
 
-def profile_engine(engine: Any, reqs: list[tuple[list[int], int]], tag: str, out_dir: Path) -> None:
-    """Where a step's time goes: host functions (cProfile) and device kernels (torch.profiler)."""
+def profile_engine(engine: Any, reqs: list[tuple[list[int], int]], tag: str, out_dir: Path,
+                   skip_steps: int = 60, steps: int = 20) -> None:
+    """Where a steady-state step's time goes: all requests admitted, prefill over, `steps` steps profiled
+    for host functions (cProfile) and device kernels (torch.profiler); the rest is aborted."""
     import cProfile
     import io
     import pstats
 
     import torch
+    from kvpilot.runtime.sampling_params import SamplingParams
     from torch.profiler import ProfilerActivity, profile
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    sample = reqs[: max(1, len(reqs) // 4)]
-    prof = cProfile.Profile()
-    prof.enable()
-    run_ours(engine, [(p, min(o, 64)) for p, o in sample], tag + "-cprof")
-    prof.disable()
-    text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
-    (out_dir / f"{tag}-host.txt").write_text(text.getvalue())
+    ids = [f"{tag}-prof-{i}" for i in range(len(reqs))]
+    for rid, (prompt, out_len) in zip(ids, reqs, strict=True):
+        engine.add_request(rid, prompt, SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True,
+                                                       detokenize=False))
+    for _ in range(skip_steps):
+        engine.step()
+    host, walls = cProfile.Profile(), []
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as tprof:
-        run_ours(engine, [(p, min(o, 8)) for p, o in sample], tag + "-tprof")
+        host.enable()
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            engine.step()
+            walls.append(time.perf_counter() - t0)
+        host.disable()
         torch.cuda.synchronize()
-    table = tprof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
-    (out_dir / f"{tag}-device.txt").write_text(table)
+    running = engine.stats().num_running
+    for rid in ids:
+        engine.abort_request(rid)
+    while engine.has_unfinished_requests():
+        engine.step()
+    text = io.StringIO()
+    pstats.Stats(host, stream=text).sort_stats("tottime").print_stats(25)
+    median_ms = sorted(walls)[len(walls) // 2] * 1e3
+    head = (f"steps {skip_steps}..{skip_steps + steps}: median wall {median_ms:.2f} ms, "
+            f"running {running}\n")
+    (out_dir / f"{tag}-host.txt").write_text(head + text.getvalue())
+    table = tprof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+    (out_dir / f"{tag}-device.txt").write_text(head + table)
+    print(head, flush=True)
 
 
 def summary_row(r: dict[str, Any]) -> str:
@@ -237,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile-dir", type=Path, default=None, help="write host/device profiles here")
+    p.add_argument("--profile-only", action="store_true", help="with --profile-dir: skip the measurement")
     p.add_argument("--hf", action="store_true", help="also time transformers' generate_batch side by side")
     p.add_argument("--hf-seqs", type=int, default=64)
     p.add_argument("--hf-output", type=int, default=256)
@@ -249,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
             args.out.write_text(json.dumps(results, indent=1))
     print("| workload | shape | ours | floor | of floor | side by side |\n|---|---|---|---|---|---|")
     for r in results:
-        print(summary_row(r))
+        if "ours" in r:
+            print(summary_row(r))
     return 0
 
 
