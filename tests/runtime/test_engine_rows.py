@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-
 from kvpilot.runtime.engine.fake_model import (
     EOS_TOKEN_ID,
     FakeRunner,
