@@ -273,3 +273,24 @@ def test_prefix_cache_commits_only_resolved_tokens() -> None:
     seq.resolve_last_token(9)
     bm.commit_computed(seq)
     assert bm.num_cached_blocks == 1 and seq.block_tokens == [(1, 2, 3, 9)]
+
+
+def test_real_runner_and_sampler_overlapped_equal_synchronous(tiny_checkpoint_factory: Any) -> None:
+    """A tiny qwen3 checkpoint through the real runner and sampler (placeholders filled with torch):
+    greedy, seeded and penalised requests that stop on strings and max_tokens mid-stream."""
+    from kvpilot.runtime.llm import LLM
+
+    path = str(tiny_checkpoint_factory("qwen3"))
+    prompts = ["The quick brown fox", "Hi", "jumps over the lazy dog " * 3, "and then"]
+    params = [SamplingParams(temperature=0.0, max_tokens=9),
+              SamplingParams(temperature=0.8, seed=5, max_tokens=14, stop=["e", "a"]),
+              SamplingParams(temperature=0.0, max_tokens=3, repetition_penalty=1.3),
+              SamplingParams(temperature=0.9, top_k=20, seed=11, max_tokens=5, ignore_eos=True)]
+    results = []
+    for async_scheduling in (False, True):
+        llm = LLM(path, device="cpu", dtype="float32", max_model_len=128, block_size=4,
+                  async_scheduling=async_scheduling)
+        outs = llm.generate(prompts, params)
+        results.append([(o.token_ids, o.text, o.finish_reason, o.stop_reason) for o in outs])
+        assert (llm.engine.num_overlapped_steps > 0) == async_scheduling
+    assert results[0] == results[1]
