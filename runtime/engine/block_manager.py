@@ -120,7 +120,7 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
-        num_full = seq.num_computed_tokens // bs
+        num_full = min(seq.num_computed_tokens, seq.num_resolved_tokens) // bs  # never a placeholder
         if num_full <= seq.num_committed_blocks:
             return
         hashes = self._update_hashes(seq, num_full)

@@ -81,20 +81,43 @@ class FakeRunner:
     def _slot(self, chunk: SeqChunk, pos: int) -> int:
         return chunk.block_table[pos // self.block_size] * self.block_size + pos % self.block_size
 
-    def execute(self, batch: StepBatch) -> list[list[float]]:
+    def execute(self, batch: StepBatch, prev_sampled: FakeSampledIds | None = None) -> list[list[float]]:
+        """A negative token -1 - r is a placeholder for row r of the previous step's sampled ids."""
         self.batches.append(batch)
-        if self.fail_on_token is not None and any(self.fail_on_token in c.token_ids for c in batch.chunks):
+        inputs = [self._fill(chunk.token_ids, prev_sampled) for chunk in batch.chunks]
+        if self.fail_on_token is not None and any(self.fail_on_token in ids for ids in inputs):
             raise ValueError(f"poisoned token {self.fail_on_token}")
         rows: list[list[float]] = []
-        for chunk in batch.chunks:
+        for chunk, token_ids in zip(batch.chunks, inputs, strict=True):
             if len(chunk.block_table) * self.block_size < chunk.context_len:
                 raise IndexError(f"block table of seq {chunk.seq_id} too short for {chunk.context_len}")
-            for i, token in enumerate(chunk.token_ids):
+            for i, token in enumerate(token_ids):
                 self.kv[self._slot(chunk, chunk.start_pos + i)] = token
             if chunk.sample:
                 context = [self.kv[self._slot(chunk, p)] for p in range(chunk.context_len)]
                 rows.append(self.logits_fn(context))  # type: ignore[misc]
         return rows
+
+
+    @staticmethod
+    def _fill(token_ids: list[int], prev_sampled: FakeSampledIds | None) -> list[int]:
+        if all(t >= 0 for t in token_ids):
+            return token_ids
+        if prev_sampled is None:
+            raise ValueError("a placeholder token without the previous step's sampled ids")
+        return [prev_sampled.ids[-1 - t] if t < 0 else t for t in token_ids]
+
+
+class FakeSampledIds:
+    """The fake "device" ids: `ids` feeds the next step, tolist() is the read-back the engine delays."""
+
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+        self.read_back = False
+
+    def tolist(self) -> list[int]:
+        self.read_back = True
+        return list(self.ids)
 
 
 @dataclass(frozen=True)
@@ -114,6 +137,11 @@ class FakeSampler:
         if len(logits) != len(rows):
             raise ValueError(f"{len(logits)} logit rows for {len(rows)} sample rows")
         return [self._one(list(row_logits), row) for row_logits, row in zip(logits, rows, strict=True)]
+
+    def sample_ids(self, logits: Sequence[Sequence[float]], rows: Sequence[Any]) -> FakeSampledIds:
+        if any(row.params.logprobs is not None for row in rows):
+            raise ValueError("sample_ids gives no logprobs: use sample() for rows that ask for them")
+        return FakeSampledIds([t.token_id for t in self.sample(logits, rows)])
 
     def _one(self, logits: list[float], row: Any) -> FakeSampledToken:
         token = greedy_token(logits, row.banned_token_ids)

@@ -1,6 +1,16 @@
 """The engine loop: admit requests, run one scheduled step at a time, turn sampled tokens into deltas.
 
 step() = schedule -> runner.execute -> sampler.sample -> append tokens -> detokenize -> stop checks.
+
+Asynchronous scheduling (async_scheduling=True): a step's sampled ids stay on the device until the
+host needs them. When the next step can be planned without them (every running sequence just decodes:
+nothing waits, nobody is preempted, no row needs penalties or logprobs), each sequence gets a
+placeholder token (-1 - its row) and the next step is launched at once, its input ids filled on the
+device from the previous step's samples; only then are those read back, stop-checked and turned into
+outputs while the device runs the next step. So step() still returns one model step's outputs, and
+the step after it is already in flight. A sequence that finished meanwhile was computed once more in
+the step in flight: that result is dropped (its blocks are freed once the step in flight is planned
+and launched, and only reused by later steps, which the device runs after it).
 A request that fails (its chunk makes the runner or sampler raise, its text cannot be decoded, ...) is
 finished with an error output; the other requests in the step carry on. Public methods take a lock, so
 a server may add and abort requests from another thread while a loop thread calls step().
@@ -12,15 +22,15 @@ import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvpilot.runtime.engine.batch import StepBatch
 from kvpilot.runtime.engine.block_manager import BlockManager
 from kvpilot.runtime.engine.output import EngineStats, RequestOutput
 from kvpilot.runtime.engine.request_state import RequestState
-from kvpilot.runtime.engine.scheduler import Scheduler, SchedulerOutput
-from kvpilot.runtime.engine.sequence import Sequence
+from kvpilot.runtime.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
+from kvpilot.runtime.engine.sequence import Sequence, SequenceStatus
 from kvpilot.runtime.errors import InvalidRequestError, UnsupportedModelError
 from kvpilot.runtime.sampling_params import SamplingParams
 
@@ -47,6 +57,18 @@ class EngineArgs:
     load_format: str = "auto"  # "dummy": random weights of the checkpoint's shapes (benchmarks)
     enforce_eager: bool = False  # no CUDA graphs for decode
     backend: str = "auto"  # kernels: "triton" on CUDA, "torch" (references) elsewhere
+    async_scheduling: bool = True  # overlap a decode step's host work with the next step on the device
+
+
+@dataclass
+class _LaunchedStep:
+    """A step sent to the device, and its sampled tokens once they are known."""
+
+    sched: SchedulerOutput
+    sampled: list[ScheduledChunk]  # the chunks that sample, in row order
+    ids: Any = None  # the sampled ids, not yet read back (sampler.sample_ids)
+    tokens: dict[int, Any] = field(default_factory=dict)  # seq id -> SampledToken when ids is None
+    failed: dict[int, str] = field(default_factory=dict)  # seq id -> error
 
 
 class LLMEngine:
@@ -61,6 +83,7 @@ class LLMEngine:
         max_model_len: int | None = None,
         enable_prefix_caching: bool = True,
         served_model_name: str | None = None,
+        async_scheduling: bool = True,
     ) -> None:
         from kvpilot.runtime.engine.sampler import SampleRow  # the torch side; imported on first use
 
@@ -81,6 +104,10 @@ class LLMEngine:
         self._by_seq: dict[int, RequestState] = {}
         self._pending: list[RequestOutput] = []  # finished-by-abort/failure outputs for the next step()
         self._seq_ids = itertools.count()
+        # the asynchronous path needs a sampler that can leave the ids on the device
+        self.async_scheduling = async_scheduling and hasattr(sampler, "sample_ids")
+        self._in_flight: _LaunchedStep | None = None  # launched, outputs not processed yet
+        self.num_overlapped_steps = 0  # steps launched before the previous step's tokens were known
         self._lock = threading.RLock()
 
     @classmethod
@@ -108,7 +135,8 @@ class LLMEngine:
         return cls(runner, tokenizer, Sampler(seed=args.seed), max_num_seqs=args.max_num_seqs,
                    max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
                    enable_prefix_caching=args.enable_prefix_caching,
-                   served_model_name=args.served_model_name or args.model)
+                   served_model_name=args.served_model_name or args.model,
+                   async_scheduling=args.async_scheduling)
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(
@@ -188,29 +216,69 @@ class LLMEngine:
 
     # ---- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """The outputs of one model step. With async scheduling the next step may already be running."""
         with self._lock:
             outputs, self._pending = self._pending, []
-            sched = self.scheduler.schedule()
-            if sched.is_empty:
-                return outputs
-            sampled, failed = self._execute(sched)
-            for seq_id, message in failed.items():
-                outputs.append(self._fail(self._by_seq[seq_id], message))
-            self.scheduler.update(sched, {sid: t.token_id for sid, t in sampled.items()})
-            token_limit = self._token_limit
-            for seq_id, token in sampled.items():
-                req = self._by_seq[seq_id]
-                try:
-                    out = req.process_token(token, token_limit)
-                except Exception as exc:  # a request's own data broke it: finish it, keep the loop
-                    logger.exception("request %s failed while processing its output", req.request_id)
-                    outputs.append(self._fail(req, f"output processing failed: {exc}"))
-                    continue
-                if out.finished:
-                    self._forget(req)
-                    self.scheduler.finish(req.seq)
-                outputs.append(out)
+            current, self._in_flight = self._in_flight, None
+            if current is None:
+                sched = self.scheduler.schedule()
+                if sched.is_empty:
+                    return outputs
+                current = self._launch(sched)
+            outputs += self._record(current)
+            if current.ids is not None and self._can_overlap():
+                self._in_flight = self._launch(self.scheduler.schedule(), current.ids)
+                self.num_overlapped_steps += 1
+            outputs += self._resolve(current)
             return outputs
+
+    def _can_overlap(self) -> bool:
+        """The next step can be planned and launched before the current step's tokens are read back."""
+        if not self.scheduler.can_schedule_decodes_only():
+            return False
+        by_seq = self._by_seq
+        return all(by_seq[seq.seq_id].can_overlap for seq in self.scheduler.running)
+
+    def _record(self, step: _LaunchedStep) -> list[RequestOutput]:
+        """Fail the sequences the step failed; the scheduler records the rest: computed tokens, and each
+        sampled token (a placeholder -1 - row while the ids are still on the device)."""
+        by_seq = self._by_seq
+        outputs = [self._fail(by_seq[seq_id], message) for seq_id, message in step.failed.items()
+                   if seq_id in by_seq]
+        if step.ids is not None:
+            tokens = {chunk.seq.seq_id: -1 - row for row, chunk in enumerate(step.sampled)}
+        else:
+            tokens = {seq_id: t.token_id for seq_id, t in step.tokens.items()}
+        self.scheduler.update(step.sched, tokens)
+        return outputs
+
+    def _resolve(self, step: _LaunchedStep) -> list[RequestOutput]:
+        """Append the real tokens, detokenize, check stops; finished sequences free their blocks.
+        Sequences finished or aborted since the step was launched are skipped."""
+        if step.ids is not None:
+            sampled = [(c.seq, t, None) for c, t in zip(step.sampled, step.ids.tolist(), strict=True)]
+        else:
+            sampled = [(c.seq, None, step.tokens[c.seq.seq_id]) for c in step.sampled
+                       if c.seq.seq_id in step.tokens]
+        outputs: list[RequestOutput] = []
+        token_limit, running = self._token_limit, SequenceStatus.RUNNING
+        for seq, token_id, token in sampled:
+            req = self._by_seq.get(seq.seq_id)
+            if req is None or seq.status is not running:
+                continue
+            if token_id is not None:
+                seq.resolve_last_token(token_id)
+            try:
+                out = req.process_token(token, token_limit)
+            except Exception as exc:  # a request's own data broke it: finish it, keep the loop
+                logger.exception("request %s failed while processing its output", req.request_id)
+                outputs.append(self._fail(req, f"output processing failed: {exc}"))
+                continue
+            if out.finished:
+                self._forget(req)
+                self.scheduler.finish(seq)
+            outputs.append(out)
+        return outputs
 
     @property
     def _token_limit(self) -> int:
@@ -229,27 +297,36 @@ class LLMEngine:
         by_seq, row_type = self._by_seq, self._sample_row
         return [by_seq[c.seq.seq_id].sample_row(row_type) for c in chunks]
 
-    def _execute(self, sched: SchedulerOutput) -> tuple[dict[int, Any], dict[int, str]]:
-        """Run the batch; if it raises, run chunk by chunk to find and fail only the culprits (a
-        re-run rewrites the same KV slots with the same values)."""
-        sampled_chunks = [c for c in sched.scheduled if c.sample]
+    def _run(self, batch: StepBatch, prev_ids: Any) -> Any:
+        return self.runner.execute(batch) if prev_ids is None else self.runner.execute(batch, prev_ids)
+
+    def _launch(self, sched: SchedulerOutput, prev_ids: Any = None) -> _LaunchedStep:
+        """Run the batch (placeholders are filled from `prev_ids` on the device) and sample it. If it
+        raises, run chunk by chunk to find and fail only the culprits (a re-run rewrites the same KV
+        slots with the same values)."""
+        step = _LaunchedStep(sched, [c for c in sched.scheduled if c.sample])
+        rows = self._rows(step.sampled)
+        lazy = self.async_scheduling and bool(rows) and all(r.params.logprobs is None for r in rows)
         try:
-            logits = self.runner.execute(sched.batch)
-            tokens = self.sampler.sample(logits, self._rows(sampled_chunks)) if sampled_chunks else []
-            return {c.seq.seq_id: t for c, t in zip(sampled_chunks, tokens, strict=True)}, {}
+            logits = self._run(sched.batch, prev_ids)
+            if lazy:
+                step.ids = self.sampler.sample_ids(logits, rows)
+            elif rows:
+                tokens = self.sampler.sample(logits, rows)
+                step.tokens = {c.seq.seq_id: t for c, t in zip(step.sampled, tokens, strict=True)}
+            return step
         except Exception:
             logger.exception("step of %d sequences failed; retrying them one by one", len(sched.scheduled))
-        sampled: dict[int, Any] = {}
-        failed: dict[int, str] = {}
+        step.ids, step.tokens = None, {}
         for chunk, batch_chunk in zip(sched.scheduled, sched.batch.chunks, strict=True):
             try:
-                logits = self.runner.execute(StepBatch([batch_chunk]))
+                logits = self._run(StepBatch([batch_chunk]), prev_ids)
                 if chunk.sample:
-                    sampled[chunk.seq.seq_id] = self.sampler.sample(logits, self._rows([chunk]))[0]
+                    step.tokens[chunk.seq.seq_id] = self.sampler.sample(logits, self._rows([chunk]))[0]
             except Exception as exc:
                 logger.exception("sequence %d failed in the model step", chunk.seq.seq_id)
-                failed[chunk.seq.seq_id] = f"model step failed: {type(exc).__name__}: {exc}"
-        return sampled, failed
+                step.failed[chunk.seq.seq_id] = f"model step failed: {type(exc).__name__}: {exc}"
+        return step
 
 
 def _vocab_size(runner: Any, tokenizer: Any) -> int:

@@ -15,6 +15,7 @@ from kvpilot.runtime.engine.batch import SeqChunk, StepBatch
 from kvpilot.runtime.engine.cuda_graphs import DecodeGraphs
 from kvpilot.runtime.engine.memory import kv_cache_blocks, profile_peak
 from kvpilot.runtime.engine.model_inputs import prepare_inputs
+from kvpilot.runtime.engine.sampler import SampledIds
 from kvpilot.runtime.errors import ModelLoadError, UnsupportedModelError
 from kvpilot.runtime.layers.attention import AttentionMetadata
 from kvpilot.runtime.loader import load_model
@@ -89,6 +90,12 @@ def default_num_kv_blocks(*, device: torch.device, block_bytes: int, block_size:
             f"weights at gpu_memory_utilization={gpu_memory_utilization}, one sequence of max_model_len="
             f"{max_model_len} needs {blocks_per_seq * block_bytes / 2**30:.2f} GiB")
     return blocks
+
+
+def fill_placeholders(input_ids: torch.Tensor, sampled: torch.Tensor) -> torch.Tensor:
+    """Input ids with each placeholder -1 - r replaced by sampled[r] (device ops only, no sync)."""
+    rows = (-1 - input_ids).clamp_(min=0)
+    return torch.where(input_ids < 0, sampled.to(input_ids.dtype)[rows], input_ids)
 
 
 class ModelRunner:
@@ -175,11 +182,16 @@ class ModelRunner:
         return self.model.compute_logits(self.model(input_ids, positions, self.kv_caches, meta))
 
     @torch.inference_mode()
-    def execute(self, batch: StepBatch) -> torch.Tensor:
-        """Run one step; returns float32 logits [batch.num_sampled, vocab_size] in chunk order."""
+    def execute(self, batch: StepBatch, prev_sampled: SampledIds | None = None) -> torch.Tensor:
+        """Run one step; returns float32 logits [batch.num_sampled, vocab_size] in chunk order.
+
+        A negative input token id -1 - r is a placeholder for row r of `prev_sampled`, the previous
+        step's sampled ids: it is filled on the device, without waiting for that step to end."""
         if not batch.chunks:
             return torch.empty(0, self.model_config.vocab_size, device=self.device)
         inputs = prepare_inputs(batch, self.block_size, self.device)
+        if prev_sampled is not None:
+            inputs.input_ids = fill_placeholders(inputs.input_ids, prev_sampled.ids)
         size = self._graph_size(batch)
         if size is not None and self.graphs is not None:
             logits = self.graphs.run(inputs, size)

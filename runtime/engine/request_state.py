@@ -28,6 +28,10 @@ class RequestState:
         self._stopping_ids = frozenset(params.stop_token_ids) | (
             frozenset() if params.ignore_eos else eos_token_ids)
         self._row: Any = None  # the SampleRow once no token is banned: it holds the live token lists
+        # the next token can be sampled before the last one is read back: its row needs no token ids
+        self.can_overlap = params.logprobs is None and not (
+            params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
+            or params.frequency_penalty != 0.0)
 
     def sample_row(self, row_type: Callable[..., Any]) -> Any:
         """The sampler's row for the next token: stopping tokens are banned until min_tokens exist."""

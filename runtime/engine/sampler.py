@@ -37,6 +37,11 @@ def stream_seed(seed: int, index: int) -> int:
     return (x ^ (x >> 31)) & ((1 << 63) - 1)
 
 
+def _check_rows(logits: torch.Tensor, rows: list[SampleRow]) -> None:
+    if logits.shape[0] != len(rows):
+        raise ValueError(f"{logits.shape[0]} logits rows for {len(rows)} sample rows")
+
+
 def _is_greedy(params: SamplingParams) -> bool:
     return params.temperature < GREEDY_TEMPERATURE
 
@@ -80,28 +85,53 @@ class _RowPlan:
         return cls(plain_greedy, processed, random, any_logprobs)
 
 
+class SampledIds:
+    """A step's sampled token ids, still on the device: `ids` feeds the next step's input ids there,
+    tolist() reads them back. On CUDA they are copied to pinned memory as soon as they are sampled, so
+    tolist() waits for this step only, not for the steps launched after it."""
+
+    def __init__(self, ids: torch.Tensor) -> None:
+        self.ids = ids
+        self._host, self._ready = ids, None
+        if ids.is_cuda:
+            self._host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+            self._host.copy_(ids, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+
+    def tolist(self) -> list[int]:
+        if self._ready is not None:
+            self._ready.synchronize()
+        return self._host.tolist()
+
+
 class Sampler:
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
         self._generators: dict[torch.device, torch.Generator] = {}  # unseeded rows, per device
 
     def sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> list[SampledToken]:
-        if logits.shape[0] != len(rows):
-            raise ValueError(f"{logits.shape[0]} logits rows for {len(rows)} sample rows")
+        _check_rows(logits, rows)
         if not rows:
             return []
         raw = logits.float()  # never modified: processing works on copies of the rows that need it
         plan = _RowPlan.of(rows)
-        if plan.plain_greedy_only:  # the common case: one argmax, one copy to the host
-            token_ids: list[int] = raw.argmax(dim=-1).tolist()
-        else:
-            token_ids = self._token_ids(raw, rows, plan)
+        token_ids: list[int] = self._token_ids(raw, rows, plan).tolist()  # one copy to the host
         if not plan.any_logprobs:
             return [SampledToken(token, None, []) for token in token_ids]
         return self._results(raw, token_ids, rows)
 
-    def _token_ids(self, raw: torch.Tensor, rows: list[SampleRow], plan: _RowPlan) -> list[int]:
+    def sample_ids(self, logits: torch.Tensor, rows: list[SampleRow]) -> SampledIds:
+        """The token ids only (no logprobs), left on the device: nothing waits for the step to end."""
+        _check_rows(logits, rows)
+        if any(row.params.logprobs is not None for row in rows):
+            raise ValueError("sample_ids gives no logprobs: use sample() for rows that ask for them")
+        return SampledIds(self._token_ids(logits.float(), rows, _RowPlan.of(rows)))
+
+    def _token_ids(self, raw: torch.Tensor, rows: list[SampleRow], plan: _RowPlan) -> torch.Tensor:
         """Greedy rows: argmax of their (processed) logits; random rows: _sample_random."""
+        if plan.plain_greedy_only:  # the common case: one argmax
+            return raw.argmax(dim=-1)
         if plan.plain_greedy:
             token_ids = raw.argmax(dim=-1)  # every row: cheaper than gathering the plain greedy ones
         else:
@@ -119,7 +149,7 @@ class Sampler:
             if moved:
                 random[[k for k, _ in moved]] = processed[[j for _, j in moved]]
             token_ids[plan.random] = self._sample_random(random, [rows[i] for i in plan.random])
-        return token_ids.tolist()
+        return token_ids
 
     def _process(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
         """Banned tokens to -inf, then penalties on the rows that ask for them."""

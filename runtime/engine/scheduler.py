@@ -103,6 +103,22 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def can_schedule_decodes_only(self) -> bool:
+        """True when the next schedule() only decodes one token for every running sequence: nothing
+        waits, each running sequence has exactly one token to compute, and the free blocks cover each
+        one whose last block is full (so nobody is preempted). The asynchronous engine plans such a step
+        before the previous step's tokens are known."""
+        if self.waiting or not self.running:
+            return False
+        block_size, need = self.block_manager.block_size, 0
+        for seq in self.running:
+            computed = seq.num_computed_tokens
+            if seq.num_tokens - computed != 1:
+                return False
+            if computed >= len(seq.block_table) * block_size:
+                need += 1
+        return need <= self.block_manager.num_free_blocks
+
     # ---- one step -------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput(StepBatch([]))

@@ -93,9 +93,20 @@ class Sequence:
         return self.prompt_token_ids + self.output_token_ids
 
     def append_token(self, token_id: int) -> None:
+        """Append a sampled token, or a placeholder (a negative id) for one not yet read back."""
         self.output_token_ids.append(token_id)
         self.num_output_tokens += 1
         self.num_tokens += 1
+
+    def resolve_last_token(self, token_id: int) -> None:
+        """Replace the placeholder appended for the last sampled token with the real id."""
+        self.output_token_ids[-1] = token_id
+
+    @property
+    def num_resolved_tokens(self) -> int:
+        """Tokens whose ids are known: all of them, or all but a trailing placeholder."""
+        output = self.output_token_ids
+        return self.num_tokens - 1 if output and output[-1] < 0 else self.num_tokens
 
     def reset_for_recompute(self) -> None:
         """Preemption by recompute: the KV is dropped; prompt and output are computed again later."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
 from kvpilot.runtime.engine.fake_model import (
     EOS_TOKEN_ID,
     FakeRunner,
@@ -51,10 +52,12 @@ def eos_first(context: Sequence[int]) -> list[float]:
     return logits
 
 
-def test_rows_follow_each_request_and_its_min_tokens() -> None:
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_rows_follow_each_request_and_its_min_tokens(async_scheduling: bool) -> None:
     sampler = CheckingSampler()
     engine = LLMEngine(FakeRunner(num_kv_blocks=64, block_size=4, max_model_len=128, logits_fn=eos_first),
-                       FakeTokenizer(), sampler, max_num_seqs=8, max_num_batched_tokens=64)
+                       FakeTokenizer(), sampler, max_num_seqs=8, max_num_batched_tokens=64,
+                       async_scheduling=async_scheduling)
     sampler.engine = engine
     engine.add_request("min", [1, 2, 3], SamplingParams(max_tokens=10, min_tokens=4))
     engine.add_request("stop", [4, 5], SamplingParams(max_tokens=10, min_tokens=2, ignore_eos=True,
@@ -67,7 +70,9 @@ def test_rows_follow_each_request_and_its_min_tokens() -> None:
             tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
             if out.finished:
                 finish[out.request_id] = (out.finish_reason, out.stop_reason)
-    assert sampler.rows_checked == sum(map(len, tokens.values())) and sampler.banned_rows == 4 + 2
+    # asynchronously, a request that finishes while its next step is in flight was sampled once more
+    wasted = sampler.rows_checked - sum(map(len, tokens.values()))
+    assert (0 < wasted <= 3 if async_scheduling else wasted == 0) and sampler.banned_rows == 4 + 2
     assert len(tokens["min"]) == 5 and tokens["min"][-1] == EOS_TOKEN_ID
     assert len(tokens["stop"]) == 3 and tokens["stop"][-1] == EOS_TOKEN_ID
     assert tokens["plain"] == [EOS_TOKEN_ID] * 5
