@@ -12,7 +12,7 @@ for step in "$@"; do
   case "$step" in
     tests) python -m pytest -q -p no:cacheprovider -o addopts="--import-mode=importlib" -m "gpu or not gpu" \
              tests/runtime/test_kernels_*.py tests/runtime/test_triton_model_path.py \
-             tests/runtime/test_gpu_paths.py -s 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25 ;;
+             tests/runtime/test_gpu_paths.py tests/runtime/test_engine_async_gpu.py -s 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25 ;;
     kernels) python benchmarks/bench_kernels.py --out "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.log" | tail -30 ;;
     W*) python -m kvpilot.runtime.bench --workloads "$step" --out "$OUT/bench-$step.json" ${BENCH_ARGS:-} \
           2>&1 | tee "$OUT/bench-$step.log" | grep -v '^{' | tail -15 ;;
