@@ -109,28 +109,37 @@ def build_engine(model_dir: Path, args: argparse.Namespace) -> Any:
         device="cuda", dtype="bfloat16", load_format="dummy", enable_prefix_caching=False))
 
 
+def tpot(first: dict[str, float], last: dict[str, float], counts: dict[str, int]) -> float:
+    """Mean time per output token after the first, over the requests that produced more than one."""
+    per_request = [(last[r] - first[r]) / (counts[r] - 1) for r in first if counts[r] > 1]
+    return sum(per_request) / len(per_request) if per_request else 0.0
+
+
 def run_ours(engine: Any, reqs: list[tuple[list[int], int]], tag: str) -> dict[str, float]:
     from kvpilot.runtime.sampling_params import SamplingParams
 
     for i, (prompt, out_len) in enumerate(reqs):
         engine.add_request(f"{tag}-{i}", prompt, SamplingParams(
             max_tokens=out_len, temperature=0.0, ignore_eos=True, detokenize=False))
-    step_times: list[float] = []
     first_token: dict[str, float] = {}
+    last_token: dict[str, float] = {}
+    counts: dict[str, int] = {}
     t0 = time.perf_counter()
     generated = 0
     while engine.has_unfinished_requests():
-        ts = time.perf_counter()
         outputs = engine.step()
-        step_times.append(time.perf_counter() - ts)
         for o in outputs:
             generated += len(o.new_token_ids)
-            if o.new_token_ids and o.request_id not in first_token:
-                first_token[o.request_id] = time.perf_counter() - t0
+            if o.new_token_ids:
+                now = time.perf_counter() - t0
+                first_token.setdefault(o.request_id, now)
+                last_token[o.request_id] = now
+                counts[o.request_id] = counts.get(o.request_id, 0) + len(o.new_token_ids)
     wall = time.perf_counter() - t0
     return {"wall_s": wall, "output_tokens": generated, "output_tok_s": generated / wall,
             "ttft_s": min(first_token.values()) if first_token else float("nan"),
-            "tpot_s": (sum(step_times[1:]) / max(1, len(step_times) - 1)) if len(step_times) > 1 else 0.0}
+            # per request: (time to its last token - time to its first) / (its tokens - 1), averaged
+            "tpot_s": tpot(first_token, last_token, counts)}
 
 
 def run_hf(shape: str, reqs: list[tuple[list[int], int]], max_new_tokens: int) -> dict[str, float]:
@@ -161,6 +170,7 @@ def run_workload(w: Workload, root: Path, args: argparse.Namespace) -> dict[str,
     reqs = make_requests(w, SHAPES[w.shape]["vocab_size"], args.seed)
     engine = build_engine(model_dir, args)
     run_ours(engine, make_requests(Workload("warm", w.shape, 4, (64, 128), (8, 8), "x"), 150000, 1), "warm")
+    run_ours(engine, [(reqs[0][0], 4)], "warm-shape")  # the workload's own shapes: JIT and cuBLAS choices
     if args.profile_dir is not None:
         profile_engine(engine, reqs, w.name, args.profile_dir)
         if args.profile_only:

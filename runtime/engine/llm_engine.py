@@ -226,7 +226,9 @@ class LLMEngine:
                     return outputs
                 current = self._launch(sched)
             outputs += self._record(current)
-            if current.ids is not None and self._can_overlap():
+            # Only a decode step is overlapped with the next: after a prefill the first token goes out
+            # at once (time to first token), not after the next step has been prepared and launched.
+            if current.ids is not None and current.sched.batch.is_decode_only and self._can_overlap():
                 self._in_flight = self._launch(self.scheduler.schedule(), current.ids)
                 self.num_overlapped_steps += 1
             outputs += self._resolve(current)

@@ -197,10 +197,11 @@ def test_steady_decode_overlaps_every_step_and_never_overshoots() -> None:
             assert len(tokens[out.request_id]) <= lengths[out.request_id]
         steps += 1
     assert {k: len(v) for k, v in tokens.items()} == lengths
-    # one prefill step, then every decode step launched while the previous one was unread (the last
-    # one too: nobody knew yet that "d" had its 20th token)
-    assert steps == 20 and engine.num_overlapped_steps == 20
-    assert engine.runner.launched_unread == [True] * 20
+    # one prefill step, read back at once (its first tokens are not held for the next launch); then every
+    # decode step launched while the previous one was unread (the last one too: nobody knew yet that "d"
+    # had its 20th token)
+    assert steps == 20 and engine.num_overlapped_steps == 19
+    assert engine.runner.launched_unread == [True] * 19
     assert engine.stats().kv_cache_usage == 0
 
 
@@ -246,12 +247,16 @@ def test_abort_while_a_step_is_in_flight() -> None:
 def test_scheduler_plans_ahead_only_plain_decodes() -> None:
     engine = make_engine(True, num_kv_blocks=64)
     engine.add_request("a", [1, 2, 3], SamplingParams(max_tokens=8, ignore_eos=True))
-    engine.step()  # prefill; the first decode is in flight
+    engine.step()  # prefill: read back at once, nothing launched ahead (time to first token)
+    assert engine.num_overlapped_steps == 0
+    engine.step()  # a plain decode: the next decode is launched before this one is read back
     assert engine.num_overlapped_steps == 1
     engine.add_request("late", [4, 5], SamplingParams(max_tokens=2, ignore_eos=True))
     engine.step()  # "late" waits: the in-flight step is read back and nothing is launched ahead
     assert engine.num_overlapped_steps == 1 and engine.scheduler.num_waiting == 1
-    engine.step()  # admits "late" (its prompt fits: it samples), so the next step overlaps again
+    engine.step()  # admits "late" with its prefill: a mixed step is not overlapped
+    assert engine.num_overlapped_steps == 1
+    engine.step()  # both decode: overlapped again
     assert engine.num_overlapped_steps == 2
 
 
