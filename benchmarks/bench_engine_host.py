@@ -9,6 +9,10 @@ not overlapped, so these numbers add to every step. Parts:
            prompts and 200 output tokens each, greedy, ignore_eos; steps split into "mixed" (prefill
            chunks + decodes) and "decode" (decode only); again without detokenization (the byte-level
            fake tokenizer's decode is Python, slower than a real tokenizer's).
+  async    the steady decode step of the asynchronous engine (256 sequences decoding, each step
+           launched before the previous one's ids are read back): real prepare_inputs (device cpu),
+           fill_placeholders and Sampler.sample_ids on [256, 8] logits, so everything but the device
+           work; reported as the median over the steps that overlapped.
   inputs   prepare_inputs (device cpu: no pinning) on 256 decode chunks with ~60-block tables, and on
            a mixed batch (16 prefill chunks of 500 tokens + 240 decodes).
   sampler  Sampler.sample on [256, vocab] float32 CPU logits: all greedy, and a mix (a few seeded,
@@ -95,6 +99,48 @@ def bench_engine(batch: int, prompt_len: int, output_len: int, detokenize: bool 
             "mixed_steps": len(mixed), "decode_steps": len(decode)}
 
 
+# ---- (a2) the asynchronous engine's steady decode step ------------------------------------------
+class AsyncStubRunner(StubRunner):
+    """The host side of ModelRunner.execute: prepare_inputs, fill_placeholders, the graph-size checks."""
+
+    def __init__(self, num_kv_blocks: int, block_size: int, max_model_len: int) -> None:
+        super().__init__(num_kv_blocks, block_size, max_model_len)
+        self._logits = torch.zeros(BATCH, 8)
+
+    def execute(self, batch: StepBatch, prev_sampled: Any = None) -> torch.Tensor:
+        from kvpilot.runtime.engine.model_runner import fill_placeholders
+
+        self.last_decode_only = batch.is_decode_only
+        inputs = prepare_inputs(batch, self.block_size, torch.device("cpu"))
+        if prev_sampled is not None:
+            inputs.input_ids = fill_placeholders(inputs.input_ids, prev_sampled.ids)
+        if batch.is_decode_only and batch.num_sampled == len(batch.chunks):
+            return self._logits[: len(batch.chunks)]
+        return torch.zeros(batch.num_sampled, 8)
+
+
+def bench_engine_async(batch: int, prompt_len: int, output_len: int) -> dict[str, float]:
+    from kvpilot.runtime.engine.sampler import Sampler
+
+    blocks = batch * -(-(prompt_len + output_len) // BLOCK_SIZE) + 64
+    runner = AsyncStubRunner(blocks, BLOCK_SIZE, 2048)
+    engine = LLMEngine(runner, FakeTokenizer(), Sampler(seed=0), max_num_seqs=256,
+                       max_num_batched_tokens=8192, max_model_len=2048, async_scheduling=True)
+    rng = random.Random(0)
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True, detokenize=False)
+    for i in range(batch):
+        engine.add_request(str(i), [rng.randrange(1, 257) for _ in range(prompt_len)], params)
+    steady = []
+    while engine.has_unfinished_requests():
+        overlapped = engine.num_overlapped_steps
+        t0 = time.perf_counter()
+        outputs = engine.step()
+        elapsed = time.perf_counter() - t0
+        if engine.num_overlapped_steps > overlapped and len(outputs) == batch:
+            steady.append(elapsed)
+    return {"steady_decode_us": statistics.median(steady) * 1e6, "steady_steps": len(steady)}
+
+
 # ---- (b) prepare_inputs -------------------------------------------------------------------------
 def decode_chunks(n: int, rng: random.Random, first_id: int = 0) -> list[SeqChunk]:
     chunks = []
@@ -151,7 +197,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats and output tokens")
     parser.add_argument("--out", help="write the results as JSON here")
-    parser.add_argument("--parts", default="engine,inputs,sampler")
+    parser.add_argument("--parts", default="engine,async,inputs,sampler")
     args = parser.parse_args()
     torch.set_num_threads(1)  # steadier on a shared machine; the GPU runs the tensor work anyway
     repeats = 20 if args.quick else 100
@@ -161,6 +207,8 @@ def main() -> None:
         output_len = 50 if args.quick else OUTPUT_LEN
         results["engine"] = bench_engine(BATCH, PROMPT_LEN, output_len)
         results["engine_no_detokenize"] = bench_engine(BATCH, PROMPT_LEN, output_len, detokenize=False)
+    if "async" in parts:
+        results["engine_async"] = bench_engine_async(BATCH, PROMPT_LEN, 50 if args.quick else OUTPUT_LEN)
     if "inputs" in parts:
         results["prepare_inputs"] = bench_inputs(repeats * 2)
     if "sampler" in parts:

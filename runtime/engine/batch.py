@@ -11,16 +11,21 @@ decodes mix freely. For every chunk the runner
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from operator import attrgetter
+from typing import NamedTuple
+
+_SAMPLE = attrgetter("sample")
 
 
-@dataclass(frozen=True)
-class SeqChunk:
+class SeqChunk(NamedTuple):  # a tuple, not a dataclass: one is built for every sequence in every step
     seq_id: int
     token_ids: list[int]  # tokens whose KV is computed in this step (a prefill chunk, or 1 decode token)
     start_pos: int  # tokens of this sequence already in the KV cache == position of token_ids[0]
     block_table: list[int]  # physical block ids covering positions [0, start_pos + len(token_ids))
     sample: bool  # True when the chunk reaches the sequence's last known token: its logits are needed
+    # the block table packed as native int32 (None: pack it from block_table); a cache, same values
+    block_table_bytes: bytes | None = None
 
     @property
     def context_len(self) -> int:
@@ -29,16 +34,29 @@ class SeqChunk:
 
 @dataclass(frozen=True)
 class StepBatch:
+    """The chunks of one step. The summary properties are computed in one pass over the chunks and
+    kept until the list grows (a batch is only appended to while it is built)."""
+
     chunks: list[SeqChunk]
+    _summary: list[int] = field(default_factory=lambda: [-1, 0, 0, 0], init=False, repr=False,
+                                compare=False)  # [num chunks summarised, tokens, sampled, decode-only]
+
+    def _summarise(self) -> list[int]:
+        summary, chunks = self._summary, self.chunks
+        if summary[0] != len(chunks):
+            lens = [len(c.token_ids) for c in chunks]
+            summary[:] = [len(chunks), sum(lens), list(map(_SAMPLE, chunks)).count(True),
+                          lens.count(1) == len(lens)]
+        return summary
 
     @property
     def num_tokens(self) -> int:
-        return sum(len(c.token_ids) for c in self.chunks)
+        return self._summarise()[1]
 
     @property
     def num_sampled(self) -> int:
-        return sum(1 for c in self.chunks if c.sample)
+        return self._summarise()[2]
 
     @property
     def is_decode_only(self) -> bool:
-        return all(len(c.token_ids) == 1 for c in self.chunks)
+        return bool(self._summarise()[3])
