@@ -102,6 +102,8 @@ class LLMEngine:
         self._eos_token_ids = frozenset(tokenizer.eos_token_ids)
         self._requests: dict[str, RequestState] = {}
         self._by_seq: dict[int, RequestState] = {}
+        # unfinished requests whose rows need the token ids (penalties, logprobs) / ask for logprobs
+        self._num_no_overlap = self._num_logprobs = 0
         self._pending: list[RequestOutput] = []  # finished-by-abort/failure outputs for the next step()
         self._seq_ids = itertools.count()
         # the asynchronous path needs a sampler that can leave the ids on the device
@@ -158,6 +160,8 @@ class LLMEngine:
             self.scheduler.add(seq)
             req = RequestState(request_id, seq, self.tokenizer, self._eos_token_ids)
             self._requests[request_id] = self._by_seq[seq.seq_id] = req
+            self._num_no_overlap += not req.can_overlap
+            self._num_logprobs += params.logprobs is not None
 
     def _prompt_token_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -238,6 +242,8 @@ class LLMEngine:
         """The next step can be planned and launched before the current step's tokens are read back."""
         if not self.scheduler.can_schedule_decodes_only():
             return False
+        if not self._num_no_overlap:  # nothing waits, so the running sequences are all the requests
+            return True
         by_seq = self._by_seq
         return all(by_seq[seq.seq_id].can_overlap for seq in self.scheduler.running)
 
@@ -289,6 +295,8 @@ class LLMEngine:
     def _forget(self, req: RequestState) -> None:
         del self._requests[req.request_id]
         del self._by_seq[req.seq.seq_id]
+        self._num_no_overlap -= not req.can_overlap
+        self._num_logprobs -= req.seq.params.logprobs is not None
 
     def _fail(self, req: RequestState, message: str) -> RequestOutput:
         self._forget(req)
@@ -306,9 +314,12 @@ class LLMEngine:
         """Run the batch (placeholders are filled from `prev_ids` on the device) and sample it. If it
         raises, run chunk by chunk to find and fail only the culprits (a re-run rewrites the same KV
         slots with the same values)."""
-        step = _LaunchedStep(sched, [c for c in sched.scheduled if c.sample])
+        scheduled = sched.scheduled
+        every = sched.batch.num_sampled == len(scheduled)
+        step = _LaunchedStep(sched, scheduled if every else [c for c in scheduled if c.sample])
         rows = self._rows(step.sampled)
-        lazy = self.async_scheduling and bool(rows) and all(r.params.logprobs is None for r in rows)
+        lazy = self.async_scheduling and bool(rows) and (
+            not self._num_logprobs or all(r.params.logprobs is None for r in rows))
         try:
             logits = self._run(sched.batch, prev_ids)
             if lazy:

@@ -12,7 +12,7 @@ class TokenLogprob:
     top_logprobs: list[tuple[int, float]]
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestOutput:
     """What changed for one request since the previous step (a delta, ready to stream)."""
 

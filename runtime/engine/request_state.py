@@ -32,6 +32,8 @@ class RequestState:
         self.can_overlap = params.logprobs is None and not (
             params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
             or params.frequency_penalty != 0.0)
+        # no stop strings and no logprobs: a token that cannot stop the request takes the short path
+        self._simple = self._matcher is None and params.logprobs is None
 
     def sample_row(self, row_type: Callable[..., Any]) -> Any:
         """The sampler's row for the next token: stopping tokens are banned until min_tokens exist."""
@@ -48,8 +50,13 @@ class RequestState:
     def process_token(self, sampled: Any, token_limit: int) -> RequestOutput:
         """The delta for the token just appended to the sequence (`sampled` is the SampledToken)."""
         seq = self.seq
-        params = seq.params
         token_id = seq.output_token_ids[-1]
+        if (self._simple and token_id not in self._stopping_ids and seq.num_output_tokens < seq.max_tokens
+                and seq.num_tokens < token_limit):  # the common case: no stop, no logprobs
+            text = self._detokenizer.add(token_id) if self._detokenizer is not None else ""
+            return RequestOutput(self.request_id, [token_id], text, None, False, None, None,
+                                 seq.num_prompt_tokens, seq.num_output_tokens, seq.num_cached_tokens or 0)
+        params = seq.params
         can_stop = seq.num_output_tokens >= params.min_tokens
         stopped, stop_reason = False, None
         if can_stop and token_id in self._stopping_ids:

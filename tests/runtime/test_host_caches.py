@@ -5,6 +5,11 @@ from __future__ import annotations
 import random
 
 from kvpilot.runtime.engine.batch import SeqChunk, StepBatch
+from kvpilot.runtime.engine.fake_model import FakeRunner, FakeSampledToken, FakeSampler, FakeTokenizer
+from kvpilot.runtime.engine.llm_engine import LLMEngine
+from kvpilot.runtime.engine.request_state import RequestState
+from kvpilot.runtime.engine.sequence import Sequence
+from kvpilot.runtime.sampling_params import SamplingParams
 
 
 def _reference_summary(chunks: list[SeqChunk]) -> tuple[int, int, bool]:
@@ -33,3 +38,57 @@ def test_decode_only_needs_exactly_one_token_per_chunk() -> None:
     batch = StepBatch([SeqChunk(0, [], 3, [0], False), SeqChunk(1, [4, 5], 3, [1], True)])
     assert _summary(batch) == (2, 1, False) == _reference_summary(batch.chunks)
     assert StepBatch([SeqChunk(0, [9], 3, [0], True)]).is_decode_only
+
+
+# ---- the engine's counters and the request's short path ---------------------------------------
+def _random_params(rng: random.Random) -> SamplingParams:
+    kind = rng.randrange(5)
+    return SamplingParams(
+        temperature=0.0, max_tokens=rng.randrange(1, 12), detokenize=rng.random() < 0.5,
+        logprobs=2 if kind == 1 else None, repetition_penalty=1.2 if kind == 2 else 1.0,
+        stop=["at"] if kind == 3 else [], stop_token_ids=[rng.randrange(1, 60)] if kind == 4 else [],
+        min_tokens=rng.randrange(3), ignore_eos=rng.random() < 0.5)
+
+
+def test_engine_counts_match_its_requests_through_adds_aborts_and_finishes() -> None:
+    """_num_no_overlap / _num_logprobs (kept on add and forget) equal a count over the requests, and
+    the overlap decision equals the per-sequence check."""
+    rng = random.Random(3)
+    engine = LLMEngine(FakeRunner(num_kv_blocks=48, block_size=4, max_model_len=64), FakeTokenizer(),
+                       FakeSampler(), max_num_seqs=6, max_num_batched_tokens=32)
+    ids = iter(range(10**6))
+    for _ in range(120):
+        if rng.random() < 0.4:
+            prompt = [rng.randrange(1, 200) for _ in range(rng.randrange(1, 20))]
+            engine.add_request(str(next(ids)), prompt, _random_params(rng))
+        if engine._requests and rng.random() < 0.1:
+            engine.abort_request(rng.choice(list(engine._requests)))
+        engine.step()
+        reqs = engine._requests.values()
+        assert engine._num_no_overlap == sum(not r.can_overlap for r in reqs)
+        assert engine._num_logprobs == sum(r.seq.params.logprobs is not None for r in reqs)
+        uncached = engine.scheduler.can_schedule_decodes_only() and all(
+            engine._by_seq[s.seq_id].can_overlap for s in engine.scheduler.running)
+        assert engine._can_overlap() == uncached
+    assert engine.num_overlapped_steps > 0
+
+
+def test_process_token_short_path_gives_the_general_paths_output() -> None:
+    rng = random.Random(5)
+    tokenizer = FakeTokenizer()
+    for _ in range(200):
+        params = _random_params(rng)
+        prompt = [rng.randrange(1, 200) for _ in range(5)]
+        seqs = [Sequence(0, prompt, params, max_tokens=params.max_tokens) for _ in range(2)]
+        fast, slow = (RequestState("r", s, tokenizer, frozenset({0})) for s in seqs)
+        slow._simple = False
+        limit = rng.randrange(7, 20)
+        for _ in range(params.max_tokens):
+            token = rng.choice([0, rng.randrange(1, 60), 97, 116])  # EOS, stop ids, "a", "t"
+            for s in seqs:
+                s.append_token(token)
+            sampled = FakeSampledToken(token, -1.0, [(token, -1.0)])
+            a, b = fast.process_token(sampled, limit), slow.process_token(sampled, limit)
+            assert a == b
+            if a.finished:
+                break
