@@ -264,28 +264,33 @@ class LLMEngine:
         """Append the real tokens, detokenize, check stops; finished sequences free their blocks.
         Sequences finished or aborted since the step was launched are skipped."""
         if step.ids is not None:
-            sampled = [(c.seq, t, None) for c, t in zip(step.sampled, step.ids.tolist(), strict=True)]
+            ids = step.ids.tolist()
+            if len(ids) != len(step.sampled):
+                raise ValueError(f"{len(ids)} sampled ids for {len(step.sampled)} sampled chunks")
+            sampled: Any = zip(step.sampled, ids, itertools.repeat(None))
         else:
-            sampled = [(c.seq, None, step.tokens[c.seq.seq_id]) for c in step.sampled
-                       if c.seq.seq_id in step.tokens]
+            tokens = step.tokens
+            sampled = [(c, None, tokens[c.seq.seq_id]) for c in step.sampled if c.seq.seq_id in tokens]
         outputs: list[RequestOutput] = []
+        add_output, get_request = outputs.append, self._by_seq.get
         token_limit, running = self._token_limit, SequenceStatus.RUNNING
-        for seq, token_id, token in sampled:
-            req = self._by_seq.get(seq.seq_id)
+        for chunk, token_id, token in sampled:
+            seq = chunk.seq
+            req = get_request(seq.seq_id)
             if req is None or seq.status is not running:
                 continue
             if token_id is not None:
-                seq.resolve_last_token(token_id)
+                seq.output_token_ids[-1] = token_id  # the placeholder becomes the real id
             try:
                 out = req.process_token(token, token_limit)
             except Exception as exc:  # a request's own data broke it: finish it, keep the loop
                 logger.exception("request %s failed while processing its output", req.request_id)
-                outputs.append(self._fail(req, f"output processing failed: {exc}"))
+                add_output(self._fail(req, f"output processing failed: {exc}"))
                 continue
             if out.finished:
                 self._forget(req)
                 self.scheduler.finish(seq)
-            outputs.append(out)
+            add_output(out)
         return outputs
 
     @property

@@ -153,8 +153,9 @@ class Scheduler:
     def _schedule_decodes(self, decodes: list[Sequence], budget: int, scheduled_ids: set[int],
                           out: SchedulerOutput) -> int:
         """One token for each sequence that just decodes (most steps need no new block for it)."""
-        chunks, scheduled = out.batch.chunks, out.scheduled
         block_size, running = self.block_manager.block_size, SequenceStatus.RUNNING
+        add_chunk, add_scheduled, add_id = out.batch.chunks.append, out.scheduled.append, scheduled_ids.add
+        new, chunk_type, scheduled_type = tuple.__new__, SeqChunk, ScheduledChunk  # skip the Python __new__
         for seq in decodes:
             if budget == 0:
                 break
@@ -163,10 +164,11 @@ class Scheduler:
                 continue  # nothing to compute, or preempted earlier in this step
             if start >= len(seq.block_table) * block_size and not self._reserve(seq, 1, scheduled_ids, out):
                 continue  # the last block is full and no block could be had: preempted itself
-            seq_id = seq.seq_id
-            chunks.append(SeqChunk(seq_id, [seq.last_token_id], start, seq.block_table, True))
-            scheduled.append(ScheduledChunk(seq, 1, True))
-            scheduled_ids.add(seq_id)
+            output, seq_id = seq.output_token_ids, seq.seq_id
+            token = output[-1] if output else seq.prompt_token_ids[-1]
+            add_chunk(new(chunk_type, (seq_id, [token], start, seq.block_table, True, None)))
+            add_scheduled(new(scheduled_type, (seq, 1, True)))
+            add_id(seq_id)
             budget -= 1
         return budget
 
