@@ -51,8 +51,11 @@ def _block_tables(chunks: list[SeqChunk], table_lens: np.ndarray) -> np.ndarray:
     n = len(chunks)
     width = int(table_lens.max()) if n else 0
     total = int(table_lens.sum())
-    # struct packs Python ints into int32 faster than np.fromiter or np.array do
-    packed = struct.pack(f"{total}i", *chain.from_iterable(c.block_table for c in chunks))
+    packed_tables = [c.block_table_bytes for c in chunks]
+    if None in packed_tables:  # struct packs Python ints into int32 faster than np.fromiter does
+        packed = struct.pack(f"={total}i", *chain.from_iterable(c.block_table for c in chunks))
+    else:  # each sequence's table packed once per new block (Sequence.packed_block_table)
+        packed = b"".join(packed_tables)  # type: ignore[arg-type]
     flat = np.frombuffer(packed, dtype=np.int32)
     if total == n * width:
         return flat.reshape(n, width)

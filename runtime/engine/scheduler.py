@@ -166,7 +166,8 @@ class Scheduler:
                 continue  # the last block is full and no block could be had: preempted itself
             output, seq_id = seq.output_token_ids, seq.seq_id
             token = output[-1] if output else seq.prompt_token_ids[-1]
-            add_chunk(new(chunk_type, (seq_id, [token], start, seq.block_table, True, None)))
+            add_chunk(new(chunk_type, (seq_id, [token], start, seq.block_table, True,
+                                       seq.packed_block_table())))
             add_scheduled(new(scheduled_type, (seq, 1, True)))
             add_id(seq_id)
             budget -= 1
@@ -212,6 +213,7 @@ class Scheduler:
             start_pos=start,
             block_table=seq.block_table,  # live list: unchanged until the step is over
             sample=sample,
+            block_table_bytes=seq.packed_block_table(),
         ))
         out.scheduled.append(ScheduledChunk(seq, n, sample))
         scheduled_ids.add(seq.seq_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import struct
 
 from kvpilot.runtime.sampling_params import SamplingParams
 
@@ -48,6 +49,7 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
+        self._packed_table: tuple[list[int], bytes] = (self.block_table, b"")  # packed_block_table()
         self.block_hashes: list[int] = []
         self.block_tokens: list[tuple[int, ...]] = []  # the tokens of each hashed block
         self.num_committed_blocks = 0  # leading blocks the prefix cache has already seen
@@ -107,6 +109,21 @@ class Sequence:
         """Tokens whose ids are known: all of them, or all but a trailing placeholder."""
         output = self.output_token_ids
         return self.num_tokens - 1 if output and output[-1] < 0 else self.num_tokens
+
+    def packed_block_table(self) -> bytes:
+        """block_table as native int32 bytes, cached: repacked only when blocks were appended or the
+        table was replaced (block tables only grow by append, or are replaced by a new list)."""
+        table = self.block_table
+        cached_table, packed = self._packed_table
+        if cached_table is table and len(packed) == 4 * len(table):
+            return packed
+        if cached_table is table and len(packed) < 4 * len(table):
+            new = table[len(packed) // 4 :]
+            packed += struct.pack(f"={len(new)}i", *new)
+        else:
+            packed = struct.pack(f"={len(table)}i", *table)
+        self._packed_table = (table, packed)
+        return packed
 
     def reset_for_recompute(self) -> None:
         """Preemption by recompute: the KV is dropped; prompt and output are computed again later."""

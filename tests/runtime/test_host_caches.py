@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import random
+import struct
+from typing import Any
 
+import torch
 from kvpilot.runtime.engine.batch import SeqChunk, StepBatch
 from kvpilot.runtime.engine.fake_model import FakeRunner, FakeSampledToken, FakeSampler, FakeTokenizer
 from kvpilot.runtime.engine.llm_engine import LLMEngine
+from kvpilot.runtime.engine.model_inputs import prepare_inputs
 from kvpilot.runtime.engine.request_state import RequestState
 from kvpilot.runtime.engine.sequence import Sequence
 from kvpilot.runtime.sampling_params import SamplingParams
@@ -92,3 +96,54 @@ def test_process_token_short_path_gives_the_general_paths_output() -> None:
             assert a == b
             if a.finished:
                 break
+
+
+# ---- packed block tables ------------------------------------------------------------------------
+class CheckingRunner(FakeRunner):
+    """Checks each batch's packed tables when it runs (the live tables grow after the step)."""
+
+    num_checked = 0
+
+    def execute(self, batch: StepBatch, prev_sampled: Any = None) -> list[list[float]]:
+        for chunk in batch.chunks:
+            table = chunk.block_table
+            assert chunk.block_table_bytes == struct.pack(f"={len(table)}i", *table)
+            self.num_checked += 1
+        plain = StepBatch([c._replace(block_table_bytes=None) for c in batch.chunks])
+        cached, uncached = (prepare_inputs(b, self.block_size, torch.device("cpu")) for b in (batch, plain))
+        assert torch.equal(cached.meta.block_tables, uncached.meta.block_tables)
+        assert torch.equal(cached.meta.slot_mapping, uncached.meta.slot_mapping)
+        return super().execute(batch, prev_sampled)
+
+
+def test_packed_block_tables_follow_growth_preemption_and_prefix_hits() -> None:
+    """Every chunk's cached int32 table equals its live block table packed afresh, on a workload small
+    enough to preempt and with shared prefixes (prefix-cache hits); prepare_inputs gives the same
+    tensors with and without the packed tables."""
+    rng = random.Random(11)
+    engine = LLMEngine(CheckingRunner(num_kv_blocks=24, block_size=4, max_model_len=64), FakeTokenizer(),
+                       FakeSampler(), max_num_seqs=8, max_num_batched_tokens=24)
+    shared = [rng.randrange(1, 200) for _ in range(9)]
+    for i in range(30):
+        prompt = shared + [rng.randrange(1, 200) for _ in range(rng.randrange(1, 8))]
+        engine.add_request(str(i), prompt, SamplingParams(temperature=0.0, max_tokens=rng.randrange(4, 20),
+                                                          ignore_eos=True, detokenize=False))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.runner.num_checked > 100
+    assert engine.scheduler.num_preemptions > 0 and engine.block_manager.prefix_cache_hits > 0
+
+
+def test_packed_block_table_repacks_a_replaced_or_shrunk_table() -> None:
+    seq = Sequence(0, [1, 2, 3], SamplingParams(), max_tokens=4)
+    assert seq.packed_block_table() == b""
+    seq.block_table.extend([7, 8])
+    assert seq.packed_block_table() == struct.pack("=2i", 7, 8)
+    seq.block_table.append(9)
+    assert seq.packed_block_table() == struct.pack("=3i", 7, 8, 9)
+    seq.block_table = [4, 5, 6]  # same length, new list: repacked
+    assert seq.packed_block_table() == struct.pack("=3i", 4, 5, 6)
+    seq.block_table.pop()
+    assert seq.packed_block_table() == struct.pack("=2i", 4, 5)
+    seq.reset_for_recompute()
+    assert seq.packed_block_table() == b""
