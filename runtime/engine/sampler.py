@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import torch
 from kvpilot.runtime.layers.sampler import apply_min_p, apply_penalties, apply_top_k_top_p, sample_with_noise
@@ -20,6 +21,13 @@ class SampleRow:
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
     banned_token_ids: frozenset[int] = frozenset()  # e.g. EOS while len(output) < min_tokens
+    # greedy, nothing to process, no logprobs: the argmax of the raw logits (rows are reused per request)
+    plain_greedy: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        params = self.params
+        object.__setattr__(self, "plain_greedy", not self.banned_token_ids and params.logprobs is None
+                           and not _needs_penalties(params) and params.temperature < GREEDY_TEMPERATURE)
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,9 @@ def _needs_penalties(params: SamplingParams) -> bool:
             or params.frequency_penalty != 0.0)
 
 
+_PLAIN_GREEDY = attrgetter("plain_greedy")
+
+
 @dataclass
 class _RowPlan:
     """Which rows need what, found in one pass over the rows."""
@@ -66,6 +77,8 @@ class _RowPlan:
 
     @classmethod
     def of(cls, rows: list[SampleRow]) -> _RowPlan:
+        if all(map(_PLAIN_GREEDY, rows)):  # the common case, one attribute per row
+            return cls(list(range(len(rows))), [], [], False)
         plain_greedy: list[int] = []
         processed: list[int] = []
         random: list[int] = []
@@ -124,9 +137,10 @@ class Sampler:
     def sample_ids(self, logits: torch.Tensor, rows: list[SampleRow]) -> SampledIds:
         """The token ids only (no logprobs), left on the device: nothing waits for the step to end."""
         _check_rows(logits, rows)
-        if any(row.params.logprobs is not None for row in rows):
+        plan = _RowPlan.of(rows)
+        if plan.any_logprobs:
             raise ValueError("sample_ids gives no logprobs: use sample() for rows that ask for them")
-        return SampledIds(self._token_ids(logits.float(), rows, _RowPlan.of(rows)))
+        return SampledIds(self._token_ids(logits.float(), rows, plan))
 
     def _token_ids(self, raw: torch.Tensor, rows: list[SampleRow], plan: _RowPlan) -> torch.Tensor:
         """Greedy rows: argmax of their (processed) logits; random rows: _sample_random."""

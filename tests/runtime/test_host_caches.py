@@ -147,3 +147,22 @@ def test_packed_block_table_repacks_a_replaced_or_shrunk_table() -> None:
     assert seq.packed_block_table() == struct.pack("=2i", 4, 5)
     seq.reset_for_recompute()
     assert seq.packed_block_table() == b""
+
+
+def test_row_plan_fast_path_matches_the_full_pass() -> None:
+    from kvpilot.runtime.engine.sampler import SampleRow, _RowPlan
+
+    plain = SampleRow(SamplingParams(temperature=0.0), [1], [])
+    others = [SampleRow(SamplingParams(temperature=0.0), [1], [], frozenset({0})),
+              SampleRow(SamplingParams(temperature=0.0, logprobs=1), [1], []),
+              SampleRow(SamplingParams(temperature=0.0, presence_penalty=0.5), [1], []),
+              SampleRow(SamplingParams(temperature=0.7), [1], [])]
+    assert plain.plain_greedy and not any(r.plain_greedy for r in others)
+    for rows in ([plain] * 5, [plain, others[0]], [others[1], plain], [*others, plain], []):
+        fast = _RowPlan.of(rows)
+        # one random row more forces the full pass over the same rows
+        slow = _RowPlan.of([SampleRow(r.params, r.prompt_token_ids, r.output_token_ids, r.banned_token_ids)
+                            for r in rows] + [others[3]])
+        assert (fast.plain_greedy, fast.processed, fast.any_logprobs) == (
+            slow.plain_greedy, slow.processed, slow.any_logprobs)
+        assert fast.random == slow.random[:-1]
