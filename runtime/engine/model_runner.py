@@ -30,7 +30,11 @@ CPU_KV_CACHE_BYTES = 1 << 30  # CPU default: at most 1 GiB of KV cache ...
 CPU_KV_CACHE_SEQS = 8  # ... and no more than 8 sequences of max_model_len tokens
 
 log = logging.getLogger(__name__)
-CUDA_ACTIVATION_RESERVE_BYTES = 1 << 30  # kept free for activations when sizing the cache from memory
+CUDA_ACTIVATION_RESERVE_BYTES = 1 << 30
+# Decode graphs fix the block-table width, and the split-KV decode plan is sized for that width: with a
+# 32k-40k max_model_len every short sequence would get a few long partitions (too few programs at small
+# batch). Graphs cover contexts up to this; longer decodes run eagerly with a plan sized to the batch.
+GRAPH_MAX_CONTEXT = 8192  # kept free for activations when sizing the cache from memory
 
 
 def resolve_device(device: str) -> torch.device:
@@ -133,8 +137,9 @@ class ModelRunner:
                  block_size, self.num_kv_blocks * block_size,
                  self.num_kv_blocks * self._block_bytes() / 2**30, self.kv_cache_dtype)
         if self.device.type == "cuda" and self.backend == "triton" and not enforce_eager:
+            graph_context = min(self.max_model_len, GRAPH_MAX_CONTEXT)
             self.graphs = DecodeGraphs(self._forward_logits, max_num_seqs=max_num_seqs,
-                                       max_blocks_per_seq=-(-self.max_model_len // block_size),
+                                       max_blocks_per_seq=-(-graph_context // block_size),
                                        block_size=block_size, device=self.device)
             self.graphs.capture()
 

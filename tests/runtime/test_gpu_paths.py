@@ -29,10 +29,11 @@ def qwen3_06b_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_model_dir(tmp_path_factory.mktemp("gpu"), "qwen3-0.6b")
 
 
-def _runner(model_dir: Path, backend: str, eager: bool, kv_cache_dtype: str = "auto") -> ModelRunner:
-    return ModelRunner(model_dir, block_size=BLOCK, max_model_len=1024, device="cuda", dtype="bfloat16",
-                       num_kv_blocks=128, backend=backend, load_format="dummy", seed=7, max_num_seqs=8,
-                       enforce_eager=eager, kv_cache_dtype=kv_cache_dtype)
+def _runner(model_dir: Path, backend: str, eager: bool, kv_cache_dtype: str = "auto",
+            max_model_len: int = 1024) -> ModelRunner:
+    return ModelRunner(model_dir, block_size=BLOCK, max_model_len=max_model_len, device="cuda",
+                       dtype="bfloat16", num_kv_blocks=128, backend=backend, load_format="dummy", seed=7,
+                       max_num_seqs=8, enforce_eager=eager, kv_cache_dtype=kv_cache_dtype)
 
 
 def _tables() -> list[list[int]]:
@@ -90,3 +91,11 @@ def test_fp8_kv_cache_stays_close_to_bf16(qwen3_06b_dir: Path) -> None:
     ref, fp8 = _runner(qwen3_06b_dir, "triton", True), _runner(qwen3_06b_dir, "triton", False, "fp8")
     assert fp8.kv_caches[0][0].dtype == torch.float8_e4m3fn
     assert_agree(teacher_forced_logits(ref, fp8), atol=0.5)
+
+
+def test_cuda_graphs_with_a_long_max_model_len_match_eager(qwen3_06b_dir: Path) -> None:
+    """max_model_len 32k: graphs cover contexts up to GRAPH_MAX_CONTEXT, with the decode plan sized for it."""
+    eager = _runner(qwen3_06b_dir, "triton", True, max_model_len=32768)
+    graphed = _runner(qwen3_06b_dir, "triton", False, max_model_len=32768)
+    assert graphed.graphs is not None and graphed.graphs.max_blocks == 8192 // BLOCK
+    assert_agree(teacher_forced_logits(eager, graphed), atol=0.05)
