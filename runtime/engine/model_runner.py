@@ -30,11 +30,10 @@ CPU_KV_CACHE_BYTES = 1 << 30  # CPU default: at most 1 GiB of KV cache ...
 CPU_KV_CACHE_SEQS = 8  # ... and no more than 8 sequences of max_model_len tokens
 
 log = logging.getLogger(__name__)
-CUDA_ACTIVATION_RESERVE_BYTES = 1 << 30
 # Decode graphs fix the block-table width, and the split-KV decode plan is sized for that width: with a
 # 32k-40k max_model_len every short sequence would get a few long partitions (too few programs at small
 # batch). Graphs cover contexts up to this; longer decodes run eagerly with a plan sized to the batch.
-GRAPH_MAX_CONTEXT = 8192  # kept free for activations when sizing the cache from memory
+GRAPH_MAX_CONTEXT = 8192
 
 
 def resolve_device(device: str) -> torch.device:
@@ -78,22 +77,12 @@ def kv_block_bytes(config: ModelConfig, block_size: int, kv_dtype: torch.dtype) 
     return 2 * config.num_hidden_layers * block_size * config.kv_size * element
 
 
-def default_num_kv_blocks(*, device: torch.device, block_bytes: int, block_size: int, max_model_len: int,
-                          gpu_memory_utilization: float) -> int:
-    """CPU: a modest cache. CUDA: what fits under gpu_memory_utilization once the weights are loaded."""
+def cpu_num_kv_blocks(*, block_bytes: int, block_size: int, max_model_len: int) -> int:
+    """A modest CPU cache: at most CPU_KV_CACHE_BYTES and CPU_KV_CACHE_SEQS sequences, at least one.
+    (On CUDA the cache is sized by profiling the worst step: see memory.py.)"""
     blocks_per_seq = -(-max_model_len // block_size)
-    if device.type == "cpu":
-        by_bytes = CPU_KV_CACHE_BYTES // block_bytes
-        return max(blocks_per_seq, min(by_bytes, CPU_KV_CACHE_SEQS * blocks_per_seq))
-    free, total = torch.cuda.mem_get_info(device)
-    budget = int(total * gpu_memory_utilization) - (total - free) - CUDA_ACTIVATION_RESERVE_BYTES
-    blocks = budget // block_bytes
-    if blocks < blocks_per_seq:
-        raise ModelLoadError(
-            f"not enough GPU memory for the KV cache: {max(budget, 0) / 2**30:.2f} GiB left after the "
-            f"weights at gpu_memory_utilization={gpu_memory_utilization}, one sequence of max_model_len="
-            f"{max_model_len} needs {blocks_per_seq * block_bytes / 2**30:.2f} GiB")
-    return blocks
+    by_bytes = CPU_KV_CACHE_BYTES // block_bytes
+    return max(blocks_per_seq, min(by_bytes, CPU_KV_CACHE_SEQS * blocks_per_seq))
 
 
 def fill_placeholders(input_ids: torch.Tensor, sampled: torch.Tensor) -> torch.Tensor:
@@ -149,9 +138,8 @@ class ModelRunner:
     def _size_kv_cache(self, utilization: float, max_num_seqs: int, max_num_batched_tokens: int) -> int:
         blocks_per_seq = -(-self.max_model_len // self.block_size)
         if self.device.type != "cuda":
-            return default_num_kv_blocks(device=self.device, block_bytes=self._block_bytes(),
-                                         block_size=self.block_size, max_model_len=self.max_model_len,
-                                         gpu_memory_utilization=utilization)
+            return cpu_num_kv_blocks(block_bytes=self._block_bytes(), block_size=self.block_size,
+                                     max_model_len=self.max_model_len)
         profile = profile_peak(self.device, lambda: self._worst_step(max_num_seqs, max_num_batched_tokens))
         return kv_cache_blocks(profile, gpu_memory_utilization=utilization, block_bytes=self._block_bytes(),
                                blocks_per_seq=blocks_per_seq, max_model_len=self.max_model_len)

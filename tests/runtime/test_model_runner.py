@@ -10,7 +10,7 @@ import torch
 from kvpilot.runtime.engine.batch import SeqChunk, StepBatch
 from kvpilot.runtime.engine.model_runner import (
     ModelRunner,
-    default_num_kv_blocks,
+    cpu_num_kv_blocks,
     kv_block_bytes,
     prepare_inputs,
 )
@@ -73,10 +73,9 @@ def test_kv_cache_layout_and_default_size(llama3_checkpoint: Path) -> None:
 
 
 def test_cpu_default_is_capped_by_bytes_but_holds_one_sequence() -> None:
-    sizes = {"device": CPU, "block_size": 16, "gpu_memory_utilization": 0.9}
-    assert default_num_kv_blocks(block_bytes=1 << 20, max_model_len=4096, **sizes) == 256 * 4  # 1 GiB cap
-    assert default_num_kv_blocks(block_bytes=1 << 30, max_model_len=4096, **sizes) == 256  # one sequence
-    assert default_num_kv_blocks(block_bytes=1024, max_model_len=64, **sizes) == 8 * 4
+    assert cpu_num_kv_blocks(block_bytes=1 << 20, max_model_len=4096, block_size=16) == 256 * 4  # 1 GiB cap
+    assert cpu_num_kv_blocks(block_bytes=1 << 30, max_model_len=4096, block_size=16) == 256  # one sequence
+    assert cpu_num_kv_blocks(block_bytes=1024, max_model_len=64, block_size=16) == 8 * 4
 
 
 def test_kv_cache_dtypes(qwen2_checkpoint: Path) -> None:
