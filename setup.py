@@ -1,26 +1,35 @@
-"""Maps the component folders into the `kvpilot` namespace (see DESIGN.md, "Layout")."""
+"""Maps the component folders into the `kvpilot` namespace (see DESIGN.md, "Layout").
+
+Each top-level component folder is a source root holding `kvpilot/<component>/`: `kvpilot` itself is an
+implicit namespace package, so no folder named `operator/` on sys.path can ever shadow the standard
+library, and static tools resolve `kvpilot.*` through `mypy_path` (pyproject.toml) alone.
+"""
 
 from pathlib import Path
 
 from setuptools import setup
 
 ROOT = Path(__file__).parent
-COMPONENTS = {"kvpilot": "cli", "kvpilot.operator": "operator", "kvpilot.gateway": "gateway",
-              "kvpilot.runtime": "runtime"}
+SOURCE_ROOTS = ("cli", "runtime", "operator", "gateway", "contracts")
 
 
-def _packages() -> list[str]:
-    found = []
-    for package, folder in COMPONENTS.items():
-        for init in sorted((ROOT / folder).rglob("__init__.py")):
-            rel = init.parent.relative_to(ROOT / folder)
-            found.append(".".join([package, *rel.parts]) if rel.parts else package)
-    return found
+def _packages() -> tuple[list[str], dict[str, str]]:
+    found, dirs = [], {}
+    for root in SOURCE_ROOTS:
+        base = ROOT / root
+        for init in sorted((base / "kvpilot").rglob("__init__.py")):
+            rel = init.parent.relative_to(base)
+            name = ".".join(rel.parts)
+            found.append(name)
+            dirs[name] = str(Path(root, *rel.parts))
+    return found, dirs
 
+
+PACKAGES, PACKAGE_DIR = _packages()
 
 setup(
-    packages=_packages(),
-    package_dir=COMPONENTS,
+    packages=PACKAGES,
+    package_dir=PACKAGE_DIR,
     package_data={"kvpilot.runtime.fixtures": ["*.txt"], "kvpilot.operator": ["*.yaml"]},
     include_package_data=True,
 )

@@ -83,8 +83,14 @@ class StubSampler:
 def bench_engine(batch: int, prompt_len: int, output_len: int, detokenize: bool = True) -> dict[str, float]:
     blocks = batch * -(-(prompt_len + output_len) // BLOCK_SIZE) + 64
     runner = StubRunner(blocks, BLOCK_SIZE, 2048)
-    engine = LLMEngine(runner, FakeTokenizer(), StubSampler(), max_num_seqs=256,
-                       max_num_batched_tokens=8192, max_model_len=2048)
+    engine = LLMEngine(
+        runner,
+        FakeTokenizer(),
+        StubSampler(),
+        max_num_seqs=256,
+        max_num_batched_tokens=8192,
+        max_model_len=2048,
+    )
     rng = random.Random(0)
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True, detokenize=detokenize)
     for i in range(batch):
@@ -95,8 +101,12 @@ def bench_engine(batch: int, prompt_len: int, output_len: int, detokenize: bool 
         engine.step()
         elapsed = time.perf_counter() - t0
         (decode if runner.last_decode_only else mixed).append(elapsed)
-    return {"mixed_us": statistics.median(mixed) * 1e6, "decode_us": statistics.median(decode) * 1e6,
-            "mixed_steps": len(mixed), "decode_steps": len(decode)}
+    return {
+        "mixed_us": statistics.median(mixed) * 1e6,
+        "decode_us": statistics.median(decode) * 1e6,
+        "mixed_steps": len(mixed),
+        "decode_steps": len(decode),
+    }
 
 
 # ---- (a2) the asynchronous engine's steady decode step ------------------------------------------
@@ -124,8 +134,15 @@ def bench_engine_async(batch: int, prompt_len: int, output_len: int) -> dict[str
 
     blocks = batch * -(-(prompt_len + output_len) // BLOCK_SIZE) + 64
     runner = AsyncStubRunner(blocks, BLOCK_SIZE, 2048)
-    engine = LLMEngine(runner, FakeTokenizer(), Sampler(seed=0), max_num_seqs=256,
-                       max_num_batched_tokens=8192, max_model_len=2048, async_scheduling=True)
+    engine = LLMEngine(
+        runner,
+        FakeTokenizer(),
+        Sampler(seed=0),
+        max_num_seqs=256,
+        max_num_batched_tokens=8192,
+        max_model_len=2048,
+        async_scheduling=True,
+    )
     rng = random.Random(0)
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True, detokenize=False)
     for i in range(batch):
@@ -161,8 +178,10 @@ def bench_inputs(repeats: int) -> dict[str, float]:
         prefills.append(SeqChunk(1000 + i, tokens, 0, table, True))
     mixed = StepBatch(decode_chunks(BATCH - 16, rng) + prefills)
     device = torch.device("cpu")
-    return {"decode_us": median_us(lambda: prepare_inputs(decode, BLOCK_SIZE, device), repeats),
-            "mixed_us": median_us(lambda: prepare_inputs(mixed, BLOCK_SIZE, device), repeats)}
+    return {
+        "decode_us": median_us(lambda: prepare_inputs(decode, BLOCK_SIZE, device), repeats),
+        "mixed_us": median_us(lambda: prepare_inputs(mixed, BLOCK_SIZE, device), repeats),
+    }
 
 
 # ---- (c) sampler --------------------------------------------------------------------------------
@@ -189,8 +208,10 @@ def bench_sampler(vocab: int, repeats: int) -> dict[str, float]:
     logits = torch.randn(BATCH, vocab)
     sampler, rng = Sampler(seed=0), random.Random(0)
     greedy, mixed = sample_rows(False, rng), sample_rows(True, rng)
-    return {"greedy_us": median_us(lambda: sampler.sample(logits, greedy), repeats),
-            "mixed_us": median_us(lambda: sampler.sample(logits, mixed), repeats)}
+    return {
+        "greedy_us": median_us(lambda: sampler.sample(logits, greedy), repeats),
+        "mixed_us": median_us(lambda: sampler.sample(logits, mixed), repeats),
+    }
 
 
 def main() -> None:

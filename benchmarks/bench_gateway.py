@@ -44,11 +44,28 @@ def start_runtimes(args: argparse.Namespace, model_dir: Path, n: int) -> list[tu
     procs = []
     for _ in range(n):
         port = free_port()
-        argv = [sys.executable, "-m", "kvpilot.runtime", "--model", str(model_dir), "--served-model-name",
-                "bench", "--host", "127.0.0.1", "--port", str(port), "--device", args.device,
-                *args.runtime_arg]
-        procs.append((subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
-                      f"http://127.0.0.1:{port}"))
+        argv = [
+            sys.executable,
+            "-m",
+            "kvpilot.runtime",
+            "--model",
+            str(model_dir),
+            "--served-model-name",
+            "bench",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--device",
+            args.device,
+            *args.runtime_arg,
+        ]
+        procs.append(
+            (
+                subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+                f"http://127.0.0.1:{port}",
+            )
+        )
     for proc, url in procs:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
@@ -76,8 +93,9 @@ def stop_runtimes(procs: list[tuple[subprocess.Popen, str]]) -> None:
 class GatewayThread:
     def __init__(self, config: GatewayConfig) -> None:
         self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=self.port,
-                                                    log_level="warning"))
+        self.server = uvicorn.Server(
+            uvicorn.Config(create_app(config), host="127.0.0.1", port=self.port, log_level="warning")
+        )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> str:
@@ -113,9 +131,13 @@ def workload(args: argparse.Namespace) -> list[list[dict[str, str]]]:
         topic = TOPICS[g % len(TOPICS)]
         words = [f"{topic}-{rng.randrange(10_000)}" for _ in range(args.prefix_chars // 12)]
         prefixes.append(f"You are the {topic} assistant #{g}. Policies: " + " ".join(words))
-    requests = [[{"role": "system", "content": prefixes[i % args.groups]},
-                 {"role": "user", "content": f"Question {i}: {rng.random():.6f}?"}]
-                for i in range(args.requests)]
+    requests = [
+        [
+            {"role": "system", "content": prefixes[i % args.groups]},
+            {"role": "user", "content": f"Question {i}: {rng.random():.6f}?"},
+        ]
+        for i in range(args.requests)
+    ]
     rng.shuffle(requests)
     return requests
 
@@ -151,16 +173,21 @@ async def run_load(url: str, requests: list[list[dict[str, str]]], args: argpars
 def summary(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
     p95 = ordered[int(0.95 * (len(ordered) - 1))]
-    return {"p50_ms": 1000 * statistics.median(ordered), "p95_ms": 1000 * p95,
-            "mean_ms": 1000 * statistics.fmean(ordered), "n": len(ordered)}
+    return {
+        "p50_ms": 1000 * statistics.median(ordered),
+        "p95_ms": 1000 * p95,
+        "mean_ms": 1000 * statistics.fmean(ordered),
+        "n": len(ordered),
+    }
 
 
 def bench_policy(policy: str, model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     procs = start_runtimes(args, model_dir, args.replicas)
     urls = [url for _, url in procs]
     try:
-        config = GatewayConfig.model_validate({"pools": {"bench": {"endpoints": urls, "policy": policy}},
-                                               "health": {"intervalSeconds": 1}})
+        config = GatewayConfig.model_validate(
+            {"pools": {"bench": {"endpoints": urls, "policy": policy}}, "health": {"intervalSeconds": 1}}
+        )
         with GatewayThread(config) as gateway:
             hits0, queries0 = cache_counters(urls)
             started = time.perf_counter()
@@ -170,15 +197,23 @@ def bench_policy(policy: str, model_dir: Path, args: argparse.Namespace) -> dict
     finally:
         stop_runtimes(procs)
     queries = queries1 - queries0
-    return {"policy": policy, "prefix_cache_hit_rate": (hits1 - hits0) / queries if queries else 0.0,
-            "ttft": summary(ttfts), "wall_s": wall}
+    return {
+        "policy": policy,
+        "prefix_cache_hit_rate": (hits1 - hits0) / queries if queries else 0.0,
+        "ttft": summary(ttfts),
+        "wall_s": wall,
+    }
 
 
 def bench_added_ttfb(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     procs = start_runtimes(args, model_dir, 1)
     url = procs[0][1]
-    body = {"model": "bench", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
-            "stream": True}
+    body = {
+        "model": "bench",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 1,
+        "stream": True,
+    }
 
     async def measure(target: str) -> list[float]:
         async with httpx.AsyncClient(timeout=60) as client:
@@ -196,8 +231,12 @@ def bench_added_ttfb(model_dir: Path, args: argparse.Namespace) -> dict[str, Any
     finally:
         stop_runtimes(procs)
     d, v = summary(direct), summary(via)
-    return {"direct": d, "via_gateway": v, "added_p50_ms": v["p50_ms"] - d["p50_ms"],
-            "added_p95_ms": v["p95_ms"] - d["p95_ms"]}
+    return {
+        "direct": d,
+        "via_gateway": v,
+        "added_p50_ms": v["p50_ms"] - d["p50_ms"],
+        "added_p95_ms": v["p95_ms"] - d["p95_ms"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,14 +258,20 @@ def main(argv: list[str] | None = None) -> int:
     if model_dir is None:
         from kvpilot.runtime.fixtures import make_tiny_checkpoint
 
-        model_dir = make_tiny_checkpoint(Path(tempfile.mkdtemp(prefix="bench-gw-")), "qwen3",
-                                         max_position_embeddings=4096)
+        model_dir = make_tiny_checkpoint(
+            Path(tempfile.mkdtemp(prefix="bench-gw-")), "qwen3", max_position_embeddings=4096
+        )
     results = {
-        "date": time.strftime("%Y-%m-%d"), "model": str(model_dir), "device": args.device,
-        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                 text=True).stdout.strip(),
-        "workload": {k: getattr(args, k) for k in ("replicas", "groups", "prefix_chars", "requests",
-                                                     "concurrency", "max_tokens")},
+        "date": time.strftime("%Y-%m-%d"),
+        "model": str(model_dir),
+        "device": args.device,
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip(),
+        "workload": {
+            k: getattr(args, k)
+            for k in ("replicas", "groups", "prefix_chars", "requests", "concurrency", "max_tokens")
+        },
         "routing": [bench_policy(policy, model_dir, args) for policy in ("prefix-aware", "round-robin")],
         "added_ttfb": bench_added_ttfb(model_dir, args),
     }

@@ -162,14 +162,21 @@ def close(out: torch.Tensor, ref: torch.Tensor) -> bool:
 # ------------------------------------------------------------------------------------------------ attention
 
 
-def bench_decode(batch: int, ctx: int, replays: int, config: DecodeConfig | None = None,
-                 plan: DecodePlan | None = None, group: str = "decode") -> Result:  # fmt: skip
+def bench_decode(
+    batch: int,
+    ctx: int,
+    replays: int,
+    config: DecodeConfig | None = None,
+    plan: DecodePlan | None = None,
+    group: str = "decode",
+) -> Result:
     sets = [paged_batch(batch, ctx, 1) for _ in range(num_sets(attn_bytes(batch, ctx, 1)))]
     scale = D**-0.5
 
     def call(b: dict[str, torch.Tensor]) -> Callable[[], torch.Tensor]:
-        return lambda: paged_decode_attention_triton(b["q"], b["k"], b["v"], b["ctx"], b["bt"], scale,
-                                                     config=config, plan=plan)  # fmt: skip
+        return lambda: paged_decode_attention_triton(
+            b["q"], b["k"], b["v"], b["ctx"], b["bt"], scale, config=config, plan=plan
+        )
 
     b0 = sets[0]
     ok = close(call(b0)(), reference(b0, scale))
@@ -177,14 +184,17 @@ def bench_decode(batch: int, ctx: int, replays: int, config: DecodeConfig | None
     cfg = config or DecodeConfig()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     chosen = plan or plan_decode(batch, KVH, b0["bt"].shape[1] * PAGE, sms, cfg)
-    note = (f"bn={cfg.block_n} w={cfg.num_warps} s={cfg.num_stages} "
-            f"splits={chosen.num_splits} part={chosen.partition_size}")  # fmt: skip
+    note = (
+        f"bn={cfg.block_n} w={cfg.num_warps} s={cfg.num_stages} "
+        f"splits={chosen.num_splits} part={chosen.partition_size}"
+    )
     nbytes = attn_bytes(batch, ctx, 1)
     return Result(group, f"decode b{batch} ctx{ctx}", "triton", us, eager, nbytes, ok=ok, note=note)
 
 
 def bench_sdpa(batch: int, ctx: int, q_len: int, replays: int) -> Result:
     """torch SDPA on contiguous (unpaged) K/V in [batch, seq, heads, dim] memory, GQA without repeats."""
+
     def make() -> tuple[torch.Tensor, ...]:
         q = torch.randn(batch, q_len, H, D, device=DEV, dtype=BF16).transpose(1, 2)
         k, v = (torch.randn(batch, ctx, KVH, D, device=DEV, dtype=BF16).transpose(1, 2) for _ in range(2))
@@ -195,8 +205,15 @@ def bench_sdpa(batch: int, ctx: int, q_len: int, replays: int) -> Result:
     calls = [lambda s=s: F.scaled_dot_product_attention(*s, is_causal=causal, enable_gqa=True) for s in sets]
     us, eager = measure(calls, replays)
     kind = "decode" if q_len == 1 else "prefill"
-    return Result(kind, f"{kind} b{batch} ctx{ctx}" + ("" if q_len == 1 else f" q{q_len}"), "torch-sdpa",
-                  us, eager, attn_bytes(batch, ctx, q_len), flops=attn_flops(batch, ctx, q_len))  # fmt: skip
+    return Result(
+        kind,
+        f"{kind} b{batch} ctx{ctx}" + ("" if q_len == 1 else f" q{q_len}"),
+        "torch-sdpa",
+        us,
+        eager,
+        attn_bytes(batch, ctx, q_len),
+        flops=attn_flops(batch, ctx, q_len),
+    )
 
 
 def attn_flops(batch: int, ctx: int, q_len: int) -> float:
@@ -215,8 +232,16 @@ def bench_prefill(batch: int, ctx: int, q_len: int, replays: int) -> Result:
     calls = [call(b) for b in sets]
     ok = close(calls[0](), reference(sets[0], scale))
     us, eager = measure(calls, replays)
-    return Result("prefill", f"prefill b{batch} ctx{ctx} q{q_len}", "triton", us, eager,
-                  attn_bytes(batch, ctx, q_len), flops=attn_flops(batch, ctx, q_len), ok=ok)  # fmt: skip
+    return Result(
+        "prefill",
+        f"prefill b{batch} ctx{ctx} q{q_len}",
+        "triton",
+        us,
+        eager,
+        attn_bytes(batch, ctx, q_len),
+        flops=attn_flops(batch, ctx, q_len),
+        ok=ok,
+    )
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -266,8 +291,10 @@ def fused_cases(tokens: int) -> list[tuple[str, float, Callable[[], Any], Callab
         kv = torch.randn(2, tokens, KVH, D, device=DEV, dtype=BF16)
         kc, vc = (torch.empty(tokens // PAGE + 8, PAGE, KVH, D, device=DEV, dtype=BF16) for _ in range(2))
         slots = torch.randperm(kc.shape[0] * PAGE, device=DEV)[:tokens]
-        return (lambda: store_kv_cache_triton(kv[0], kv[1], kc, vc, slots),
-                lambda: store_kv_cache_ref(kv[0], kv[1], kc, vc, slots))  # fmt: skip
+        return (
+            lambda: store_kv_cache_triton(kv[0], kv[1], kc, vc, slots),
+            lambda: store_kv_cache_ref(kv[0], kv[1], kc, vc, slots),
+        )
 
     return [
         ("rms_norm+residual", 4 * x_bytes + HIDDEN * 2, norm),
@@ -337,12 +364,16 @@ def main() -> None:
         main_results += bench_fused(tokens, args.replays)
     sweep = sweep_decode(max(10, args.replays // 2)) if args.sweep else []
     report = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__, "triton": __import__("triton").__version__, "commit": commit(),
-        "measured_copy_TBps": bw / 1e12, "reference_copy_TBps": COPY_BW / 1e12,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "commit": commit(),
+        "measured_copy_TBps": bw / 1e12,
+        "reference_copy_TBps": COPY_BW / 1e12,
         "calls_per_graph": CALLS_PER_GRAPH,
         "results": [asdict(r) | {"TBps": r.tbps} for r in main_results + sweep],
-    }  # fmt: skip
+    }
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     if sweep:  # the five fastest correct variants of each case

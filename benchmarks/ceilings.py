@@ -25,8 +25,12 @@ def matmul_rate(n: int = 8192) -> float:
 
 
 def main() -> int:
-    out = {"device": torch.cuda.get_device_name(), "copy_TBps": copy_bandwidth() / 1e12,
-           "bf16_TFLOPs": matmul_rate() / 1e12, "torch": torch.__version__}
+    out = {
+        "device": torch.cuda.get_device_name(),
+        "copy_TBps": copy_bandwidth() / 1e12,
+        "bf16_TFLOPs": matmul_rate() / 1e12,
+        "torch": torch.__version__,
+    }
     print(json.dumps(out))
     if len(sys.argv) > 1:
         Path(sys.argv[1]).write_text(json.dumps(out))

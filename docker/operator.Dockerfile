@@ -5,6 +5,7 @@ FROM python:3.12-slim AS build
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY cli/ cli/
+COPY contracts/ contracts/
 COPY operator/ operator/
 RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[operator]"
 

@@ -14,6 +14,7 @@ RUN apt-get update \
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY cli/ cli/
+COPY contracts/ contracts/
 COPY runtime/ runtime/
 RUN pip install --no-cache-dir ".[runtime]" && rm -rf /src
 WORKDIR /

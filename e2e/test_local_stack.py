@@ -73,11 +73,29 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     state = tmp_path_factory.mktemp("stack")
     port = free_port()
     log_path = state / "up.log"
-    argv = [sys.executable, "-m", "kvpilot", "up", "--replicas", "2", "--port", str(port),
-            "--device", "cpu", "--state-dir", str(state)]
+    argv = [
+        sys.executable,
+        "-m",
+        "kvpilot.cli",
+        "up",
+        "--replicas",
+        "2",
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--state-dir",
+        str(state),
+    ]
     with log_path.open("wb") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        process = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
     try:
         wait_for_banner(process, log_path)
         yield Stack(process, f"http://127.0.0.1:{port}", log_path)
@@ -102,9 +120,14 @@ def routing_by_replica(base_url: str) -> dict[str, float]:
 
 def test_streams_through_the_gateway(stack: Stack) -> None:
     stream = stack.client().chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=12,
-        temperature=0, stream=True, stream_options={"include_usage": True},
-        extra_body={"ignore_eos": True})
+        model=MODEL,
+        messages=[{"role": "user", "content": "Tell me a story."}],
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
     chunks = list(stream)
     deltas = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
     assert len(deltas) >= 2, "the answer must arrive in several chunks"
@@ -129,8 +152,9 @@ def test_a_killed_replica_does_not_lose_requests_and_stop_is_clean(stack: Stack)
     os.kill(pids[0], signal.SIGKILL)
     client = stack.client()
     for i in range(6):
-        reply = client.completions.create(model=MODEL, prompt=f"after the crash {i}", max_tokens=3,
-                                           extra_body={"ignore_eos": True})
+        reply = client.completions.create(
+            model=MODEL, prompt=f"after the crash {i}", max_tokens=3, extra_body={"ignore_eos": True}
+        )
         assert reply.choices[0].text is not None and reply.usage.completion_tokens == 3
     stack.process.send_signal(signal.SIGTERM)
     assert stack.process.wait(60) == 0, stack.log_path.read_text()[-3000:]

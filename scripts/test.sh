@@ -3,9 +3,6 @@
 # Extra arguments go to pytest (e.g. scripts/test.sh -m gpu on a GPU machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The repo root holds a folder named operator/: never let Python put the working directory on sys.path,
-# or it would shadow the standard library's operator module (Python 3.11+).
-export PYTHONSAFEPATH=1
 [ -x .venv/bin/python ] || python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
@@ -14,5 +11,6 @@ python -m pip install -q --upgrade pip
 python -m pip install -q "torch==2.13.0"
 python -m pip install -q -e ".[all,dev]"
 ruff check .
+ruff format --check .
 # pytest exits 5 when it collects nothing: with `set -e` that fails the run instead of passing vacuously.
 python -m pytest -q -p no:cacheprovider "$@"

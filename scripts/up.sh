@@ -3,9 +3,6 @@
 # Extra arguments go to `kvpilot up` (e.g. --replicas 2, -f examples/...yaml).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The repo root holds a folder named operator/: never let Python put the working directory on sys.path,
-# or it would shadow the standard library's operator module (Python 3.11+).
-export PYTHONSAFEPATH=1
 [ -x .venv/bin/python ] || python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip

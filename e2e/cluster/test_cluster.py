@@ -45,8 +45,13 @@ pytestmark = [
 ]
 
 
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float, every: float = 5.0,
-             explain: Callable[[], str] = lambda: "") -> T:
+def wait_for(
+    what: str,
+    probe: Callable[[], T | None],
+    timeout: float,
+    every: float = 5.0,
+    explain: Callable[[], str] = lambda: "",
+) -> T:
     """Poll `probe` until it returns something truthy; fail with `explain()` after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -92,8 +97,15 @@ def release(kube: Any) -> Iterator[dict[str, Any]]:
     existed = namespace_exists(core)
     with helm.Config(namespace=NAMESPACE) as cfg:
         try:
-            yield cfg.install(CHART, RELEASE, values, namespace=NAMESPACE, create_namespace=True,
-                              wait="watcher", timeout=600)
+            yield cfg.install(
+                CHART,
+                RELEASE,
+                values,
+                namespace=NAMESPACE,
+                create_namespace=True,
+                wait="watcher",
+                timeout=600,
+            )
         finally:
             cfg.uninstall(RELEASE, wait="watcher", timeout=300, ignore_not_found=True)
             if not existed:
@@ -109,15 +121,17 @@ def explain_isvc(kube: Any, name: str) -> Callable[[], str]:
     def _explain() -> str:
         status = isvc_status(kube, name)
         events = client.CoreV1Api(kube).list_namespaced_event(NAMESPACE).items[-20:]
-        lines = [f"{e.involved_object.kind}/{e.involved_object.name}: {e.reason}: {e.message}"
-                 for e in events]
+        lines = [
+            f"{e.involved_object.kind}/{e.involved_object.name}: {e.reason}: {e.message}" for e in events
+        ]
         return "status: " + json.dumps(status, indent=2) + "\nrecent events:\n" + "\n".join(lines)
 
     return _explain
 
 
-def gateway_request(kube: Any, method: str, path: str,
-                    payload: dict[str, Any] | None = None) -> tuple[int, str]:
+def gateway_request(
+    kube: Any, method: str, path: str, payload: dict[str, Any] | None = None
+) -> tuple[int, str]:
     """Call the gateway Service through the API server's service proxy (no port-forward, no kubectl)."""
     method, url, headers, body, _ = kube.param_serialize(
         method=method,
@@ -150,8 +164,12 @@ def test_install_serve_scale_delete(kube: Any, release: dict[str, Any]) -> None:
     name, model = manifest["metadata"]["name"], manifest["spec"]["model"]["servedName"]
     custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, manifest)
 
-    wait_for(f"{name} Ready", lambda: ready_replicas(kube, name, 1), READY_SECONDS,
-             explain=explain_isvc(kube, name))
+    wait_for(
+        f"{name} Ready",
+        lambda: ready_replicas(kube, name, 1),
+        READY_SECONDS,
+        explain=explain_isvc(kube, name),
+    )
     assert isvc_status(kube, name)["plan"]["feasible"] is True
 
     reply = wait_for("a completion through the gateway", lambda: completion_served(kube, model), 120)
@@ -163,15 +181,27 @@ def test_install_serve_scale_delete(kube: Any, release: dict[str, Any]) -> None:
     status, stream = gateway_request(kube, "POST", "/v1/completions", payload)
     assert status == 200 and stream.rstrip().endswith("data: [DONE]")
 
-    custom.patch_namespaced_custom_object_scale(GROUP, VERSION, NAMESPACE, PLURAL, name,
-                                                {"spec": {"replicas": 2}})
-    wait_for(f"{name} at 2 ready replicas", lambda: ready_replicas(kube, name, 2), READY_SECONDS,
-             explain=explain_isvc(kube, name))
+    custom.patch_namespaced_custom_object_scale(
+        GROUP, VERSION, NAMESPACE, PLURAL, name, {"spec": {"replicas": 2}}
+    )
+    wait_for(
+        f"{name} at 2 ready replicas",
+        lambda: ready_replicas(kube, name, 2),
+        READY_SECONDS,
+        explain=explain_isvc(kube, name),
+    )
     assert completion_served(kube, model)
 
     custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
     selector = f"kvpilot.dev/inferenceservice={name}"
     apps, core = client.AppsV1Api(kube), client.CoreV1Api(kube)
-    wait_for("the model's workloads to be deleted", lambda: not (
-        apps.list_namespaced_deployment(NAMESPACE, label_selector=selector).items
-        or core.list_namespaced_pod(NAMESPACE, label_selector=selector).items), 300)
+    wait_for(
+        "the model's workloads to be deleted",
+        lambda: (
+            not (
+                apps.list_namespaced_deployment(NAMESPACE, label_selector=selector).items
+                or core.list_namespaced_pod(NAMESPACE, label_selector=selector).items
+            )
+        ),
+        300,
+    )

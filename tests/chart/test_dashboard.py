@@ -8,12 +8,31 @@ from typing import Any
 
 # The metrics DESIGN.md promises dashboards (vLLM's names; counters gain `_total`, histograms `_bucket`).
 REQUIRED = {
-    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-    "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
-    "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", "vllm:generation_tokens_total",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:time_to_first_token_seconds_bucket",
+    "vllm:inter_token_latency_seconds_bucket",
+    "vllm:prefix_cache_hits_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:generation_tokens_total",
 }
-PROMQL_WORDS = {"sum", "by", "rate", "max", "avg", "histogram_quantile", "le", "label_values", "irate",
-                "increase", "min", "count", "without", "clamp_min"}
+PROMQL_WORDS = {
+    "sum",
+    "by",
+    "rate",
+    "max",
+    "avg",
+    "histogram_quantile",
+    "le",
+    "label_values",
+    "irate",
+    "increase",
+    "min",
+    "count",
+    "without",
+    "clamp_min",
+}
 NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 
 
@@ -32,8 +51,11 @@ def metric_names(expr: str) -> set[str]:
 
 def queries(dashboard: dict[str, Any]) -> list[str]:
     exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
-    exprs += [v["query"].split("(", 1)[1].split(",")[0] for v in dashboard["templating"]["list"]
-              if v["type"] == "query"]
+    exprs += [
+        v["query"].split("(", 1)[1].split(",")[0]
+        for v in dashboard["templating"]["list"]
+        if v["type"] == "query"
+    ]
     return exprs
 
 
@@ -51,8 +73,9 @@ def test_dashboard_configmap_for_grafana_sidecar(everything_manifests) -> None:
     assert len(panel_ids) == len(set(panel_ids))
 
 
-def test_dashboard_queries_exported_metrics(everything_manifests, gateway_metric_names,
-                                            runtime_metric_names) -> None:
+def test_dashboard_queries_exported_metrics(
+    everything_manifests, gateway_metric_names, runtime_metric_names
+) -> None:
     used: set[str] = set()
     for expr in queries(dashboard_of(everything_manifests)):
         used |= metric_names(expr)
@@ -63,6 +86,8 @@ def test_dashboard_queries_exported_metrics(everything_manifests, gateway_metric
 
 
 def test_metric_name_extraction() -> None:
-    expr = ('histogram_quantile(0.95, sum by (le, kvpilot_dev_inferenceservice) '
-            '(rate(vllm:time_to_first_token_seconds_bucket{a=~"$x"}[$__rate_interval])))')
+    expr = (
+        "histogram_quantile(0.95, sum by (le, kvpilot_dev_inferenceservice) "
+        '(rate(vllm:time_to_first_token_seconds_bucket{a=~"$x"}[$__rate_interval])))'
+    )
     assert metric_names(expr) == {"vllm:time_to_first_token_seconds_bucket"}

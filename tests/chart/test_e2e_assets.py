@@ -35,10 +35,21 @@ def assert_valid_inferenceservice(manifest: dict[str, Any], repo_root) -> None:
 
 def test_install_dry_run(chart_dir, everything_values) -> None:
     with helm.Config(namespace="kvpilot-e2e", kubeconfig_content=UNREACHABLE) as cfg:
-        release = cfg.install(chart_dir, "kvpilot", everything_values, namespace="kvpilot-e2e",
-                              create_namespace=True, wait="watcher", timeout=600, dry_run="client")
+        release = cfg.install(
+            chart_dir,
+            "kvpilot",
+            everything_values,
+            namespace="kvpilot-e2e",
+            create_namespace=True,
+            wait="watcher",
+            timeout=600,
+            dry_run="client",
+        )
     assert (release["status"], release["chart_version"], release["app_version"]) == (
-        "pending-install", "0.1.0", "0.1.0")
+        "pending-install",
+        "0.1.0",
+        "0.1.0",
+    )
     kinds = {doc["kind"] for doc in yaml.safe_load_all(release["manifest"]) if doc}
     assert {"Deployment", "Service", "Role", "Secret", "ServiceMonitor"} <= kinds
     assert "svc/kvpilot-gateway" in release["notes"]

@@ -16,29 +16,16 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-REPO = Path(__file__).resolve().parents[2]
-PACKAGE_DIRS = {"kvpilot": "cli", "kvpilot.operator": "operator", "kvpilot.gateway": "gateway",
-                "kvpilot.runtime": "runtime"}
+from tests.source_layout import REPO, module_file
+
 IMAGES = {"operator": "kvpilot-operator", "gateway": "kvpilot-gateway", "runtime": "kvpilot-runtime"}
-
-
-def module_file(module: str) -> Path | None:
-    owners = [p for p in PACKAGE_DIRS if module == p or module.startswith(p + ".")]
-    if not owners:
-        return None
-    package = max(owners, key=len)
-    rest = module[len(package):].lstrip(".").split(".") if module != package else []
-    base = REPO / PACKAGE_DIRS[package]
-    base = base.joinpath(*rest) if rest else base
-    if (base / "__init__.py").exists():
-        return base / "__init__.py"
-    return base.with_suffix(".py") if base.with_suffix(".py").exists() else None
 
 
 def _is_type_checking(node: ast.If) -> bool:
     test = node.test
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def imported_names(source: Path, module: str) -> set[str]:
@@ -144,9 +131,9 @@ def test_entrypoint_imports_fit_the_image(image: str) -> None:
 
 
 def test_import_graph_follows_relative_and_lazy_imports() -> None:
-    files, third_party = import_graph("kvpilot.main")
-    assert module_file("kvpilot.main") in files
-    assert module_file("kvpilot") in files
+    files, third_party = import_graph("kvpilot.cli.main")
+    assert module_file("kvpilot.cli.main") in files
+    assert module_file("kvpilot.cli") in files
     assert "torch" not in third_party
 
 
@@ -173,7 +160,14 @@ def test_runtime_image_can_run_the_operators_model_download() -> None:
 
 def imported_names_of_source(code: str) -> set[str]:
     tree = ast.parse(code)
-    names = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
-             for alias in node.names}
-    return names | {node.module.split(".")[0] for node in ast.walk(tree)
-                    if isinstance(node, ast.ImportFrom) and node.module}
+    names = {
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    return names | {
+        node.module.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module
+    }

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.source_layout import REPO, module_file
+
 IMAGES = {"operator": "kvpilot-operator", "gateway": "kvpilot-gateway", "runtime": "kvpilot-runtime"}
-PACKAGE_DIRS = {"kvpilot": "cli", "kvpilot.operator": "operator", "kvpilot.gateway": "gateway",
-                "kvpilot.runtime": "runtime"}
 
 
 def final_stage(instructions: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -60,14 +59,6 @@ def console_scripts() -> dict[str, str]:
     return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
 
 
-def module_file(module: str) -> Path:
-    """Source file of a kvpilot module through setup.py's package-dir mapping."""
-    package = max((p for p in PACKAGE_DIRS if module == p or module.startswith(p + ".")), key=len)
-    rest = module[len(package):].lstrip(".").split(".") if module != package else []
-    base = REPO / PACKAGE_DIRS[package] / Path(*rest) if rest else REPO / PACKAGE_DIRS[package]
-    return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
-
-
 @pytest.mark.parametrize("image", IMAGES)
 def test_copied_paths_exist_and_reach_the_build(dockerfile, image: str) -> None:
     sources = copy_sources(dockerfile(image))
@@ -80,15 +71,21 @@ def test_copied_paths_exist_and_reach_the_build(dockerfile, image: str) -> None:
 
 @pytest.mark.parametrize("image", IMAGES)
 def test_entrypoint_is_a_console_script(dockerfile, image: str) -> None:
-    [entrypoint] = [json.loads(args) for keyword, args in final_stage(dockerfile(image))
-                    if keyword == "ENTRYPOINT"]
+    [entrypoint] = [
+        json.loads(args) for keyword, args in final_stage(dockerfile(image)) if keyword == "ENTRYPOINT"
+    ]
     assert entrypoint == [IMAGES[image]]
     target = console_scripts()[entrypoint[0]]
     module, _, function = target.partition(":")
     source = module_file(module)
-    assert source.exists(), f"{entrypoint[0]} -> {module}: {source.relative_to(REPO)} is missing"
-    defined = {node.name for node in ast.parse(source.read_text()).body
-               if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)}
+    assert source is not None and source.exists(), (
+        f"{entrypoint[0]} -> {module}: {source.relative_to(REPO)} is missing"
+    )
+    defined = {
+        node.name
+        for node in ast.parse(source.read_text()).body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    }
     assert function in defined, f"{module} defines no {function}()"
     copied = {Path(s).parts[0] for s in copy_sources(dockerfile(image))}
     assert source.relative_to(REPO).parts[0] in copied, f"{image} image does not copy {source.parent}"

@@ -49,8 +49,11 @@ def grants(role: dict[str, Any]) -> Grants:
 
 def rbac_ids(manifests: list[dict[str, Any]]) -> set[tuple[str, str, str | None]]:
     kinds = ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
-    return {(m["kind"], m["metadata"]["name"], m["metadata"].get("namespace"))
-            for m in manifests if m["kind"] in kinds}
+    return {
+        (m["kind"], m["metadata"]["name"], m["metadata"].get("namespace"))
+        for m in manifests
+        if m["kind"] in kinds
+    }
 
 
 def test_cluster_scope_grants_exact_rules(default_manifests) -> None:
@@ -97,10 +100,13 @@ def test_watching_the_release_namespace_needs_no_profiles_role(render) -> None:
 @pytest.mark.parametrize("fixture", ["default_manifests", "everything_manifests"])
 def test_bindings_bind_rendered_roles_to_rendered_service_accounts(fixture: str, request) -> None:
     manifests = request.getfixturevalue(fixture)
-    roles = {(m["kind"], m["metadata"]["name"], m["metadata"].get("namespace"))
-             for m in manifests.of_kind("Role", "ClusterRole")}
-    accounts = {(m["metadata"]["name"], m["metadata"]["namespace"])
-                for m in manifests.of_kind("ServiceAccount")}
+    roles = {
+        (m["kind"], m["metadata"]["name"], m["metadata"].get("namespace"))
+        for m in manifests.of_kind("Role", "ClusterRole")
+    }
+    accounts = {
+        (m["metadata"]["name"], m["metadata"]["namespace"]) for m in manifests.of_kind("ServiceAccount")
+    }
     bindings = manifests.of_kind("RoleBinding", "ClusterRoleBinding")
     assert len(bindings) == len(roles)
     for binding in bindings:

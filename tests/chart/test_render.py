@@ -37,9 +37,14 @@ def test_operator_command_all_namespaces(default_manifests) -> None:
     spec = container(default_manifests, "kvpilot-operator")
     assert spec["image"] == "ghcr.io/kvpilot/operator:0.1.0"
     assert spec["command"] + spec["args"] == [
-        "kvpilot-operator", "--all-namespaces",
-        "--profiles-configmap", "kvpilot-gpu-profiles", "--profiles-namespace", NAMESPACE,
-        "--runtime-image", "ghcr.io/kvpilot/runtime:0.1.0",
+        "kvpilot-operator",
+        "--all-namespaces",
+        "--profiles-configmap",
+        "kvpilot-gpu-profiles",
+        "--profiles-namespace",
+        NAMESPACE,
+        "--runtime-image",
+        "ghcr.io/kvpilot/runtime:0.1.0",
     ]
     assert "HF_TOKEN" not in env_of(spec)
     deployment = default_manifests.get("Deployment", "kvpilot-operator")
@@ -60,16 +65,28 @@ def test_gateway_command_and_autoscaling_defaults(default_manifests, everything_
     spec = container(default_manifests, "kvpilot-gateway")
     assert spec["image"] == "ghcr.io/kvpilot/gateway:0.1.0"
     assert spec["command"] + spec["args"] == [
-        "kvpilot-gateway", "--kubernetes", "--port", "8080", "--log-level", "info",
-        "--lease-name", "kvpilot-gateway-autoscaler",
+        "kvpilot-gateway",
+        "--kubernetes",
+        "--port",
+        "8080",
+        "--log-level",
+        "info",
+        "--lease-name",
+        "kvpilot-gateway-autoscaler",
     ]
     assert spec["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
     env = env_of(spec)
-    assert (env["KVPILOT_AUTOSCALING_WINDOW_SECONDS"], env["KVPILOT_AUTOSCALING_TARGET_QUEUE_DEPTH"],
-            env["KVPILOT_AUTOSCALING_SCALE_DOWN_DELAY_SECONDS"]) == ("30", "4", "300")
+    assert (
+        env["KVPILOT_AUTOSCALING_WINDOW_SECONDS"],
+        env["KVPILOT_AUTOSCALING_TARGET_QUEUE_DEPTH"],
+        env["KVPILOT_AUTOSCALING_SCALE_DOWN_DELAY_SECONDS"],
+    ) == ("30", "4", "300")
     env = env_of(container(everything_manifests, "kvpilot-gateway"))
-    assert (env["KVPILOT_AUTOSCALING_WINDOW_SECONDS"], env["KVPILOT_AUTOSCALING_TARGET_QUEUE_DEPTH"],
-            env["KVPILOT_AUTOSCALING_SCALE_DOWN_DELAY_SECONDS"]) == ("20", "8", "600")
+    assert (
+        env["KVPILOT_AUTOSCALING_WINDOW_SECONDS"],
+        env["KVPILOT_AUTOSCALING_TARGET_QUEUE_DEPTH"],
+        env["KVPILOT_AUTOSCALING_SCALE_DOWN_DELAY_SECONDS"],
+    ) == ("20", "8", "600")
     args = container(everything_manifests, "kvpilot-gateway")["args"]
     assert args[args.index("--namespace") + 1] == "ml-serving"
 
@@ -92,8 +109,11 @@ def test_pods_are_hardened(everything_manifests, name: str) -> None:
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert pod["imagePullSecrets"] == [{"name": "regcred"}]
     spec = pod["containers"][0]
-    assert spec["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                                       "capabilities": {"drop": ["ALL"]}}
+    assert spec["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
     assert {"cpu", "memory"} <= spec["resources"]["requests"].keys()
     assert "memory" in spec["resources"]["limits"]
     mounts = {m["name"]: m["mountPath"] for m in spec["volumeMounts"]}
@@ -116,12 +136,15 @@ def test_gpu_profiles(default_manifests, everything_manifests, everything_values
     assert yaml.safe_load(admin["data"]["profiles.yaml"]) == everything_values["gpuProfiles"]["profiles"]
 
 
-@pytest.mark.parametrize(("profile", "complaint"), [
-    ({"name": "x", "memoryGB": 80, "bandwidthGBps": 1, "bf16Tflops": 1}, "memoryGB"),
-    ({"name": "x", "memoryGiB": -1, "bandwidthGBps": 1, "bf16Tflops": 1}, "memoryGiB"),
-    ({"name": "Bad Name", "memoryGiB": 80, "bandwidthGBps": 1, "bf16Tflops": 1}, "name"),
-    ({"name": "x", "memoryGiB": 80, "bandwidthGBps": 1, "bf16Tflops": 1, "fp8": "yes"}, "fp8"),
-])
+@pytest.mark.parametrize(
+    ("profile", "complaint"),
+    [
+        ({"name": "x", "memoryGB": 80, "bandwidthGBps": 1, "bf16Tflops": 1}, "memoryGB"),
+        ({"name": "x", "memoryGiB": -1, "bandwidthGBps": 1, "bf16Tflops": 1}, "memoryGiB"),
+        ({"name": "Bad Name", "memoryGiB": 80, "bandwidthGBps": 1, "bf16Tflops": 1}, "name"),
+        ({"name": "x", "memoryGiB": 80, "bandwidthGBps": 1, "bf16Tflops": 1, "fp8": "yes"}, "fp8"),
+    ],
+)
 def test_bad_profile_is_a_clear_error(render, profile: dict[str, Any], complaint: str) -> None:
     with pytest.raises(helm.HelmValuesError, match=complaint):
         render({"gpuProfiles": {"profiles": [profile]}})
@@ -169,7 +192,11 @@ def test_service_monitors(default_manifests, everything_manifests) -> None:
     assert runtime["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/managed-by": "kvpilot"}
     assert runtime["spec"]["namespaceSelector"] == {"matchNames": ["ml-serving"]}
     assert runtime["spec"]["podMetricsEndpoints"][0] == {
-        "port": "http", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}
+        "port": "http",
+        "path": "/metrics",
+        "interval": "30s",
+        "scrapeTimeout": "10s",
+    }
     for monitor in (gateway, runtime):
         assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
 

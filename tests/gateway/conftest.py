@@ -59,8 +59,9 @@ LONG_CONTEXT = 16384
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from kvpilot.runtime.fixtures import make_tiny_checkpoint
 
-    return make_tiny_checkpoint(tmp_path_factory.mktemp("gateway-ckpt"), "qwen3",
-                                max_position_embeddings=LONG_CONTEXT)
+    return make_tiny_checkpoint(
+        tmp_path_factory.mktemp("gateway-ckpt"), "qwen3", max_position_embeddings=LONG_CONTEXT
+    )
 
 
 @pytest.fixture(scope="session")

@@ -44,8 +44,12 @@ async def _released(state: FakeState, request: Request) -> bool:
 
 
 def _chunk(state: FakeState, i: int) -> bytes:
-    body = {"id": f"cmpl-{state.name}", "object": "text_completion", "model": "m",
-            "choices": [{"index": 0, "text": f"t{i} ", "finish_reason": None}]}
+    body = {
+        "id": f"cmpl-{state.name}",
+        "object": "text_completion",
+        "model": "m",
+        "choices": [{"index": 0, "text": f"t{i} ", "finish_reason": None}],
+    }
     return f"data: {json.dumps(body)}\n\n".encode()
 
 
@@ -58,8 +62,10 @@ def create_fake_app(state: FakeState) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        text = (f'vllm:num_requests_running{{model_name="m"}} {state.active}\n'
-                f'vllm:num_requests_waiting{{model_name="m"}} {state.waiting}\n')
+        text = (
+            f'vllm:num_requests_running{{model_name="m"}} {state.active}\n'
+            f'vllm:num_requests_waiting{{model_name="m"}} {state.waiting}\n'
+        )
         return PlainTextResponse(text)
 
     async def completions(request: Request) -> Response:
@@ -75,8 +81,14 @@ def create_fake_app(state: FakeState) -> FastAPI:
                 state.cancelled += 1
                 return Response(status_code=499)
             state.served += 1
-            return JSONResponse({"id": f"cmpl-{state.name}", "object": "text_completion", "model": "m",
-                                 "choices": [{"index": 0, "text": state.name, "finish_reason": "length"}]})
+            return JSONResponse(
+                {
+                    "id": f"cmpl-{state.name}",
+                    "object": "text_completion",
+                    "model": "m",
+                    "choices": [{"index": 0, "text": state.name, "finish_reason": "length"}],
+                }
+            )
         finally:
             state.active -= 1
 

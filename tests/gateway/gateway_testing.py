@@ -44,8 +44,14 @@ class ServerThread:
 
     def __init__(self, app: Any) -> None:
         self.app, self.port = app, free_port()
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
-                                timeout_graceful_shutdown=2)
+        config = uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=2,
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
@@ -109,8 +115,22 @@ class RuntimeProcess:
 
         self.port = free_port()
         self.log_path = log_dir / f"runtime-{self.port}.log"
-        argv = [sys.executable, "-m", "kvpilot.runtime", "--model", str(model_dir), "--served-model-name",
-                served_name, "--host", "127.0.0.1", "--port", str(self.port), "--device", "cpu", *extra]
+        argv = [
+            sys.executable,
+            "-m",
+            "kvpilot.runtime",
+            "--model",
+            str(model_dir),
+            "--served-model-name",
+            served_name,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--device",
+            "cpu",
+            *extra,
+        ]
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
 

@@ -26,17 +26,27 @@ LABELS = {"app.kubernetes.io/managed-by": "kvpilot", "kvpilot.dev/inferenceservi
 
 
 def isvc(replicas: int = 0, autoscaling: dict | None = None) -> dict:
-    spec = {"model": {"uri": "hf://Qwen/Qwen3-8B", "servedName": "qwen3-8b"}, "replicas": replicas,
-            "autoscaling": autoscaling or {"minReplicas": 0, "maxReplicas": 3, "targetQueueDepth": 2}}
-    return {"apiVersion": "kvpilot.dev/v1alpha1", "kind": "InferenceService",
-            "metadata": {"name": "chat", "namespace": "ml"}, "spec": spec}
+    spec = {
+        "model": {"uri": "hf://Qwen/Qwen3-8B", "servedName": "qwen3-8b"},
+        "replicas": replicas,
+        "autoscaling": autoscaling or {"minReplicas": 0, "maxReplicas": 3, "targetQueueDepth": 2},
+    }
+    return {
+        "apiVersion": "kvpilot.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "chat", "namespace": "ml"},
+        "spec": spec,
+    }
 
 
 def endpoint_slice(name: str, ips: list[str], ready: bool = True, labels: dict | None = None) -> dict:
-    return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-            "metadata": {"name": name, "namespace": "ml", "labels": labels or LABELS},
-            "ports": [{"name": "http", "port": 8000}],
-            "endpoints": [{"addresses": [ip], "conditions": {"ready": ready}} for ip in ips]}
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": "ml", "labels": labels or LABELS},
+        "ports": [{"name": "http", "port": 8000}],
+        "endpoints": [{"addresses": [ip], "conditions": {"ready": ready}} for ip in ips],
+    }
 
 
 @pytest.fixture
@@ -48,8 +58,12 @@ async def kube(kmock) -> KubeClient:
 
 async def test_scaler_reads_and_patches_the_scale_subresource(kmock, kube) -> None:
     kmock.objects[ISVC, "ml", "chat"] = isvc(replicas=1)
-    pool = Pool("qwen3-8b", PoolConfig(inferenceService=KubeTarget(namespace="ml", name="chat")),
-                PrefixSettings(), Limits())
+    pool = Pool(
+        "qwen3-8b",
+        PoolConfig(inferenceService=KubeTarget(namespace="ml", name="chat")),
+        PrefixSettings(),
+        Limits(),
+    )
     scaler = KubernetesScaler(kube)
     assert await scaler.current_replicas(pool) == 1
     await scaler.scale(pool, 3, "test")
@@ -100,8 +114,13 @@ async def test_lease_create_renew_follow_and_take_over(kmock, kube) -> None:
 
 def test_lease_action_table() -> None:
     now = dt.datetime(2026, 1, 1, 0, 1, tzinfo=dt.UTC)
-    held = {"spec": {"holderIdentity": "b", "renewTime": "2026-01-01T00:00:55.000000Z",
-                     "leaseDurationSeconds": 15}}
+    held = {
+        "spec": {
+            "holderIdentity": "b",
+            "renewTime": "2026-01-01T00:00:55.000000Z",
+            "leaseDurationSeconds": 15,
+        }
+    }
     assert lease_action(None, "a", now) == "create"
     assert lease_action(held, "a", now) == "follow"
     assert lease_action(held, "b", now) == "renew"
@@ -111,9 +130,10 @@ def test_lease_action_table() -> None:
 
 async def test_lease_race_loser_gets_409_and_follows(kmock, kube) -> None:
     _leases_with_update(kmock)
-    kmock.objects[LEASES, "gw", "l"] = {"metadata": {"name": "l", "namespace": "gw", "resourceVersion": "5"},
-                                        "spec": {"holderIdentity": "old", "renewTime": "2000-01-01T00:00:00Z",
-                                                 "leaseDurationSeconds": 15}}
+    kmock.objects[LEASES, "gw", "l"] = {
+        "metadata": {"name": "l", "namespace": "gw", "resourceVersion": "5"},
+        "spec": {"holderIdentity": "old", "renewTime": "2000-01-01T00:00:00Z", "leaseDurationSeconds": 15},
+    }
     elector = LeaseElector(kube, "gw", "l", "me")
     original_get = kube.get
 
@@ -130,9 +150,11 @@ async def test_lease_race_loser_gets_409_and_follows(kmock, kube) -> None:
 
 
 def test_build_pools_maps_services_to_ready_endpoints() -> None:
-    slices = [endpoint_slice("chat-1", ["10.0.0.1", "10.0.0.2"]),
-              endpoint_slice("chat-2", ["10.0.0.3"], ready=False),
-              endpoint_slice("other", ["10.9.9.9"], labels={"app": "x"})]
+    slices = [
+        endpoint_slice("chat-1", ["10.0.0.1", "10.0.0.2"]),
+        endpoint_slice("chat-2", ["10.0.0.3"], ready=False),
+        endpoint_slice("other", ["10.9.9.9"], labels={"app": "x"}),
+    ]
     pools = build_pools([isvc()], slices, PoolConfig(), {"windowSeconds": 20, "targetQueueDepth": 9})
     config, urls = pools["qwen3-8b"]
     assert urls == ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]
@@ -150,12 +172,17 @@ async def test_discovery_lists_then_follows_watch_events(kmock, kube) -> None:
     discovery = KubernetesDiscovery(kube, "ml", PoolConfig(), retry_seconds=0.05)
     task = asyncio.create_task(discovery.run(registry))
     try:
-        await wait_until_async(lambda: "qwen3-8b" in registry.pools
-                               and set(registry.pools["qwen3-8b"].replicas) == {"http://10.0.0.1:8000"})
+        await wait_until_async(
+            lambda: (
+                "qwen3-8b" in registry.pools
+                and set(registry.pools["qwen3-8b"].replicas) == {"http://10.0.0.1:8000"}
+            )
+        )
         pool = registry.pools["qwen3-8b"]
         assert pool.config.autoscaling.max_replicas == 3
-        await kube.create("/apis/discovery.k8s.io/v1/namespaces/ml/endpointslices",
-                          endpoint_slice("chat-2", ["10.0.0.2"]))
+        await kube.create(
+            "/apis/discovery.k8s.io/v1/namespaces/ml/endpointslices", endpoint_slice("chat-2", ["10.0.0.2"])
+        )
         await wait_until_async(lambda: set(pool.replicas) == {"http://10.0.0.1:8000", "http://10.0.0.2:8000"})
         await kube.http.delete("/apis/discovery.k8s.io/v1/namespaces/ml/endpointslices/chat-1")
         await wait_until_async(lambda: set(pool.replicas) == {"http://10.0.0.2:8000"})

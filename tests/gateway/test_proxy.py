@@ -40,10 +40,12 @@ def test_openai_client_headers_and_request_id(fake_upstreams, run_gateway) -> No
     client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused")
     chunks = list(client.completions.create(model="m", prompt="hi", max_tokens=3, stream=True))
     assert [c.choices[0].text for c in chunks] == ["t0 ", "t1 ", "t2 "]
-    resp = httpx.post(f"{gw.url}/v1/chat/completions", timeout=10,
-                      json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
-                      headers={"x-request-id": "req-42", "te": "trailers", "proxy-authorization": "p",
-                               "x-custom": "kept"})
+    resp = httpx.post(
+        f"{gw.url}/v1/chat/completions",
+        timeout=10,
+        json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
+        headers={"x-request-id": "req-42", "te": "trailers", "proxy-authorization": "p", "x-custom": "kept"},
+    )
     assert resp.status_code == 200 and resp.json()["choices"][0]["text"] == "a"
     assert resp.headers["x-request-id"] == "req-42"
     assert state.last_headers["x-request-id"] == "req-42" and state.last_headers["x-custom"] == "kept"
@@ -129,11 +131,14 @@ def test_client_disconnect_mid_non_stream_cancels_upstream(fake_upstreams, run_g
 
 def test_full_queue_gets_429_with_retry_after(fake_upstreams, run_gateway) -> None:
     state, url = fake_upstreams(hold=True)
-    config = gateway_config({"m": {"endpoints": [url], "maxInflightPerReplica": 1}},
-                            limits={"maxQueued": 0, "retryAfterSeconds": 7})
+    config = gateway_config(
+        {"m": {"endpoints": [url], "maxInflightPerReplica": 1}},
+        limits={"maxQueued": 0, "retryAfterSeconds": 7},
+    )
     gw = run_gateway(config, ready={"m": 1})
-    holder = threading.Thread(target=httpx.post, args=(f"{gw.url}/v1/completions",),
-                              kwargs={"json": BODY, "timeout": 10})
+    holder = threading.Thread(
+        target=httpx.post, args=(f"{gw.url}/v1/completions",), kwargs={"json": BODY, "timeout": 10}
+    )
     holder.start()
     wait_until(lambda: state.active == 1)
     resp = httpx.post(f"{gw.url}/v1/completions", json=BODY, timeout=10)

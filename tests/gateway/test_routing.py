@@ -35,8 +35,12 @@ def test_chained_hashes_share_exactly_the_common_full_blocks() -> None:
 
 
 def test_prompt_text_of_chat_and_completion_bodies() -> None:
-    chat = {"messages": [{"role": "system", "content": SYSTEM},
-                         {"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+    chat = {
+        "messages": [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        ]
+    }
     other_user = {"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "bye"}]}
     assert prompt_text(chat).startswith("system") and "hi" in prompt_text(chat)
     assert chain(prompt_text(chat))[:4] == chain(prompt_text(other_user))[:4]
@@ -63,8 +67,9 @@ def test_prefix_aware_prefers_longest_match_under_the_load_bound() -> None:
 def test_prefix_aware_spreads_when_the_match_is_over_the_bound() -> None:
     request = RequestView(chain(SYSTEM), 50)
     # mean inflight = 2, bound = 1.25 * 2 + 1 = 3.5: b (6 in flight) is over it, a holds a shorter match.
-    pool = PoolView((replica("a", 0, request.block_hashes[:1]), replica("b", 6, request.block_hashes),
-                     replica("c", 0)), 0)
+    pool = PoolView(
+        (replica("a", 0, request.block_hashes[:1]), replica("b", 6, request.block_hashes), replica("c", 0)), 0
+    )
     decision = PrefixAwarePolicy().choose(request, pool)
     assert (decision.replica, decision.reason, decision.matched_blocks) == ("a", "load_bound", 1)
     pool = PoolView((replica("b", 6, request.block_hashes), replica("c", 0)), 0)

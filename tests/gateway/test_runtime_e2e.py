@@ -79,8 +79,9 @@ def test_same_prefix_sticks_to_one_replica_and_hits_its_prefix_cache(gateway, ru
         messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"question {i}"}]
         reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=2)
         assert reply.choices[0].message.content is not None
-    queried = [r.metric("vllm:prefix_cache_queries_total") - q
-               for r, q in zip(runtimes, queries_before, strict=True)]
+    queried = [
+        r.metric("vllm:prefix_cache_queries_total") - q for r, q in zip(runtimes, queries_before, strict=True)
+    ]
     hits = [r.metric("vllm:prefix_cache_hits_total") - h for r, h in zip(runtimes, hits_before, strict=True)]
     assert sorted(q > 0 for q in queried) == [False, True]  # every request went to one replica ...
     assert max(hits) > 0  # ... whose prefix cache served the shared system prompt
@@ -91,8 +92,9 @@ def test_same_prefix_spreads_when_over_the_load_bound(gateway, runtimes) -> None
     with httpx.Client(timeout=60) as client, contextlib.ExitStack() as open_streams:
         counts, readers = [], []  # keep each line iterator: dropping one closes its connection
         for _ in range(4):
-            response = open_streams.enter_context(client.stream("POST", f"{gateway.url}/v1/completions",
-                                                                json=body))
+            response = open_streams.enter_context(
+                client.stream("POST", f"{gateway.url}/v1/completions", json=body)
+            )
             readers.append(response.iter_lines())
             assert next(readers[-1]).startswith("data: ")
             counts.append(sorted(r.running() for r in runtimes))

@@ -28,15 +28,17 @@ def survivor(start_runtimes):
 
 def test_replica_killed_before_first_byte_is_retried_elsewhere(start_runtimes, survivor) -> None:
     (victim,) = start_runtimes(1)
-    config = gateway_config({"tiny": {"endpoints": [victim.url, survivor.url], "policy": "round-robin"}},
-                            health=SLOW_HEALTH)
+    config = gateway_config(
+        {"tiny": {"endpoints": [victim.url, survivor.url], "policy": "round-robin"}}, health=SLOW_HEALTH
+    )
     with ServerThread(create_app(config)) as gw:
         wait_until(lambda: ready_replicas(gw.url, "tiny") == 2)
         victim.kill()
         client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
         for _ in range(2):  # round-robin: one of the two goes to the dead replica first
-            reply = client.completions.create(model="tiny", prompt="hello", max_tokens=3,
-                                               extra_body={"ignore_eos": True})
+            reply = client.completions.create(
+                model="tiny", prompt="hello", max_tokens=3, extra_body={"ignore_eos": True}
+            )
             assert reply.choices[0].text is not None and reply.usage.completion_tokens == 3
         metrics = gateway_metrics(gw)
         assert metric_value(metrics, "kvpilot_gateway_retries_total", model="tiny") == 1
@@ -61,10 +63,15 @@ def test_replica_killed_mid_stream_gives_a_clean_error(start_runtimes) -> None:
 
 
 def test_429_when_the_queue_is_full_and_503_without_replicas(survivor) -> None:
-    config = gateway_config({"tiny": {"endpoints": [survivor.url], "maxInflightPerReplica": 1},
-                             "empty": {}},
-                            limits={"maxQueued": 1, "retryAfterSeconds": 2, "holdTimeoutSeconds": 0.5,
-                                    "queueTimeoutSeconds": 0.5})
+    config = gateway_config(
+        {"tiny": {"endpoints": [survivor.url], "maxInflightPerReplica": 1}, "empty": {}},
+        limits={
+            "maxQueued": 1,
+            "retryAfterSeconds": 2,
+            "holdTimeoutSeconds": 0.5,
+            "queueTimeoutSeconds": 0.5,
+        },
+    )
     with ServerThread(create_app(config)) as gw:
         wait_until(lambda: ready_replicas(gw.url, "tiny") == 1)
         client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
@@ -80,8 +87,12 @@ def test_429_when_the_queue_is_full_and_503_without_replicas(survivor) -> None:
         assert unavailable.value.status_code == 503
         assert unavailable.value.response.headers["retry-after"] == "2"
         wait_until(lambda: survivor.running() == 0)
-        reply = client.completions.create(model="tiny", prompt="after", max_tokens=2,  # the slot is free
-                                           extra_body={"ignore_eos": True})
+        reply = client.completions.create(
+            model="tiny",
+            prompt="after",
+            max_tokens=2,  # the slot is free
+            extra_body={"ignore_eos": True},
+        )
         assert reply.usage.completion_tokens == 2
         metrics = gateway_metrics(gw)
         assert metric_value(metrics, "kvpilot_gateway_inflight_requests") == 0
@@ -97,8 +108,9 @@ def test_concurrent_requests_all_succeed_and_counters_return_to_zero(survivor) -
         results: list[int] = []
 
         def one(i: int) -> None:
-            reply = client.completions.create(model="tiny", prompt=f"request {i}", max_tokens=4,
-                                               extra_body={"ignore_eos": True})
+            reply = client.completions.create(
+                model="tiny", prompt=f"request {i}", max_tokens=4, extra_body={"ignore_eos": True}
+            )
             results.append(reply.usage.completion_tokens)
 
         threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]  # some queue in the gateway

@@ -20,8 +20,9 @@ CONFIGS = Path(__file__).parent / "configs"
 
 def _load_kit() -> Any:
     """tests/operator/kmock_cluster.py as a module (import-mode=importlib puts no test dir on sys.path)."""
-    spec = importlib.util.spec_from_file_location("kvpilot_operator_kmock_kit",
-                                                  Path(__file__).parent / "kmock_cluster.py")
+    spec = importlib.util.spec_from_file_location(
+        "kvpilot_operator_kmock_kit", Path(__file__).parent / "kmock_cluster.py"
+    )
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     return module
@@ -78,4 +79,5 @@ def planned(model_configs: dict[str, dict[str, Any]]) -> Callable[..., Planned]:
         owner = Owner(manifest["metadata"]["name"], manifest["metadata"].get("namespace", "ml"), "uid-1234")
         request = PlanRequest.from_spec(spec, facts_from_config(config), profile)
         return Planned(owner, spec, plan(request), profile)
+
     return run

@@ -37,12 +37,17 @@ VERBS = {"get", "list", "watch", "create", "patch", "update", "delete"}
 
 def declare(emulator: kmock.KubernetesEmulator) -> None:
     for key, (kind, subresources) in RESOURCES.items():
-        emulator.resources[key] = kmock.ResourceInfo(kind=kind, namespaced=kind not in (
-            "Namespace", "CustomResourceDefinition"), verbs=VERBS, subresources=subresources)
+        emulator.resources[key] = kmock.ResourceInfo(
+            kind=kind,
+            namespaced=kind not in ("Namespace", "CustomResourceDefinition"),
+            verbs=VERBS,
+            subresources=subresources,
+        )
 
 
-def live(emulator: kmock.KubernetesEmulator, plural: str, name: str,
-         namespace: str = NAMESPACE) -> dict[str, Any] | None:
+def live(
+    emulator: kmock.KubernetesEmulator, plural: str, name: str, namespace: str = NAMESPACE
+) -> dict[str, Any] | None:
     for (resource, ns, obj_name), obj in list(emulator.objects.items()):
         if resource.plural == plural and ns == namespace and obj_name == name and not obj.deleted:
             return dict(obj.raw)
@@ -60,14 +65,20 @@ def children(emulator: kmock.KubernetesEmulator, uid: str) -> list[tuple[str, st
 
 def writes(emulator: kmock.KubernetesEmulator, path_part: str = "") -> list[tuple[str, str]]:
     """(method, path) of every create/patch/update/delete so far whose path contains path_part."""
-    return [(str(r.method.value), r.url.path) for r in list(emulator)
-            if str(r.method.value) in ("POST", "PATCH", "PUT", "DELETE") and path_part in r.url.path]
+    return [
+        (str(r.method.value), r.url.path)
+        for r in list(emulator)
+        if str(r.method.value) in ("POST", "PATCH", "PUT", "DELETE") and path_part in r.url.path
+    ]
 
 
 def events(emulator: kmock.KubernetesEmulator) -> list[tuple[str, str, str]]:
     """(type, reason, message) of every Event the operator posted."""
-    return [(r.data.get("type"), r.data.get("reason"), r.data.get("message")) for r in list(emulator)
-            if str(r.method.value) == "POST" and r.url.path.endswith("/events") and isinstance(r.data, dict)]
+    return [
+        (r.data.get("type"), r.data.get("reason"), r.data.get("message"))
+        for r in list(emulator)
+        if str(r.method.value) == "POST" and r.url.path.endswith("/events") and isinstance(r.data, dict)
+    ]
 
 
 async def until(check: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
@@ -96,8 +107,13 @@ async def settle(emulator: kmock.KubernetesEmulator, quiet_s: float = 0.3, timeo
 
 def applied_bodies(emulator: kmock.KubernetesEmulator, path_suffix: str) -> list[dict[str, Any]]:
     """Bodies of the server-side-apply requests sent to an object (what a real server would apply)."""
-    return [r.data for r in list(emulator) if str(r.method.value) == "PATCH"
-            and r.url.path.endswith(path_suffix) and "apply-patch" in r.headers.get("Content-Type", "")]
+    return [
+        r.data
+        for r in list(emulator)
+        if str(r.method.value) == "PATCH"
+        and r.url.path.endswith(path_suffix)
+        and "apply-patch" in r.headers.get("Content-Type", "")
+    ]
 
 
 def test_settings() -> kopf.OperatorSettings:
@@ -129,16 +145,27 @@ async def running_operator(url: str, fetch: Any, **config: Any) -> AsyncIterator
     A thread of its own because kopf, when it stops, waits for and cancels every task created in its loop
     after it started, which would include kmock's request handlers.
     """
-    options = OperatorConfig(namespaces=(NAMESPACE,), profiles_namespace=NAMESPACE, profiles_poll_s=0.1,
-                             retry_delay_s=0.2, **config)
+    options = OperatorConfig(
+        namespaces=(NAMESPACE,),
+        profiles_namespace=NAMESPACE,
+        profiles_poll_s=0.1,
+        retry_delay_s=0.2,
+        **config,
+    )
     stop, ready = threading.Event(), threading.Event()
     failures: list[BaseException] = []
 
     async def operate() -> None:
         api = KubeApi(httpx.AsyncClient(base_url=url))
         try:
-            await run_operator(options, kopf.ConnectionInfo(server=url), make_deps(api, fetch, options),
-                               stop_flag=stop, ready_flag=ready, operator_settings=test_settings())
+            await run_operator(
+                options,
+                kopf.ConnectionInfo(server=url),
+                make_deps(api, fetch, options),
+                stop_flag=stop,
+                ready_flag=ready,
+                operator_settings=test_settings(),
+            )
         finally:
             await api.aclose()
 

@@ -46,27 +46,31 @@ def test_minimal_manifest_is_accepted(isvc_schema: dict[str, Any]) -> None:
     assert errors(isvc_schema, VALID) == []
 
 
-@pytest.mark.parametrize(("manifest", "where"), [
-    (with_spec(quantization="int3"), "spec.quantization"),
-    (with_spec(kvCacheDtype="fp4"), "spec.kvCacheDtype"),
-    (with_spec(replicas=-1), "spec.replicas"),
-    (with_spec(replicas=2.5), "spec.replicas"),
-    (with_spec(gpu={"profile": "h100-80gb", "count": 0}), "spec.gpu.count"),
-    (with_spec(gpu={"profile": "H100"}), "spec.gpu.profile"),
-    (with_spec(gpu={"count": 1}), "spec.gpu"),
-    (with_spec(model={"uri": "http://example.com/model"}), "spec.model.uri"),
-    (with_spec(model={"uri": "hf://just-a-name"}), "spec.model.uri"),
-    (with_spec(model={"revision": "main"}), "spec.model"),
-    (with_spec(workload={"maxModelLen": 8}), "spec.workload.maxModelLen"),
-    (with_spec(workload={"concurrency": 0}), "spec.workload.concurrency"),
-    (with_spec(autoscaling={"minReplicas": -1}), "spec.autoscaling.minReplicas"),
-    (with_spec(autoscaling={"targetQueueDepth": 0}), "spec.autoscaling.targetQueueDepth"),
-    (with_spec(parallelism={"tensor": 1.5}), "spec.parallelism.tensor"),
-    (with_spec(runtime={"env": [{"value": "x"}]}), "spec.runtime.env.0"),
-    (with_spec(runtime={"args": "--enforce-eager"}), "spec.runtime.args"),
-])
-def test_bad_manifest_is_rejected_at_the_field(isvc_schema: dict[str, Any], manifest: dict[str, Any],
-                                               where: str) -> None:
+@pytest.mark.parametrize(
+    ("manifest", "where"),
+    [
+        (with_spec(quantization="int3"), "spec.quantization"),
+        (with_spec(kvCacheDtype="fp4"), "spec.kvCacheDtype"),
+        (with_spec(replicas=-1), "spec.replicas"),
+        (with_spec(replicas=2.5), "spec.replicas"),
+        (with_spec(gpu={"profile": "h100-80gb", "count": 0}), "spec.gpu.count"),
+        (with_spec(gpu={"profile": "H100"}), "spec.gpu.profile"),
+        (with_spec(gpu={"count": 1}), "spec.gpu"),
+        (with_spec(model={"uri": "http://example.com/model"}), "spec.model.uri"),
+        (with_spec(model={"uri": "hf://just-a-name"}), "spec.model.uri"),
+        (with_spec(model={"revision": "main"}), "spec.model"),
+        (with_spec(workload={"maxModelLen": 8}), "spec.workload.maxModelLen"),
+        (with_spec(workload={"concurrency": 0}), "spec.workload.concurrency"),
+        (with_spec(autoscaling={"minReplicas": -1}), "spec.autoscaling.minReplicas"),
+        (with_spec(autoscaling={"targetQueueDepth": 0}), "spec.autoscaling.targetQueueDepth"),
+        (with_spec(parallelism={"tensor": 1.5}), "spec.parallelism.tensor"),
+        (with_spec(runtime={"env": [{"value": "x"}]}), "spec.runtime.env.0"),
+        (with_spec(runtime={"args": "--enforce-eager"}), "spec.runtime.args"),
+    ],
+)
+def test_bad_manifest_is_rejected_at_the_field(
+    isvc_schema: dict[str, Any], manifest: dict[str, Any], where: str
+) -> None:
     found = errors(isvc_schema, manifest)
     assert found, f"{where} should be rejected"
     assert any(e.startswith(where + ":") for e in found), found
@@ -88,8 +92,10 @@ def test_names_subresources_and_printer_columns(crd: dict[str, Any]) -> None:
     (version,) = crd["spec"]["versions"]
     assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
     assert version["subresources"]["scale"] == {
-        "specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
-        "labelSelectorPath": ".status.selector"}
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
     assert "status" in version["subresources"]
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert columns["Model"] == ".spec.model.uri"
@@ -116,14 +122,19 @@ def test_defaults_are_valid_values(isvc_schema: dict[str, Any]) -> None:
 
 def test_schema_is_structural(isvc_schema: dict[str, Any]) -> None:
     """Every object either lists its properties or keeps unknown fields (else the API server prunes them)."""
+
     def walk(node: dict[str, Any], path: str) -> None:
         if node.get("type") == "object" and path != ".metadata":
-            assert ("properties" in node or "additionalProperties" in node
-                    or node.get("x-kubernetes-preserve-unknown-fields")), path
+            assert (
+                "properties" in node
+                or "additionalProperties" in node
+                or node.get("x-kubernetes-preserve-unknown-fields")
+            ), path
         for name, child in node.get("properties", {}).items():
             walk(child, f"{path}.{name}")
         if isinstance(node.get("items"), dict):
             walk(node["items"], f"{path}[]")
+
     walk(isvc_schema, "")
 
 

@@ -32,12 +32,18 @@ async def test_reads_config_from_the_resolve_url_and_caches() -> None:
     await fetch.aclose()
 
 
-@pytest.mark.parametrize(("response", "message"), [
-    (httpx.Response(401), "needs access (HTTP 401): gated or private repo; give the operator an HF_TOKEN"),
-    (httpx.Response(404), "could not read https://hub.example/a/b/resolve/v1/config.json: HTTP 404"),
-    (httpx.Response(200, content=b"<html>"), "is not JSON"),
-    (httpx.Response(200, content=json.dumps([1, 2]).encode()), "is not a JSON object"),
-])
+@pytest.mark.parametrize(
+    ("response", "message"),
+    [
+        (
+            httpx.Response(401),
+            "needs access (HTTP 401): gated or private repo; give the operator an HF_TOKEN",
+        ),
+        (httpx.Response(404), "could not read https://hub.example/a/b/resolve/v1/config.json: HTTP 404"),
+        (httpx.Response(200, content=b"<html>"), "is not JSON"),
+        (httpx.Response(200, content=json.dumps([1, 2]).encode()), "is not a JSON object"),
+    ],
+)
 async def test_failures_say_where_and_why(response: httpx.Response, message: str) -> None:
     fetch, _ = fetcher(lambda r: response, token="")
     with pytest.raises(ConfigFetchError) as caught:
@@ -48,6 +54,7 @@ async def test_failures_say_where_and_why(response: httpx.Response, message: str
 async def test_connection_errors_are_fetch_errors() -> None:
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("connection refused", request=request)
+
     fetch, _ = fetcher(refuse, token="")
     with pytest.raises(ConfigFetchError, match="ConnectError: connection refused"):
         await fetch("a/b", "main")

@@ -11,7 +11,12 @@ from kvpilot.operator.model_facts import ModelFactsError, facts_from_config
 def test_qwen3_8b(model_configs: dict[str, dict[str, Any]]) -> None:
     facts = facts_from_config(model_configs["Qwen/Qwen3-8B"])
     assert (facts.num_layers, facts.hidden_size, facts.num_heads, facts.num_kv_heads, facts.head_dim) == (
-        36, 4096, 32, 8, 128)
+        36,
+        4096,
+        32,
+        8,
+        128,
+    )
     assert (facts.intermediate_size, facts.vocab_size, facts.max_positions) == (12288, 151936, 40960)
     assert facts.tie_embeddings is False and facts.dtype == "bf16" and facts.gated_mlp
     assert facts.prequantized is None and facts.num_experts == 0
@@ -36,17 +41,36 @@ def test_fp16_and_fp32_checkpoints(model_configs: dict[str, dict[str, Any]]) -> 
 
 
 def test_text_config_of_a_multimodal_model() -> None:
-    config = {"model_type": "qwen3_vl", "vision_config": {"depth": 24},
-              "text_config": {"num_hidden_layers": 36, "hidden_size": 2560, "num_attention_heads": 32,
-                              "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
-                              "intermediate_size": 9728, "dtype": "bfloat16", "tie_word_embeddings": True}}
+    config = {
+        "model_type": "qwen3_vl",
+        "vision_config": {"depth": 24},
+        "text_config": {
+            "num_hidden_layers": 36,
+            "hidden_size": 2560,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "vocab_size": 151936,
+            "intermediate_size": 9728,
+            "dtype": "bfloat16",
+            "tie_word_embeddings": True,
+        },
+    }
     facts = facts_from_config(config)
     assert (facts.num_layers, facts.hidden_size, facts.tie_embeddings) == (36, 2560, True)
 
 
 def test_gpt2_style_aliases() -> None:
-    facts = facts_from_config({"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12,
-                               "vocab_size": 50257, "n_positions": 1024})
+    facts = facts_from_config(
+        {
+            "model_type": "gpt2",
+            "n_layer": 12,
+            "n_embd": 768,
+            "n_head": 12,
+            "vocab_size": 50257,
+            "n_positions": 1024,
+        }
+    )
     assert (facts.num_layers, facts.hidden_size, facts.max_positions) == (12, 768, 1024)
     assert not facts.gated_mlp
 
@@ -65,23 +89,29 @@ def test_prequantized_checkpoints(model_configs: dict[str, dict[str, Any]]) -> N
     assert (gptq.prequantized, gptq.quant_group_size) == ("gptq", 64)
     fp8 = facts_from_config({**base, "quantization_config": {"quant_method": "fp8"}})
     assert fp8.prequantized == "fp8"
-    ct = {"quant_method": "compressed-tensors",
-          "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "int"}}}}
+    ct = {
+        "quant_method": "compressed-tensors",
+        "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "int"}}},
+    }
     assert facts_from_config({**base, "quantization_config": ct}).prequantized == "int8"
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"num_hidden_layers": None}, "config.json has no num_hidden_layers; paste the model's config.json"),
-    ({"vocab_size": None}, "config.json has no vocab_size"),
-    ({"num_attention_heads": "32"}, "num_attention_heads must be a positive integer, got '32'"),
-    ({"hidden_size": 0}, "hidden_size must be a positive integer"),
-    ({"num_key_value_heads": 5}, "not a multiple of num_key_value_heads 5"),
-    ({"kv_lora_rank": 512}, "multi-head latent attention"),
-    ({"quantization_config": {"quant_method": "bitsandbytes"}}, "'bitsandbytes' is not supported"),
-    ({"quantization_config": {"quant_method": "awq", "bits": 3}}, "3-bit weights are not supported"),
-])
-def test_bad_configs_say_what_is_wrong(model_configs: dict[str, dict[str, Any]], change: dict[str, Any],
-                                       message: str) -> None:
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"num_hidden_layers": None}, "config.json has no num_hidden_layers; paste the model's config.json"),
+        ({"vocab_size": None}, "config.json has no vocab_size"),
+        ({"num_attention_heads": "32"}, "num_attention_heads must be a positive integer, got '32'"),
+        ({"hidden_size": 0}, "hidden_size must be a positive integer"),
+        ({"num_key_value_heads": 5}, "not a multiple of num_key_value_heads 5"),
+        ({"kv_lora_rank": 512}, "multi-head latent attention"),
+        ({"quantization_config": {"quant_method": "bitsandbytes"}}, "'bitsandbytes' is not supported"),
+        ({"quantization_config": {"quant_method": "awq", "bits": 3}}, "3-bit weights are not supported"),
+    ],
+)
+def test_bad_configs_say_what_is_wrong(
+    model_configs: dict[str, dict[str, Any]], change: dict[str, Any], message: str
+) -> None:
     config = {k: v for k, v in {**model_configs["Qwen/Qwen3-8B"], **change}.items() if v is not None}
     with pytest.raises(ModelFactsError) as caught:
         facts_from_config(config)

@@ -13,7 +13,8 @@ from kvpilot.operator.runner import OperatorConfig, make_deps
 
 UID = "0b6a3c1e-1d2f-4c1a-9d7e-2f3a4b5c6d7e"
 ISVC = {
-    "apiVersion": "kvpilot.dev/v1alpha1", "kind": "InferenceService",
+    "apiVersion": "kvpilot.dev/v1alpha1",
+    "kind": "InferenceService",
     "metadata": {"name": "qwen3-8b", "namespace": "ml", "uid": UID, "generation": 1},
     "spec": {"model": {"uri": "hf://Qwen/Qwen3-8B"}, "gpu": {"profile": "h100-80gb"}, "replicas": 2},
 }
@@ -24,6 +25,7 @@ API, KIND = "kvpilot.dev/v1alpha1", "InferenceService"
 def fake_hub(model_configs: dict[str, dict[str, Any]]) -> Any:
     async def fetch(repo: str, revision: str) -> dict[str, Any]:
         return model_configs[repo]
+
     return fetch
 
 
@@ -53,8 +55,11 @@ async def test_create_update_scale_ready_and_delete(kit: Any, fake_hub: Any) -> 
     async with kit.emulated_cluster() as (k, url, api), kit.running_operator(url, fake_hub):
         await api.create(isvc())
         deployment = await kit.until(lambda: kit.live(k, "deployments", "qwen3-8b"), what="Deployment")
-        for plural, name in (("services", "qwen3-8b"), ("services", "qwen3-8b-pods"),
-                             ("configmaps", "qwen3-8b-plan")):
+        for plural, name in (
+            ("services", "qwen3-8b"),
+            ("services", "qwen3-8b-pods"),
+            ("configmaps", "qwen3-8b-plan"),
+        ):
             obj = await kit.until(lambda p=plural, n=name: kit.live(k, p, n), what=name)
             assert obj["metadata"]["ownerReferences"][0]["uid"] == UID
             assert obj["metadata"]["labels"]["kvpilot.dev/inferenceservice"] == "qwen3-8b"
@@ -62,13 +67,19 @@ async def test_create_update_scale_ready_and_delete(kit: Any, fake_hub: Any) -> 
         assert deployment["spec"]["replicas"] == 2
         assert arg(deployment, "--served-model-name") == "Qwen/Qwen3-8B"
         assert arg(deployment, "--tensor-parallel-size") == "1"
-        body = await kit.until(lambda: condition(kit.live(k, "inferenceservices", "qwen3-8b"), "Planned")
-                               and kit.live(k, "inferenceservices", "qwen3-8b"), what="status")
+        body = await kit.until(
+            lambda: (
+                condition(kit.live(k, "inferenceservices", "qwen3-8b"), "Planned")
+                and kit.live(k, "inferenceservices", "qwen3-8b")
+            ),
+            what="status",
+        )
         status = body["status"]
         assert condition(body, "Planned")["status"] == "True" and status["plan"]["tensorParallel"] == 1
         assert status["phase"] == "Progressing" and status["ready"] == "0/2"
-        assert status["selector"] == ("app.kubernetes.io/managed-by=kvpilot,"
-                                      "kvpilot.dev/inferenceservice=qwen3-8b")
+        assert status["selector"] == (
+            "app.kubernetes.io/managed-by=kvpilot,kvpilot.dev/inferenceservice=qwen3-8b"
+        )
         assert status["endpoint"] == "http://qwen3-8b.ml.svc:8000"
         await kit.until(lambda: any(e[1] == "Planned" for e in kit.events(k)), what="Planned event")
 
@@ -76,25 +87,40 @@ async def test_create_update_scale_ready_and_delete(kit: Any, fake_hub: Any) -> 
         first_hash, service_hash = spec_hash(deployment), spec_hash(kit.live(k, "services", "qwen3-8b"))
         longer = {"metadata": {"generation": 2}, "spec": {"workload": {"maxModelLen": 16384}}}
         await api.merge_patch(API, KIND, "ml", "qwen3-8b", longer)
-        rolled = await kit.until(lambda: (d := kit.live(k, "deployments", "qwen3-8b"))
-                                 and spec_hash(d) != first_hash and d, what="re-rendered Deployment")
+        rolled = await kit.until(
+            lambda: (d := kit.live(k, "deployments", "qwen3-8b")) and spec_hash(d) != first_hash and d,
+            what="re-rendered Deployment",
+        )
         assert arg(rolled, "--max-model-len") == "16384"
         assert spec_hash(kit.live(k, "services", "qwen3-8b")) == service_hash
         await kit.until(lambda: any(e[1] == "Rolled" for e in kit.events(k)), what="Rolled event")
 
         # Scale through /scale: the Deployment follows, its hash does not change (no pod roll).
         rolled_hash = spec_hash(rolled)
-        await api.merge_patch(API, KIND, "ml", "qwen3-8b", {"spec": {"replicas": 3}},
-                                   subresource="scale")
-        scaled = await kit.until(lambda: (d := kit.live(k, "deployments", "qwen3-8b"))
-                                 and d["spec"]["replicas"] == 3 and d, what="scaled Deployment")
+        await api.merge_patch(API, KIND, "ml", "qwen3-8b", {"spec": {"replicas": 3}}, subresource="scale")
+        scaled = await kit.until(
+            lambda: (d := kit.live(k, "deployments", "qwen3-8b")) and d["spec"]["replicas"] == 3 and d,
+            what="scaled Deployment",
+        )
         assert spec_hash(scaled) == rolled_hash
 
         # The Deployment reports ready pods: the InferenceService becomes Ready.
-        await api.merge_patch("apps/v1", "Deployment", "ml", "qwen3-8b",
-                                   {"status": {"replicas": 3, "readyReplicas": 3}}, subresource="status")
-        ready = await kit.until(lambda: (b := kit.live(k, "inferenceservices", "qwen3-8b"))
-                                and b["status"].get("phase") == "Ready" and b, what="Ready")
+        await api.merge_patch(
+            "apps/v1",
+            "Deployment",
+            "ml",
+            "qwen3-8b",
+            {"status": {"replicas": 3, "readyReplicas": 3}},
+            subresource="status",
+        )
+        ready = await kit.until(
+            lambda: (
+                (b := kit.live(k, "inferenceservices", "qwen3-8b"))
+                and b["status"].get("phase") == "Ready"
+                and b
+            ),
+            what="Ready",
+        )
         assert condition(ready, "Ready")["status"] == "True" and ready["status"]["ready"] == "3/3"
         assert ready["status"]["observedGeneration"] == 2
 
@@ -105,11 +131,18 @@ async def test_create_update_scale_ready_and_delete(kit: Any, fake_hub: Any) -> 
         await kit.settle(k)
         await api.delete(API, KIND, "ml", "qwen3-8b")
         owned = kit.children(k, UID)
-        assert owned == [("configmaps", "qwen3-8b-plan"), ("deployments", "qwen3-8b"),
-                         ("services", "qwen3-8b"), ("services", "qwen3-8b-pods")]
+        assert owned == [
+            ("configmaps", "qwen3-8b-plan"),
+            ("deployments", "qwen3-8b"),
+            ("services", "qwen3-8b"),
+            ("services", "qwen3-8b-pods"),
+        ]
         for plural, name in owned:  # what the cluster's garbage collector does with owner references
-            api_version, kind = {"configmaps": ("v1", "ConfigMap"), "services": ("v1", "Service"),
-                                 "deployments": ("apps/v1", "Deployment")}[plural]
+            api_version, kind = {
+                "configmaps": ("v1", "ConfigMap"),
+                "services": ("v1", "Service"),
+                "deployments": ("apps/v1", "Deployment"),
+            }[plural]
             await api.delete(api_version, kind, "ml", name)
         creates_before = len([w for w in kit.writes(k) if w[0] == "POST"])
         await asyncio.sleep(0.5)
@@ -121,8 +154,10 @@ async def test_infeasible_spec_gets_a_condition_and_an_event(kit: Any, fake_hub:
     body = isvc(model={"uri": "hf://meta-llama/Llama-3.1-405B-Instruct"}, gpu={"profile": "l4", "count": 1})
     async with kit.emulated_cluster() as (k, url, api), kit.running_operator(url, fake_hub):
         await api.create(body)
-        failed = await kit.until(lambda: (b := kit.live(k, "inferenceservices", "qwen3-8b"))
-                                 and condition(b, "Planned") and b, what="Planned condition")
+        failed = await kit.until(
+            lambda: (b := kit.live(k, "inferenceservices", "qwen3-8b")) and condition(b, "Planned") and b,
+            what="Planned condition",
+        )
         planned = condition(failed, "Planned")
         assert (planned["status"], planned["reason"]) == ("False", "Infeasible")
         assert planned["message"].startswith("does not fit:") and "1 x l4 offer" in planned["message"]
@@ -138,21 +173,36 @@ async def test_restart_resumes_without_duplicates(kit: Any, fake_hub: Any) -> No
     async with kit.emulated_cluster() as (k, url, api):
         async with kit.running_operator(url, fake_hub):
             await api.create(isvc())
-            await kit.until(lambda: condition(kit.live(k, "inferenceservices", "qwen3-8b"), "Planned"),
-                            what="first run")
+            await kit.until(
+                lambda: condition(kit.live(k, "inferenceservices", "qwen3-8b"), "Planned"), what="first run"
+            )
             await kit.until(lambda: kit.live(k, "deployments", "qwen3-8b"), what="Deployment")
-        before = kit.writes(k, "/namespaces/ml/deployments") + kit.writes(k, "/services") + \
-            kit.writes(k, "/configmaps/")
+        before = (
+            kit.writes(k, "/namespaces/ml/deployments")
+            + kit.writes(k, "/services")
+            + kit.writes(k, "/configmaps/")
+        )
         gets_before = len([r for r in list(k) if r.url.path.endswith("/deployments/qwen3-8b")])
         async with kit.running_operator(url, fake_hub):
-            await kit.until(lambda: len([r for r in list(k) if r.url.path.endswith("/deployments/qwen3-8b")])
-                            > gets_before, what="resumed pass")
+            await kit.until(
+                lambda: (
+                    len([r for r in list(k) if r.url.path.endswith("/deployments/qwen3-8b")]) > gets_before
+                ),
+                what="resumed pass",
+            )
             await asyncio.sleep(0.2)
-        after = kit.writes(k, "/namespaces/ml/deployments") + kit.writes(k, "/services") + \
-            kit.writes(k, "/configmaps/")
+        after = (
+            kit.writes(k, "/namespaces/ml/deployments")
+            + kit.writes(k, "/services")
+            + kit.writes(k, "/configmaps/")
+        )
         assert after == before
-        assert kit.children(k, UID) == [("configmaps", "qwen3-8b-plan"), ("deployments", "qwen3-8b"),
-                                        ("services", "qwen3-8b"), ("services", "qwen3-8b-pods")]
+        assert kit.children(k, UID) == [
+            ("configmaps", "qwen3-8b-plan"),
+            ("deployments", "qwen3-8b"),
+            ("services", "qwen3-8b"),
+            ("services", "qwen3-8b-pods"),
+        ]
 
 
 async def test_a_pass_run_twice_does_no_harm(kit: Any, fake_hub: Any) -> None:
@@ -165,9 +215,17 @@ async def test_a_pass_run_twice_does_no_harm(kit: Any, fake_hub: Any) -> None:
         first, second = await asyncio.gather(reconcile(body, deps), reconcile(body, deps))
         assert first.applied is not None and second.applied is not None
         assert sorted(first.applied.created + second.applied.created) == [
-            "ConfigMap/qwen3-8b-plan", "Deployment/qwen3-8b", "Service/qwen3-8b", "Service/qwen3-8b-pods"]
-        assert kit.children(k, UID) == [("configmaps", "qwen3-8b-plan"), ("deployments", "qwen3-8b"),
-                                        ("services", "qwen3-8b"), ("services", "qwen3-8b-pods")]
+            "ConfigMap/qwen3-8b-plan",
+            "Deployment/qwen3-8b",
+            "Service/qwen3-8b",
+            "Service/qwen3-8b-pods",
+        ]
+        assert kit.children(k, UID) == [
+            ("configmaps", "qwen3-8b-plan"),
+            ("deployments", "qwen3-8b"),
+            ("services", "qwen3-8b"),
+            ("services", "qwen3-8b-pods"),
+        ]
         writes = len(kit.writes(k))
         third = await reconcile(kit.live(k, "inferenceservices", "qwen3-8b"), deps)
         assert third.applied is not None and not third.applied.changed and third.status_patch is None
@@ -175,16 +233,23 @@ async def test_a_pass_run_twice_does_no_harm(kit: Any, fake_hub: Any) -> None:
 
 
 async def test_gpu_profile_change_reschedules(kit: Any, fake_hub: Any) -> None:
-    profiles = ("- {name: h100-80gb, memoryGiB: 79.65, bandwidthGBps: 3350, bf16Tflops: 989, fp8: true,"
-                " interconnect: nvlink, nodeSelector: {pool: h100-spot}, tolerations: []}\n")
+    profiles = (
+        "- {name: h100-80gb, memoryGiB: 79.65, bandwidthGBps: 3350, bf16Tflops: 989, fp8: true,"
+        " interconnect: nvlink, nodeSelector: {pool: h100-spot}, tolerations: []}\n"
+    )
     async with kit.emulated_cluster() as (k, url, api), kit.running_operator(url, fake_hub):
         await api.create(isvc())
         deployment = await kit.until(lambda: kit.live(k, "deployments", "qwen3-8b"), what="Deployment")
         selector = deployment["spec"]["template"]["spec"]["nodeSelector"]
         assert selector == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
-        await api.create({"apiVersion": "v1", "kind": "ConfigMap",
-                               "metadata": {"name": "kvpilot-gpu-profiles", "namespace": "ml"},
-                               "data": {"profiles.yaml": profiles}})
+        await api.create(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "kvpilot-gpu-profiles", "namespace": "ml"},
+                "data": {"profiles.yaml": profiles},
+            }
+        )
         applied = await kit.until(lambda: kit.applied_bodies(k, "/deployments/qwen3-8b"), what="re-apply")
         pod = applied[-1]["spec"]["template"]["spec"]
         assert pod["nodeSelector"] == {"pool": "h100-spot"} and "tolerations" not in pod
@@ -200,8 +265,12 @@ async def test_multi_node_plan_swaps_deployment_for_leader_worker_set(kit: Any, 
         deps.record = lambda body, type, reason, message: None
         await reconcile(kit.live(k, "inferenceservices", "qwen3-8b"), deps)
         assert kit.live(k, "deployments", "qwen3-8b") is not None
-        bigger = {"spec": {"model": {"uri": "hf://meta-llama/Llama-3.1-405B-Instruct"},
-                           "gpu": {"profile": "l4", "count": 16}}}
+        bigger = {
+            "spec": {
+                "model": {"uri": "hf://meta-llama/Llama-3.1-405B-Instruct"},
+                "gpu": {"profile": "l4", "count": 16},
+            }
+        }
         await api.merge_patch(API, KIND, "ml", "qwen3-8b", bigger)
         result = await reconcile(kit.live(k, "inferenceservices", "qwen3-8b"), deps)
         assert result.applied is not None and result.applied.deleted == ["Deployment/qwen3-8b"]

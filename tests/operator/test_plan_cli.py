@@ -22,6 +22,7 @@ def fake_hub(model_configs: dict[str, dict[str, Any]]) -> Any:
         if repo not in model_configs:
             raise ConfigFetchError(f"could not read https://huggingface.co/{repo}: HTTP 404")
         return model_configs[repo]
+
     return fetch
 
 
@@ -66,8 +67,11 @@ def test_gpu_override_and_infeasible_exit_status(tmp_path: Path, fake_hub: Any) 
 
 
 def test_several_documents_and_other_kinds(tmp_path: Path, fake_hub: Any) -> None:
-    docs = [(EXAMPLES / "small-model-l4.yaml").read_text(), "apiVersion: v1\nkind: ConfigMap\n",
-            (EXAMPLES / "scale-to-zero.yaml").read_text()]
+    docs = [
+        (EXAMPLES / "small-model-l4.yaml").read_text(),
+        "apiVersion: v1\nkind: ConfigMap\n",
+        (EXAMPLES / "scale-to-zero.yaml").read_text(),
+    ]
     manifest = tmp_path / "all.yaml"
     manifest.write_text("\n---\n".join(docs))
     rc, out, _ = plan_cli(["-f", str(manifest), "-o", "json"], fake_hub)
@@ -81,7 +85,9 @@ def test_unreadable_model_config_says_what_to_add(tmp_path: Path, fake_hub: Any)
     rc, out, _ = plan_cli(["-f", str(manifest), "-o", "json"], fake_hub)
     plan = json.loads(out)
     assert rc == 1 and plan["feasible"] is False
-    assert plan["reason"].startswith("ModelConfigUnavailable: could not read https://huggingface.co/Qwen/Nope")
+    assert plan["reason"].startswith(
+        "ModelConfigUnavailable: could not read https://huggingface.co/Qwen/Nope"
+    )
     assert "add spec.model.config" in plan["reason"]
 
 
@@ -105,15 +111,29 @@ def test_invalid_spec_and_unknown_profile(tmp_path: Path, fake_hub: Any) -> None
 def test_admin_profiles_file(tmp_path: Path, fake_hub: Any) -> None:
     profiles = tmp_path / "profiles.yaml"
     profiles.write_text("- {name: lab-a6000, memoryGiB: 48, bandwidthGBps: 768, bf16Tflops: 155}\n")
-    rc, out, _ = plan_cli(["-f", str(EXAMPLES / "qwen3-8b-h100.yaml"), "--gpu", "lab-a6000",
-                           "--profiles", str(profiles), "-o", "json"], fake_hub)
+    rc, out, _ = plan_cli(
+        [
+            "-f",
+            str(EXAMPLES / "qwen3-8b-h100.yaml"),
+            "--gpu",
+            "lab-a6000",
+            "--profiles",
+            str(profiles),
+            "-o",
+            "json",
+        ],
+        fake_hub,
+    )
     assert rc == 0 and json.loads(out)["gpuProfile"] == "lab-a6000"
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    ("apiVersion: v1\nkind: ConfigMap\n", "no InferenceService documents"),
-    ("a: [", "while parsing"),
-])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("apiVersion: v1\nkind: ConfigMap\n", "no InferenceService documents"),
+        ("a: [", "while parsing"),
+    ],
+)
 def test_usage_errors(tmp_path: Path, content: str, message: str) -> None:
     manifest = tmp_path / "m.yaml"
     manifest.write_text(content)
@@ -128,7 +148,10 @@ def test_missing_file() -> None:
 
 def test_cli_entry_does_not_import_cluster_or_torch_modules() -> None:
     import subprocess
-    code = ("import sys, kvpilot.operator.plan_cli; "
-            "print(sorted(m for m in ('kopf', 'kubernetes', 'torch') if m in sys.modules))")
+
+    code = (
+        "import sys, kvpilot.operator.plan_cli; "
+        "print(sorted(m for m in ('kopf', 'kubernetes', 'torch') if m in sys.modules))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

@@ -21,6 +21,7 @@ def plan_for(model_configs: dict[str, dict[str, Any]]) -> PlanFor:
     def run(repo: str, profile: str | GpuProfile, **kwargs: Any) -> Plan:
         gpu = PROFILES[profile] if isinstance(profile, str) else profile
         return plan(PlanRequest(facts_from_config(model_configs[repo]), gpu, **kwargs))
+
     return run
 
 
@@ -29,6 +30,7 @@ def shape(p: Plan) -> tuple[int, int, str, str]:
 
 
 # --- The seeds' decision table -------------------------------------------------------------------------
+
 
 def test_seed_a100_80gb_7b_is_tp1_16bit_256_seqs(plan_for: PlanFor) -> None:
     """Qwen2.5-7B: 14.2 GiB of bf16 weights leave ~56 GiB of KV = 1M tokens at 56 KiB each: 516
@@ -90,9 +92,11 @@ def test_seed_rtx4090_72b_is_tp2_awq(plan_for: PlanFor) -> None:
 
 # --- Every catalog GPU -----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", sorted(PROFILES))
-def test_every_catalog_gpu_gets_a_consistent_plan(plan_for: PlanFor, model_configs: dict[str, Any],
-                                                  name: str) -> None:
+def test_every_catalog_gpu_gets_a_consistent_plan(
+    plan_for: PlanFor, model_configs: dict[str, Any], name: str
+) -> None:
     profile = PROFILES[name]
     facts = facts_from_config(model_configs["Qwen/Qwen3-8B"])
     p = plan_for("Qwen/Qwen3-8B", name)
@@ -106,9 +110,17 @@ def test_every_catalog_gpu_gets_a_consistent_plan(plan_for: PlanFor, model_confi
     assert weights + kv <= profile.memory_bytes * p.gpu_memory_utilization
     assert p.kv_cache_tokens >= p.max_model_len == 8192
     assert 1 <= p.max_num_seqs <= 256 and p.max_num_batched_tokens >= 2048
-    assert set(p.reasons) == {"quantization", "kvCacheDtype", "tensorParallel", "pipelineParallel",
-                              "maxModelLen", "maxNumSeqs", "maxNumBatchedTokens", "gpuMemoryUtilization",
-                              "kvCacheTokens"}
+    assert set(p.reasons) == {
+        "quantization",
+        "kvCacheDtype",
+        "tensorParallel",
+        "pipelineParallel",
+        "maxModelLen",
+        "maxNumSeqs",
+        "maxNumBatchedTokens",
+        "gpuMemoryUtilization",
+        "kvCacheTokens",
+    }
 
 
 def test_big_gpus_keep_16bit_and_small_ones_quantize(plan_for: PlanFor) -> None:
@@ -121,6 +133,7 @@ def test_big_gpus_keep_16bit_and_small_ones_quantize(plan_for: PlanFor) -> None:
 
 
 # --- Pinned vs auto -------------------------------------------------------------------------------------
+
 
 def test_pinned_quantization_is_honoured(plan_for: PlanFor) -> None:
     p = plan_for("Qwen/Qwen3-8B", "h100-80gb", quantization="awq")
@@ -163,10 +176,12 @@ def test_8bit_kv_only_when_16bit_misses_the_target(plan_for: PlanFor) -> None:
 
 # --- GPU count and parallelism --------------------------------------------------------------------------
 
+
 def test_count_given_prefers_quality_then_fewest_gpus(plan_for: PlanFor) -> None:
     """70B with 64 x 4k-token sequences: bf16 at tp2 holds 14, at tp4 118: tp4 bf16 beats tp1 AWQ."""
-    p = plan_for("meta-llama/Llama-3.3-70B-Instruct", "h100-80gb", gpu_count=4, concurrency=64,
-                 max_model_len=16384)
+    p = plan_for(
+        "meta-llama/Llama-3.3-70B-Instruct", "h100-80gb", gpu_count=4, concurrency=64, max_model_len=16384
+    )
     assert shape(p) == (4, 1, "none", "bf16") and p.max_num_seqs == 64
     assert "spec.gpu.count allows 4" in p.reasons["tensorParallel"]
 
@@ -201,6 +216,7 @@ def test_pinned_pipeline(plan_for: PlanFor) -> None:
 
 # --- Infeasible -----------------------------------------------------------------------------------------
 
+
 def test_infeasible_says_what_was_needed_and_available(plan_for: PlanFor) -> None:
     p = plan_for("meta-llama/Llama-3.1-405B-Instruct", "l4")
     assert not p.feasible and p.summary == "infeasible"
@@ -219,8 +235,15 @@ def test_infeasible_on_a_count_of_one(plan_for: PlanFor) -> None:
 
 def test_nothing_fits_even_with_many_nodes() -> None:
     tiny = GpuProfile(name="tiny", memoryGiB=1, bandwidthGBps=100, bf16Tflops=10, gpusPerNode=1)
-    facts = facts_from_config({"num_hidden_layers": 4, "hidden_size": 8192, "num_attention_heads": 64,
-                               "vocab_size": 32000, "intermediate_size": 28672})
+    facts = facts_from_config(
+        {
+            "num_hidden_layers": 4,
+            "hidden_size": 8192,
+            "num_attention_heads": 64,
+            "vocab_size": 32000,
+            "intermediate_size": 28672,
+        }
+    )
     p = plan(PlanRequest(facts, tiny))
     assert not p.feasible and "use a larger GPU profile" in p.reason
 
@@ -232,12 +255,23 @@ def test_max_model_len_beyond_the_model(plan_for: PlanFor) -> None:
 
 # --- Plan output ----------------------------------------------------------------------------------------
 
+
 def test_status_uses_camel_case_and_summary(plan_for: PlanFor) -> None:
     p = plan_for("Qwen/Qwen3-0.6B", "l4")
     status = p.to_status()
     assert status["tensorParallel"] == 1 and status["gpuProfile"] == "l4" and status["feasible"] is True
-    assert set(status) >= {"quantization", "kvCacheDtype", "maxNumSeqs", "maxModelLen", "weightBytes",
-                           "kvBytesPerToken", "kvCacheTokens", "gpuMemoryUtilization", "reason", "reasons"}
+    assert set(status) >= {
+        "quantization",
+        "kvCacheDtype",
+        "maxNumSeqs",
+        "maxModelLen",
+        "weightBytes",
+        "kvBytesPerToken",
+        "kvCacheTokens",
+        "gpuMemoryUtilization",
+        "reason",
+        "reasons",
+    }
     assert p.summary == f"1xl4 tp1 none kv:bf16 {p.max_num_seqs}seq"
 
 

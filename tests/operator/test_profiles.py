@@ -31,11 +31,16 @@ def test_builtin_catalog() -> None:
     assert set(profiles) == BUILTINS
     assert {n for n, p in profiles.items() if p.fp8} == {"l4", "l40s", "h100-80gb", "h200-141gb", "rtx4090"}
     assert {n for n, p in profiles.items() if p.interconnect == "nvlink"} == {
-        "a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb"}
+        "a100-40gb",
+        "a100-80gb",
+        "h100-80gb",
+        "h200-141gb",
+    }
     for profile in profiles.values():
         assert profile.node_selector["nvidia.com/gpu.product"].startswith("NVIDIA-")
-        assert profile.tolerations == [{"key": "nvidia.com/gpu", "operator": "Exists",
-                                        "effect": "NoSchedule"}]
+        assert profile.tolerations == [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        ]
         assert profile.runtime_image is None
     assert profiles["h200-141gb"].memory_bytes > profiles["h100-80gb"].memory_bytes
     assert round(profiles["h100-80gb"].ridge_tokens) == 295
@@ -43,8 +48,9 @@ def test_builtin_catalog() -> None:
 
 def test_admin_profiles_override_and_add() -> None:
     store = ProfileStore()
-    changed = store.load_configmap({"metadata": {"name": "kvpilot-gpu-profiles"},
-                                    "data": {"profiles.yaml": ADMIN}})
+    changed = store.load_configmap(
+        {"metadata": {"name": "kvpilot-gpu-profiles"}, "data": {"profiles.yaml": ADMIN}}
+    )
     assert changed == {"h100-80gb", "mi-lab-4090"}
     h100 = store.get("h100-80gb")
     assert h100 is not None and h100.node_selector == {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}
@@ -63,16 +69,24 @@ def test_removing_admin_profiles_restores_builtins() -> None:
     assert store.load_configmap({"data": {"profiles.yaml": "[]"}}) == set()
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("name: x", "must be a YAML list"),
-    ("- {name: x, memoryGiB: 24, bandwidthGBps: 1, bf16Tflops: 1, interconnect: infiniband}",
-     "profiles.yaml[0]: interconnect"),
-    ("- {name: x, bandwidthGBps: 1, bf16Tflops: 1}", "profiles.yaml[0]: memoryGiB: Field required"),
-    ("- {name: X_Y, memoryGiB: 1, bandwidthGBps: 1, bf16Tflops: 1}", "profiles.yaml[0]: name"),
-    ("- {name: x, memoryGiB: 1, bandwidthGBps: 1, bf16Tflops: 1}\n"
-     "- {name: x, memoryGiB: 2, bandwidthGBps: 1, bf16Tflops: 1}", "profile names repeat: x"),
-    ("- [unclosed", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("name: x", "must be a YAML list"),
+        (
+            "- {name: x, memoryGiB: 24, bandwidthGBps: 1, bf16Tflops: 1, interconnect: infiniband}",
+            "profiles.yaml[0]: interconnect",
+        ),
+        ("- {name: x, bandwidthGBps: 1, bf16Tflops: 1}", "profiles.yaml[0]: memoryGiB: Field required"),
+        ("- {name: X_Y, memoryGiB: 1, bandwidthGBps: 1, bf16Tflops: 1}", "profiles.yaml[0]: name"),
+        (
+            "- {name: x, memoryGiB: 1, bandwidthGBps: 1, bf16Tflops: 1}\n"
+            "- {name: x, memoryGiB: 2, bandwidthGBps: 1, bf16Tflops: 1}",
+            "profile names repeat: x",
+        ),
+        ("- [unclosed", "not valid YAML"),
+    ],
+)
 def test_bad_admin_profiles_are_refused_whole(text: str, message: str) -> None:
     store = ProfileStore()
     with pytest.raises(ProfileError) as caught:

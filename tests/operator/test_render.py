@@ -17,27 +17,41 @@ from kvpilot.operator.render import RenderConfig, render
 K8S_VERSION = "1.33.0"
 LABELS = {"app.kubernetes.io/managed-by": "kvpilot"}
 MULTI_NODE = {
-    "apiVersion": "kvpilot.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": "llama-405b"},
-    "spec": {"model": {"uri": "hf://meta-llama/Llama-3.1-405B-Instruct"},
-             "gpu": {"profile": "l4", "count": 16}, "replicas": 2},
+    "apiVersion": "kvpilot.dev/v1alpha1",
+    "kind": "InferenceService",
+    "metadata": {"name": "llama-405b"},
+    "spec": {
+        "model": {"uri": "hf://meta-llama/Llama-3.1-405B-Instruct"},
+        "gpu": {"profile": "l4", "count": 16},
+        "replicas": 2,
+    },
 }
 # The fields of LeaderWorkerSet v1 (sigs.k8s.io/lws) the operator writes; pod templates are checked apart.
 LWS_SCHEMA = {
-    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
     "properties": {
-        "apiVersion": {"enum": ["leaderworkerset.x-k8s.io/v1"]}, "kind": {"enum": ["LeaderWorkerSet"]},
+        "apiVersion": {"enum": ["leaderworkerset.x-k8s.io/v1"]},
+        "kind": {"enum": ["LeaderWorkerSet"]},
         "spec": {
-            "type": "object", "required": ["leaderWorkerTemplate"], "additionalProperties": False,
+            "type": "object",
+            "required": ["leaderWorkerTemplate"],
+            "additionalProperties": False,
             "properties": {
                 "replicas": {"type": "integer", "minimum": 0},
                 "startupPolicy": {"enum": ["LeaderCreated", "LeaderReady"]},
                 "rolloutStrategy": {"type": "object"},
                 "leaderWorkerTemplate": {
-                    "type": "object", "required": ["workerTemplate"], "additionalProperties": False,
-                    "properties": {"size": {"type": "integer", "minimum": 1},
-                                   "restartPolicy": {"enum": ["RecreateGroupOnPodRestart", "None"]},
-                                   "leaderTemplate": {"type": "object"},
-                                   "workerTemplate": {"type": "object"}}},
+                    "type": "object",
+                    "required": ["workerTemplate"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "size": {"type": "integer", "minimum": 1},
+                        "restartPolicy": {"enum": ["RecreateGroupOnPodRestart", "None"]},
+                        "leaderTemplate": {"type": "object"},
+                        "workerTemplate": {"type": "object"},
+                    },
+                },
             },
         },
     },
@@ -52,12 +66,16 @@ def rendered(planned: Callable[..., Any]) -> Render:
         p = planned(manifest, **kwargs)
         assert p.plan.feasible, p.plan.reason
         return render(p.owner, p.spec, p.plan, p.profile)
+
     return run
 
 
 def by_kind(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {o["kind"] + ("/headless" if o["spec"].get("clusterIP") == "None" else ""): o
-            for o in objects if "spec" in o} | {o["kind"]: o for o in objects if "spec" not in o}
+    return {
+        o["kind"] + ("/headless" if o["spec"].get("clusterIP") == "None" else ""): o
+        for o in objects
+        if "spec" in o
+    } | {o["kind"]: o for o in objects if "spec" not in o}
 
 
 def container(workload: dict[str, Any]) -> dict[str, Any]:
@@ -84,26 +102,54 @@ def test_every_example_renders_valid_manifests(rendered: Render, examples: dict[
             kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
             meta = obj["metadata"]
             assert meta["labels"] == {**LABELS, "kvpilot.dev/inferenceservice": manifest["metadata"]["name"]}
-            assert meta["ownerReferences"] == [{
-                "apiVersion": "kvpilot.dev/v1alpha1", "kind": "InferenceService", "uid": "uid-1234",
-                "name": manifest["metadata"]["name"], "controller": True, "blockOwnerDeletion": True}]
+            assert meta["ownerReferences"] == [
+                {
+                    "apiVersion": "kvpilot.dev/v1alpha1",
+                    "kind": "InferenceService",
+                    "uid": "uid-1234",
+                    "name": manifest["metadata"]["name"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ]
             assert len(meta["annotations"]["kvpilot.dev/spec-hash"]) == 16
 
 
-def test_runtime_args_follow_the_plan(rendered: Render, planned: Callable[..., Any],
-                                      examples: dict[str, Any]) -> None:
+def test_runtime_args_follow_the_plan(
+    rendered: Render, planned: Callable[..., Any], examples: dict[str, Any]
+) -> None:
     manifest = examples["llama-70b-4xh100"]
     plan: Plan = planned(manifest).plan
     deployment = by_kind(rendered(manifest))["Deployment"]
     c = container(deployment)
     assert c["command"] == ["kvpilot-runtime"]
     assert c["args"] == [
-        "--model", "/models/meta-llama/Llama-3.3-70B-Instruct",
-        "--served-model-name", "llama-3.3-70b-instruct",
-        "--host", "0.0.0.0", "--port", "8000", "--max-model-len", "16384", "--max-num-seqs", "64",
-        "--max-num-batched-tokens", str(plan.max_num_batched_tokens), "--block-size", "16",
-        "--gpu-memory-utilization", "0.90", "--kv-cache-dtype", "bf16", "--quantization", "none",
-        "--tensor-parallel-size", "4", "--enable-prefix-caching"]
+        "--model",
+        "/models/meta-llama/Llama-3.3-70B-Instruct",
+        "--served-model-name",
+        "llama-3.3-70b-instruct",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--max-model-len",
+        "16384",
+        "--max-num-seqs",
+        "64",
+        "--max-num-batched-tokens",
+        str(plan.max_num_batched_tokens),
+        "--block-size",
+        "16",
+        "--gpu-memory-utilization",
+        "0.90",
+        "--kv-cache-dtype",
+        "bf16",
+        "--quantization",
+        "none",
+        "--tensor-parallel-size",
+        "4",
+        "--enable-prefix-caching",
+    ]
     assert c["resources"] == {"limits": {"nvidia.com/gpu": 4}, "requests": {"nvidia.com/gpu": 4}}
     assert deployment["spec"]["replicas"] == 1
 
@@ -140,16 +186,25 @@ def test_hf_source_downloads_in_an_init_container(rendered: Render, examples: di
 def test_pvc_source_is_mounted_read_only(rendered: Render, examples: dict[str, Any]) -> None:
     spec = by_kind(rendered(examples["llama-70b-4xh100"]))["Deployment"]["spec"]["template"]["spec"]
     assert "initContainers" not in spec
-    assert spec["volumes"][0] == {"name": "model",
-                                  "persistentVolumeClaim": {"claimName": "model-store", "readOnly": True}}
+    assert spec["volumes"][0] == {
+        "name": "model",
+        "persistentVolumeClaim": {"claimName": "model-store", "readOnly": True},
+    }
 
 
-def test_s3_source_syncs_with_credentials_from_runtime_env(rendered: Render,
-                                                           examples: dict[str, Any]) -> None:
+def test_s3_source_syncs_with_credentials_from_runtime_env(
+    rendered: Render, examples: dict[str, Any]
+) -> None:
     deployment = by_kind(rendered(examples["scale-to-zero"]))["Deployment"]
     (init,) = deployment["spec"]["template"]["spec"]["initContainers"]
-    assert init["command"] == ["aws", "s3", "sync", "s3://models/qwen/Qwen3-8B", "/models/model",
-                               "--only-show-errors"]
+    assert init["command"] == [
+        "aws",
+        "s3",
+        "sync",
+        "s3://models/qwen/Qwen3-8B",
+        "/models/model",
+        "--only-show-errors",
+    ]
     assert [e["name"] for e in init["env"]] == ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
     assert [e["name"] for e in container(deployment)["env"]] == ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
     assert deployment["spec"]["replicas"] == 0
@@ -159,10 +214,14 @@ def test_services_and_plan_configmap(rendered: Render, examples: dict[str, Any])
     objects = by_kind(rendered(examples["small-model-l4"]))
     service, headless = objects["Service"], objects["Service/headless"]
     assert service["metadata"]["name"] == "qwen3-0-6b" and headless["metadata"]["name"] == "qwen3-0-6b-pods"
-    assert service["spec"]["selector"] == headless["spec"]["selector"] == {
-        **LABELS, "kvpilot.dev/inferenceservice": "qwen3-0-6b"}
+    assert (
+        service["spec"]["selector"]
+        == headless["spec"]["selector"]
+        == {**LABELS, "kvpilot.dev/inferenceservice": "qwen3-0-6b"}
+    )
     assert service["spec"]["ports"] == [
-        {"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
+        {"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}
+    ]
     assert service["metadata"]["annotations"]["kvpilot.dev/served-model-name"] == "Qwen/Qwen3-0.6B"
     configmap = objects["ConfigMap"]
     assert configmap["metadata"]["name"] == "qwen3-0-6b-plan"
@@ -178,9 +237,11 @@ def test_multi_node_plan_renders_a_leader_worker_set(rendered: Render) -> None:
     assert (lws["spec"]["replicas"], template["size"]) == (2, 2)
     for role in ("leader", "worker"):
         pod = template[f"{role}Template"]
-        kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate",
-                                      "metadata": {"name": f"lws-{role}"}, "template": pod}, K8S_VERSION,
-                                     strict=True)
+        kubernetes_validate.validate(
+            {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": f"lws-{role}"}, "template": pod},
+            K8S_VERSION,
+            strict=True,
+        )
         c = pod["spec"]["containers"][0]
         assert args_dict(c["args"])["--pipeline-parallel-size"] == "2"
         assert args_dict(c["args"])["--tensor-parallel-size"] == "8"
@@ -191,8 +252,9 @@ def test_multi_node_plan_renders_a_leader_worker_set(rendered: Render) -> None:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
 
 
-def test_spec_hash_ignores_replicas_and_follows_the_pod_spec(rendered: Render,
-                                                             examples: dict[str, Any]) -> None:
+def test_spec_hash_ignores_replicas_and_follows_the_pod_spec(
+    rendered: Render, examples: dict[str, Any]
+) -> None:
     base = examples["qwen3-8b-h100"]
     scaled = copy.deepcopy(base)
     scaled["spec"]["replicas"] = 7
@@ -200,8 +262,10 @@ def test_spec_hash_ignores_replicas_and_follows_the_pod_spec(rendered: Render,
     longer["spec"]["workload"]["maxModelLen"] = 16384
 
     def hashes(manifest: dict[str, Any]) -> dict[str, str]:
-        return {o["kind"] + o["metadata"]["name"]: o["metadata"]["annotations"]["kvpilot.dev/spec-hash"]
-                for o in rendered(manifest)}
+        return {
+            o["kind"] + o["metadata"]["name"]: o["metadata"]["annotations"]["kvpilot.dev/spec-hash"]
+            for o in rendered(manifest)
+        }
 
     assert hashes(base) == hashes(copy.deepcopy(base))
     assert hashes(scaled) == hashes(base)
@@ -212,26 +276,34 @@ def test_spec_hash_ignores_replicas_and_follows_the_pod_spec(rendered: Render,
 def test_runtime_overrides(rendered: Render, examples: dict[str, Any]) -> None:
     manifest = copy.deepcopy(examples["qwen3-8b-h100"])
     manifest["spec"]["runtime"] = {
-        "image": "registry.example.com/runtime:dev", "args": ["--enforce-eager"],
+        "image": "registry.example.com/runtime:dev",
+        "args": ["--enforce-eager"],
         "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}],
-        "resources": {"limits": {"memory": "64Gi", "nvidia.com/gpu": 8}, "requests": {"cpu": "8"}}}
+        "resources": {"limits": {"memory": "64Gi", "nvidia.com/gpu": 8}, "requests": {"cpu": "8"}},
+    }
     deployment = by_kind(rendered(manifest))["Deployment"]
     kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
     c = container(deployment)
     assert c["image"] == "registry.example.com/runtime:dev" and c["args"][-1] == "--enforce-eager"
-    assert c["resources"] == {"limits": {"memory": "64Gi", "nvidia.com/gpu": 1},
-                              "requests": {"cpu": "8", "nvidia.com/gpu": 1}}
+    assert c["resources"] == {
+        "limits": {"memory": "64Gi", "nvidia.com/gpu": 1},
+        "requests": {"cpu": "8", "nvidia.com/gpu": 1},
+    }
     (init,) = deployment["spec"]["template"]["spec"]["initContainers"]
     assert init["env"][-1]["name"] == "HF_TOKEN" and init["image"] == "registry.example.com/runtime:dev"
 
 
 def test_admin_profile_scheduling_and_image(rendered: Render, examples: dict[str, Any]) -> None:
     store = ProfileStore()
-    store.load_admin(parse_profiles(
-        "- {name: h100-80gb, memoryGiB: 79.65, bandwidthGBps: 3350, bf16Tflops: 989, fp8: true,"
-        " interconnect: nvlink, nodeSelector: {pool: h100},"
-        " tolerations: [{key: dedicated, operator: Exists}],"
-        " runtimeImage: registry.example.com/runtime:cu128}", "admin"))
+    store.load_admin(
+        parse_profiles(
+            "- {name: h100-80gb, memoryGiB: 79.65, bandwidthGBps: 3350, bf16Tflops: 989, fp8: true,"
+            " interconnect: nvlink, nodeSelector: {pool: h100},"
+            " tolerations: [{key: dedicated, operator: Exists}],"
+            " runtimeImage: registry.example.com/runtime:cu128}",
+            "admin",
+        )
+    )
     spec = by_kind(rendered(examples["qwen3-8b-h100"], store=store))["Deployment"]["spec"]["template"]["spec"]
     assert spec["nodeSelector"] == {"pool": "h100"}
     assert spec["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
@@ -244,8 +316,9 @@ def test_default_image_is_configurable(planned: Callable[..., Any], examples: di
     assert container(objects[-1])["image"] == "mirror.local/rt:1"
 
 
-def test_refuses_infeasible_plans_and_bad_names(planned: Callable[..., Any],
-                                                examples: dict[str, Any]) -> None:
+def test_refuses_infeasible_plans_and_bad_names(
+    planned: Callable[..., Any], examples: dict[str, Any]
+) -> None:
     p = planned(examples["small-model-l4"])
     with pytest.raises(ValueError, match="only a feasible plan renders"):
         render(p.owner, p.spec, Plan(feasible=False, gpu_profile="l4", reason="x"), p.profile)

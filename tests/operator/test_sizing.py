@@ -21,9 +21,13 @@ from kvpilot.operator.sizing import (
 
 # Parameter counts as published on the model cards / safetensors metadata (billions).
 PUBLISHED = {
-    "Qwen/Qwen3-0.6B": 0.596, "Qwen/Qwen3-8B": 8.19, "Qwen/Qwen2.5-7B-Instruct": 7.62,
-    "Qwen/Qwen2.5-72B-Instruct": 72.7, "meta-llama/Llama-2-7b-hf": 6.74,
-    "meta-llama/Llama-3.3-70B-Instruct": 70.6, "meta-llama/Llama-3.1-405B-Instruct": 405.9,
+    "Qwen/Qwen3-0.6B": 0.596,
+    "Qwen/Qwen3-8B": 8.19,
+    "Qwen/Qwen2.5-7B-Instruct": 7.62,
+    "Qwen/Qwen2.5-72B-Instruct": 72.7,
+    "meta-llama/Llama-2-7b-hf": 6.74,
+    "meta-llama/Llama-3.3-70B-Instruct": 70.6,
+    "meta-llama/Llama-3.1-405B-Instruct": 405.9,
     "mistralai/Mixtral-8x7B-Instruct-v0.1": 46.7,
 }
 
@@ -36,8 +40,15 @@ def test_parameter_count_matches_the_model_card(model_configs: dict[str, dict[st
 
 def test_seeds_kv_example_is_4_gib() -> None:
     """32 layers, 32 KV heads, head_dim 128, 8192 tokens, fp16: 2 x 32 x 32 x 128 x 2 B x 8192 = 4.00 GiB."""
-    facts = facts_from_config({"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
-                               "vocab_size": 32000, "torch_dtype": "float16"})
+    facts = facts_from_config(
+        {
+            "num_hidden_layers": 32,
+            "hidden_size": 4096,
+            "num_attention_heads": 32,
+            "vocab_size": 32000,
+            "torch_dtype": "float16",
+        }
+    )
     assert kv_bytes_per_token(facts, "fp16") == 2 * 32 * 32 * 128 * 2 == 512 * 1024
     assert kv_bytes_per_token(facts, "fp16") * 8192 == 4 * GIB
 
@@ -48,7 +59,8 @@ def test_kv_per_token_of_design_models(model_configs: dict[str, dict[str, Any]])
 
 
 def test_8bit_kv_halves_elements_and_adds_one_scale_per_head_vector(
-        model_configs: dict[str, dict[str, Any]]) -> None:
+    model_configs: dict[str, dict[str, Any]],
+) -> None:
     facts = facts_from_config(model_configs["Qwen/Qwen3-8B"])
     vectors = 2 * 36 * 8
     for dtype in ("fp8", "int8"):

@@ -36,27 +36,30 @@ def test_defaults_match_the_crd(isvc_schema: dict[str, Any]) -> None:
     assert parsed.autoscaling.scale_down_delay_seconds == scaling["scaleDownDelaySeconds"]["default"]
 
 
-@pytest.mark.parametrize(("raw", "message"), [
-    # CEL on spec.model: config required where the operator can't read the source.
-    (spec(model={"uri": "pvc://claim/llama"}), "spec.model.config (the model's config.json) is required"),
-    (spec(model={"uri": "s3://bucket/llama"}), "required for pvc:// and s3:// sources"),
-    # CEL on spec.parallelism.*: 'auto' or 1..64, never another string.
-    (spec(parallelism={"tensor": "two"}), "spec.parallelism.tensor: must be 'auto' or an integer"),
-    (spec(parallelism={"tensor": "2"}), "spec.parallelism.tensor: must be 'auto'"),
-    (spec(parallelism={"pipeline": 65}), "spec.parallelism.pipeline: must be 'auto'"),
-    # CEL on spec.autoscaling and spec.
-    (spec(autoscaling={"minReplicas": 5, "maxReplicas": 2}), "minReplicas must not exceed"),
-    (spec(replicas=9, autoscaling={"maxReplicas": 8}), "spec.replicas must not exceed"),
-    # CEL on spec.workload.
-    (spec(workload={"maxModelLen": 1024, "avgContextLen": 4096}), "avgContextLen must not exceed"),
-    # Plain schema rules, mirrored.
-    (spec(quantization="int3"), "spec.quantization"),
-    (spec(replicas=-1), "spec.replicas"),
-    ({"gpu": {"profile": "l4"}}, "spec.model: Field required"),
-    (spec(gpu={"profile": "l4", "count": True}), "spec.gpu.count"),
-    (spec(runtime={"env": [{"value": "1"}]}), "every runtime.env entry needs a name"),
-    (spec(surprise=1), "spec.surprise"),
-])
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        # CEL on spec.model: config required where the operator can't read the source.
+        (spec(model={"uri": "pvc://claim/llama"}), "spec.model.config (the model's config.json) is required"),
+        (spec(model={"uri": "s3://bucket/llama"}), "required for pvc:// and s3:// sources"),
+        # CEL on spec.parallelism.*: 'auto' or 1..64, never another string.
+        (spec(parallelism={"tensor": "two"}), "spec.parallelism.tensor: must be 'auto' or an integer"),
+        (spec(parallelism={"tensor": "2"}), "spec.parallelism.tensor: must be 'auto'"),
+        (spec(parallelism={"pipeline": 65}), "spec.parallelism.pipeline: must be 'auto'"),
+        # CEL on spec.autoscaling and spec.
+        (spec(autoscaling={"minReplicas": 5, "maxReplicas": 2}), "minReplicas must not exceed"),
+        (spec(replicas=9, autoscaling={"maxReplicas": 8}), "spec.replicas must not exceed"),
+        # CEL on spec.workload.
+        (spec(workload={"maxModelLen": 1024, "avgContextLen": 4096}), "avgContextLen must not exceed"),
+        # Plain schema rules, mirrored.
+        (spec(quantization="int3"), "spec.quantization"),
+        (spec(replicas=-1), "spec.replicas"),
+        ({"gpu": {"profile": "l4"}}, "spec.model: Field required"),
+        (spec(gpu={"profile": "l4", "count": True}), "spec.gpu.count"),
+        (spec(runtime={"env": [{"value": "1"}]}), "every runtime.env entry needs a name"),
+        (spec(surprise=1), "spec.surprise"),
+    ],
+)
 def test_rule_violations_name_the_field(raw: dict[str, Any], message: str) -> None:
     with pytest.raises(SpecError) as caught:
         parse_spec(raw)

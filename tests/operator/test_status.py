@@ -10,14 +10,25 @@ from kvpilot.operator.service_plan import FEASIBLE, INFEASIBLE, PlanOutcome
 from kvpilot.operator.status import Observed, compute_status, status_changed, status_patch
 
 OWNER = Owner("m", "ml", "u")
-PLAN = Plan(feasible=True, gpu_profile="l4", reason="1 x l4", gpus=1, quantization="none",
-            kv_cache_dtype="bf16", tensor_parallel=1, pipeline_parallel=1, max_num_seqs=8, max_model_len=8192)
+PLAN = Plan(
+    feasible=True,
+    gpu_profile="l4",
+    reason="1 x l4",
+    gpus=1,
+    quantization="none",
+    kv_cache_dtype="bf16",
+    tensor_parallel=1,
+    pipeline_parallel=1,
+    max_num_seqs=8,
+    max_model_len=8192,
+)
 PLANNED = PlanOutcome(FEASIBLE, "1 x l4", plan=PLAN)
 INFEASIBLE_OUTCOME = PlanOutcome(INFEASIBLE, "does not fit", plan=Plan(False, "l4", "does not fit"))
 
 
-def status(outcome: PlanOutcome, observed: Observed, desired: int = 2, previous: Any = None,
-           now: str = "T1") -> dict[str, Any]:
+def status(
+    outcome: PlanOutcome, observed: Observed, desired: int = 2, previous: Any = None, now: str = "T1"
+) -> dict[str, Any]:
     return compute_status(OWNER, 3, desired, outcome, observed, previous or {}, "m", now)
 
 
@@ -33,15 +44,31 @@ def test_phases() -> None:
     assert status(INFEASIBLE_OUTCOME, Observed())["phase"] == "Failed"
     serving = status(INFEASIBLE_OUTCOME, Observed(True, 2, 2))
     assert serving["phase"] == "Degraded" and cond(serving, "Degraded")["reason"] == "ServingPreviousPlan"
-    assert cond(serving, "Planned") == {"type": "Planned", "status": "False", "reason": "Infeasible",
-                                        "message": "does not fit", "observedGeneration": 3,
-                                        "lastTransitionTime": "T1"}
+    assert cond(serving, "Planned") == {
+        "type": "Planned",
+        "status": "False",
+        "reason": "Infeasible",
+        "message": "does not fit",
+        "observedGeneration": 3,
+        "lastTransitionTime": "T1",
+    }
 
 
 def test_stuck_rollout_is_degraded() -> None:
-    workload = {"status": {"replicas": 2, "readyReplicas": 1, "conditions": [
-        {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
-         "message": "ReplicaSet has timed out progressing."}]}}
+    workload = {
+        "status": {
+            "replicas": 2,
+            "readyReplicas": 1,
+            "conditions": [
+                {
+                    "type": "Progressing",
+                    "status": "False",
+                    "reason": "ProgressDeadlineExceeded",
+                    "message": "ReplicaSet has timed out progressing.",
+                }
+            ],
+        }
+    }
     s = status(PLANNED, Observed.from_workload(workload))
     assert s["phase"] == "Degraded" and cond(s, "Degraded")["status"] == "True"
     assert "ProgressDeadlineExceeded" in cond(s, "Degraded")["message"]
@@ -59,8 +86,9 @@ def test_transition_times_hold_while_status_holds() -> None:
 
 def test_patch_touches_only_owned_keys_and_clears_stale_ones() -> None:
     previous = {**status(PLANNED, Observed(True, 1, 1)), "someoneElse": 1}
-    new = compute_status(OWNER, 4, 0, PlanOutcome("InvalidSpec", "spec.replicas: bad"), Observed(),
-                         previous, None, "T2")
+    new = compute_status(
+        OWNER, 4, 0, PlanOutcome("InvalidSpec", "spec.replicas: bad"), Observed(), previous, None, "T2"
+    )
     patch = status_patch(previous, new)["status"]
     assert "someoneElse" not in patch and patch["servedModelName"] is None
     assert patch["plan"] == {"feasible": False, "reason": "InvalidSpec: spec.replicas: bad"}

@@ -99,9 +99,16 @@ class _Seq:
 
 
 class FakeEngine:
-    def __init__(self, *, max_model_len: int = 64, max_num_seqs: int = 8, step_delay: float = 0.0,
-                 tokenizer: FakeTokenizer | None = None, num_kv_blocks: int = 32,
-                 block_size: int = 4) -> None:
+    def __init__(
+        self,
+        *,
+        max_model_len: int = 64,
+        max_num_seqs: int = 8,
+        step_delay: float = 0.0,
+        tokenizer: FakeTokenizer | None = None,
+        num_kv_blocks: int = 32,
+        block_size: int = 4,
+    ) -> None:
         self.tokenizer = tokenizer or FakeTokenizer()
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
@@ -115,8 +122,13 @@ class FakeEngine:
         self._queries = 0
         self._known: set[str] = set()
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    arrival_time: float | None = None) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> None:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise InvalidRequestError("prompt must not be empty", "prompt")
@@ -124,8 +136,11 @@ class FakeEngine:
             raise InvalidRequestError(f"duplicate request id {request_id}")
         max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - len(ids)
         if len(ids) + max_tokens > self.max_model_len:
-            raise InvalidRequestError(f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds "
-                                      f"max_model_len ({self.max_model_len})", "max_tokens")
+            raise InvalidRequestError(
+                f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds "
+                f"max_model_len ({self.max_model_len})",
+                "max_tokens",
+            )
         self._known.add(request_id)
         self._queries += len(ids)
         self.waiting.append(_Seq(request_id, ids, params, max_tokens))
@@ -136,8 +151,11 @@ class FakeEngine:
                 if seq.request_id == request_id:
                     queue.remove(seq)
                     self.aborted.append(request_id)
-                    self._abort_outputs.append(FakeOutput(request_id, [], "", None, True, "abort", None,
-                                                          len(seq.prompt), len(seq.output)))
+                    self._abort_outputs.append(
+                        FakeOutput(
+                            request_id, [], "", None, True, "abort", None, len(seq.prompt), len(seq.output)
+                        )
+                    )
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running or self._abort_outputs)
@@ -172,20 +190,43 @@ class FakeEngine:
             logprobs = [FakeLogprob(token, -0.5, tops)]
         if finish:
             self.running.remove(seq)
-        return FakeOutput(seq.request_id, [token], new_text, logprobs, finish is not None, finish,
-                          stop_reason, len(seq.prompt), len(seq.output))
+        return FakeOutput(
+            seq.request_id,
+            [token],
+            new_text,
+            logprobs,
+            finish is not None,
+            finish,
+            stop_reason,
+            len(seq.prompt),
+            len(seq.output),
+        )
 
     def stats(self) -> FakeStats:
         used = sum(-(-(len(s.prompt) + len(s.output)) // self.block_size) for s in self.running)
-        return FakeStats(len(self.running), len(self.waiting), used / self.num_kv_blocks, self._queries, 0, 0,
-                         self.num_kv_blocks, self.block_size)
+        return FakeStats(
+            len(self.running),
+            len(self.waiting),
+            used / self.num_kv_blocks,
+            self._queries,
+            0,
+            0,
+            self.num_kv_blocks,
+            self.block_size,
+        )
 
 
 class InProcessServer:
     """The real app + engine loop + uvicorn, in a background thread, on a free 127.0.0.1 port."""
 
-    def __init__(self, engine_factory: Callable[[], Any], *, served_model_name: str = "fake-model",
-                 max_waiting_requests: int = 256, grace_seconds: float = 10.0) -> None:
+    def __init__(
+        self,
+        engine_factory: Callable[[], Any],
+        *,
+        served_model_name: str = "fake-model",
+        max_waiting_requests: int = 256,
+        grace_seconds: float = 10.0,
+    ) -> None:
         self._factory = engine_factory
         self.served_model_name = served_model_name
         self._max_waiting = max_waiting_requests
@@ -203,8 +244,12 @@ class InProcessServer:
     async def _main(self) -> None:
         self.loop = asyncio.get_running_loop()
         metrics = ServerMetrics(self.served_model_name, {"cache_dtype": "auto"})
-        self.client = EngineClient(self._factory, metrics, served_model_name=self.served_model_name,
-                                   max_waiting_requests=self._max_waiting)
+        self.client = EngineClient(
+            self._factory,
+            metrics,
+            served_model_name=self.served_model_name,
+            max_waiting_requests=self._max_waiting,
+        )
         app = build_app(self.client, metrics)
         self.server = _Server(_uvicorn_config(app))
         self.shutdown = GracefulShutdown(self.client, self.server, self._grace)

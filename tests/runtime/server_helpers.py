@@ -1,8 +1,8 @@
 """Start `kvpilot-runtime` as a real process on 127.0.0.1 and wait until it serves (reusable by any test).
 
-    from tests.runtime.server_helpers import start_runtime
-    with start_runtime(model_dir, extra_args=["--max-num-seqs", "8"]) as rt:
-        httpx.get(rt.base_url + "/health")
+from tests.runtime.server_helpers import start_runtime
+with start_runtime(model_dir, extra_args=["--max-num-seqs", "8"]) as rt:
+    httpx.get(rt.base_url + "/health")
 """
 
 from __future__ import annotations
@@ -73,23 +73,46 @@ class RuntimeProcess:
         self.stop()
 
 
-def runtime_command(model_dir: str | Path, port: int, extra_args: Sequence[str] = (),
-                    device: str = "cpu") -> list[str]:
-    return [sys.executable, "-m", "kvpilot.runtime", "--model", str(model_dir), "--host", "127.0.0.1",
-            "--port", str(port), "--device", device, *extra_args]
+def runtime_command(
+    model_dir: str | Path, port: int, extra_args: Sequence[str] = (), device: str = "cpu"
+) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "kvpilot.runtime",
+        "--model",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--device",
+        device,
+        *extra_args,
+    ]
 
 
-def start_runtime(model_dir: str | Path, *, port: int | None = None, extra_args: Sequence[str] = (),
-                  device: str = "cpu", startup_timeout: float = STARTUP_TIMEOUT_S,
-                  env: dict[str, str] | None = None) -> RuntimeProcess:
+def start_runtime(
+    model_dir: str | Path,
+    *,
+    port: int | None = None,
+    extra_args: Sequence[str] = (),
+    device: str = "cpu",
+    startup_timeout: float = STARTUP_TIMEOUT_S,
+    env: dict[str, str] | None = None,
+) -> RuntimeProcess:
     """Starts the server and returns once /health answers 200; raises with the server's log otherwise.
 
     `env` entries override DEFAULT_ENV (e.g. {"OMP_NUM_THREADS": "4"} for a larger model).
     """
     port = port or free_port()
     log_fd, log_name = tempfile.mkstemp(prefix="kvpilot-runtime-", suffix=".log")
-    proc = subprocess.Popen(runtime_command(model_dir, port, extra_args, device), stdout=log_fd,
-                            stderr=subprocess.STDOUT, env={**os.environ, **DEFAULT_ENV, **(env or {})})
+    proc = subprocess.Popen(
+        runtime_command(model_dir, port, extra_args, device),
+        stdout=log_fd,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **DEFAULT_ENV, **(env or {})},
+    )
     os.close(log_fd)
     runtime = RuntimeProcess(proc, port, Path(log_name))
     try:

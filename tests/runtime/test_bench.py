@@ -34,8 +34,9 @@ def test_floors_match_design_md() -> None:
 
 
 def test_run_ours_counts_every_output_token(tiny_checkpoint_factory: Callable[..., Path]) -> None:
-    engine = LLMEngine.from_args(EngineArgs(model=str(tiny_checkpoint_factory("qwen3")), device="cpu",
-                                            max_model_len=256))
+    engine = LLMEngine.from_args(
+        EngineArgs(model=str(tiny_checkpoint_factory("qwen3")), device="cpu", max_model_len=256)
+    )
     reqs = [([5, 6, 7, 8], 5), ([9] * 20, 3), ([11, 12], 7)]
     result = run_ours(engine, reqs, "t")
     assert result["output_tokens"] == 15

@@ -23,8 +23,10 @@ def test_multibyte_characters_split_across_tokens_are_held_until_complete() -> N
 def test_deltas_add_up_to_the_full_decode_for_random_streams() -> None:
     rng = random.Random(0)
     for _ in range(200):
-        text = "".join(rng.choice(["a", " cat", "é", "€", "STOP", "\n", "ing", "日本"])
-                       for _ in range(rng.randint(1, 12)))
+        text = "".join(
+            rng.choice(["a", " cat", "é", "€", "STOP", "\n", "ing", "日本"])
+            for _ in range(rng.randint(1, 12))
+        )
         data, ids, i = text.encode(), [], 0
         while i < len(data):  # random split, often inside a character
             n = rng.randint(1, 3)

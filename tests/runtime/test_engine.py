@@ -29,10 +29,17 @@ def no_eos_logits(context: Sequence[int]) -> list[float]:
     return logits
 
 
-def make_engine(num_kv_blocks: int = 64, block_size: int = 4, max_model_len: int = 128,
-                logits_fn=no_eos_logits, tokenizer: FakeTokenizer | None = None, **kw) -> LLMEngine:
-    runner = FakeRunner(num_kv_blocks=num_kv_blocks, block_size=block_size, max_model_len=max_model_len,
-                        logits_fn=logits_fn)
+def make_engine(
+    num_kv_blocks: int = 64,
+    block_size: int = 4,
+    max_model_len: int = 128,
+    logits_fn=no_eos_logits,
+    tokenizer: FakeTokenizer | None = None,
+    **kw,
+) -> LLMEngine:
+    runner = FakeRunner(
+        num_kv_blocks=num_kv_blocks, block_size=block_size, max_model_len=max_model_len, logits_fn=logits_fn
+    )
     kw.setdefault("max_num_seqs", 8)
     kw.setdefault("max_num_batched_tokens", 64)
     return LLMEngine(runner, tokenizer or FakeTokenizer(), FakeSampler(), **kw)
@@ -76,8 +83,9 @@ def test_generates_reference_tokens_and_text_for_a_batch() -> None:
 
 @pytest.mark.parametrize("caching", [True, False])
 def test_tiny_cache_and_tiny_budget_still_exact(caching: bool) -> None:
-    engine = make_engine(num_kv_blocks=10, max_model_len=40, max_num_batched_tokens=5,
-                         enable_prefix_caching=caching)
+    engine = make_engine(
+        num_kv_blocks=10, max_model_len=40, max_num_batched_tokens=5, enable_prefix_caching=caching
+    )
     shared = [5, 6, 7, 8, 9, 10, 11, 12]
     prompts = {f"r{i}": shared + [20 + i] * (i + 1) for i in range(6)}
     for rid, prompt in prompts.items():
@@ -131,8 +139,11 @@ def test_stop_token_ids_respect_min_tokens_and_hide_their_text() -> None:
 
     engine = make_engine(logits_fn=st_first)
     engine.add_request("r", [1, 2, 3], SamplingParams(max_tokens=10, min_tokens=2, stop_token_ids=[ST_TOKEN]))
-    engine.add_request("keep", [1, 2, 3], SamplingParams(max_tokens=10, stop_token_ids=[ST_TOKEN],
-                                                         include_stop_str_in_output=True))
+    engine.add_request(
+        "keep",
+        [1, 2, 3],
+        SamplingParams(max_tokens=10, stop_token_ids=[ST_TOKEN], include_stop_str_in_output=True),
+    )
     outs = run_all(engine)
     tokens = tokens_of(outs["r"])
     assert len(tokens) == 3 and tokens[-1] == ST_TOKEN and not {ST_TOKEN, EOS_TOKEN_ID} & set(tokens[:2])

@@ -57,13 +57,26 @@ class RecordingRunner(FakeRunner):
         return super().execute(batch, prev_sampled)
 
 
-def make_engine(async_scheduling: bool, *, num_kv_blocks: int = 64, prefix: bool = True,
-                max_num_seqs: int = 8, max_num_batched_tokens: int = 32) -> LLMEngine:
-    runner = RecordingRunner(num_kv_blocks=num_kv_blocks, block_size=4, max_model_len=128,
-                             logits_fn=eos_sometimes)
-    return LLMEngine(runner, TOK, FakeSampler(), max_num_seqs=max_num_seqs,
-                     max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=prefix,
-                     async_scheduling=async_scheduling)
+def make_engine(
+    async_scheduling: bool,
+    *,
+    num_kv_blocks: int = 64,
+    prefix: bool = True,
+    max_num_seqs: int = 8,
+    max_num_batched_tokens: int = 32,
+) -> LLMEngine:
+    runner = RecordingRunner(
+        num_kv_blocks=num_kv_blocks, block_size=4, max_model_len=128, logits_fn=eos_sometimes
+    )
+    return LLMEngine(
+        runner,
+        TOK,
+        FakeSampler(),
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        enable_prefix_caching=prefix,
+        async_scheduling=async_scheduling,
+    )
 
 
 @dataclass
@@ -76,8 +89,9 @@ class Request:
 
 
 def random_params(rng: random.Random) -> SamplingParams:
-    kind = rng.choice(["plain", "plain", "stop-string", "stop-token", "ignore-eos", "min-tokens",
-                       "logprobs", "penalty"])
+    kind = rng.choice(
+        ["plain", "plain", "stop-string", "stop-token", "ignore-eos", "min-tokens", "logprobs", "penalty"]
+    )
     kw: dict[str, Any] = {"max_tokens": rng.randint(1, 24), "temperature": 0.0}
     if kind == "stop-string":
         kw["stop"] = rng.sample(STOP_STRINGS, 2) + [chr(c) for c in rng.sample(range(97, 123), 10)]
@@ -287,14 +301,22 @@ def test_real_runner_and_sampler_overlapped_equal_synchronous(tiny_checkpoint_fa
 
     path = str(tiny_checkpoint_factory("qwen3"))
     prompts = ["The quick brown fox", "Hi", "jumps over the lazy dog " * 3, "and then"]
-    params = [SamplingParams(temperature=0.0, max_tokens=9),
-              SamplingParams(temperature=0.8, seed=5, max_tokens=14, stop=["e", "a"]),
-              SamplingParams(temperature=0.0, max_tokens=3, repetition_penalty=1.3),
-              SamplingParams(temperature=0.9, top_k=20, seed=11, max_tokens=5, ignore_eos=True)]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=9),
+        SamplingParams(temperature=0.8, seed=5, max_tokens=14, stop=["e", "a"]),
+        SamplingParams(temperature=0.0, max_tokens=3, repetition_penalty=1.3),
+        SamplingParams(temperature=0.9, top_k=20, seed=11, max_tokens=5, ignore_eos=True),
+    ]
     results = []
     for async_scheduling in (False, True):
-        llm = LLM(path, device="cpu", dtype="float32", max_model_len=128, block_size=4,
-                  async_scheduling=async_scheduling)
+        llm = LLM(
+            path,
+            device="cpu",
+            dtype="float32",
+            max_model_len=128,
+            block_size=4,
+            async_scheduling=async_scheduling,
+        )
         outs = llm.generate(prompts, params)
         results.append([(o.token_ids, o.text, o.finish_reason, o.stop_reason) for o in outs])
         assert (llm.engine.num_overlapped_steps > 0) == async_scheduling

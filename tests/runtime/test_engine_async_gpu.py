@@ -17,9 +17,19 @@ MAX_TOKENS = 40
 
 
 def _generate(model_dir: Path, async_scheduling: bool) -> tuple[dict[str, list[int]], int]:
-    engine = LLMEngine.from_args(EngineArgs(
-        model=str(model_dir), max_model_len=1024, max_num_seqs=8, num_kv_blocks=256, device="cuda",
-        dtype="bfloat16", load_format="dummy", seed=7, async_scheduling=async_scheduling))
+    engine = LLMEngine.from_args(
+        EngineArgs(
+            model=str(model_dir),
+            max_model_len=1024,
+            max_num_seqs=8,
+            num_kv_blocks=256,
+            device="cuda",
+            dtype="bfloat16",
+            load_format="dummy",
+            seed=7,
+            async_scheduling=async_scheduling,
+        )
+    )
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, detokenize=False)
     for i, n in enumerate(PROMPT_LENS):
         engine.add_request(f"r{i}", [(7 * i + 13 * j) % 1000 + 1 for j in range(n)], params)

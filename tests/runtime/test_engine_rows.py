@@ -38,8 +38,12 @@ class CheckingSampler(FakeSampler):
             p = seq.params
             assert row.params is p and row.output_token_ids == seq.output_token_ids
             assert row.banned_token_ids == banned_token_ids(
-                seq.num_output_tokens, p.min_tokens, eos_token_ids={EOS_TOKEN_ID},
-                stop_token_ids=p.stop_token_ids, ignore_eos=p.ignore_eos)
+                seq.num_output_tokens,
+                p.min_tokens,
+                eos_token_ids={EOS_TOKEN_ID},
+                stop_token_ids=p.stop_token_ids,
+                ignore_eos=p.ignore_eos,
+            )
             self.rows_checked += 1
             self.banned_rows += bool(row.banned_token_ids)
         return super().sample(logits, rows)
@@ -55,13 +59,21 @@ def eos_first(context: Sequence[int]) -> list[float]:
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_rows_follow_each_request_and_its_min_tokens(async_scheduling: bool) -> None:
     sampler = CheckingSampler()
-    engine = LLMEngine(FakeRunner(num_kv_blocks=64, block_size=4, max_model_len=128, logits_fn=eos_first),
-                       FakeTokenizer(), sampler, max_num_seqs=8, max_num_batched_tokens=64,
-                       async_scheduling=async_scheduling)
+    engine = LLMEngine(
+        FakeRunner(num_kv_blocks=64, block_size=4, max_model_len=128, logits_fn=eos_first),
+        FakeTokenizer(),
+        sampler,
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        async_scheduling=async_scheduling,
+    )
     sampler.engine = engine
     engine.add_request("min", [1, 2, 3], SamplingParams(max_tokens=10, min_tokens=4))
-    engine.add_request("stop", [4, 5], SamplingParams(max_tokens=10, min_tokens=2, ignore_eos=True,
-                                                      stop_token_ids=[EOS_TOKEN_ID]))
+    engine.add_request(
+        "stop",
+        [4, 5],
+        SamplingParams(max_tokens=10, min_tokens=2, ignore_eos=True, stop_token_ids=[EOS_TOKEN_ID]),
+    )
     engine.add_request("plain", [6, 7, 8], SamplingParams(max_tokens=5, ignore_eos=True))
     tokens: dict[str, list[int]] = {}
     finish: dict[str, tuple] = {}

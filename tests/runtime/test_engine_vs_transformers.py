@@ -48,7 +48,7 @@ def hf_greedy(path: Path, prompt: list[int]) -> list[int]:
     if key not in _hf_cache:
         with torch.no_grad():
             out = hf_model(path).generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW, do_sample=False)
-        _hf_cache[key] = out[0, len(prompt):].tolist()
+        _hf_cache[key] = out[0, len(prompt) :].tolist()
     return _hf_cache[key]
 
 
@@ -68,8 +68,9 @@ def make_llm(path: Path, **kw) -> LLM:
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_greedy_equals_transformers_generate(family: str, config: str,
-                                             tiny_checkpoint_factory: Callable[..., Path]) -> None:
+def test_greedy_equals_transformers_generate(
+    family: str, config: str, tiny_checkpoint_factory: Callable[..., Path]
+) -> None:
     path = tiny_checkpoint_factory(family)
     llm = make_llm(path, **CONFIGS[config])
     # the second round finds the first round's blocks in the prefix cache; without logprobs its decode
@@ -95,16 +96,18 @@ def test_greedy_equals_transformers_generate(family: str, config: str,
 
 def test_seeded_sampling_is_independent_of_the_batch(tiny_checkpoint_factory: Callable[..., Path]) -> None:
     path = tiny_checkpoint_factory("qwen3")
-    seeded = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, seed=1234, max_tokens=MAX_NEW,
-                            ignore_eos=True)
+    seeded = SamplingParams(
+        temperature=0.9, top_k=40, top_p=0.95, seed=1234, max_tokens=MAX_NEW, ignore_eos=True
+    )
     other = SamplingParams(temperature=1.0, max_tokens=MAX_NEW, ignore_eos=True)
     (alone,) = make_llm(path).generate([PROMPTS[0]], seeded)
     crowded = make_llm(path, **CONFIGS["preemption"])
     batch = crowded.generate([PROMPTS[2], PROMPTS[0], PROMPTS[1], PROMPTS[0]], [other, seeded, other, seeded])
     assert crowded.engine.stats().num_preemptions > 0
     assert batch[1].token_ids == alone.token_ids == batch[3].token_ids
-    reseeded = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, seed=99, max_tokens=MAX_NEW,
-                              ignore_eos=True)
+    reseeded = SamplingParams(
+        temperature=0.9, top_k=40, top_p=0.95, seed=99, max_tokens=MAX_NEW, ignore_eos=True
+    )
     (different,) = make_llm(path).generate([PROMPTS[0]], reseeded)
     assert different.token_ids != alone.token_ids  # it really samples: the seed matters
 

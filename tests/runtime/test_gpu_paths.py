@@ -29,11 +29,23 @@ def qwen3_06b_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_model_dir(tmp_path_factory.mktemp("gpu"), "qwen3-0.6b")
 
 
-def _runner(model_dir: Path, backend: str, eager: bool, kv_cache_dtype: str = "auto",
-            max_model_len: int = 1024) -> ModelRunner:
-    return ModelRunner(model_dir, block_size=BLOCK, max_model_len=max_model_len, device="cuda",
-                       dtype="bfloat16", num_kv_blocks=128, backend=backend, load_format="dummy", seed=7,
-                       max_num_seqs=8, enforce_eager=eager, kv_cache_dtype=kv_cache_dtype)
+def _runner(
+    model_dir: Path, backend: str, eager: bool, kv_cache_dtype: str = "auto", max_model_len: int = 1024
+) -> ModelRunner:
+    return ModelRunner(
+        model_dir,
+        block_size=BLOCK,
+        max_model_len=max_model_len,
+        device="cuda",
+        dtype="bfloat16",
+        num_kv_blocks=128,
+        backend=backend,
+        load_format="dummy",
+        seed=7,
+        max_num_seqs=8,
+        enforce_eager=eager,
+        kv_cache_dtype=kv_cache_dtype,
+    )
 
 
 def _tables() -> list[list[int]]:
@@ -57,8 +69,9 @@ def teacher_forced_logits(ref: ModelRunner, test: ModelRunner) -> list[tuple[tor
         a, b = ref.execute(batch), test.execute(batch)
         pairs.append((a.float().cpu(), b.float().cpu()))
         nxt = a.argmax(-1).tolist()
-        batch = StepBatch([SeqChunk(i, [nxt[i]], len(prompts[i]) + step, tables[i], True)
-                           for i in range(len(prompts))])
+        batch = StepBatch(
+            [SeqChunk(i, [nxt[i]], len(prompts[i]) + step, tables[i], True) for i in range(len(prompts))]
+        )
     return pairs
 
 

@@ -17,8 +17,11 @@ from kvpilot.runtime.sampling_params import SamplingParams
 
 
 def _reference_summary(chunks: list[SeqChunk]) -> tuple[int, int, bool]:
-    return (sum(len(c.token_ids) for c in chunks), sum(1 for c in chunks if c.sample),
-            all(len(c.token_ids) == 1 for c in chunks))
+    return (
+        sum(len(c.token_ids) for c in chunks),
+        sum(1 for c in chunks if c.sample),
+        all(len(c.token_ids) == 1 for c in chunks),
+    )
 
 
 def _summary(batch: StepBatch) -> tuple[int, int, bool]:
@@ -48,18 +51,29 @@ def test_decode_only_needs_exactly_one_token_per_chunk() -> None:
 def _random_params(rng: random.Random) -> SamplingParams:
     kind = rng.randrange(5)
     return SamplingParams(
-        temperature=0.0, max_tokens=rng.randrange(1, 12), detokenize=rng.random() < 0.5,
-        logprobs=2 if kind == 1 else None, repetition_penalty=1.2 if kind == 2 else 1.0,
-        stop=["at"] if kind == 3 else [], stop_token_ids=[rng.randrange(1, 60)] if kind == 4 else [],
-        min_tokens=rng.randrange(3), ignore_eos=rng.random() < 0.5)
+        temperature=0.0,
+        max_tokens=rng.randrange(1, 12),
+        detokenize=rng.random() < 0.5,
+        logprobs=2 if kind == 1 else None,
+        repetition_penalty=1.2 if kind == 2 else 1.0,
+        stop=["at"] if kind == 3 else [],
+        stop_token_ids=[rng.randrange(1, 60)] if kind == 4 else [],
+        min_tokens=rng.randrange(3),
+        ignore_eos=rng.random() < 0.5,
+    )
 
 
 def test_engine_counts_match_its_requests_through_adds_aborts_and_finishes() -> None:
     """_num_no_overlap / _num_logprobs (kept on add and forget) equal a count over the requests, and
     the overlap decision equals the per-sequence check."""
     rng = random.Random(3)
-    engine = LLMEngine(FakeRunner(num_kv_blocks=48, block_size=4, max_model_len=64), FakeTokenizer(),
-                       FakeSampler(), max_num_seqs=6, max_num_batched_tokens=32)
+    engine = LLMEngine(
+        FakeRunner(num_kv_blocks=48, block_size=4, max_model_len=64),
+        FakeTokenizer(),
+        FakeSampler(),
+        max_num_seqs=6,
+        max_num_batched_tokens=32,
+    )
     ids = iter(range(10**6))
     for _ in range(120):
         if rng.random() < 0.4:
@@ -72,7 +86,8 @@ def test_engine_counts_match_its_requests_through_adds_aborts_and_finishes() -> 
         assert engine._num_no_overlap == sum(not r.can_overlap for r in reqs)
         assert engine._num_logprobs == sum(r.seq.params.logprobs is not None for r in reqs)
         uncached = engine.scheduler.can_schedule_decodes_only() and all(
-            engine._by_seq[s.seq_id].can_overlap for s in engine.scheduler.running)
+            engine._by_seq[s.seq_id].can_overlap for s in engine.scheduler.running
+        )
         assert engine._can_overlap() == uncached
     assert engine.num_overlapped_steps > 0
 
@@ -121,13 +136,23 @@ def test_packed_block_tables_follow_growth_preemption_and_prefix_hits() -> None:
     enough to preempt and with shared prefixes (prefix-cache hits); prepare_inputs gives the same
     tensors with and without the packed tables."""
     rng = random.Random(11)
-    engine = LLMEngine(CheckingRunner(num_kv_blocks=24, block_size=4, max_model_len=64), FakeTokenizer(),
-                       FakeSampler(), max_num_seqs=8, max_num_batched_tokens=24)
+    engine = LLMEngine(
+        CheckingRunner(num_kv_blocks=24, block_size=4, max_model_len=64),
+        FakeTokenizer(),
+        FakeSampler(),
+        max_num_seqs=8,
+        max_num_batched_tokens=24,
+    )
     shared = [rng.randrange(1, 200) for _ in range(9)]
     for i in range(30):
         prompt = shared + [rng.randrange(1, 200) for _ in range(rng.randrange(1, 8))]
-        engine.add_request(str(i), prompt, SamplingParams(temperature=0.0, max_tokens=rng.randrange(4, 20),
-                                                          ignore_eos=True, detokenize=False))
+        engine.add_request(
+            str(i),
+            prompt,
+            SamplingParams(
+                temperature=0.0, max_tokens=rng.randrange(4, 20), ignore_eos=True, detokenize=False
+            ),
+        )
     while engine.has_unfinished_requests():
         engine.step()
     assert engine.runner.num_checked > 100
@@ -153,16 +178,23 @@ def test_row_plan_fast_path_matches_the_full_pass() -> None:
     from kvpilot.runtime.engine.sampler import SampleRow, _RowPlan
 
     plain = SampleRow(SamplingParams(temperature=0.0), [1], [])
-    others = [SampleRow(SamplingParams(temperature=0.0), [1], [], frozenset({0})),
-              SampleRow(SamplingParams(temperature=0.0, logprobs=1), [1], []),
-              SampleRow(SamplingParams(temperature=0.0, presence_penalty=0.5), [1], []),
-              SampleRow(SamplingParams(temperature=0.7), [1], [])]
+    others = [
+        SampleRow(SamplingParams(temperature=0.0), [1], [], frozenset({0})),
+        SampleRow(SamplingParams(temperature=0.0, logprobs=1), [1], []),
+        SampleRow(SamplingParams(temperature=0.0, presence_penalty=0.5), [1], []),
+        SampleRow(SamplingParams(temperature=0.7), [1], []),
+    ]
     assert plain.plain_greedy and not any(r.plain_greedy for r in others)
     for rows in ([plain] * 5, [plain, others[0]], [others[1], plain], [*others, plain], []):
         fast = _RowPlan.of(rows)
         # one random row more forces the full pass over the same rows
-        slow = _RowPlan.of([SampleRow(r.params, r.prompt_token_ids, r.output_token_ids, r.banned_token_ids)
-                            for r in rows] + [others[3]])
+        slow = _RowPlan.of(
+            [SampleRow(r.params, r.prompt_token_ids, r.output_token_ids, r.banned_token_ids) for r in rows]
+            + [others[3]]
+        )
         assert (fast.plain_greedy, fast.processed, fast.any_logprobs) == (
-            slow.plain_greedy, slow.processed, slow.any_logprobs)
+            slow.plain_greedy,
+            slow.processed,
+            slow.any_logprobs,
+        )
         assert fast.random == slow.random[:-1]

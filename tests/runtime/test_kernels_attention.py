@@ -268,8 +268,9 @@ def test_gpu_prefill_qwen3_8b(ctx_lens: list[int], q_lens: list[int]) -> None:
 @pytest.mark.gpu
 def test_gpu_decode_cuda_graph_replay_matches_eager() -> None:
     """The decode launch is capturable: grid and plan depend on shapes only, no host sync."""
-    b = make_batch([4000, 4000, 1, 2500], [1] * 4, **QWEN3_8B, block_size=16, dtype=torch.bfloat16,
-                   device="cuda")  # fmt: skip
+    b = make_batch(
+        [4000, 4000, 1, 2500], [1] * 4, **QWEN3_8B, block_size=16, dtype=torch.bfloat16, device="cuda"
+    )
     scale = 128**-0.5
     args = (b["q"], b["k_cache"], b["v_cache"], b["cu_seqlens_q"], b["context_lens"], b["block_tables"])
     args = (*args, scale)

@@ -12,17 +12,30 @@ import os
 import subprocess
 import sys
 
-EXPECTED = {"decode_single_pass", "decode_split", "decode_head_dim_80", "decode_reduce", "prefill",
-            "store_kv_cache", "rms_norm_residual", "rotary", "qkv_prepare", "qkv_prepare_qk_norm",
-            "silu_and_mul"}  # fmt: skip
+EXPECTED = {
+    "decode_single_pass",
+    "decode_split",
+    "decode_head_dim_80",
+    "decode_reduce",
+    "prefill",
+    "store_kv_cache",
+    "rms_norm_residual",
+    "rotary",
+    "qkv_prepare",
+    "qkv_prepare_qk_norm",
+    "silu_and_mul",
+}
 
 
 def test_kernels_compile_for_sm90() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(
         [sys.executable, "-m", "kvpilot.runtime.kernels.compile_check", "--arch", "90", "--json"],
-        capture_output=True, text=True, env=env, timeout=240,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     reports = {r["name"]: r for r in json.loads(done.stdout.strip().splitlines()[-1])}
     assert set(reports) == EXPECTED

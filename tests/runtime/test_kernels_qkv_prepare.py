@@ -31,7 +31,7 @@ BF16_NORM_TOL = {"atol": 2e-2, "rtol": 1.6e-2}
 
 def assert_bf16_close(got: torch.Tensor, want: torch.Tensor, with_norm: bool) -> None:
     torch.testing.assert_close(got, want, **(BF16_NORM_TOL if with_norm else BF16_TOL))
-    beyond_one_rounding = ((got.float() - want.float()).abs() > 1e-3 + 1.6e-2 * want.float().abs())
+    beyond_one_rounding = (got.float() - want.float()).abs() > 1e-3 + 1.6e-2 * want.float().abs()
     assert beyond_one_rounding.float().mean().item() < 0.02, "normed heads round differently too often"
 
 
@@ -45,8 +45,14 @@ def sequence_slots(block_table: list[int], start: int, count: int, block_size: i
     return [block_table[p // block_size] * block_size + p % block_size for p in range(start, start + count)]
 
 
-def run_both(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, caches: list[torch.Tensor],
-             slots: torch.Tensor, norm: dict) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+def run_both(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    caches: list[torch.Tensor],
+    slots: torch.Tensor,
+    norm: dict,
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
     """(q, k_cache, v_cache) from the reference and from the kernel, each on its own copy of the caches."""
     ref_k, ref_v = caches[0].clone(), caches[1].clone()
     ref_q = qkv_prepare_ref(qkv, positions, cos_sin, ref_k, ref_v, slots, **norm)
@@ -58,16 +64,21 @@ def run_both(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, 
 def qk_norm(on: bool, head_dim: int, dtype: torch.dtype = torch.float32, device: str = DEVICE) -> dict:
     if not on:
         return {}
-    return {"q_norm_weight": randn(head_dim, seed=11, dtype=dtype, device=device),
-            "k_norm_weight": randn(head_dim, seed=12, dtype=dtype, device=device), "eps": 1e-6}  # fmt: skip
+    return {
+        "q_norm_weight": randn(head_dim, seed=11, dtype=dtype, device=device),
+        "k_norm_weight": randn(head_dim, seed=12, dtype=dtype, device=device),
+        "eps": 1e-6,
+    }
 
 
 @pytest.mark.parametrize("block_size", [4, 16])
 @pytest.mark.parametrize("with_norm", [False, True], ids=["no-norm", "qk-norm"])
-@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(2, 2), (4, 2), (8, 2), (3, 1)],
-                         ids=["mha", "gqa2", "gqa4", "mqa"])  # fmt: skip
-def test_matches_reference_composition(num_heads: int, num_kv_heads: int, with_norm: bool,
-                                       block_size: int) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads"), [(2, 2), (4, 2), (8, 2), (3, 1)], ids=["mha", "gqa2", "gqa4", "mqa"]
+)
+def test_matches_reference_composition(
+    num_heads: int, num_kv_heads: int, with_norm: bool, block_size: int
+) -> None:
     head_dim, num_blocks = 8, 6
     # Two sequences, 7 tokens (odd): one crosses block boundaries, one padding token (slot -1) between.
     first = sequence_slots([3, 0, 5], block_size - 2, 4, block_size)
@@ -93,8 +104,9 @@ def test_matches_reference_composition(num_heads: int, num_kv_heads: int, with_n
 def test_no_tokens_returns_empty_q_and_leaves_the_cache() -> None:
     cache = torch.ones(2, 4, 1, 8, device=DEVICE)
     empty = torch.zeros(0, dtype=torch.int64, device=DEVICE)
-    q = qkv_prepare_triton(torch.zeros(0, 24, device=DEVICE), empty, torch.ones(4, 8, device=DEVICE), cache,
-                           cache, empty)  # fmt: skip
+    q = qkv_prepare_triton(
+        torch.zeros(0, 24, device=DEVICE), empty, torch.ones(4, 8, device=DEVICE), cache, cache, empty
+    )
     assert q.shape == (0, 1, 8) and torch.equal(cache, torch.ones_like(cache))
 
 
@@ -105,8 +117,15 @@ def test_rejects_bad_inputs(op: Callable[..., torch.Tensor]) -> None:
     with pytest.raises(ValueError, match="qkv width"):
         op(torch.zeros(3, 40, device=DEVICE), pos, cos_sin, cache, cache.clone(), pos)  # 1 q head for 2 kv
     with pytest.raises(ValueError, match="both q_norm_weight and k_norm_weight"):
-        op(torch.zeros(3, 64, device=DEVICE), pos, cos_sin, cache, cache.clone(), pos,
-           q_norm_weight=torch.ones(8, device=DEVICE))  # fmt: skip
+        op(
+            torch.zeros(3, 64, device=DEVICE),
+            pos,
+            cos_sin,
+            cache,
+            cache.clone(),
+            pos,
+            q_norm_weight=torch.ones(8, device=DEVICE),
+        )
 
 
 def test_kernel_rejects_mismatched_metadata() -> None:
@@ -127,8 +146,10 @@ def test_kernel_rejects_mismatched_metadata() -> None:
 def test_gpu_qwen3_8b_bf16(num_tokens: int, with_norm: bool) -> None:
     bf16, heads, kv_heads, head_dim, block_size, num_blocks = torch.bfloat16, 32, 8, 128, 16, 128
     qkv = randn(num_tokens, (heads + 2 * kv_heads) * head_dim, seed=1, dtype=bf16, device="cuda")
-    caches = [randn(num_blocks, block_size, kv_heads, head_dim, seed=2 + i, dtype=bf16, device="cuda")
-              for i in range(2)]  # fmt: skip
+    caches = [
+        randn(num_blocks, block_size, kv_heads, head_dim, seed=2 + i, dtype=bf16, device="cuda")
+        for i in range(2)
+    ]
     gen = torch.Generator().manual_seed(num_tokens)
     slots = torch.randperm(num_blocks * block_size, generator=gen)[:num_tokens]
     slots[1::9] = -1

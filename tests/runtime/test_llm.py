@@ -45,8 +45,13 @@ def test_generate_text_and_token_prompts_in_order() -> None:
 
 def test_per_prompt_params_and_logprobs() -> None:
     llm = make_llm()
-    outs = llm.generate(["a", "b"], [SamplingParams(max_tokens=2, ignore_eos=True, logprobs=1),
-                                     SamplingParams(max_tokens=3, ignore_eos=True)])
+    outs = llm.generate(
+        ["a", "b"],
+        [
+            SamplingParams(max_tokens=2, ignore_eos=True, logprobs=1),
+            SamplingParams(max_tokens=3, ignore_eos=True),
+        ],
+    )
     assert [len(o.token_ids) for o in outs] == [2, 3]
     assert [lp.token_id for lp in outs[0].logprobs] == outs[0].token_ids and outs[1].logprobs is None
     assert llm.generate([]) == []
@@ -65,11 +70,13 @@ def test_bad_prompt_raises_and_leaves_the_engine_clean() -> None:
 
 
 def test_package_exports_are_lazy_and_torch_free() -> None:
-    code = ("import sys, kvpilot.runtime as r; assert 'torch' not in sys.modules; "
-            "from kvpilot.runtime import LLM, SamplingParams; assert 'torch' not in sys.modules; "
-            "assert LLM.__name__ == 'LLM' and SamplingParams().max_tokens == 16; "
-            "import kvpilot.runtime.engine.scheduler, kvpilot.runtime.engine.block_manager; "
-            "assert 'torch' not in sys.modules; print('ok')")
+    code = (
+        "import sys, kvpilot.runtime as r; assert 'torch' not in sys.modules; "
+        "from kvpilot.runtime import LLM, SamplingParams; assert 'torch' not in sys.modules; "
+        "assert LLM.__name__ == 'LLM' and SamplingParams().max_tokens == 16; "
+        "import kvpilot.runtime.engine.scheduler, kvpilot.runtime.engine.block_manager; "
+        "assert 'torch' not in sys.modules; print('ok')"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "ok", result.stderr
     import kvpilot.runtime as runtime

@@ -26,14 +26,24 @@ def edit_config(path: Path, **changes: object) -> None:
     (path / "config.json").write_text(json.dumps(config))
 
 
-@pytest.mark.parametrize(("family", "qkv_bias", "qk_norm", "tied", "kv_heads", "head_dim"), [
-    ("llama2", False, False, False, 4, 16),
-    ("llama3", False, False, False, 2, 16),
-    ("qwen2", True, False, True, 2, 16),
-    ("qwen3", False, True, True, 2, 32),
-])
-def test_config_from_dir(family: str, qkv_bias: bool, qk_norm: bool, tied: bool, kv_heads: int, head_dim: int,
-                         tiny_checkpoint_factory: Callable) -> None:
+@pytest.mark.parametrize(
+    ("family", "qkv_bias", "qk_norm", "tied", "kv_heads", "head_dim"),
+    [
+        ("llama2", False, False, False, 4, 16),
+        ("llama3", False, False, False, 2, 16),
+        ("qwen2", True, False, True, 2, 16),
+        ("qwen3", False, True, True, 2, 32),
+    ],
+)
+def test_config_from_dir(
+    family: str,
+    qkv_bias: bool,
+    qk_norm: bool,
+    tied: bool,
+    kv_heads: int,
+    head_dim: int,
+    tiny_checkpoint_factory: Callable,
+) -> None:
     config = ModelConfig.from_dir(tiny_checkpoint_factory(family))
     assert (config.attention_bias, config.qk_norm, config.tie_word_embeddings) == (qkv_bias, qk_norm, tied)
     assert (config.num_key_value_heads, config.head_dim) == (kv_heads, head_dim)
@@ -51,8 +61,13 @@ def test_transformers5_rope_parameters_read_like_classic_keys(llama3_checkpoint:
 
 
 def test_llama_attention_bias_also_biases_o_proj_but_qwen2_never_does() -> None:
-    base = {"vocab_size": 8, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1,
-            "num_attention_heads": 2}
+    base = {
+        "vocab_size": 8,
+        "hidden_size": 8,
+        "intermediate_size": 8,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+    }
     llama = ModelConfig.from_dict({**base, "architectures": ["LlamaForCausalLM"], "attention_bias": True})
     qwen2 = ModelConfig.from_dict({**base, "architectures": ["Qwen2ForCausalLM"]})
     assert (llama.attention_bias, llama.o_proj_bias) == (True, True)
@@ -62,12 +77,20 @@ def test_llama_attention_bias_also_biases_o_proj_but_qwen2_never_does() -> None:
 
 def test_name_mapping_round_trips() -> None:
     assert checkpoint_to_param("model.layers.3.self_attn.k_proj.bias") == (
-        "model.layers.3.self_attn.qkv_proj.bias", 1)
+        "model.layers.3.self_attn.qkv_proj.bias",
+        1,
+    )
     assert checkpoint_to_param("model.layers.0.mlp.up_proj.weight") == (
-        "model.layers.0.mlp.gate_up_proj.weight", 1)
+        "model.layers.0.mlp.gate_up_proj.weight",
+        1,
+    )
     assert checkpoint_to_param("model.norm.weight") == ("model.norm.weight", None)
-    for name in ["model.layers.1.self_attn.q_proj.weight", "model.layers.1.self_attn.v_proj.bias",
-                 "model.layers.1.mlp.gate_proj.weight", "lm_head.weight"]:
+    for name in [
+        "model.layers.1.self_attn.q_proj.weight",
+        "model.layers.1.self_attn.v_proj.bias",
+        "model.layers.1.mlp.gate_proj.weight",
+        "lm_head.weight",
+    ]:
         assert param_to_checkpoint(*checkpoint_to_param(name)) == name
 
 
@@ -108,8 +131,9 @@ def test_unparseable_config(qwen3_checkpoint: Path, copy_checkpoint: Callable) -
         ModelConfig.from_dir(path)
 
 
-def test_unsupported_architecture_names_the_supported_ones(qwen3_checkpoint: Path,
-                                                           copy_checkpoint: Callable) -> None:
+def test_unsupported_architecture_names_the_supported_ones(
+    qwen3_checkpoint: Path, copy_checkpoint: Callable
+) -> None:
     path = copy_checkpoint(qwen3_checkpoint)
     edit_config(path, architectures=["MambaForCausalLM"])
     with pytest.raises(UnsupportedModelError, match="MambaForCausalLM is not supported") as info:
@@ -118,12 +142,15 @@ def test_unsupported_architecture_names_the_supported_ones(qwen3_checkpoint: Pat
         assert name in str(info.value)
 
 
-@pytest.mark.parametrize(("changes", "message"), [
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope scaling type 'yarn'"),
-    ({"quantization_config": {"quant_method": "awq"}}, r"quantized checkpoints \(awq\)"),
-    ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
-    ({"use_sliding_window": True}, "sliding-window"),
-])
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope scaling type 'yarn'"),
+        ({"quantization_config": {"quant_method": "awq"}}, r"quantized checkpoints \(awq\)"),
+        ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+        ({"use_sliding_window": True}, "sliding-window"),
+    ],
+)
 def test_unsupported_features(changes: dict, message: str, qwen3_checkpoint: Path) -> None:
     raw = {**json.loads((qwen3_checkpoint / "config.json").read_text()), **changes}
     with pytest.raises(UnsupportedModelError, match=message):
@@ -159,8 +186,9 @@ def test_corrupt_weights_name_the_file(qwen3_checkpoint: Path, copy_checkpoint: 
         load(path)
 
 
-def test_incomplete_checkpoint_names_the_missing_tensor(qwen3_checkpoint: Path,
-                                                        copy_checkpoint: Callable) -> None:
+def test_incomplete_checkpoint_names_the_missing_tensor(
+    qwen3_checkpoint: Path, copy_checkpoint: Callable
+) -> None:
     path = copy_checkpoint(qwen3_checkpoint)
     tensors = load_file(path / "model.safetensors")
     del tensors["model.layers.1.self_attn.k_proj.weight"], tensors["model.layers.0.self_attn.k_norm.weight"]
@@ -180,8 +208,9 @@ def test_wrong_shape_names_the_tensor(llama2_checkpoint: Path, copy_checkpoint: 
         load(path)
 
 
-def test_sharded_index_with_a_missing_shard(tiny_checkpoint_factory: Callable,
-                                            copy_checkpoint: Callable) -> None:
+def test_sharded_index_with_a_missing_shard(
+    tiny_checkpoint_factory: Callable, copy_checkpoint: Callable
+) -> None:
     path = copy_checkpoint(tiny_checkpoint_factory("llama3", shards=2))
     (path / "model-00002-of-00002.safetensors").unlink()
     with pytest.raises(ModelLoadError, match=r"missing: model-00002-of-00002\.safetensors"):

@@ -18,16 +18,22 @@ def reference_inputs(batch: StepBatch, block_size: int) -> dict[str, object]:
     for c in batch.chunks:
         input_ids.extend(c.token_ids)
         positions.extend(range(c.start_pos, c.context_len))
-        slots.extend(c.block_table[p // block_size] * block_size + p % block_size
-                     for p in range(c.start_pos, c.context_len))
+        slots.extend(
+            c.block_table[p // block_size] * block_size + p % block_size
+            for p in range(c.start_pos, c.context_len)
+        )
         cu_seqlens.append(len(input_ids))
         context_lens.append(c.context_len)
         if c.sample:
             sample_indices.append(len(input_ids) - 1)
     width = max((len(c.block_table) for c in batch.chunks), default=0)
     return {
-        "input_ids": input_ids, "positions": positions, "slot_mapping": slots, "cu_seqlens_q": cu_seqlens,
-        "context_lens": context_lens, "sample_indices": sample_indices,
+        "input_ids": input_ids,
+        "positions": positions,
+        "slot_mapping": slots,
+        "cu_seqlens_q": cu_seqlens,
+        "context_lens": context_lens,
+        "sample_indices": sample_indices,
         "block_tables": [c.block_table + [0] * (width - len(c.block_table)) for c in batch.chunks],
         "max_q_len": max((len(c.token_ids) for c in batch.chunks), default=0),
         "max_context_len": max(context_lens, default=0),
@@ -43,10 +49,14 @@ def actual_inputs(batch: StepBatch, block_size: int) -> dict[str, object]:
     assert m.block_tables.dim() == 2 and m.block_tables.shape[0] == len(batch.chunks)
     assert m.block_tables.is_contiguous()
     return {
-        "input_ids": inputs.input_ids.tolist(), "positions": inputs.positions.tolist(),
-        "slot_mapping": m.slot_mapping.tolist(), "cu_seqlens_q": m.cu_seqlens_q.tolist(),
-        "context_lens": m.context_lens.tolist(), "sample_indices": inputs.sample_indices.tolist(),
-        "block_tables": m.block_tables.tolist(), "max_q_len": m.max_q_len,
+        "input_ids": inputs.input_ids.tolist(),
+        "positions": inputs.positions.tolist(),
+        "slot_mapping": m.slot_mapping.tolist(),
+        "cu_seqlens_q": m.cu_seqlens_q.tolist(),
+        "context_lens": m.context_lens.tolist(),
+        "sample_indices": inputs.sample_indices.tolist(),
+        "block_tables": m.block_tables.tolist(),
+        "max_q_len": m.max_q_len,
         "max_context_len": m.max_context_len,
     }
 
@@ -58,8 +68,9 @@ def random_batch(rng: random.Random, block_size: int, *, decode_only: bool) -> S
         n = 1 if decode_only or rng.random() < 0.5 else rng.randrange(1, 70)
         needed = -(-(start + n) // block_size)
         table = rng.sample(range(5000), needed + rng.choice([0, 0, 0, 2]))  # sometimes longer than needed
-        chunks.append(SeqChunk(seq_id, [rng.randrange(150_000) for _ in range(n)], start, table,
-                               rng.random() < 0.8))
+        chunks.append(
+            SeqChunk(seq_id, [rng.randrange(150_000) for _ in range(n)], start, table, rng.random() < 0.8)
+        )
     return StepBatch(chunks)
 
 

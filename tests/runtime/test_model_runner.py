@@ -20,11 +20,13 @@ CPU = torch.device("cpu")
 
 
 def test_prepare_inputs_flattens_prefill_chunks_and_decodes() -> None:
-    batch = StepBatch([
-        SeqChunk(seq_id=0, token_ids=[11, 12, 13], start_pos=2, block_table=[7, 3], sample=True),
-        SeqChunk(seq_id=1, token_ids=[21], start_pos=9, block_table=[0, 5, 6], sample=True),
-        SeqChunk(seq_id=2, token_ids=[31, 32], start_pos=0, block_table=[1], sample=False),
-    ])
+    batch = StepBatch(
+        [
+            SeqChunk(seq_id=0, token_ids=[11, 12, 13], start_pos=2, block_table=[7, 3], sample=True),
+            SeqChunk(seq_id=1, token_ids=[21], start_pos=9, block_table=[0, 5, 6], sample=True),
+            SeqChunk(seq_id=2, token_ids=[31, 32], start_pos=0, block_table=[1], sample=False),
+        ]
+    )
     inputs = prepare_inputs(batch, block_size=4, device=CPU)
     assert inputs.input_ids.tolist() == [11, 12, 13, 21, 31, 32]
     assert inputs.positions.tolist() == [2, 3, 4, 9, 0, 1]
@@ -86,23 +88,27 @@ def test_kv_cache_dtypes(qwen2_checkpoint: Path) -> None:
     assert torch.isfinite(logits).all()
     fp8 = ModelRunner(qwen2_checkpoint, block_size=4, num_kv_blocks=4, kv_cache_dtype="fp8")
     assert fp8.kv_caches[0][0].dtype == torch.float8_e4m3fn
-    torch.testing.assert_close(fp8.execute(StepBatch([SeqChunk(0, [1, 2, 3], 0, [0], True)])), logits,
-                               atol=0.5, rtol=0)
+    torch.testing.assert_close(
+        fp8.execute(StepBatch([SeqChunk(0, [1, 2, 3], 0, [0], True)])), logits, atol=0.5, rtol=0
+    )
     with pytest.raises(UnsupportedModelError, match="int8"):
         ModelRunner(qwen2_checkpoint, num_kv_blocks=4, kv_cache_dtype="int8")
 
 
-@pytest.mark.parametrize(("kwargs", "error", "message"), [
-    ({"max_model_len": 5000}, ModelLoadError, "max_model_len 5000 exceeds .* 1024"),
-    ({"device": "cuda"}, ModelLoadError, "no CUDA GPU"),
-    ({"device": "tpu"}, ModelLoadError, "unknown device 'tpu'"),
-    ({"dtype": "float64"}, ModelLoadError, "unknown dtype 'float64'"),
-    ({"kv_cache_dtype": "fp4"}, ModelLoadError, "unknown kv_cache_dtype 'fp4'"),
-    ({"backend": "cutlass"}, ValueError, "unknown backend 'cutlass'"),
-    ({"load_format": "gguf"}, ModelLoadError, "unknown load_format 'gguf'"),
-    ({"num_kv_blocks": 0}, ValueError, "num_kv_blocks must be positive"),
-    ({"block_size": 0}, ValueError, "block_size must be positive"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"max_model_len": 5000}, ModelLoadError, "max_model_len 5000 exceeds .* 1024"),
+        ({"device": "cuda"}, ModelLoadError, "no CUDA GPU"),
+        ({"device": "tpu"}, ModelLoadError, "unknown device 'tpu'"),
+        ({"dtype": "float64"}, ModelLoadError, "unknown dtype 'float64'"),
+        ({"kv_cache_dtype": "fp4"}, ModelLoadError, "unknown kv_cache_dtype 'fp4'"),
+        ({"backend": "cutlass"}, ValueError, "unknown backend 'cutlass'"),
+        ({"load_format": "gguf"}, ModelLoadError, "unknown load_format 'gguf'"),
+        ({"num_kv_blocks": 0}, ValueError, "num_kv_blocks must be positive"),
+        ({"block_size": 0}, ValueError, "block_size must be positive"),
+    ],
+)
 def test_bad_options(kwargs: dict, error: type, message: str, qwen3_checkpoint: Path) -> None:
     if kwargs.get("device") == "cuda" and torch.cuda.is_available():
         pytest.skip("a GPU is present")

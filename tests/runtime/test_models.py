@@ -27,8 +27,9 @@ VARIANTS = [
     ("qwen3", {}),  # q/k norm, head_dim * heads != hidden, tied
     ("qwen3", {"num_key_value_heads": 4, "tie_word_embeddings": False, "num_hidden_layers": 3}),
 ]
-VARIANT_IDS = [f"{family}-{'-'.join(f'{k}={v}' for k, v in o.items()) or 'default'}"
-               for family, o in VARIANTS]
+VARIANT_IDS = [
+    f"{family}-{'-'.join(f'{k}={v}' for k, v in o.items()) or 'default'}" for family, o in VARIANTS
+]
 
 
 def prompts(vocab_size: int, lengths: tuple[int, ...] = (1, 6, 17, 40), seed: int = 0) -> list[list[int]]:
@@ -47,7 +48,7 @@ class PagedSequence:
         end = self.cached + num_tokens
         while len(self.blocks) * self.block_size < end:
             self.blocks.append(self.pool.pop())
-        chunk = SeqChunk(self.seq_id, self.tokens[self.cached:end], self.cached, list(self.blocks), sample)
+        chunk = SeqChunk(self.seq_id, self.tokens[self.cached : end], self.cached, list(self.blocks), sample)
         self.cached = end
         return chunk
 
@@ -59,8 +60,9 @@ def scrambled_pool(num_blocks: int, seed: int = 1) -> list[int]:
 
 
 @pytest.mark.parametrize(("family", "overrides"), VARIANTS, ids=VARIANT_IDS)
-def test_prefill_logits_match_transformers(family: str, overrides: dict, tiny_checkpoint_factory: Callable,
-                                           hf_logits: Callable) -> None:
+def test_prefill_logits_match_transformers(
+    family: str, overrides: dict, tiny_checkpoint_factory: Callable, hf_logits: Callable
+) -> None:
     path = tiny_checkpoint_factory(family, **overrides)
     runner = ModelRunner(path, block_size=8, num_kv_blocks=32)
     seqs = prompts(runner.model_config.vocab_size)
@@ -73,8 +75,9 @@ def test_prefill_logits_match_transformers(family: str, overrides: dict, tiny_ch
 
 
 @pytest.mark.parametrize("family", ["llama2", "llama3", "qwen2", "qwen3"])
-def test_chunked_prefill_and_decode_match_transformers(family: str, tiny_checkpoint_factory: Callable,
-                                                       hf_logits: Callable) -> None:
+def test_chunked_prefill_and_decode_match_transformers(
+    family: str, tiny_checkpoint_factory: Callable, hf_logits: Callable
+) -> None:
     """Two sequences share steps: prefill chunks crossing block boundaries (block_size 4), a decode next to
     a prefill chunk, then greedy decodes. Every returned row equals transformers at that position."""
     path = tiny_checkpoint_factory(family)
@@ -110,8 +113,9 @@ def test_sharded_checkpoint_equals_single_file(tiny_checkpoint_factory: Callable
     sharded_dir = tiny_checkpoint_factory("qwen2", seed=5, shards=3)
     assert len(list(sharded_dir.glob("model-*-of-00003.safetensors"))) == 3
     sharded = ModelRunner(sharded_dir, block_size=8, num_kv_blocks=8)
-    for (name, p1), (_, p2) in zip(single.model.named_parameters(), sharded.model.named_parameters(),
-                                   strict=True):
+    for (name, p1), (_, p2) in zip(
+        single.model.named_parameters(), sharded.model.named_parameters(), strict=True
+    ):
         assert torch.equal(p1, p2), name
     batch = StepBatch([SeqChunk(0, [5, 9, 200, 3, 17], 0, [2], True)])
     assert torch.equal(single.execute(batch), sharded.execute(batch))
@@ -129,8 +133,9 @@ def test_bfloat16_on_cpu_is_close_to_float32(qwen3_checkpoint: Path) -> None:
     assert not torch.equal(logits, exact)  # it really ran in bf16
 
 
-def test_weights_stored_in_bfloat16_load_into_float32(tiny_checkpoint_factory: Callable,
-                                                      hf_logits: Callable) -> None:
+def test_weights_stored_in_bfloat16_load_into_float32(
+    tiny_checkpoint_factory: Callable, hf_logits: Callable
+) -> None:
     path = tiny_checkpoint_factory("llama3", torch_dtype="bfloat16")
     runner = ModelRunner(path, block_size=8, num_kv_blocks=4)
     assert runner.dtype == torch.float32

@@ -14,8 +14,13 @@ from kvpilot.runtime.fixtures import FAMILIES, make_tiny_checkpoint
 from kvpilot.runtime.fixtures.tokenizer_files import CORPUS_PATH
 from safetensors import safe_open
 
-FILES = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-         "model.safetensors"}
+FILES = {
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "model.safetensors",
+}
 
 
 def test_every_family_writes_a_hugging_face_directory(tiny_checkpoint_factory: Callable) -> None:

@@ -14,8 +14,12 @@ from kvpilot.runtime.sampling_params import SamplingParams
 VOCAB = 32
 
 
-def row(prompt: tuple[int, ...] = (1, 2), output: tuple[int, ...] = (), banned: frozenset[int] = frozenset(),
-        **params: object) -> SampleRow:
+def row(
+    prompt: tuple[int, ...] = (1, 2),
+    output: tuple[int, ...] = (),
+    banned: frozenset[int] = frozenset(),
+    **params: object,
+) -> SampleRow:
     return SampleRow(SamplingParams(**params), list(prompt), list(output), banned)
 
 
@@ -100,8 +104,14 @@ def test_penalties_change_exactly_the_right_logits() -> None:
     logits = torch.tensor([[2.0, -2.0, 2.0, -2.0, 1.0, 1.0]])
     prompt_mask = torch.tensor([[True, True, False, False, False, False]])
     output_counts = torch.tensor([[0, 0, 3, 1, 0, 0]])
-    out = apply_penalties(logits.clone(), prompt_mask, output_counts, torch.tensor([2.0]),
-                          torch.tensor([0.5]), torch.tensor([0.25]))
+    out = apply_penalties(
+        logits.clone(),
+        prompt_mask,
+        output_counts,
+        torch.tensor([2.0]),
+        torch.tensor([0.5]),
+        torch.tensor([0.25]),
+    )
     # token 0,1: prompt only -> repetition; 2,3: output -> repetition, frequency x count, presence; 4,5: none
     expected = torch.tensor([[1.0, -4.0, 1.0 - 1.5 - 0.25, -4.0 - 0.5 - 0.25, 1.0, 1.0]])
     torch.testing.assert_close(out, expected)
@@ -117,10 +127,18 @@ def test_sampler_applies_penalties_from_prompt_and_output_ids() -> None:
     penalised = row(prompt=(0,), output=(1,), temperature=0.0, repetition_penalty=1.1)
     assert sampler.sample(logits, [penalised])[0].token_id == 2
     # presence/frequency look at the output only: the prompt token 0 keeps its logit
-    assert sampler.sample(logits, [row(prompt=(0,), output=(1,), temperature=0.0,
-                                       presence_penalty=0.5)])[0].token_id == 0
-    assert sampler.sample(logits, [row(prompt=(2,), output=(0, 0), temperature=0.0,
-                                       frequency_penalty=0.1)])[0].token_id == 1
+    assert (
+        sampler.sample(logits, [row(prompt=(0,), output=(1,), temperature=0.0, presence_penalty=0.5)])[
+            0
+        ].token_id
+        == 0
+    )
+    assert (
+        sampler.sample(logits, [row(prompt=(2,), output=(0, 0), temperature=0.0, frequency_penalty=0.1)])[
+            0
+        ].token_id
+        == 1
+    )
 
 
 def test_banned_tokens_are_never_sampled() -> None:
@@ -139,16 +157,22 @@ def test_seeded_rows_do_not_depend_on_the_batch() -> None:
     logits = random_logits(6, seed=4)
     target = logits[2:3]
     params = {"seed": 1234, "top_p": 0.9, "top_k": 20, "temperature": 0.8}
-    alone = [Sampler(seed=s).sample(target, [row(output=(5,) * n, **params)])[0].token_id
-             for s, n in [(0, 0), (1, 1), (2, 2), (3, 3)]]
+    alone = [
+        Sampler(seed=s).sample(target, [row(output=(5,) * n, **params)])[0].token_id
+        for s, n in [(0, 0), (1, 1), (2, 2), (3, 3)]
+    ]
     for sampler_seed in (0, 99):
         rows = [row(), row(seed=7), row(output=(), **params), row(temperature=0.0), row(), row(seed=1)]
         batch = logits.clone()
         batch[2] = target[0]
         assert Sampler(seed=sampler_seed).sample(batch, rows)[2].token_id == alone[0]
         shuffled = [rows[2], *rows[:2], *rows[3:]]
-        assert Sampler(seed=sampler_seed).sample(torch.cat([target, logits[:2], logits[3:]]),
-                                                 shuffled)[0].token_id == alone[0]
+        assert (
+            Sampler(seed=sampler_seed)
+            .sample(torch.cat([target, logits[:2], logits[3:]]), shuffled)[0]
+            .token_id
+            == alone[0]
+        )
     for n in range(4):  # the stream follows the output length, so resuming after preemption repeats it
         assert Sampler(seed=5).sample(target, [row(output=(5,) * n, **params)])[0].token_id == alone[n]
 
@@ -175,8 +199,11 @@ def test_unseeded_rows_follow_the_sampler_seed() -> None:
 @pytest.mark.parametrize("n", [0, 1, 5])
 def test_logprobs_are_log_softmax_of_the_raw_logits(n: int) -> None:
     logits = random_logits(3, seed=9)
-    rows = [row(temperature=0.0, logprobs=n, repetition_penalty=2.0, prompt=tuple(range(10))),
-            row(logprobs=n, temperature=0.5, seed=1), row(temperature=0.0)]
+    rows = [
+        row(temperature=0.0, logprobs=n, repetition_penalty=2.0, prompt=tuple(range(10))),
+        row(logprobs=n, temperature=0.5, seed=1),
+        row(temperature=0.0),
+    ]
     tokens = Sampler().sample(logits, rows)
     expected = torch.log_softmax(logits, dim=-1)
     for i in (0, 1):

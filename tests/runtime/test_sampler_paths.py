@@ -51,14 +51,17 @@ def random_row(rng: random.Random, kinds: list[str]) -> SampleRow:
     return SampleRow(SamplingParams(**params), prompt, output, banned)
 
 
-@pytest.mark.parametrize("kinds", [
-    ["greedy"],
-    ["greedy", "banned"],
-    ["greedy", "penalised", "banned"],
-    ["greedy", "seeded", "random"],
-    ["greedy", "banned", "penalised", "seeded", "random", "random_banned"],
-    ["seeded", "random_banned"],
-])
+@pytest.mark.parametrize(
+    "kinds",
+    [
+        ["greedy"],
+        ["greedy", "banned"],
+        ["greedy", "penalised", "banned"],
+        ["greedy", "seeded", "random"],
+        ["greedy", "banned", "penalised", "seeded", "random", "random_banned"],
+        ["seeded", "random_banned"],
+    ],
+)
 def test_fast_paths_equal_the_general_path(kinds: list[str]) -> None:
     rng = random.Random(len(kinds) * 31 + len(kinds[0]))
     for trial in range(15):

@@ -25,10 +25,19 @@ def make_seq(seq_id: int, prompt_len: int, max_tokens: int = 6, seed: int = 0) -
     return Sequence(seq_id, prompt, SamplingParams(max_tokens=max_tokens), max_tokens=max_tokens)
 
 
-def make_scheduler(num_blocks: int = 64, max_num_seqs: int = 8, budget: int = 32,
-                   prefix_caching: bool = True, max_model_len: int = 256) -> Scheduler:
-    return Scheduler(BlockManager(num_blocks, BS, prefix_caching), max_num_seqs=max_num_seqs,
-                     max_num_batched_tokens=budget, max_model_len=max_model_len)
+def make_scheduler(
+    num_blocks: int = 64,
+    max_num_seqs: int = 8,
+    budget: int = 32,
+    prefix_caching: bool = True,
+    max_model_len: int = 256,
+) -> Scheduler:
+    return Scheduler(
+        BlockManager(num_blocks, BS, prefix_caching),
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        max_model_len=max_model_len,
+    )
 
 
 def check_step(sched: Scheduler, out: SchedulerOutput) -> None:
@@ -47,8 +56,7 @@ def check_step(sched: Scheduler, out: SchedulerOutput) -> None:
     assert sched.block_manager.num_used_blocks == len(set(held))
 
 
-def run(sched: Scheduler, runner: FakeRunner, seqs: list[Sequence],
-        on_step=None) -> list[SchedulerOutput]:
+def run(sched: Scheduler, runner: FakeRunner, seqs: list[Sequence], on_step=None) -> list[SchedulerOutput]:
     for s in seqs:
         sched.add(s)
     steps: list[SchedulerOutput] = []
@@ -125,8 +133,12 @@ def test_fcfs_admission_order() -> None:
     sched, runner = make_scheduler(max_num_seqs=1, budget=64), FakeRunner(block_size=BS)
     seqs = [make_seq(i, 5, max_tokens=2) for i in range(4)]
     order = []
-    run(sched, runner, seqs, lambda i, out: order.extend(
-        c.seq_id for c in out.batch.chunks if c.seq_id not in order))
+    run(
+        sched,
+        runner,
+        seqs,
+        lambda i, out: order.extend(c.seq_id for c in out.batch.chunks if c.seq_id not in order),
+    )
     assert order == [0, 1, 2, 3]
 
 
@@ -151,8 +163,11 @@ def test_preempted_sequence_recomputes_prompt_and_output() -> None:
     recomputes = []
 
     def on_step(i: int, out: SchedulerOutput) -> None:
-        recomputes.extend((c.seq_id, c.start_pos, len(c.token_ids)) for c in out.batch.chunks
-                          if c.start_pos == 0 and len(c.token_ids) > 7)
+        recomputes.extend(
+            (c.seq_id, c.start_pos, len(c.token_ids))
+            for c in out.batch.chunks
+            if c.start_pos == 0 and len(c.token_ids) > 7
+        )
 
     run(sched, runner, [a, b], on_step)
     assert b.num_preemptions >= 1
@@ -219,8 +234,12 @@ def test_running_never_exceeds_budget_so_decodes_fit() -> None:
 def test_random_workloads_stay_correct(seed: int) -> None:
     rng = random.Random(seed)
     num_blocks = rng.choice([10, 16, 40])
-    sched = make_scheduler(num_blocks=num_blocks, max_num_seqs=rng.choice([2, 4, 8]),
-                           budget=rng.choice([4, 7, 16, 64]), prefix_caching=rng.random() < 0.7)
+    sched = make_scheduler(
+        num_blocks=num_blocks,
+        max_num_seqs=rng.choice([2, 4, 8]),
+        budget=rng.choice([4, 7, 16, 64]),
+        prefix_caching=rng.random() < 0.7,
+    )
     runner = FakeRunner(block_size=BS, num_kv_blocks=num_blocks)
     shared = [rng.randrange(1, 200) for _ in range(9)]
     seqs = []

@@ -89,11 +89,19 @@ def trace(sched: Scheduler, seed: int) -> list[tuple]:
             if c.seq.num_output_tokens >= c.seq.max_tokens:
                 sched.finish(c.seq)
         bm = sched.block_manager
-        steps.append(([(c.seq_id, c.token_ids, c.start_pos, list(c.block_table), c.sample)
-                       for c in out.batch.chunks],
-                      [(s.seq.seq_id, s.num_tokens, s.sample) for s in out.scheduled],
-                      [s.seq_id for s in out.preempted], bm.num_free_blocks, bm.num_cached_blocks,
-                      bm.prefix_cache_hits))
+        steps.append(
+            (
+                [
+                    (c.seq_id, c.token_ids, c.start_pos, list(c.block_table), c.sample)
+                    for c in out.batch.chunks
+                ],
+                [(s.seq.seq_id, s.num_tokens, s.sample) for s in out.scheduled],
+                [s.seq_id for s in out.preempted],
+                bm.num_free_blocks,
+                bm.num_cached_blocks,
+                bm.prefix_cache_hits,
+            )
+        )
         assert len(steps) < 5_000
     return steps
 
@@ -104,8 +112,12 @@ def test_fast_scheduler_equals_the_general_loop(seed: int, prefix_caching: bool)
     num_blocks, budget = random.Random(seed).choice([(14, 8), (24, 16), (64, 32)])
 
     def make(cls: type[Scheduler]) -> Scheduler:
-        return cls(BlockManager(num_blocks, BS, prefix_caching), max_num_seqs=6,
-                   max_num_batched_tokens=budget, max_model_len=56)
+        return cls(
+            BlockManager(num_blocks, BS, prefix_caching),
+            max_num_seqs=6,
+            max_num_batched_tokens=budget,
+            max_model_len=56,
+        )
 
     fast, general = make(Scheduler), make(GeneralScheduler)
     assert trace(fast, seed) == trace(general, seed)

@@ -39,8 +39,11 @@ def oai(server: InProcessServer) -> openai.OpenAI:
 
 def metric_values(base_url: str) -> dict[tuple[str, tuple], float]:
     text = httpx.get(base_url + "/metrics").text
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def sample(values: dict[tuple[str, tuple], float], name: str, **labels: str) -> float:
@@ -57,21 +60,34 @@ def wait_for(predicate, timeout: float = 5.0) -> bool:
 
 
 def test_completion_text_usage_and_request_id(server: InProcessServer) -> None:
-    r = httpx.post(server.base_url + "/v1/completions", headers={"x-request-id": "my-req-1"},
-                   json={"model": MODEL, "prompt": "hello", "max_tokens": 5, "unknown_field": [1, 2]})
+    r = httpx.post(
+        server.base_url + "/v1/completions",
+        headers={"x-request-id": "my-req-1"},
+        json={"model": MODEL, "prompt": "hello", "max_tokens": 5, "unknown_field": [1, 2]},
+    )
     assert r.status_code == 200
     assert r.headers["x-request-id"] == "my-req-1"
     body = r.json()
     assert body["object"] == "text_completion" and body["id"].startswith("cmpl-") and body["model"] == MODEL
-    assert body["choices"] == [{"index": 0, "text": expected_text(5, 5), "logprobs": None,
-                                "finish_reason": "length", "stop_reason": None}]
+    assert body["choices"] == [
+        {
+            "index": 0,
+            "text": expected_text(5, 5),
+            "logprobs": None,
+            "finish_reason": "length",
+            "stop_reason": None,
+        }
+    ]
     assert body["usage"]["prompt_tokens"] == 5 and body["usage"]["completion_tokens"] == 5
     assert body["usage"]["total_tokens"] == 10
 
 
 def test_completion_stream_is_incremental_with_usage(oai: openai.OpenAI) -> None:
-    chunks = list(oai.completions.create(model=MODEL, prompt="abc", max_tokens=6, stream=True,
-                                         stream_options={"include_usage": True}))
+    chunks = list(
+        oai.completions.create(
+            model=MODEL, prompt="abc", max_tokens=6, stream=True, stream_options={"include_usage": True}
+        )
+    )
     texts = [c.choices[0].text for c in chunks if c.choices]
     assert len(texts) == 6 and "".join(texts) == expected_text(3, 6)
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
@@ -99,8 +115,10 @@ def test_sse_wire_format(server: InProcessServer) -> None:
 
 
 def test_chat_non_streaming(oai: openai.OpenAI) -> None:
-    messages = [{"role": "system", "content": "be brief"},
-                {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+    ]
     resp = oai.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=3)
     prompt_len = len("<system>be brief<user>hi<assistant>")
     assert resp.object == "chat.completion"
@@ -136,8 +154,9 @@ def test_logprobs_shapes(server: InProcessServer, oai: openai.OpenAI) -> None:
     lp = cmpl.choices[0].logprobs
     assert lp.tokens == list(expected_text(3, 2)) and lp.token_logprobs == [-0.5, -0.5]
     assert lp.text_offset == [0, 1] and len(lp.top_logprobs[0]) == 2
-    chat = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "q"}], max_tokens=2,
-                                       logprobs=True, top_logprobs=3)
+    chat = oai.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "q"}], max_tokens=2, logprobs=True, top_logprobs=3
+    )
     content = chat.choices[0].logprobs.content
     assert [c.token for c in content] == list(chat.choices[0].message.content)
     assert all(len(c.top_logprobs) == 3 and c.bytes == list(c.token.encode()) for c in content)
@@ -162,23 +181,40 @@ BAD_REQUESTS = [
     ("/v1/completions", {"model": MODEL, "prompt": ""}, 400, "prompt"),
     ("/v1/completions", {"model": MODEL, "prompt": []}, 400, "prompt"),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "echo": True}, 400, "echo"),
-    ("/v1/completions", {"model": MODEL, "prompt": "x", "stream_options": {"include_usage": True}}, 400,
-     "stream_options"),
+    (
+        "/v1/completions",
+        {"model": MODEL, "prompt": "x", "stream_options": {"include_usage": True}},
+        400,
+        "stream_options",
+    ),
     ("/v1/completions", {"model": "nope", "prompt": "x"}, 404, "model"),
     ("/v1/completions", {"model": MODEL, "prompt": "x" * 40, "max_tokens": 30}, 400, "max_tokens"),
     ("/v1/chat/completions", {"model": MODEL, "messages": []}, 400, "messages"),
-    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, 400,
-     "messages"),
-    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
-                              "top_logprobs": 2}, 400, "top_logprobs"),
-    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
-                              "tools": [{"type": "function"}]}, 400, "tools"),
+    (
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]},
+        400,
+        "messages",
+    ),
+    (
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+        400,
+        "top_logprobs",
+    ),
+    (
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+        400,
+        "tools",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("path", "body", "status", "param"), BAD_REQUESTS)
 def test_bad_input_gets_openai_error_and_server_keeps_serving(
-        server: InProcessServer, path: str, body: object, status: int, param: str | None) -> None:
+    server: InProcessServer, path: str, body: object, status: int, param: str | None
+) -> None:
     kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
     r = httpx.post(server.base_url + path, **kwargs)
     assert r.status_code == status, r.text
@@ -207,8 +243,11 @@ def test_engine_failure_is_500_with_request_id_and_loop_survives(server: InProce
     r = httpx.post(server.base_url + "/v1/completions", json={"prompt": "EXPLODE", "max_tokens": 3})
     assert r.status_code == 500
     assert r.headers["x-request-id"] in r.json()["error"]["message"]
-    with httpx.stream("POST", server.base_url + "/v1/completions",
-                      json={"prompt": "EXPLODE now", "max_tokens": 3, "stream": True}) as stream:
+    with httpx.stream(
+        "POST",
+        server.base_url + "/v1/completions",
+        json={"prompt": "EXPLODE now", "max_tokens": 3, "stream": True},
+    ) as stream:
         raw = stream.read().decode()
     assert '"type":"server_error"' in raw and raw.endswith("data: [DONE]\n\n")
     ok = httpx.post(server.base_url + "/v1/completions", json={"prompt": "fine", "max_tokens": 2})
@@ -216,8 +255,9 @@ def test_engine_failure_is_500_with_request_id_and_loop_survives(server: InProce
 
 
 def test_unexpected_handler_error_is_500_naming_the_request(server: InProcessServer) -> None:
-    r = httpx.post(server.base_url + "/v1/chat/completions", json={"messages": [{"role": "user",
-                                                                                  "content": "CRASH"}]})
+    r = httpx.post(
+        server.base_url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "CRASH"}]}
+    )
     assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
     assert r.headers["x-request-id"] in r.json()["error"]["message"]
     assert httpx.post(server.base_url + "/v1/completions", json={"prompt": "ok"}).status_code == 200
@@ -229,15 +269,22 @@ def test_metrics_parse_and_counters_move(server: InProcessServer) -> None:
     after = metric_values(server.base_url)
     assert sample(after, "vllm:prompt_tokens_total") - sample(before, "vllm:prompt_tokens_total") == 8
     assert sample(after, "vllm:generation_tokens_total") - sample(before, "vllm:generation_tokens_total") == 4
-    for hist in ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
-                 "vllm:request_queue_time_seconds"):
+    for hist in (
+        "vllm:time_to_first_token_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:request_queue_time_seconds",
+    ):
         assert sample(after, hist + "_count") == sample(before, hist + "_count") + 1
-    assert sample(after, "vllm:inter_token_latency_seconds_count") == \
-        sample(before, "vllm:inter_token_latency_seconds_count") + 3
+    assert (
+        sample(after, "vllm:inter_token_latency_seconds_count")
+        == sample(before, "vllm:inter_token_latency_seconds_count") + 3
+    )
     queries = "vllm:prefix_cache_queries_total"
     assert sample(after, queries) > sample(before, queries)
-    assert sample(after, "vllm:request_success_total", finished_reason="length") == \
-        sample(before, "vllm:request_success_total", finished_reason="length") + 1
+    assert (
+        sample(after, "vllm:request_success_total", finished_reason="length")
+        == sample(before, "vllm:request_success_total", finished_reason="length") + 1
+    )
     assert sample(after, "vllm:num_requests_running") == 0
     info = [k for k in after if k[0] == "vllm:cache_config_info"]
     assert info and dict(info[0][1])["num_gpu_blocks"] == "32"
@@ -251,8 +298,10 @@ def running_and_usage(base_url: str) -> tuple[float, float]:
 def test_stream_disconnect_aborts_engine_request(server: InProcessServer, engine: FakeEngine) -> None:
     body = {"prompt": "long", "max_tokens": 50, "stream": True}
     aborted_before = len(engine.aborted)
-    with httpx.Client(base_url=server.base_url) as http, \
-            http.stream("POST", "/v1/completions", json=body) as r:
+    with (
+        httpx.Client(base_url=server.base_url) as http,
+        http.stream("POST", "/v1/completions", json=body) as r,
+    ):
         lines = r.iter_lines()
         assert next(lines).startswith("data: ")
         assert running_and_usage(server.base_url)[0] == 1
@@ -263,8 +312,9 @@ def test_stream_disconnect_aborts_engine_request(server: InProcessServer, engine
 def test_non_streaming_disconnect_aborts_engine_request(server: InProcessServer, engine: FakeEngine) -> None:
     aborted_before = len(engine.aborted)
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server.base_url + "/v1/completions", json={"prompt": "slow", "max_tokens": 55},
-                   timeout=0.05)
+        httpx.post(
+            server.base_url + "/v1/completions", json={"prompt": "slow", "max_tokens": 55}, timeout=0.05
+        )
     assert wait_for(lambda: len(engine.aborted) > aborted_before, timeout=1.0)
     assert wait_for(lambda: running_and_usage(server.base_url) == (0, 0), timeout=1.0)
 

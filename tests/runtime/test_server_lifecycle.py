@@ -54,9 +54,12 @@ def test_full_waiting_queue_gets_503_with_retry_after() -> None:
     srv = InProcessServer(lambda: engine, max_waiting_requests=1).start()
     body = {"prompt": "q", "max_tokens": 40, "stream": True}
     try:
-        with httpx.Client(base_url=srv.base_url) as a, httpx.Client(base_url=srv.base_url) as b, \
-                a.stream("POST", "/v1/completions", json=body) as running, \
-                b.stream("POST", "/v1/completions", json=body) as waiting:
+        with (
+            httpx.Client(base_url=srv.base_url) as a,
+            httpx.Client(base_url=srv.base_url) as b,
+            a.stream("POST", "/v1/completions", json=body) as running,
+            b.stream("POST", "/v1/completions", json=body) as waiting,
+        ):
             assert running.status_code == 200 and waiting.status_code == 200
             r = httpx.post(srv.base_url + "/v1/completions", json={"prompt": "q", "max_tokens": 1})
             assert r.status_code == 503
@@ -71,8 +74,9 @@ def test_full_waiting_queue_gets_503_with_retry_after() -> None:
 def test_chat_without_template_is_400() -> None:
     srv = InProcessServer(lambda: FakeEngine(tokenizer=FakeTokenizer(chat_template=None))).start()
     try:
-        r = httpx.post(srv.base_url + "/v1/chat/completions",
-                       json={"messages": [{"role": "user", "content": "x"}]})
+        r = httpx.post(
+            srv.base_url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}
+        )
         assert r.status_code == 400 and "chat template" in r.json()["error"]["message"]
         assert httpx.post(srv.base_url + "/v1/completions", json={"prompt": "x"}).status_code == 200
     finally:
@@ -119,14 +123,34 @@ def test_serve_returns_1_when_the_model_cannot_load() -> None:
     def broken() -> FakeEngine:
         raise FileNotFoundError("no config.json in /nowhere")
 
-    code = asyncio.run(asyncio.wait_for(serve(
-        broken, served_model_name="m", model_root="/nowhere", host="127.0.0.1", port=0,
-        max_waiting_requests=4, grace_seconds=1, cache_config={}, log_level="warning"), timeout=20))
+    code = asyncio.run(
+        asyncio.wait_for(
+            serve(
+                broken,
+                served_model_name="m",
+                model_root="/nowhere",
+                host="127.0.0.1",
+                port=0,
+                max_waiting_requests=4,
+                grace_seconds=1,
+                cache_config={},
+                log_level="warning",
+            ),
+            timeout=20,
+        )
+    )
     assert code == 1
 
 
-@pytest.mark.parametrize("flags", [["--quantization", "awq"], ["--tensor-parallel-size", "2"],
-                                   ["--kv-cache-dtype", "int8"], ["--max-num-seqs", "0"]])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--quantization", "awq"],
+        ["--tensor-parallel-size", "2"],
+        ["--kv-cache-dtype", "int8"],
+        ["--max-num-seqs", "0"],
+    ],
+)
 def test_cli_refuses_unsupported_flags(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     from kvpilot.runtime.__main__ import main
 

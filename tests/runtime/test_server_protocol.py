@@ -15,14 +15,27 @@ def completion(**fields: object) -> CompletionRequest:
 
 
 def chat(**fields: object) -> ChatCompletionRequest:
-    return parse_request(ChatCompletionRequest,
-                         json.dumps({"messages": [{"role": "user", "content": "x"}], **fields}).encode())
+    return parse_request(
+        ChatCompletionRequest, json.dumps({"messages": [{"role": "user", "content": "x"}], **fields}).encode()
+    )
 
 
 def test_fields_map_to_sampling_params() -> None:
-    [params] = completion(max_tokens=7, temperature=0, top_p=0.5, top_k=3, min_p=0.1, stop="END",
-                          presence_penalty=0.5, frequency_penalty=-0.5, repetition_penalty=1.2,
-                          ignore_eos=True, logprobs=2, seed=5, user="u1").sampling_params()
+    [params] = completion(
+        max_tokens=7,
+        temperature=0,
+        top_p=0.5,
+        top_k=3,
+        min_p=0.1,
+        stop="END",
+        presence_penalty=0.5,
+        frequency_penalty=-0.5,
+        repetition_penalty=1.2,
+        ignore_eos=True,
+        logprobs=2,
+        seed=5,
+        user="u1",
+    ).sampling_params()
     assert (params.max_tokens, params.temperature, params.top_p) == (7, 0, 0.5)
     assert (params.top_k, params.min_p) == (3, 0.1)
     assert params.stop == ["END"] and params.ignore_eos and params.logprobs == 2 and params.seed == 5
@@ -59,10 +72,17 @@ def test_prompt_forms() -> None:
     assert completion(prompt=[[1], [2, 3]]).prompts() == [[1], [2, 3]]
 
 
-@pytest.mark.parametrize(("fields", "param"), [
-    ({"temperature": "1"}, "temperature"), ({"n": 1.5}, "n"), ({"stream": "yes"}, "stream"),
-    ({"prompt": ["a", 1]}, "prompt"), ({"stop": 3}, "stop"), ({"seed": "1"}, "seed"),
-])
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"temperature": "1"}, "temperature"),
+        ({"n": 1.5}, "n"),
+        ({"stream": "yes"}, "stream"),
+        ({"prompt": ["a", 1]}, "prompt"),
+        ({"stop": 3}, "stop"),
+        ({"seed": "1"}, "seed"),
+    ],
+)
 def test_wrong_types_are_400_naming_the_field(fields: dict, param: str) -> None:
     with pytest.raises(APIError) as exc:
         completion(**fields)
@@ -80,7 +100,9 @@ def test_unknown_fields_are_ignored() -> None:
 
 
 def test_usage_counts_a_shared_prompt_once() -> None:
-    choices = [ChoiceState(0, True, num_prompt_tokens=5, num_output_tokens=3),
-               ChoiceState(1, False, num_prompt_tokens=5, num_output_tokens=4)]
+    choices = [
+        ChoiceState(0, True, num_prompt_tokens=5, num_output_tokens=3),
+        ChoiceState(1, False, num_prompt_tokens=5, num_output_tokens=4),
+    ]
     assert usage(choices)["prompt_tokens"] == 5 and usage(choices)["completion_tokens"] == 7
     assert usage(choices)["total_tokens"] == 12

@@ -39,10 +39,26 @@ def _stream_result(lines: list[str]) -> tuple[str | None, int, str]:
 
 
 def test_queue_bound_then_sigterm_drains_streams_and_exits_0(model_dir: Path) -> None:
-    rt = start_runtime(model_dir, extra_args=["--max-num-seqs", "2", "--max-waiting-requests", "1",
-                                              "--max-model-len", "512", "--num-kv-blocks", "128"])
-    body = {"prompt": "tell me everything", "max_tokens": MAX_TOKENS, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+    rt = start_runtime(
+        model_dir,
+        extra_args=[
+            "--max-num-seqs",
+            "2",
+            "--max-waiting-requests",
+            "1",
+            "--max-model-len",
+            "512",
+            "--num-kv-blocks",
+            "128",
+        ],
+    )
+    body = {
+        "prompt": "tell me everything",
+        "max_tokens": MAX_TOKENS,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     with rt, contextlib.ExitStack() as stack:
         streams = []
         for _ in range(3):  # two run (max-num-seqs 2), the third waits

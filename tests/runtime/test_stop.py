@@ -74,6 +74,7 @@ def random_tokenization(text: str, rng: random.Random) -> list[int]:
 
 def scripted_engine(scripts: dict[int, list[int]]) -> LLMEngine:
     """A fake model that, for the prompt [k], generates scripts[k] token by token, then EOS."""
+
     def logits_fn(context: Sequence[int]) -> list[float]:
         script = scripts[context[0]]
         step = len(context) - 1
@@ -106,8 +107,9 @@ def test_stop_strings_never_leak_over_random_token_splits(include: bool) -> None
         cases[k] = (text, stops, random_tokenization(text, rng))
     engine = scripted_engine({k: ids for k, (_, _, ids) in cases.items()})
     for k, (_, stops, ids) in cases.items():
-        engine.add_request(str(k), [k], SamplingParams(max_tokens=len(ids), stop=stops,
-                                                         include_stop_str_in_output=include))
+        engine.add_request(
+            str(k), [k], SamplingParams(max_tokens=len(ids), stop=stops, include_stop_str_in_output=include)
+        )
     streamed: dict[str, str] = {}
     final = {}
     while engine.has_unfinished_requests():

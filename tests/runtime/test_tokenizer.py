@@ -21,8 +21,12 @@ TEXTS = [
 ]
 CONVERSATIONS = [
     [{"role": "user", "content": "What is the capital of Canada?"}],
-    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"},
-     {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye 👋"}],
+    [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Bye 👋"},
+    ],
 ]
 
 
@@ -54,11 +58,13 @@ def test_decode_matches_transformers(both: tuple, text: str, skip_special_tokens
 
 @pytest.mark.parametrize("conversation", CONVERSATIONS)
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
-def test_chat_template_matches_transformers(both: tuple, conversation: list,
-                                            add_generation_prompt: bool) -> None:
+def test_chat_template_matches_transformers(
+    both: tuple, conversation: list, add_generation_prompt: bool
+) -> None:
     ours, theirs = both
-    expected = theirs.apply_chat_template(conversation, tokenize=False,
-                                          add_generation_prompt=add_generation_prompt)
+    expected = theirs.apply_chat_template(
+        conversation, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
     assert ours.apply_chat_template(conversation, add_generation_prompt) == expected
     assert expected.endswith("<|im_start|>assistant\n") == add_generation_prompt
 
@@ -107,11 +113,13 @@ def test_no_chat_template_is_a_request_error(qwen3_checkpoint: Path, copy_checkp
 
 
 def test_template_jinja_file_wins_and_raise_exception_is_a_request_error(
-        qwen3_checkpoint: Path, copy_checkpoint: Callable) -> None:
+    qwen3_checkpoint: Path, copy_checkpoint: Callable
+) -> None:
     path = copy_checkpoint(qwen3_checkpoint)
     (path / "chat_template.jinja").write_text(
         "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first message must be from the user') }}"
-        "{% endif %}{{ bos_token }}{{ messages | tojson }}")
+        "{% endif %}{{ bos_token }}{{ messages | tojson }}"
+    )
     tokenizer = Tokenizer.from_dir(path)
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": "é"}])
     assert rendered == '[{"role": "user", "content": "é"}]'

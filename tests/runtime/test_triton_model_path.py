@@ -39,14 +39,17 @@ def test_triton_backend_logits_equal_torch_backend(
     family: str, tiny_checkpoint_factory: Callable[..., Path]
 ) -> None:
     ckpt = tiny_checkpoint_factory(family, num_key_value_heads=2)
-    runners = {b: ModelRunner(ckpt, block_size=4, num_kv_blocks=8, device=DEVICE, dtype="float32",
-                              backend=b) for b in ("torch", "triton")}
+    runners = {
+        b: ModelRunner(ckpt, block_size=4, num_kv_blocks=8, device=DEVICE, dtype="float32", backend=b)
+        for b in ("torch", "triton")
+    }
     for step in _steps():
         ref = runners["torch"].execute(step)
         got = runners["triton"].execute(step)
         assert got.shape == ref.shape == (step.num_sampled, runners["torch"].model_config.vocab_size)
         torch.testing.assert_close(got, ref, **TOL)
-    for (k_ref, v_ref), (k_got, v_got) in zip(runners["torch"].kv_caches, runners["triton"].kv_caches,
-                                              strict=True):
+    for (k_ref, v_ref), (k_got, v_got) in zip(
+        runners["torch"].kv_caches, runners["triton"].kv_caches, strict=True
+    ):
         torch.testing.assert_close(k_got, k_ref, **TOL)
         torch.testing.assert_close(v_got, v_ref, **TOL)

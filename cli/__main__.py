@@ -1,3 +1,0 @@
-from kvpilot.main import main
-
-raise SystemExit(main())

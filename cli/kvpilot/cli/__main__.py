@@ -1,0 +1,3 @@
+from kvpilot.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,57 @@
+"""What the runtime build can run: the planner plans only within it, and the runtime refuses the rest.
+
+One table, so `Planned=True` means runnable. The quantization, 8-bit-KV and parallelism work grows it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RuntimeCapabilities:
+    weight_quantizations: frozenset[str]  # the operator's names: none, fp8, int8, awq, gptq
+    kv_cache_dtypes: frozenset[str]  # the operator's names: bf16, fp16, fp8, int8
+    max_tensor_parallel: int
+    max_pipeline_parallel: int
+
+    def unsupported(
+        self, *, quantization: str, kv_cache_dtype: str, tensor_parallel: int, pipeline_parallel: int
+    ) -> list[str]:
+        """Why a plan cannot run on this runtime (empty when it can)."""
+        problems = []
+        if quantization not in self.weight_quantizations:
+            problems.append(
+                f"{quantization} weights (the runtime serves {_names(self.weight_quantizations)})"
+            )
+        if kv_cache_dtype not in self.kv_cache_dtypes:
+            problems.append(f"a {kv_cache_dtype} KV cache (the runtime has {_names(self.kv_cache_dtypes)})")
+        if tensor_parallel > self.max_tensor_parallel:
+            problems.append(
+                f"tensor parallel {tensor_parallel} (the runtime runs up to {self.max_tensor_parallel})"
+            )
+        if pipeline_parallel > self.max_pipeline_parallel:
+            problems.append(
+                f"pipeline parallel {pipeline_parallel} (the runtime runs up to {self.max_pipeline_parallel})"
+            )
+        return problems
+
+
+def _names(values: frozenset[str]) -> str:
+    return ", ".join(sorted(values))
+
+
+# This build: 16-bit weights on one device, 16-bit or unscaled-fp8 KV cache.
+RUNTIME = RuntimeCapabilities(
+    weight_quantizations=frozenset({"none"}),
+    kv_cache_dtypes=frozenset({"bf16", "fp16", "fp8"}),
+    max_tensor_parallel=1,
+    max_pipeline_parallel=1,
+)
+# Everything the planner knows how to reason about: its decision table is tested against this one.
+EVERYTHING = RuntimeCapabilities(
+    weight_quantizations=frozenset({"none", "fp8", "int8", "awq", "gptq"}),
+    kv_cache_dtypes=frozenset({"bf16", "fp16", "fp8", "int8"}),
+    max_tensor_parallel=1 << 16,
+    max_pipeline_parallel=1 << 16,
+)

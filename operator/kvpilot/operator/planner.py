@@ -1,0 +1,353 @@
+"""Planning: how a model fits a GPU profile. Pure functions of (request, model facts, profile).
+
+Every way to run the model (layout x weight format x KV dtype) is sized as a Candidate; the choice is:
+- with spec.gpu.count absent, the fewest GPUs that fit (one node), then the best quality that reaches the
+  target concurrency; with count given (the most a replica may use), the best quality that reaches the
+  target, then the fewest GPUs. If nothing reaches the target, the most sequences (an honest shortfall).
+- quality: 16-bit KV before 8-bit KV, then weights none > fp8 > int8 > awq > gptq.
+- "fits" means the weights, the workspace and the KV of one max-length sequence fit in
+  gpu_memory_utilization x memory on every GPU; 0.95 instead of 0.90 only when nothing reaches the
+  target at 0.90.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from kvpilot.operator import plan_reasons
+from kvpilot.operator.model_facts import ModelFacts
+from kvpilot.operator.plan import Plan
+from kvpilot.operator.profiles import GpuProfile
+from kvpilot.operator.sizing import (
+    kv_bytes_per_token,
+    kv_cache_tokens,
+    weight_bytes,
+    weight_bytes_per_gpu,
+    workspace_bytes,
+)
+from kvpilot.operator.spec import InferenceServiceSpec
+
+DEFAULT_MAX_MODEL_LEN = 8192
+DEFAULT_TARGET_SEQS = 32
+DEFAULT_MAX_SEQS = 256
+UTILIZATIONS = (0.90, 0.95)
+WEIGHT_QUALITY = ("none", "fp8", "int8", "awq", "gptq")
+MAX_SUGGESTED_STAGES = 16
+
+
+class PlanningError(ValueError):
+    """The request contradicts itself or the model (e.g. a pinned fp8 on a GPU without fp8)."""
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    facts: ModelFacts
+    profile: GpuProfile
+    max_model_len: int | None = None
+    concurrency: int | None = None
+    avg_context_len: int | None = None
+    quantization: str = "auto"
+    kv_cache_dtype: str = "auto"
+    tensor: int | str = "auto"
+    pipeline: int | str = "auto"
+    gpu_count: int | None = None
+
+    @classmethod
+    def from_spec(cls, spec: InferenceServiceSpec, facts: ModelFacts, profile: GpuProfile) -> PlanRequest:
+        w = spec.workload
+        return cls(
+            facts,
+            profile,
+            w.max_model_len,
+            w.concurrency,
+            w.avg_context_len,
+            spec.quantization,
+            spec.kv_cache_dtype,
+            spec.parallelism.tensor,
+            spec.parallelism.pipeline,
+            spec.gpu.count,
+        )
+
+
+@dataclass(frozen=True)
+class Workload:
+    max_model_len: int
+    avg_context_len: int
+    target_seqs: int  # concurrency the choice tries to reach
+    max_seqs: int  # the most sequences batched at once
+    batched_tokens: int
+
+
+@dataclass(frozen=True)
+class Candidate:
+    tp: int
+    pp: int
+    quantization: str
+    kv_dtype: str
+    utilization: float
+    usable: int  # bytes per GPU
+    weights: int  # bytes on the busiest GPU
+    workspace: int
+    kv_per_token: int  # bytes per token on the busiest GPU
+    kv_tokens: int
+    max_model_len: int
+    avg_context_len: int
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def feasible(self) -> bool:
+        return self.kv_tokens >= self.max_model_len
+
+    @property
+    def capacity(self) -> int:
+        """Sequences of the average context length the KV cache holds at once."""
+        return self.kv_tokens // self.avg_context_len
+
+    @property
+    def needed(self) -> int:
+        return self.weights + self.workspace + self.kv_per_token * self.max_model_len
+
+    @property
+    def quality(self) -> tuple[int, int]:
+        return (0 if self.kv_dtype in ("bf16", "fp16") else 1, WEIGHT_QUALITY.index(self.quantization))
+
+
+def plan(request: PlanRequest) -> Plan:
+    """The plan for one replica; an infeasible or contradictory request yields feasible=False with why."""
+    try:
+        workload = resolve_workload(request)
+        quantizations = allowed_quantizations(request)
+        kv_dtypes = allowed_kv_dtypes(request)
+        single, multi = layouts(request)
+    except PlanningError as exc:
+        return Plan(feasible=False, gpu_profile=request.profile.name, reason=str(exc))
+    evaluated: list[Candidate] = []
+    count_given = request.gpu_count is not None
+    for group in layout_groups(single, multi, count_given):
+        for utilizations in (UTILIZATIONS[:1], UTILIZATIONS):
+            batch = [
+                size(request, workload, tp, pp, q, kv, utilization)
+                for utilization in utilizations
+                for tp, pp in group
+                for q in quantizations
+                for kv in kv_dtypes
+            ]
+            evaluated.extend(batch)
+            feasible = [c for c in batch if c.feasible]
+            meets = any(c.capacity >= workload.target_seqs for c in feasible)
+            if meets or (feasible and len(utilizations) == len(UTILIZATIONS)):
+                chosen, meets = choose(feasible, workload.target_seqs, count_given)
+                return build_plan(request, workload, chosen, meets, batch)
+    return infeasible_plan(request, workload, evaluated, quantizations, kv_dtypes)
+
+
+def layout_groups(
+    single: list[tuple[int, int]], multi: list[tuple[int, int]], count_given: bool
+) -> list[list[tuple[int, int]]]:
+    """Layouts in the order they are tried: without spec.gpu.count one GPU count at a time (fewest first),
+    with it all single-node layouts together; multi-node layouts only after every single-node one."""
+    if count_given:
+        return [group for group in (single, multi) if group]
+    return [[layout] for layout in sorted(single + multi, key=lambda lay: (lay[1] > 1, lay[0] * lay[1]))]
+
+
+def resolve_workload(request: PlanRequest) -> Workload:
+    positions = request.facts.max_positions
+    max_len = request.max_model_len or min(DEFAULT_MAX_MODEL_LEN, positions)
+    if max_len > positions:
+        raise PlanningError(
+            f"workload.maxModelLen {max_len} exceeds the model's max_position_embeddings {positions}"
+        )
+    avg = min(request.avg_context_len or max(1, max_len // 4), max_len)
+    target = request.concurrency or DEFAULT_TARGET_SEQS
+    max_seqs = request.concurrency or DEFAULT_MAX_SEQS
+    ridge = request.profile.ridge_tokens
+    batched = min(max(2 ** math.ceil(math.log2(8 * ridge)), 2048), 16384)
+    return Workload(max_len, avg, target, max_seqs, max(batched, max_seqs))
+
+
+def allowed_quantizations(request: PlanRequest) -> list[str]:
+    """Weight formats to consider, best first."""
+    facts, profile, pinned = request.facts, request.profile, request.quantization
+    if facts.prequantized:
+        if pinned not in ("auto", facts.prequantized):
+            raise PlanningError(
+                f"spec.quantization is {pinned} but the checkpoint is {facts.prequantized}"
+                " (config.json quantization_config); use auto or "
+                f"{facts.prequantized}"
+            )
+        formats = [facts.prequantized]
+    elif pinned == "auto":
+        formats = [q for q in ("none", "fp8", "int8", "awq") if q != "fp8" or profile.fp8]
+    else:
+        formats = [pinned]
+    if "fp8" in formats and not profile.fp8:
+        raise PlanningError(
+            f"fp8 weights need fp8 tensor cores (Ada or Hopper); {profile.name} has none: "
+            "use int8, awq or auto"
+        )
+    return formats
+
+
+def allowed_kv_dtypes(request: PlanRequest) -> list[str]:
+    if request.kv_cache_dtype != "auto":
+        return [request.kv_cache_dtype]
+    return [request.facts.dtype, "fp8" if request.profile.fp8 else "int8"]
+
+
+def tensor_degrees(facts: ModelFacts, limit: int) -> list[int]:
+    """Powers of two dividing both the attention and the KV heads, up to limit."""
+    out, tp = [], 1
+    while tp <= limit:
+        if facts.num_heads % tp == 0 and facts.num_kv_heads % tp == 0:
+            out.append(tp)
+        tp *= 2
+    return out
+
+
+def layouts(request: PlanRequest) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(single-node layouts, multi-node layouts) as (tp, pp); multi-node only through pipeline stages."""
+    facts, per_node, count = request.facts, request.profile.gpus_per_node, request.gpu_count
+    valid = tensor_degrees(facts, per_node)
+    if isinstance(request.tensor, int):
+        if request.tensor not in valid:
+            raise PlanningError(
+                f"parallelism.tensor {request.tensor} must be a power of two dividing "
+                f"{facts.num_heads} attention heads and {facts.num_kv_heads} KV heads, at "
+                f"most {per_node} ({request.profile.name} GPUs per node)"
+            )
+        valid = [request.tensor]
+    pinned_pp = request.pipeline if isinstance(request.pipeline, int) else None
+    if pinned_pp is not None and pinned_pp > facts.num_layers:
+        raise PlanningError(f"parallelism.pipeline {pinned_pp} exceeds the model's {facts.num_layers} layers")
+    single = [(tp, 1) for tp in valid if tp <= (count or per_node)] if pinned_pp in (None, 1) else []
+    if pinned_pp not in (None, 1):
+        multi = [(tp, pinned_pp) for tp in valid]
+    elif pinned_pp is None and count and count > per_node:
+        multi = [(valid[-1], pp) for pp in range(2, min(count // valid[-1], facts.num_layers) + 1)]
+    else:
+        multi = []
+    if count:
+        multi = [(tp, pp) for tp, pp in multi if tp * pp <= count]
+    if not single and not multi:
+        raise PlanningError(
+            f"spec.gpu.count {count} allows no layout: parallelism.tensor "
+            f"{request.tensor} x pipeline {request.pipeline} needs more GPUs"
+        )
+    return single, multi
+
+
+def size(
+    request: PlanRequest,
+    workload: Workload,
+    tp: int,
+    pp: int,
+    quantization: str,
+    kv_dtype: str,
+    utilization: float,
+) -> Candidate:
+    facts = request.facts
+    usable = int(request.profile.memory_bytes * utilization)
+    weights = weight_bytes_per_gpu(facts, quantization, tp, pp)
+    workspace = workspace_bytes(facts, tp, pp, workload.batched_tokens, workload.max_seqs)
+    per_token = kv_bytes_per_token(facts, kv_dtype, tp, pp)
+    tokens = kv_cache_tokens(usable - weights - workspace, per_token)
+    return Candidate(
+        tp,
+        pp,
+        quantization,
+        kv_dtype,
+        utilization,
+        usable,
+        weights,
+        workspace,
+        per_token,
+        tokens,
+        workload.max_model_len,
+        workload.avg_context_len,
+    )
+
+
+def choose(feasible: list[Candidate], target: int, count_given: bool) -> tuple[Candidate, bool]:
+    """The chosen candidate and whether it reaches the target concurrency."""
+    pool = feasible
+    if not count_given:
+        fewest = min(c.gpus for c in feasible)
+        pool = [c for c in feasible if c.gpus == fewest]
+    meeting = [c for c in pool if c.capacity >= target]
+    if meeting:
+        return min(meeting, key=lambda c: (c.quality, c.gpus, c.utilization)), True
+    return max(pool, key=lambda c: (c.capacity, -c.gpus, [-q for q in c.quality], -c.utilization)), False
+
+
+def build_plan(
+    request: PlanRequest, workload: Workload, chosen: Candidate, meets: bool, alternatives: list[Candidate]
+) -> Plan:
+    seqs = max(1, min(workload.max_seqs, chosen.capacity))
+    facts = request.facts
+    base = Plan(
+        feasible=True,
+        gpu_profile=request.profile.name,
+        reason="",
+        gpus=chosen.gpus,
+        quantization=chosen.quantization,
+        kv_cache_dtype=chosen.kv_dtype,
+        tensor_parallel=chosen.tp,
+        pipeline_parallel=chosen.pp,
+        max_num_seqs=seqs,
+        max_model_len=workload.max_model_len,
+        max_num_batched_tokens=workload.batched_tokens,
+        weight_bytes=weight_bytes(facts, chosen.quantization),
+        kv_bytes_per_token=kv_bytes_per_token(facts, chosen.kv_dtype),
+        kv_cache_tokens=chosen.kv_tokens,
+        gpu_memory_utilization=chosen.utilization,
+    )
+    reasons = plan_reasons.feasible_reasons(request, workload, chosen, meets, alternatives)
+    return replace(base, reasons=reasons, reason=plan_reasons.summary(request, workload, chosen, meets, seqs))
+
+
+def infeasible_plan(
+    request: PlanRequest,
+    workload: Workload,
+    evaluated: list[Candidate],
+    quantizations: list[str],
+    kv_dtypes: list[str],
+) -> Plan:
+    closest = min(evaluated, key=lambda c: (c.needed - c.usable, -c.gpus))
+    suggestion = suggest_count(request, workload, quantizations, kv_dtypes)
+    return Plan(
+        feasible=False,
+        gpu_profile=request.profile.name,
+        weight_bytes=weight_bytes(request.facts, closest.quantization),
+        kv_bytes_per_token=kv_bytes_per_token(request.facts, closest.kv_dtype),
+        max_model_len=workload.max_model_len,
+        reason=plan_reasons.infeasible(request, workload, closest, suggestion),
+    )
+
+
+def suggest_count(
+    request: PlanRequest, workload: Workload, quantizations: list[str], kv_dtypes: list[str]
+) -> int | None:
+    """The fewest GPUs of this profile that would fit, through more GPUs per node or pipeline stages."""
+    per_node = request.profile.gpus_per_node
+    valid = tensor_degrees(request.facts, per_node)
+    if isinstance(request.tensor, int) and request.tensor in valid:
+        valid = [request.tensor]
+    options = sorted(
+        {(tp, 1) for tp in valid}
+        | {(valid[-1], pp) for pp in range(2, MAX_SUGGESTED_STAGES + 1) if pp <= request.facts.num_layers},
+        key=lambda layout: layout[0] * layout[1],
+    )
+    for tp, pp in options:
+        if any(
+            size(request, workload, tp, pp, q, kv, utilization).feasible
+            for q in quantizations
+            for kv in kv_dtypes
+            for utilization in UTILIZATIONS
+        ):
+            return tp * pp
+    return None

@@ -1,0 +1,152 @@
+"""Flattening a StepBatch into the tensors one model step reads (built on the host, then copied once).
+
+The host side is numpy: a few list comprehensions over the chunks gather the per-sequence numbers,
+every per-token array (positions, slots) is computed vectorised, and everything is written into ONE
+int64 staging buffer (pinned when the device is CUDA) whose tail holds the int32 arrays. One host to
+device copy moves it all; the tensors handed to the model are views into the device copy.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from itertools import chain
+
+import numpy as np
+import torch
+from kvpilot.runtime.engine.batch import SeqChunk, StepBatch
+from kvpilot.runtime.layers.attention import AttentionMetadata
+
+
+@dataclass
+class ModelInputs:
+    input_ids: torch.Tensor  # [num_tokens] int64
+    positions: torch.Tensor  # [num_tokens] int64
+    meta: AttentionMetadata
+    sample_indices: torch.Tensor  # [num_sampled] int64: the rows whose logits are returned, in chunk order
+
+
+@dataclass
+class _HostArrays:
+    """The step's arrays on the host, before staging."""
+
+    input_ids: np.ndarray  # int64 [T]
+    positions: np.ndarray  # int64 [T]
+    slots: np.ndarray  # int64 [T]
+    sample_indices: np.ndarray  # int64 [S]
+    cu_seqlens: np.ndarray  # int32 [n + 1]
+    context_lens: np.ndarray  # int32 [n]
+    block_tables: np.ndarray  # int32 [n, max_blocks]
+    max_q_len: int
+
+
+def prepare_inputs(batch: StepBatch, block_size: int, device: torch.device) -> ModelInputs:
+    """Flatten a StepBatch: token ids, positions, cache slots, per-sequence lengths, padded block tables."""
+    host = _host_arrays(batch.chunks, block_size)
+    return _stage(host, device)
+
+
+def _block_tables(chunks: list[SeqChunk], table_lens: np.ndarray) -> np.ndarray:
+    """[n, max_blocks] int32, each row a chunk's block table padded with 0."""
+    n = len(chunks)
+    width = int(table_lens.max()) if n else 0
+    total = int(table_lens.sum())
+    packed_tables = [c.block_table_bytes for c in chunks]
+    if None in packed_tables:  # struct packs Python ints into int32 faster than np.fromiter does
+        packed = struct.pack(f"={total}i", *chain.from_iterable(c.block_table for c in chunks))
+    else:  # each sequence's table packed once per new block (Sequence.packed_block_table)
+        packed = b"".join(packed_tables)  # type: ignore[arg-type]
+    flat = np.frombuffer(packed, dtype=np.int32)
+    if total == n * width:
+        return flat.reshape(n, width)
+    tables = np.zeros((n, width), dtype=np.int32)
+    tables[np.arange(width)[None, :] < table_lens[:, None]] = flat
+    return tables
+
+
+def _check_tables(
+    chunks: list[SeqChunk], table_lens: np.ndarray, context_lens: np.ndarray, block_size: int
+) -> None:
+    short = np.flatnonzero(table_lens * block_size < context_lens)
+    if short.size:
+        chunk = chunks[int(short[0])]
+        raise ValueError(
+            f"sequence {chunk.seq_id}: block table of {len(chunk.block_table)} blocks "
+            f"cannot hold {chunk.context_len} tokens at block size {block_size}"
+        )
+
+
+def _host_arrays(chunks: list[SeqChunk], block_size: int) -> _HostArrays:
+    n = len(chunks)
+    starts = np.fromiter([c.start_pos for c in chunks], dtype=np.int64, count=n)
+    q_lens = np.fromiter([len(c.token_ids) for c in chunks], dtype=np.int64, count=n)
+    table_lens = np.fromiter([len(c.block_table) for c in chunks], dtype=np.int64, count=n)
+    sample = np.fromiter([c.sample for c in chunks], dtype=bool, count=n)
+    context_lens = starts + q_lens
+    _check_tables(chunks, table_lens, context_lens, block_size)
+    cu_seqlens = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(q_lens, out=cu_seqlens[1:])
+    num_tokens = int(cu_seqlens[-1])
+    tables = _block_tables(chunks, table_lens)
+    if num_tokens == n:  # decode only: one token per chunk
+        input_ids = np.fromiter([c.token_ids[0] for c in chunks], dtype=np.int64, count=n)
+        positions, rows = starts, np.arange(n)
+    else:
+        packed = struct.pack(f"{num_tokens}q", *chain.from_iterable(c.token_ids for c in chunks))
+        input_ids = np.frombuffer(packed, dtype=np.int64)
+        rows = np.repeat(np.arange(n), q_lens)
+        positions = np.arange(num_tokens, dtype=np.int64) + np.repeat(starts - cu_seqlens[:-1], q_lens)
+    slots = tables[rows, positions // block_size].astype(np.int64) * block_size + positions % block_size
+    return _HostArrays(
+        input_ids=input_ids,
+        positions=positions,
+        slots=slots,
+        sample_indices=cu_seqlens[1:][sample] - 1,
+        cu_seqlens=cu_seqlens.astype(np.int32),
+        context_lens=context_lens.astype(np.int32),
+        block_tables=tables,
+        max_q_len=int(q_lens.max()) if n else 0,
+    )
+
+
+def _stage(host: _HostArrays, device: torch.device) -> ModelInputs:
+    """One int64 buffer: the int64 arrays, then the int32 arrays packed two per element; one copy."""
+    int64_parts = [host.input_ids, host.positions, host.slots, host.sample_indices]
+    int32_parts = [host.cu_seqlens, host.context_lens, host.block_tables.reshape(-1)]
+    n64 = sum(p.size for p in int64_parts)
+    n32 = sum(p.size for p in int32_parts)
+    pin = device.type == "cuda"
+    buffer = torch.empty(n64 + (n32 + 1) // 2, dtype=torch.int64, pin_memory=pin)
+    view64 = buffer.numpy()
+    view32 = view64[n64:].view(np.int32)
+    _fill(view64, int64_parts)
+    _fill(view32, int32_parts)
+    if device.type != "cpu":
+        buffer = buffer.to(device, non_blocking=pin)
+    i64 = _split(buffer[:n64], [p.size for p in int64_parts])
+    i32 = _split(buffer[n64:].view(torch.int32), [p.size for p in int32_parts])
+    num_seqs, width = host.block_tables.shape
+    meta = AttentionMetadata(
+        slot_mapping=i64[2],
+        cu_seqlens_q=i32[0],
+        context_lens=i32[1],
+        block_tables=i32[2].view(num_seqs, width),
+        max_q_len=host.max_q_len,
+        max_context_len=int(host.context_lens.max()) if num_seqs else 0,
+    )
+    return ModelInputs(i64[0], i64[1], meta, i64[3])
+
+
+def _fill(dest: np.ndarray, parts: list[np.ndarray]) -> None:
+    offset = 0
+    for part in parts:
+        dest[offset : offset + part.size] = part.reshape(-1)
+        offset += part.size
+
+
+def _split(flat: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
+    out, offset = [], 0
+    for size in sizes:
+        out.append(flat[offset : offset + size])
+        offset += size
+    return out

@@ -1,0 +1,249 @@
+"""The model runner: the only part of the engine that touches the device.
+
+execute(StepBatch) flattens the step's prefill chunks and decodes into one varlen batch, writes their K/V
+into the paged cache, attends over it and returns the logits of the rows that will be sampled.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from kvpilot.runtime.config import ModelConfig
+from kvpilot.runtime.engine.batch import SeqChunk, StepBatch
+from kvpilot.runtime.engine.cuda_graphs import DecodeGraphs
+from kvpilot.runtime.engine.memory import kv_cache_blocks, profile_peak
+from kvpilot.runtime.engine.model_inputs import prepare_inputs
+from kvpilot.runtime.engine.sampler import SampledIds
+from kvpilot.runtime.errors import ModelLoadError, UnsupportedModelError
+from kvpilot.runtime.layers.attention import AttentionMetadata
+from kvpilot.runtime.loader import load_model
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp16": torch.float16,
+}
+_KV_ONLY_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}
+CPU_KV_CACHE_BYTES = 1 << 30  # CPU default: at most 1 GiB of KV cache ...
+CPU_KV_CACHE_SEQS = 8  # ... and no more than 8 sequences of max_model_len tokens
+
+log = logging.getLogger(__name__)
+# Decode graphs fix the block-table width, and the split-KV decode plan is sized for that width: with a
+# 32k-40k max_model_len every short sequence would get a few long partitions (too few programs at small
+# batch). Graphs cover contexts up to this; longer decodes run eagerly with a plan sized to the batch.
+GRAPH_MAX_CONTEXT = 8192
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {device!r} requested but no CUDA GPU is available")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise ModelLoadError(f"unknown device {device!r}; use auto, cpu or cuda")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, config: ModelConfig, device: torch.device) -> torch.dtype:
+    """'auto' is float32 on CPU (exact against references) and the checkpoint's 16-bit type (else bf16)
+    on CUDA."""
+    if dtype == "auto":
+        if device.type == "cpu":
+            return torch.float32
+        native = _DTYPES.get(config.torch_dtype, torch.bfloat16)
+        return native if native in (torch.bfloat16, torch.float16) else torch.bfloat16
+    if dtype not in _DTYPES:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; use auto, {', '.join(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def resolve_kv_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    if kv_cache_dtype == "auto":
+        return model_dtype
+    if kv_cache_dtype in _DTYPES:
+        return _DTYPES[kv_cache_dtype]
+    if kv_cache_dtype in _KV_ONLY_DTYPES:
+        return _KV_ONLY_DTYPES[kv_cache_dtype]
+    if kv_cache_dtype == "int8":
+        raise UnsupportedModelError("kv_cache_dtype 'int8' is not supported yet")
+    raise ModelLoadError(f"unknown kv_cache_dtype {kv_cache_dtype!r}")
+
+
+def kv_block_bytes(config: ModelConfig, block_size: int, kv_dtype: torch.dtype) -> int:
+    """Bytes of K and V for one block across all layers."""
+    element = torch.empty((), dtype=kv_dtype).element_size()
+    return 2 * config.num_hidden_layers * block_size * config.kv_size * element
+
+
+def cpu_num_kv_blocks(*, block_bytes: int, block_size: int, max_model_len: int) -> int:
+    """A modest CPU cache: at most CPU_KV_CACHE_BYTES and CPU_KV_CACHE_SEQS sequences, at least one.
+    (On CUDA the cache is sized by profiling the worst step: see memory.py.)"""
+    blocks_per_seq = -(-max_model_len // block_size)
+    by_bytes = CPU_KV_CACHE_BYTES // block_bytes
+    return max(blocks_per_seq, min(by_bytes, CPU_KV_CACHE_SEQS * blocks_per_seq))
+
+
+def fill_placeholders(input_ids: torch.Tensor, sampled: torch.Tensor) -> torch.Tensor:
+    """Input ids with each placeholder -1 - r replaced by sampled[r] (device ops only, no sync)."""
+    rows = (-1 - input_ids).clamp_(min=0)
+    return torch.where(input_ids < 0, sampled.to(input_ids.dtype)[rows], input_ids)
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        block_size: int = 16,
+        max_model_len: int | None = None,
+        device: str = "auto",
+        dtype: str = "auto",
+        gpu_memory_utilization: float = 0.9,
+        num_kv_blocks: int | None = None,
+        kv_cache_dtype: str = "auto",
+        seed: int = 0,
+        backend: str = "auto",
+        load_format: str = "auto",
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 8192,
+        enforce_eager: bool = False,
+    ) -> None:
+        """backend: "torch" (reference ops), "triton", or "auto" (triton on CUDA, torch elsewhere).
+        load_format: "auto" reads the safetensors, "dummy" makes seeded random weights (benchmarks).
+        On CUDA the cache is sized by profiling a step of max_num_batched_tokens tokens, and decode
+        steps of up to max_num_seqs sequences replay CUDA graphs unless enforce_eager."""
+        if block_size < 1:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.model_config = ModelConfig.from_dir(model_dir)
+        self.device = resolve_device(device)
+        self.block_size, self.seed = block_size, seed
+        self.backend = backend if backend != "auto" else ("triton" if self.device.type == "cuda" else "torch")
+        self.dtype = resolve_dtype(dtype, self.model_config, self.device)
+        limit = self.model_config.max_position_embeddings
+        if max_model_len is not None and max_model_len > limit:
+            raise ModelLoadError(
+                f"max_model_len {max_model_len} exceeds the model's max_position_embeddings {limit}"
+            )
+        self.max_model_len = max_model_len or limit
+        self.model = load_model(
+            model_dir,
+            self.model_config,
+            device=self.device,
+            dtype=self.dtype,
+            backend=self.backend,
+            max_positions=limit,
+            load_format=load_format,
+            seed=seed,
+        )
+        self.kv_cache_dtype = resolve_kv_cache_dtype(kv_cache_dtype, self.dtype)
+        if num_kv_blocks is not None and num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be positive, got {num_kv_blocks}")
+        self.graphs: DecodeGraphs | None = None
+        self.num_kv_blocks = num_kv_blocks or self._size_kv_cache(
+            gpu_memory_utilization, max_num_seqs, max_num_batched_tokens
+        )
+        self.kv_caches = self._allocate_kv_cache()
+        log.info(
+            "KV cache: %d blocks of %d tokens = %d tokens (%.2f GiB, %s)",
+            self.num_kv_blocks,
+            block_size,
+            self.num_kv_blocks * block_size,
+            self.num_kv_blocks * self._block_bytes() / 2**30,
+            self.kv_cache_dtype,
+        )
+        if self.device.type == "cuda" and self.backend == "triton" and not enforce_eager:
+            graph_context = min(self.max_model_len, GRAPH_MAX_CONTEXT)
+            self.graphs = DecodeGraphs(
+                self._forward_logits,
+                max_num_seqs=max_num_seqs,
+                max_blocks_per_seq=-(-graph_context // block_size),
+                block_size=block_size,
+                device=self.device,
+            )
+            self.graphs.capture()
+
+    def _block_bytes(self) -> int:
+        return kv_block_bytes(self.model_config, self.block_size, self.kv_cache_dtype)
+
+    def _size_kv_cache(self, utilization: float, max_num_seqs: int, max_num_batched_tokens: int) -> int:
+        blocks_per_seq = -(-self.max_model_len // self.block_size)
+        if self.device.type != "cuda":
+            return cpu_num_kv_blocks(
+                block_bytes=self._block_bytes(), block_size=self.block_size, max_model_len=self.max_model_len
+            )
+        profile = profile_peak(self.device, lambda: self._worst_step(max_num_seqs, max_num_batched_tokens))
+        return kv_cache_blocks(
+            profile,
+            gpu_memory_utilization=utilization,
+            block_bytes=self._block_bytes(),
+            blocks_per_seq=blocks_per_seq,
+            max_model_len=self.max_model_len,
+        )
+
+    def _worst_step(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        """A prefill of max_num_batched_tokens tokens over max_num_seqs sequences, every one sampled,
+        against a scratch cache just big enough; everything it allocates is freed on return."""
+        seqs = max(1, min(max_num_seqs, max_num_batched_tokens))
+        per_seq = max(1, max_num_batched_tokens // seqs)
+        blocks_per_seq = -(-per_seq // self.block_size)
+        chunks, next_block = [], 0
+        for i in range(seqs):
+            table = list(range(next_block, next_block + blocks_per_seq))
+            next_block += blocks_per_seq
+            chunks.append(SeqChunk(i, [1] * per_seq, 0, table, True))
+        self.num_kv_blocks = next_block
+        self.kv_caches = self._allocate_kv_cache()
+        logits = self.execute(StepBatch(chunks))
+        torch.softmax(logits, dim=-1)  # the sampler's largest temporary is of this size
+        del self.kv_caches, logits
+
+    def _allocate_kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """One tensor [layers, 2, num_blocks, block_size, kv_heads, head_dim]; per-layer (K, V) views."""
+        cfg = self.model_config
+        cache = torch.zeros(
+            cfg.num_hidden_layers,
+            2,
+            self.num_kv_blocks,
+            self.block_size,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            dtype=self.kv_cache_dtype,
+            device=self.device,
+        )
+        return [(cache[layer, 0], cache[layer, 1]) for layer in range(cfg.num_hidden_layers)]
+
+    def _forward_logits(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """Every row's logits (decode: every row is sampled); what the CUDA graphs capture."""
+        return self.model.compute_logits(self.model(input_ids, positions, self.kv_caches, meta))
+
+    @torch.inference_mode()
+    def execute(self, batch: StepBatch, prev_sampled: SampledIds | None = None) -> torch.Tensor:
+        """Run one step; returns float32 logits [batch.num_sampled, vocab_size] in chunk order.
+
+        A negative input token id -1 - r is a placeholder for row r of `prev_sampled`, the previous
+        step's sampled ids: it is filled on the device, without waiting for that step to end."""
+        if not batch.chunks:
+            return torch.empty(0, self.model_config.vocab_size, device=self.device)
+        inputs = prepare_inputs(batch, self.block_size, self.device)
+        if prev_sampled is not None:
+            inputs.input_ids = fill_placeholders(inputs.input_ids, prev_sampled.ids)
+        size = self._graph_size(batch)
+        if size is not None and self.graphs is not None:
+            logits = self.graphs.run(inputs, size)
+            return logits if batch.num_sampled == len(batch.chunks) else logits[inputs.sample_indices]
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        return self.model.compute_logits(hidden[inputs.sample_indices])
+
+    def _graph_size(self, batch: StepBatch) -> int | None:
+        if self.graphs is None or not batch.is_decode_only:
+            return None
+        return self.graphs.bucket(len(batch.chunks), max(len(c.block_table) for c in batch.chunks))

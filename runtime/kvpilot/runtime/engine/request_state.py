@@ -1,0 +1,151 @@
+"""One request's output side: incremental text, stop checks, and the delta each step hands back."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kvpilot.runtime.engine.detokenizer import IncrementalDetokenizer
+from kvpilot.runtime.engine.output import RequestOutput, TokenLogprob
+from kvpilot.runtime.engine.sequence import Sequence
+from kvpilot.runtime.engine.stop import StopStringMatcher, banned_token_ids, token_stop_reason
+
+
+class RequestState:
+    def __init__(self, request_id: str, seq: Sequence, tokenizer: Any, eos_token_ids: frozenset[int]):
+        self.request_id = request_id
+        self.seq = seq
+        params = seq.params
+        self._eos_token_ids = eos_token_ids
+        self._detokenizer = None
+        if params.detokenize:
+            self._detokenizer = IncrementalDetokenizer(
+                tokenizer, seq.prompt_token_ids, params.skip_special_tokens
+            )
+        # no stop strings: the matcher would pass every text through unchanged, so it is skipped
+        self._matcher = (
+            StopStringMatcher(params.stop, params.include_stop_str_in_output) if any(params.stop) else None
+        )
+        # tokens that may stop the request (the reason comes from token_stop_reason)
+        self._stopping_ids = frozenset(params.stop_token_ids) | (
+            frozenset() if params.ignore_eos else eos_token_ids
+        )
+        self._row: Any = None  # the SampleRow once no token is banned: it holds the live token lists
+        # the next token can be sampled before the last one is read back: its row needs no token ids
+        self.can_overlap = params.logprobs is None and not (
+            params.repetition_penalty != 1.0
+            or params.presence_penalty != 0.0
+            or params.frequency_penalty != 0.0
+        )
+        # no stop strings and no logprobs: a token that cannot stop the request takes the short path
+        self._simple = self._matcher is None and params.logprobs is None
+
+    def sample_row(self, row_type: Callable[..., Any]) -> Any:
+        """The sampler's row for the next token: stopping tokens are banned until min_tokens exist."""
+        seq = self.seq
+        params = seq.params
+        if seq.num_output_tokens < params.min_tokens:
+            return row_type(
+                params,
+                seq.prompt_token_ids,
+                seq.output_token_ids,
+                banned_token_ids(
+                    seq.num_output_tokens,
+                    params.min_tokens,
+                    eos_token_ids=self._eos_token_ids,
+                    stop_token_ids=params.stop_token_ids,
+                    ignore_eos=params.ignore_eos,
+                ),
+            )
+        if self._row is None:
+            self._row = row_type(params, seq.prompt_token_ids, seq.output_token_ids)
+        return self._row
+
+    def process_token(self, sampled: Any, token_limit: int) -> RequestOutput:
+        """The delta for the token just appended to the sequence (`sampled` is the SampledToken)."""
+        seq = self.seq
+        token_id = seq.output_token_ids[-1]
+        if (
+            self._simple
+            and token_id not in self._stopping_ids
+            and seq.num_output_tokens < seq.max_tokens
+            and seq.num_tokens < token_limit
+        ):  # the common case: no stop, no logprobs
+            text = self._detokenizer.add(token_id) if self._detokenizer is not None else ""
+            return RequestOutput(
+                self.request_id,
+                [token_id],
+                text,
+                None,
+                False,
+                None,
+                None,
+                seq.num_prompt_tokens,
+                seq.num_output_tokens,
+                seq.num_cached_tokens or 0,
+            )
+        params = seq.params
+        can_stop = seq.num_output_tokens >= params.min_tokens
+        stopped, stop_reason = False, None
+        if can_stop and token_id in self._stopping_ids:
+            stopped, stop_reason = token_stop_reason(
+                token_id,
+                eos_token_ids=self._eos_token_ids,
+                stop_token_ids=params.stop_token_ids,
+                ignore_eos=params.ignore_eos,
+            )
+        finish_reason = "stop" if stopped else None
+        text = ""
+        if self._detokenizer is not None:
+            show_token = not stopped or params.include_stop_str_in_output
+            text = self._detokenizer.add(token_id) if show_token else ""
+            if self._matcher is not None:
+                match = self._matcher.feed(text, can_stop)
+                text = match.text
+                if match.stop is not None and finish_reason is None:
+                    finish_reason, stop_reason = "stop", match.stop
+        out_of_room = seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= token_limit
+        if finish_reason is None and out_of_room:
+            finish_reason = "length"
+        if finish_reason is not None:
+            text += self._flush_text(can_stop)
+        logprobs = None
+        if params.logprobs is not None:
+            logprobs = [TokenLogprob(token_id, float(sampled.logprob), list(sampled.top_logprobs))]
+        return self._output([token_id], text, logprobs, finish_reason, stop_reason)
+
+    def _flush_text(self, can_stop: bool) -> str:
+        if self._detokenizer is None:
+            return ""
+        text = self._detokenizer.flush()
+        if self._matcher is None:
+            return text
+        return self._matcher.feed(text, can_stop).text + self._matcher.flush()
+
+    def finish_output(self, finish_reason: str, error: str | None = None) -> RequestOutput:
+        """The final delta of a request that ends outside the model step (abort, failure)."""
+        return self._output([], "", None, finish_reason, None, error)
+
+    def _output(
+        self,
+        token_ids: list[int],
+        text: str,
+        logprobs: list[TokenLogprob] | None,
+        finish_reason: str | None,
+        stop_reason: int | str | None,
+        error: str | None = None,
+    ) -> RequestOutput:
+        seq = self.seq
+        return RequestOutput(
+            request_id=self.request_id,
+            new_token_ids=token_ids,
+            new_text=text,
+            new_logprobs=logprobs,
+            finished=finish_reason is not None,
+            finish_reason=finish_reason,
+            stop_reason=stop_reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
+            num_cached_tokens=seq.num_cached_tokens or 0,
+            error=error,
+        )

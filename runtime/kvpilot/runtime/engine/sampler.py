@@ -1,0 +1,261 @@
+"""Turning a step's logits into tokens: penalties, banned tokens, greedy or seeded random sampling,
+and logprobs. One SampleRow per logits row (the runner returns them in chunk order)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from operator import attrgetter
+
+import torch
+from kvpilot.runtime.layers.sampler import apply_min_p, apply_penalties, apply_top_k_top_p, sample_with_noise
+from kvpilot.runtime.sampling_params import SamplingParams
+
+GREEDY_TEMPERATURE = 1e-5  # temperatures below this sample greedily, as in vLLM
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class SampleRow:
+    params: SamplingParams
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+    banned_token_ids: frozenset[int] = frozenset()  # e.g. EOS while len(output) < min_tokens
+    # greedy, nothing to process, no logprobs: the argmax of the raw logits (rows are reused per request)
+    plain_greedy: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        params = self.params
+        object.__setattr__(
+            self,
+            "plain_greedy",
+            not self.banned_token_ids
+            and params.logprobs is None
+            and not _needs_penalties(params)
+            and params.temperature < GREEDY_TEMPERATURE,
+        )
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    token_id: int
+    logprob: float | None  # log_softmax of the raw logits; None unless params.logprobs is set
+    top_logprobs: list[tuple[int, float]] = field(default_factory=list)  # params.logprobs entries
+
+
+def stream_seed(seed: int, index: int) -> int:
+    """The generator seed for token `index` of a request seeded with `seed` (splitmix64 finaliser)."""
+    x = (seed * 0x9E3779B97F4A7C15 + index + 1) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (x ^ (x >> 31)) & ((1 << 63) - 1)
+
+
+def _check_rows(logits: torch.Tensor, rows: list[SampleRow]) -> None:
+    if logits.shape[0] != len(rows):
+        raise ValueError(f"{logits.shape[0]} logits rows for {len(rows)} sample rows")
+
+
+def _is_greedy(params: SamplingParams) -> bool:
+    return params.temperature < GREEDY_TEMPERATURE
+
+
+def _needs_penalties(params: SamplingParams) -> bool:
+    return (
+        params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
+    )
+
+
+_PLAIN_GREEDY = attrgetter("plain_greedy")
+
+
+@dataclass
+class _RowPlan:
+    """Which rows need what, found in one pass over the rows."""
+
+    plain_greedy: list[int]  # greedy rows with nothing to process: the argmax of the raw logits
+    processed: list[int]  # rows with banned tokens or penalties (greedy or random)
+    random: list[int]  # rows sampled with temperature
+    any_logprobs: bool
+
+    @property
+    def plain_greedy_only(self) -> bool:
+        return not self.processed and not self.random
+
+    @classmethod
+    def of(cls, rows: list[SampleRow]) -> _RowPlan:
+        if all(map(_PLAIN_GREEDY, rows)):  # the common case, one attribute per row
+            return cls(list(range(len(rows))), [], [], False)
+        plain_greedy: list[int] = []
+        processed: list[int] = []
+        random: list[int] = []
+        any_logprobs = False
+        for i, row in enumerate(rows):
+            params = row.params
+            if row.banned_token_ids or _needs_penalties(params):
+                processed.append(i)
+                if params.temperature >= GREEDY_TEMPERATURE:
+                    random.append(i)
+            elif params.temperature >= GREEDY_TEMPERATURE:
+                random.append(i)
+            else:
+                plain_greedy.append(i)
+            if params.logprobs is not None:
+                any_logprobs = True
+        return cls(plain_greedy, processed, random, any_logprobs)
+
+
+class SampledIds:
+    """A step's sampled token ids, still on the device: `ids` feeds the next step's input ids there,
+    tolist() reads them back. On CUDA they are copied to pinned memory as soon as they are sampled, so
+    tolist() waits for this step only, not for the steps launched after it."""
+
+    def __init__(self, ids: torch.Tensor) -> None:
+        self.ids = ids
+        self._host, self._ready = ids, None
+        if ids.is_cuda:
+            self._host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+            self._host.copy_(ids, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+
+    def tolist(self) -> list[int]:
+        if self._ready is not None:
+            self._ready.synchronize()
+        return self._host.tolist()
+
+
+class Sampler:
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
+        self._generators: dict[torch.device, torch.Generator] = {}  # unseeded rows, per device
+
+    def sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> list[SampledToken]:
+        _check_rows(logits, rows)
+        if not rows:
+            return []
+        raw = logits.float()  # never modified: processing works on copies of the rows that need it
+        plan = _RowPlan.of(rows)
+        token_ids: list[int] = self._token_ids(raw, rows, plan).tolist()  # one copy to the host
+        if not plan.any_logprobs:
+            return [SampledToken(token, None, []) for token in token_ids]
+        return self._results(raw, token_ids, rows)
+
+    def sample_ids(self, logits: torch.Tensor, rows: list[SampleRow]) -> SampledIds:
+        """The token ids only (no logprobs), left on the device: nothing waits for the step to end."""
+        _check_rows(logits, rows)
+        plan = _RowPlan.of(rows)
+        if plan.any_logprobs:
+            raise ValueError("sample_ids gives no logprobs: use sample() for rows that ask for them")
+        return SampledIds(self._token_ids(logits.float(), rows, plan))
+
+    def _token_ids(self, raw: torch.Tensor, rows: list[SampleRow], plan: _RowPlan) -> torch.Tensor:
+        """Greedy rows: argmax of their (processed) logits; random rows: _sample_random."""
+        if plan.plain_greedy_only:  # the common case: one argmax
+            return raw.argmax(dim=-1)
+        if plan.plain_greedy:
+            token_ids = raw.argmax(dim=-1)  # every row: cheaper than gathering the plain greedy ones
+        else:
+            token_ids = torch.empty(len(rows), dtype=torch.long, device=raw.device)
+        position = {i: k for k, i in enumerate(plan.processed)}
+        processed = raw[:0]
+        if plan.processed:
+            processed = self._process(raw[plan.processed], [rows[i] for i in plan.processed])
+            greedy = [i for i in plan.processed if _is_greedy(rows[i].params)]
+            if greedy:
+                token_ids[greedy] = processed[[position[i] for i in greedy]].argmax(dim=-1)
+        if plan.random:
+            random = raw[plan.random]
+            moved = [(k, position[i]) for k, i in enumerate(plan.random) if i in position]
+            if moved:
+                random[[k for k, _ in moved]] = processed[[j for _, j in moved]]
+            token_ids[plan.random] = self._sample_random(random, [rows[i] for i in plan.random])
+        return token_ids
+
+    def _process(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+        """Banned tokens to -inf, then penalties on the rows that ask for them."""
+        vocab = logits.shape[-1]
+        for i, row in enumerate(rows):
+            banned = [t for t in row.banned_token_ids if 0 <= t < vocab]
+            if banned:
+                logits[i, banned] = float("-inf")
+        penalised = [i for i, r in enumerate(rows) if _needs_penalties(r.params)]
+        if penalised:
+            logits[penalised] = apply_penalties(
+                logits[penalised], *self._penalty_inputs([rows[i] for i in penalised], vocab, logits.device)
+            )
+        return logits
+
+    @staticmethod
+    def _penalty_inputs(rows: list[SampleRow], vocab: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        def counts(ids: Sequence[int]) -> torch.Tensor:
+            ids_t = torch.tensor([t for t in ids if 0 <= t < vocab], dtype=torch.long, device=device)
+            return torch.bincount(ids_t, minlength=vocab)
+
+        prompt_mask = torch.stack([counts(r.prompt_token_ids) > 0 for r in rows])
+        output_counts = torch.stack([counts(r.output_token_ids) for r in rows])
+
+        def column(name: str) -> torch.Tensor:
+            return torch.tensor([getattr(r.params, name) for r in rows], dtype=torch.float32, device=device)
+
+        return (
+            prompt_mask,
+            output_counts,
+            column("repetition_penalty"),
+            column("frequency_penalty"),
+            column("presence_penalty"),
+        )
+
+    def _sample_random(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+        device, vocab = logits.device, logits.shape[-1]
+
+        def column(values: list[float]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.float32, device=device)
+
+        logits = logits / column([r.params.temperature for r in rows])[:, None]
+        min_p = column([r.params.min_p for r in rows])
+        if bool((min_p > 0).any()):
+            logits = apply_min_p(logits, min_p)
+        top_k = column([r.params.top_k if r.params.top_k > 0 else vocab for r in rows])
+        top_p = column([r.params.top_p for r in rows])
+        if bool((top_k < vocab).any() or (top_p < 1.0).any()):
+            logits = apply_top_k_top_p(logits, top_k, top_p)
+        return sample_with_noise(torch.softmax(logits, dim=-1), self._noise(rows, vocab, device))
+
+    def _noise(self, rows: list[SampleRow], vocab: int, device: torch.device) -> torch.Tensor:
+        """Exp(1) noise per row: from the request's own stream when seeded, else the sampler's."""
+        noise = torch.empty(len(rows), vocab, device=device)
+        unseeded = [i for i, r in enumerate(rows) if r.params.seed is None]
+        if unseeded:
+            noise[unseeded] = torch.empty(len(unseeded), vocab, device=device).exponential_(
+                generator=self._generator(device)
+            )
+        for i, row in enumerate(rows):
+            if row.params.seed is not None:
+                generator = torch.Generator(device=device)
+                generator.manual_seed(stream_seed(row.params.seed, len(row.output_token_ids)))
+                noise[i].exponential_(generator=generator)
+        return noise
+
+    def _generator(self, device: torch.device) -> torch.Generator:
+        if device not in self._generators:
+            self._generators[device] = torch.Generator(device=device)
+            self._generators[device].manual_seed(self.seed)
+        return self._generators[device]
+
+    @staticmethod
+    def _results(raw: torch.Tensor, token_ids: list[int], rows: list[SampleRow]) -> list[SampledToken]:
+        wanted = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+        logprobs = torch.log_softmax(raw[wanted], dim=-1) if wanted else None
+        position = {row_index: k for k, row_index in enumerate(wanted)}
+        results = []
+        for i, (token, row) in enumerate(zip(token_ids, rows, strict=True)):
+            n = row.params.logprobs
+            if n is None or logprobs is None:
+                results.append(SampledToken(token, None, []))
+                continue
+            row_logprobs = logprobs[position[i]]
+            top = torch.topk(row_logprobs, n) if n > 0 else None
+            pairs = list(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if top else []
+            results.append(SampledToken(token, float(row_logprobs[token]), pairs))
+        return results

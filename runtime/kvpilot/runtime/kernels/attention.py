@@ -1,0 +1,87 @@
+"""Attention over the paged KV cache, for prefill chunks and decodes alike.
+
+Semantics shared by every implementation in this file: sequence s owns the query rows
+cu_seqlens_q[s]:cu_seqlens_q[s+1] (its q_len newest tokens) and has context_lens[s] tokens in the cache,
+the new ones included (K/V are stored before attention runs). Query row i of s sits at position
+context_lens[s] - q_len + i and attends causally to cache positions 0..that position.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def gather_kv_ref(
+    cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_table: torch.Tensor,  # [max_blocks] int32 for one sequence
+    context_len: int,
+) -> torch.Tensor:  # [context_len, num_kv_heads, head_dim]
+    block_size = cache.shape[1]
+    num_blocks = (context_len + block_size - 1) // block_size
+    blocks = cache[block_table[:num_blocks].long()]  # [num_blocks, block_size, kv_heads, head_dim]
+    return blocks.reshape(-1, *cache.shape[2:])[:context_len]
+
+
+def paged_attention_ref(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,  # [num_seqs + 1] int32
+    context_lens: torch.Tensor,  # [num_seqs] int32
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
+    scale: float,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(q)
+    cu = cu_seqlens_q.tolist()
+    for s, ctx in enumerate(context_lens.tolist()):
+        qs = q[cu[s] : cu[s + 1]].float()  # [q_len, H, D]
+        q_len = qs.shape[0]
+        k = gather_kv_ref(k_cache, block_tables[s], ctx).float().repeat_interleave(group, dim=1)
+        v = gather_kv_ref(v_cache, block_tables[s], ctx).float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", qs, k) * scale  # [H, q_len, ctx]
+        q_pos = torch.arange(ctx - q_len, ctx, device=q.device)[:, None]
+        k_pos = torch.arange(ctx, device=q.device)[None, :]
+        scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[cu[s] : cu[s + 1]] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
+    return out
+
+
+ATTENTION_BACKENDS = ("torch", "triton")
+
+
+def paged_attention(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,  # [num_seqs + 1] int32
+    context_lens: torch.Tensor,  # [num_seqs] int32
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
+    scale: float,
+    *,
+    backend: str,
+    max_q_len: int | None = None,
+    is_decode: bool | None = None,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """The one entry point for the layers: "torch" runs the reference (CPU, oracle), "triton" picks the
+    decode kernel (one token per sequence) or the prefill kernel. max_q_len / is_decode are host-side
+    hints that spare the Triton path a device read (decode stays CUDA-graph capturable)."""
+    if backend == "torch":
+        return paged_attention_ref(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale)
+    if backend == "triton":
+        from .attention_triton import paged_attention_triton  # imports triton only when asked for
+
+        return paged_attention_triton(
+            q,
+            k_cache,
+            v_cache,
+            cu_seqlens_q,
+            context_lens,
+            block_tables,
+            scale,
+            max_q_len=max_q_len,
+            is_decode=is_decode,
+        )
+    raise ValueError(f"unknown attention backend {backend!r}; expected one of {ATTENTION_BACKENDS}")

@@ -1,0 +1,272 @@
+"""Compile every Triton kernel for a GPU architecture without a GPU, and report its resources.
+
+    python -m kvpilot.runtime.kernels.compile_check [--arch 90]
+
+Lowers each kernel through Triton's real pipeline (TTIR -> TTGIR -> PTX -> cubin with ptxas) for the
+shapes the engine uses (Qwen3-8B heads, bf16, page size 16), with the 16-divisibility that Triton infers at
+launch for pointers and strides, and prints registers, spill stack, shared memory and whether the K/V loads
+were software-pipelined (async copies). Must run WITHOUT TRITON_INTERPRET=1 (the interpreter replaces
+the compiler).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import json
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from . import (
+    activation_triton,
+    decode_attention_triton,
+    kv_cache_triton,
+    norm_triton,
+    prefill_attention_triton,
+    qkv_prepare_triton,
+    rotary_triton,
+)
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    name: str
+    fn: Any  # a triton JITFunction
+    types: dict[str, str]  # non-i32 runtime parameters: "*bf16", "fp32", ...
+    constexprs: dict[str, Any]
+    num_warps: int
+    num_stages: int = 1
+    not_div16: tuple[str, ...] = ()  # integer parameters NOT specialised as multiples of 16
+
+
+@dataclass(frozen=True)
+class KernelReport:
+    name: str
+    registers: int | None
+    stack_bytes: int | None
+    shared_bytes: int
+    async_copies: int  # cp.async ops in the final TTGIR: >0 means a pipelined loop
+
+
+_ATTN = {
+    "q_ptr": "*bf16",
+    "k_cache_ptr": "*bf16",
+    "v_cache_ptr": "*bf16",
+    "out_ptr": "*bf16",
+    "context_lens_ptr": "*i32",
+    "block_tables_ptr": "*i32",
+    "qk_scale": "fp32",
+}
+_HEADS = {"HEAD_DIM": 128, "BLOCK_D": 128, "PAGE": 16}
+_QKV_PREPARE = {
+    "qkv_ptr": "*bf16",
+    "positions_ptr": "*i64",
+    "cos_sin_ptr": "*fp32",
+    "q_norm_ptr": "*bf16",
+    "k_norm_ptr": "*bf16",
+    "q_out_ptr": "*bf16",
+    "k_cache_ptr": "*bf16",
+    "v_cache_ptr": "*bf16",
+    "slot_mapping_ptr": "*i64",
+    "eps": "fp32",
+}
+_QKV_PREPARE_CONSTS = {
+    "NUM_HEADS": 32,
+    "NUM_KV_HEADS": 8,
+    "HEAD_DIM": 128,
+    "BLOCK_SIZE": 16,
+    "BLOCK_G": 4,
+    "BLOCK_HALF": 64,
+}
+_DEC_NODIV = ("partition_size", "num_splits", "num_heads", "stride_bt")
+
+
+def default_specs() -> list[KernelSpec]:
+    dec, pre = decode_attention_triton.DecodeConfig(), prefill_attention_triton.PrefillConfig()
+    dec_types = {**_ATTN, "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
+    dec_consts = {"GROUP": 4, "BLOCK_H": 16, **_HEADS, "BLOCK_N": dec.block_n}
+    return [
+        KernelSpec(
+            "decode_single_pass",
+            decode_attention_triton._decode_kernel,
+            dec_types,
+            {**dec_consts, "SPLIT": False},
+            dec.num_warps,
+            dec.num_stages,
+            _DEC_NODIV,
+        ),
+        KernelSpec(
+            "decode_split",
+            decode_attention_triton._decode_kernel,
+            dec_types,
+            {**dec_consts, "SPLIT": True},
+            dec.num_warps,
+            dec.num_stages,
+            _DEC_NODIV,
+        ),
+        KernelSpec(
+            "decode_head_dim_80",
+            decode_attention_triton._decode_kernel,
+            dec_types,
+            {**dec_consts, "HEAD_DIM": 80, "SPLIT": True},
+            dec.num_warps,
+            dec.num_stages,
+            _DEC_NODIV,
+        ),
+        KernelSpec(
+            "decode_reduce",
+            decode_attention_triton._decode_reduce_kernel,
+            {
+                "part_out_ptr": "*fp32",
+                "part_lse_ptr": "*fp32",
+                "out_ptr": "*bf16",
+                "context_lens_ptr": "*i32",
+            },
+            {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_S": 64},
+            4,
+            1,
+            _DEC_NODIV,
+        ),
+        KernelSpec(
+            "prefill",
+            prefill_attention_triton._prefill_kernel,
+            {**_ATTN, "cu_seqlens_q_ptr": "*i32"},
+            {
+                "GROUP": 4,
+                "GROUP_PAD": 4,
+                **_HEADS,
+                "BLOCK_M": pre.block_m,
+                "BLOCK_Q": pre.block_m // 4,
+                "BLOCK_N": pre.block_n,
+            },
+            pre.num_warps,
+            pre.num_stages,
+            ("stride_bt",),
+        ),
+        KernelSpec(
+            "store_kv_cache",
+            kv_cache_triton._store_kv_cache_kernel,
+            {
+                "key_ptr": "*bf16",
+                "value_ptr": "*bf16",
+                "k_cache_ptr": "*bf16",
+                "v_cache_ptr": "*bf16",
+                "slot_mapping_ptr": "*i64",
+            },
+            {"NUM_KV_HEADS": 8, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "BLOCK_H": 8, "BLOCK_D": 128},
+            4,
+        ),
+        KernelSpec(
+            "rms_norm_residual",
+            norm_triton._rms_norm_kernel,
+            {
+                "x_ptr": "*bf16",
+                "residual_ptr": "*bf16",
+                "weight_ptr": "*bf16",
+                "out_ptr": "*bf16",
+                "residual_out_ptr": "*bf16",
+                "eps": "fp32",
+            },
+            {"HAS_RESIDUAL": True, "BLOCK": 4096},
+            8,
+        ),
+        KernelSpec(
+            "rotary",
+            rotary_triton._rotary_kernel,
+            {
+                "positions_ptr": "*i64",
+                "q_ptr": "*bf16",
+                "k_ptr": "*bf16",
+                "q_out_ptr": "*bf16",
+                "k_out_ptr": "*bf16",
+                "cos_sin_ptr": "*fp32",
+            },
+            {"HALF": 64, "BLOCK_HALF": 64, "BLOCK_HQ": 32, "BLOCK_HK": 8},
+            4,
+            1,
+            ("num_heads", "num_kv_heads"),
+        ),
+        KernelSpec(
+            "qkv_prepare_qk_norm",
+            qkv_prepare_triton._qkv_prepare_kernel,
+            _QKV_PREPARE,
+            {**_QKV_PREPARE_CONSTS, "HAS_NORM": True},
+            2,
+        ),
+        KernelSpec(
+            "qkv_prepare",
+            qkv_prepare_triton._qkv_prepare_kernel,
+            _QKV_PREPARE,
+            {**_QKV_PREPARE_CONSTS, "HAS_NORM": False},
+            2,
+        ),
+        KernelSpec(
+            "silu_and_mul",
+            activation_triton._silu_and_mul_kernel,
+            {"x_ptr": "*bf16", "out_ptr": "*bf16"},
+            {"BLOCK": 1024},
+            4,
+        ),
+    ]
+
+
+def _source(spec: KernelSpec) -> ASTSource:
+    params = list(inspect.signature(spec.fn.fn).parameters)
+    signature = {p: "constexpr" if p in spec.constexprs else spec.types.get(p, "i32") for p in params}
+    div16 = [["tt.divisibility", 16]]
+    attrs = {
+        (i,): div16
+        for i, p in enumerate(params)
+        if signature[p] != "constexpr" and not signature[p].startswith("fp") and p not in spec.not_div16
+    }
+    constexprs = {(params.index(k),): v for k, v in spec.constexprs.items()}
+    return ASTSource(fn=spec.fn, signature=signature, constexprs=constexprs, attrs=attrs)
+
+
+def _resource_usage(cubin: bytes) -> tuple[int | None, int | None]:
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(tool):
+        return None, None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+)", text)
+    return (int(found.group(1)), int(found.group(2))) if found else (None, None)
+
+
+def compile_kernel(spec: KernelSpec, arch: int = 90) -> KernelReport:
+    options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
+    compiled = triton.compile(_source(spec), target=GPUTarget("cuda", arch, 32), options=options)
+    registers, stack = _resource_usage(compiled.asm["cubin"])
+    async_copies = compiled.asm["ttgir"].count("async_copy_global_to_local")
+    return KernelReport(spec.name, registers, stack, compiled.metadata.shared, async_copies)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, default=90)
+    parser.add_argument("--json", action="store_true", help="print one JSON list instead of a table")
+    args = parser.parse_args()
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise SystemExit("unset TRITON_INTERPRET: the interpreter does not compile")
+    reports = [compile_kernel(spec, args.arch) for spec in default_specs()]
+    if args.json:
+        print(json.dumps([dataclasses.asdict(r) for r in reports]))
+        return
+    print("| kernel | registers | spill stack B | shared B | async copies |\n|---|---|---|---|---|")
+    for r in reports:
+        print(f"| {r.name} | {r.registers} | {r.stack_bytes} | {r.shared_bytes} | {r.async_copies} |")
+
+
+if __name__ == "__main__":
+    main()

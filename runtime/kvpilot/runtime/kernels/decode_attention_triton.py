@@ -1,0 +1,312 @@
+"""Paged decode attention (one query token per sequence) in Triton: split-KV flash-decoding.
+
+Each program owns one (sequence, KV head, context partition) and processes ALL query heads of that KV
+head at once (GQA packing: the group's q rows form the M side of the tile matmuls), so every K/V byte is
+read from memory exactly once. A tile is BLOCK_N consecutive context positions gathered through the block
+table, i.e. BLOCK_N / block_size pages per tile (page size 16 is too small to be a tile on its own).
+
+- Single pass (num_splits == 1): when num_seqs * num_kv_heads alone fills the GPU, every program walks its
+  whole context and writes the normalised output directly.
+- Split-KV (num_splits > 1): few sequences -> partition the context so that enough programs run; each writes
+  a normalised partial output and its log-sum-exp (base 2), and a reduce kernel merges the partitions.
+
+Grid shape depends only on tensor shapes (the context bound is block_tables.shape[1] * block_size), never on
+device values, so the launch is CUDA-graph capturable and needs no host sync.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .attention_tile_triton import attend_tile
+from .triton_utils import next_power_of_2, num_sms
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Launch parameters. Defaults (from sm_90 compiles, see compile_check.py): ~128 registers at 4 warps
+    -> 4 programs per SM, each with one 32 KB K+V tile in flight (Triton pipelines the tile loads one
+    iteration ahead with cp.async), i.e. ~128 KB in flight per SM, a few times what Little's law asks
+    for at 4.25 TB/s. benchmarks/bench_kernels.py --sweep measures the alternatives on the GPU."""
+
+    block_n: int = 64  # context positions per tile; any power of two >= 16 (pages are gathered per position)
+    num_warps: int = 4
+    num_stages: int = 2
+    min_partition: int = 128  # fewest context positions a split-KV program handles
+    # single pass once num_seqs * num_kv_heads >= single_pass_waves * SMs; else split to ~split_waves * SMs
+    single_pass_waves: float = 2.0
+    split_waves: float = 4.0
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    num_splits: int
+    partition_size: int  # context positions per split, a multiple of block_n
+
+
+def plan_decode(
+    num_seqs: int, num_kv_heads: int, max_context_len: int, sms: int, config: DecodeConfig
+) -> DecodePlan:
+    """Pure choice of the split count: a pass per (seq, kv head) when that fills the GPU, else split."""
+    bn = config.block_n
+    programs = num_seqs * num_kv_heads
+    if programs >= config.single_pass_waves * sms or max_context_len <= config.min_partition:
+        return DecodePlan(1, max(bn, _cdiv(max_context_len, bn) * bn))
+    want = math.ceil(config.split_waves * sms / max(programs, 1))
+    splits = max(1, min(want, _cdiv(max_context_len, config.min_partition)))
+    partition = _cdiv(_cdiv(max_context_len, splits), bn) * bn  # ceil(ctx / splits) rounded up to bn
+    return DecodePlan(_cdiv(max_context_len, partition), partition)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr,  # [num_seqs, num_heads, head_dim]
+    k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache_ptr,
+    out_ptr,  # [num_seqs, num_heads, head_dim] (single pass)
+    part_out_ptr,  # [num_seqs, num_heads, num_splits, head_dim] fp32 (split-KV)
+    part_lse_ptr,  # [num_seqs, num_heads, num_splits] fp32 (split-KV)
+    context_lens_ptr,  # [num_seqs] int32
+    block_tables_ptr,  # [num_seqs, max_blocks] int32
+    qk_scale,  # softmax scale * log2(e): scores are kept in base 2
+    partition_size,
+    num_splits,
+    num_heads,
+    stride_qs,
+    stride_qh,
+    stride_os,
+    stride_oh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_bt,
+    GROUP: tl.constexpr,  # query heads per KV head
+    BLOCK_H: tl.constexpr,  # GROUP padded to a power of two >= 16 (tl.dot needs M >= 16)
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PAGE: tl.constexpr,  # cache block size in tokens
+    BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    split = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = tl.program_id(2)
+    ctx = tl.load(context_lens_ptr + seq)
+    start = split * partition_size
+    if SPLIT:  # noqa: SIM102 (a constexpr branch around a runtime one)
+        if start >= ctx:  # this partition lies past the sequence's end: the reduce ignores it
+            return
+    end = tl.minimum(start + partition_size, ctx)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    head_mask = offs_h < GROUP
+    d_mask = offs_d < HEAD_DIM
+    heads = kv_head * GROUP + offs_h
+    q_ptrs = q_ptr + seq.to(tl.int64) * stride_qs + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=head_mask[:, None] & d_mask[None, :], other=0.0)
+    q = q.to(k_cache_ptr.dtype.element_ty)  # [BLOCK_H, BLOCK_D]
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    k_head_off = kv_head * stride_kh
+    v_head_off = kv_head * stride_vh
+    full_end = start + (end - start) // BLOCK_N * BLOCK_N  # tiles before this need no mask
+    for n0 in range(start, full_end, BLOCK_N):
+        acc, l_i, m_i = attend_tile(
+            acc,
+            l_i,
+            m_i,
+            q,
+            end,
+            k_cache_ptr,
+            v_cache_ptr,
+            bt_row,
+            n0,
+            end,
+            qk_scale,
+            k_head_off,
+            v_head_off,
+            stride_kb,
+            stride_ks,
+            stride_vb,
+            stride_vs,
+            HEAD_DIM,
+            BLOCK_D,
+            PAGE,
+            BLOCK_N,
+            MASK=False,
+            CAUSAL=False,
+        )
+    if full_end < end:  # the ragged last tile
+        acc, l_i, m_i = attend_tile(
+            acc,
+            l_i,
+            m_i,
+            q,
+            end,
+            k_cache_ptr,
+            v_cache_ptr,
+            bt_row,
+            full_end,
+            end,
+            qk_scale,
+            k_head_off,
+            v_head_off,
+            stride_kb,
+            stride_ks,
+            stride_vb,
+            stride_vs,
+            HEAD_DIM,
+            BLOCK_D,
+            PAGE,
+            BLOCK_N,
+            MASK=True,
+            CAUSAL=False,
+        )
+
+    out_mask = head_mask[:, None] & d_mask[None, :]
+    if SPLIT:
+        # partial rows [seq, head, split, :], normalised by this partition's own sum
+        row = (seq.to(tl.int64) * num_heads + heads) * num_splits + split  # [BLOCK_H]
+        tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc / l_i[:, None], mask=out_mask)
+        tl.store(part_lse_ptr + row, m_i + tl.log2(l_i), mask=head_mask)
+    else:
+        l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # context_len 0 (padding rows) -> zeros, not NaN
+        o_ptrs = out_ptr + seq.to(tl.int64) * stride_os + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, (acc / l_safe[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    part_out_ptr,  # [num_seqs, num_heads, num_splits, head_dim] fp32
+    part_lse_ptr,  # [num_seqs, num_heads, num_splits] fp32
+    out_ptr,  # [num_seqs, num_heads, head_dim]
+    context_lens_ptr,
+    partition_size,
+    num_splits,
+    num_heads,
+    stride_os,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,  # num_splits padded to a power of two
+):
+    head = tl.program_id(0)
+    seq = tl.program_id(1)
+    ctx = tl.load(context_lens_ptr + seq)
+    used = tl.cdiv(ctx, partition_size)  # partitions that hold at least one position
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_mask = offs_s < used
+    row0 = (seq.to(tl.int64) * num_heads + head) * num_splits
+    lse = tl.load(part_lse_ptr + row0 + offs_s, mask=s_mask, other=float("-inf"))  # [BLOCK_S]
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m)  # [BLOCK_S], 0 for unused partitions
+    parts = tl.load(
+        part_out_ptr + (row0 + offs_s[:, None]) * HEAD_DIM + offs_d[None, :],
+        mask=s_mask[:, None] & (offs_d[None, :] < HEAD_DIM),
+        other=0.0,
+    )  # [BLOCK_S, BLOCK_D]
+    total = tl.sum(w, 0)
+    o = tl.sum(parts * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)  # [BLOCK_D]
+    o_ptrs = out_ptr + seq.to(tl.int64) * stride_os + head * stride_oh + offs_d
+    tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
+
+
+def paged_decode_attention_triton(
+    q: torch.Tensor,  # [num_seqs, num_heads, head_dim]: exactly one query token per sequence
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    context_lens: torch.Tensor,  # [num_seqs] int32, the new token included
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
+    scale: float,
+    *,
+    config: DecodeConfig | None = None,
+    plan: DecodePlan | None = None,
+    sms: int | None = None,
+) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
+    cfg = config or DecodeConfig()
+    num_seqs, num_heads, head_dim = q.shape
+    page, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    max_context = block_tables.shape[1] * page
+    if plan is None:
+        plan = plan_decode(num_seqs, num_kv_heads, max_context, sms or num_sms(q.device), cfg)
+    out = torch.empty_like(q)
+    if num_seqs == 0:
+        return out
+    split = plan.num_splits > 1
+    if split:  # [num_seqs, num_heads, num_splits, head_dim] partials + [.., num_splits] log-sum-exp
+        f32 = {"device": q.device, "dtype": torch.float32}
+        part_out = torch.empty(num_seqs, num_heads, plan.num_splits, head_dim, **f32)
+        part_lse = torch.empty(num_seqs, num_heads, plan.num_splits, **f32)
+    else:
+        part_out = part_lse = out  # unused by the single-pass specialisation
+    block_d = next_power_of_2(head_dim)
+    _decode_kernel[(plan.num_splits, num_kv_heads, num_seqs)](
+        q,
+        k_cache,
+        v_cache,
+        out,
+        part_out,
+        part_lse,
+        context_lens,
+        block_tables,
+        scale * math.log2(math.e),
+        plan.partition_size,
+        plan.num_splits,
+        num_heads,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        block_tables.stride(0),
+        GROUP=group,
+        BLOCK_H=max(16, next_power_of_2(group)),
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        PAGE=page,
+        BLOCK_N=cfg.block_n,
+        SPLIT=split,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    if split:
+        _decode_reduce_kernel[(num_heads, num_seqs)](
+            part_out,
+            part_lse,
+            out,
+            context_lens,
+            plan.partition_size,
+            plan.num_splits,
+            num_heads,
+            out.stride(0),
+            out.stride(1),
+            HEAD_DIM=head_dim,
+            BLOCK_D=block_d,
+            BLOCK_S=next_power_of_2(plan.num_splits),
+            num_warps=4 if block_d * next_power_of_2(plan.num_splits) >= 2048 else 2,
+        )
+    return out

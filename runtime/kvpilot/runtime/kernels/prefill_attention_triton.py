@@ -1,0 +1,217 @@
+"""Paged prefill/extend attention in Triton: varlen query chunks over their whole cached context.
+
+Sequence s owns query rows cu_seqlens_q[s]:cu_seqlens_q[s+1] (its q_len newest tokens); K/V of all
+context_lens[s] positions, the new ones included, are already in the paged cache. Query token t of s sits
+at position context_lens[s] - q_len + t and sees positions 0..that position (causal).
+
+Grid: (query tiles, kv heads, sequences). A program takes BLOCK_Q query tokens x all GROUP query heads of
+one KV head as the BLOCK_M = BLOCK_Q * GROUP_PAD rows of its tile (GQA packing), so each K/V tile it
+loads serves every head that shares it. Row r is token r // GROUP_PAD, head r % GROUP_PAD of the group.
+Tiles entirely left of the diagonal run without masks; the remaining ones apply the causal mask.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .attention_tile_triton import attend_tile
+from .triton_utils import next_power_of_2
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    block_m: int = 128  # query rows (tokens x heads of one group) per program
+    block_n: int = 64  # context positions per tile
+    num_warps: int = 8
+    num_stages: int = 2
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr,  # [num_tokens, num_heads, head_dim]
+    k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache_ptr,
+    out_ptr,  # [num_tokens, num_heads, head_dim]
+    cu_seqlens_q_ptr,  # [num_seqs + 1] int32
+    context_lens_ptr,  # [num_seqs] int32
+    block_tables_ptr,  # [num_seqs, max_blocks] int32
+    qk_scale,  # softmax scale * log2(e)
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_bt,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,  # GROUP rounded up to a power of two
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,  # query tokens per program, BLOCK_M // GROUP_PAD
+    BLOCK_N: tl.constexpr,
+):
+    # Launch the last (longest, most causal context) query tiles first so short ones fill the tail.
+    tile = tl.num_programs(0) - 1 - tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = tl.program_id(2)
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    t0 = tile * BLOCK_Q
+    if t0 >= q_len:  # the grid is sized for the longest chunk
+        return
+    ctx = tl.load(context_lens_ptr + seq)
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    tok = t0 + offs_m // GROUP_PAD  # [BLOCK_M] query token (within the chunk) of each row
+    g = offs_m % GROUP_PAD
+    row_mask = (tok < q_len) & (g < GROUP)
+    heads = kv_head * GROUP + g
+    q_pos = ctx - q_len + tok  # [BLOCK_M] position of each row in its sequence
+    row_off = (q_start + tok).to(tl.int64)
+    io_mask = row_mask[:, None] & (offs_d[None, :] < HEAD_DIM)
+    q = tl.load(
+        q_ptr + row_off[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=io_mask,
+        other=0.0,
+    )
+    q = q.to(k_cache_ptr.dtype.element_ty)  # [BLOCK_M, BLOCK_D]
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    k_head_off = kv_head * stride_kh
+    v_head_off = kv_head * stride_vh
+    first_pos = ctx - q_len + t0  # lowest query position of this tile: every row sees 0..first_pos
+    kv_end = ctx - q_len + tl.minimum(t0 + BLOCK_Q, q_len)  # one past the highest query position
+    full_end = (first_pos + 1) // BLOCK_N * BLOCK_N  # tiles below this are visible to every row
+    for n0 in range(0, full_end, BLOCK_N):
+        acc, l_i, m_i = attend_tile(
+            acc,
+            l_i,
+            m_i,
+            q,
+            q_pos,
+            k_cache_ptr,
+            v_cache_ptr,
+            bt_row,
+            n0,
+            kv_end,
+            qk_scale,
+            k_head_off,
+            v_head_off,
+            stride_kb,
+            stride_ks,
+            stride_vb,
+            stride_vs,
+            HEAD_DIM,
+            BLOCK_D,
+            PAGE,
+            BLOCK_N,
+            MASK=False,
+            CAUSAL=False,
+        )
+    for n0 in range(full_end, kv_end, BLOCK_N):
+        acc, l_i, m_i = attend_tile(
+            acc,
+            l_i,
+            m_i,
+            q,
+            q_pos,
+            k_cache_ptr,
+            v_cache_ptr,
+            bt_row,
+            n0,
+            kv_end,
+            qk_scale,
+            k_head_off,
+            v_head_off,
+            stride_kb,
+            stride_ks,
+            stride_vb,
+            stride_vs,
+            HEAD_DIM,
+            BLOCK_D,
+            PAGE,
+            BLOCK_N,
+            MASK=True,
+            CAUSAL=True,
+        )
+
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    o = (acc / l_safe[:, None]).to(out_ptr.dtype.element_ty)
+    o_ptrs = out_ptr + row_off[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, o, mask=io_mask)
+
+
+def paged_prefill_attention_triton(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,  # [num_seqs + 1] int32
+    context_lens: torch.Tensor,  # [num_seqs] int32
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
+    scale: float,
+    *,
+    max_q_len: int | None = None,
+    config: PrefillConfig | None = None,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """max_q_len sizes the grid; when None it is read from cu_seqlens_q (one host sync)."""
+    cfg = config or PrefillConfig()
+    num_tokens, num_heads, head_dim = q.shape
+    page, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    num_seqs = cu_seqlens_q.shape[0] - 1
+    out = torch.empty_like(q)
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    if max_q_len is None:
+        max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max().item())
+    group = num_heads // num_kv_heads
+    group_pad = next_power_of_2(group)
+    block_m = max(cfg.block_m, group_pad, 16)  # at least one whole group, and tl.dot needs M >= 16
+    block_q = block_m // group_pad
+    grid = (triton.cdiv(max_q_len, block_q), num_kv_heads, num_seqs)
+    _prefill_kernel[grid](
+        q,
+        k_cache,
+        v_cache,
+        out,
+        cu_seqlens_q,
+        context_lens,
+        block_tables,
+        scale * math.log2(math.e),
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        block_tables.stride(0),
+        GROUP=group,
+        GROUP_PAD=group_pad,
+        HEAD_DIM=head_dim,
+        BLOCK_D=next_power_of_2(head_dim),
+        PAGE=page,
+        BLOCK_M=block_m,
+        BLOCK_Q=block_q,
+        BLOCK_N=cfg.block_n,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return out

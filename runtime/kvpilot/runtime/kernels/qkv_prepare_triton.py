@@ -1,0 +1,195 @@
+"""Triton version of qkv_prepare_ref: the whole attention prologue in one launch.
+
+One program per (token, kv head) reads its slice of the fused qkv row: the GROUP = H / KVH query heads
+that share kv head g, k head g and v head g. In fp32 it RMS-normalises each q/k head (Qwen3; a constexpr
+switch for the other families), rounds the normed head to the activation dtype as the reference's norm
+does, then rotates it (NeoX rotate-half: (x1*cos - x2*sin, x2*cos + x1*sin)) and rounds once more. q goes
+to a dense [num_tokens, H, D] output; rotated k and raw v go to cache slot `slot_mapping[token]`
+(block = slot // block_size, offset = slot % block_size), unless the slot is -1.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .qkv_prepare import check_qk_norm, qkv_heads
+from .triton_utils import next_power_of_2, require_last_dim_contiguous, require_same_device
+
+
+@triton.jit
+def _norm_rotate(
+    x1,
+    x2,
+    w_ptr,
+    cos,
+    sin,
+    eps,
+    offs_d,
+    d_mask,
+    round_ty: tl.constexpr,
+    HALF: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+):
+    """x1, x2: [rows, BLOCK_HALF] fp32 halves of `rows` heads; cos, sin: [BLOCK_HALF]. Returns the halves
+    normed (when HAS_NORM, rounded to round_ty like the reference) and rotated, in fp32."""
+    if HAS_NORM:
+        inv_rms = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)[:, None]
+        w1 = tl.load(w_ptr + offs_d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+        w2 = tl.load(w_ptr + HALF + offs_d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+        x1 = (x1 * inv_rms * w1).to(round_ty).to(tl.float32)
+        x2 = (x2 * inv_rms * w2).to(round_ty).to(tl.float32)
+    return x1 * cos[None, :] - x2 * sin[None, :], x2 * cos[None, :] + x1 * sin[None, :]
+
+
+@triton.jit
+def _qkv_prepare_kernel(
+    qkv_ptr,  # [num_tokens, (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM]
+    positions_ptr,  # [num_tokens] int64
+    cos_sin_ptr,  # [max_positions, HEAD_DIM]
+    q_norm_ptr,  # [HEAD_DIM] (read when HAS_NORM)
+    k_norm_ptr,  # [HEAD_DIM] (read when HAS_NORM)
+    q_out_ptr,  # [num_tokens, NUM_HEADS, HEAD_DIM], dense
+    k_cache_ptr,  # [num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM]
+    v_cache_ptr,  # like k_cache, same strides
+    slot_mapping_ptr,  # [num_tokens] int64
+    stride_qkv,
+    stride_cos_sin,
+    stride_cb,  # cache strides: block, offset in block, kv head
+    stride_cs,
+    stride_ch,
+    eps,
+    NUM_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,  # tokens per cache block (page)
+    BLOCK_G: tl.constexpr,  # next power of 2 of GROUP
+    BLOCK_HALF: tl.constexpr,  # next power of 2 of HEAD_DIM // 2
+    HAS_NORM: tl.constexpr,
+):
+    HALF: tl.constexpr = HEAD_DIM // 2
+    GROUP: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
+    token = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    round_ty: tl.constexpr = qkv_ptr.dtype.element_ty
+    offs_d = tl.arange(0, BLOCK_HALF)
+    d_mask = offs_d < HALF
+    pos = tl.load(positions_ptr + token).to(tl.int64)
+    cos = tl.load(cos_sin_ptr + pos * stride_cos_sin + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+    sin = tl.load(cos_sin_ptr + pos * stride_cos_sin + HALF + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+    row = qkv_ptr + token * stride_qkv
+
+    # q: the GROUP heads of this kv head, [BLOCK_G, BLOCK_HALF] per half
+    heads = kv_head * GROUP + tl.arange(0, BLOCK_G)
+    q_mask = (tl.arange(0, BLOCK_G) < GROUP)[:, None] & d_mask[None, :]
+    q_cols = heads[:, None] * HEAD_DIM + offs_d[None, :]
+    q1 = tl.load(row + q_cols, mask=q_mask, other=0.0).to(tl.float32)
+    q2 = tl.load(row + q_cols + HALF, mask=q_mask, other=0.0).to(tl.float32)
+    q1, q2 = _norm_rotate(q1, q2, q_norm_ptr, cos, sin, eps, offs_d, d_mask, round_ty, HALF, HAS_NORM)
+    q_dst = q_out_ptr + token * (NUM_HEADS * HEAD_DIM) + q_cols
+    tl.store(q_dst, q1.to(q_out_ptr.dtype.element_ty), mask=q_mask)
+    tl.store(q_dst + HALF, q2.to(q_out_ptr.dtype.element_ty), mask=q_mask)
+
+    # k and v of this kv head, into the cache slot (skipped for slot -1)
+    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+    if slot >= 0:
+        kv_mask = d_mask[None, :]
+        k_cols = (NUM_HEADS + kv_head) * HEAD_DIM + offs_d[None, :]  # [1, BLOCK_HALF]
+        k1 = tl.load(row + k_cols, mask=kv_mask, other=0.0).to(tl.float32)
+        k2 = tl.load(row + k_cols + HALF, mask=kv_mask, other=0.0).to(tl.float32)
+        k1, k2 = _norm_rotate(k1, k2, k_norm_ptr, cos, sin, eps, offs_d, d_mask, round_ty, HALF, HAS_NORM)
+        dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
+        k_dst = k_cache_ptr + dst + offs_d[None, :]
+        tl.store(k_dst, k1.to(round_ty).to(k_cache_ptr.dtype.element_ty), mask=kv_mask)
+        tl.store(k_dst + HALF, k2.to(round_ty).to(k_cache_ptr.dtype.element_ty), mask=kv_mask)
+        v_cols = k_cols + NUM_KV_HEADS * HEAD_DIM
+        v_dst = v_cache_ptr + dst + offs_d[None, :]
+        tl.store(v_dst, tl.load(row + v_cols, mask=kv_mask).to(v_cache_ptr.dtype.element_ty), mask=kv_mask)
+        tl.store(
+            v_dst + HALF,
+            tl.load(row + v_cols + HALF, mask=kv_mask).to(v_cache_ptr.dtype.element_ty),
+            mask=kv_mask,
+        )
+
+
+def _check_inputs(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    head_dim: int,
+) -> None:
+    num_tokens = qkv.shape[0]
+    if head_dim % 2 or cos_sin_cache.dim() != 2 or cos_sin_cache.shape[1] != head_dim:
+        raise ValueError(
+            f"cos_sin_cache must be [max_positions, {head_dim}] (even), got {tuple(cos_sin_cache.shape)}"
+        )
+    if k_cache.shape != v_cache.shape or k_cache.stride() != v_cache.stride():
+        raise ValueError(
+            f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must match "
+            "in shape and strides"
+        )
+    for name, t in (("positions", positions), ("slot_mapping", slot_mapping)):
+        if t.shape != (num_tokens,):
+            raise ValueError(f"{name} must be [{num_tokens}], got {tuple(t.shape)}")
+    for name, t in (("qkv", qkv), ("cos_sin_cache", cos_sin_cache), ("k_cache", k_cache)):
+        require_last_dim_contiguous(name, t)
+    require_same_device(
+        qkv=qkv,
+        positions=positions,
+        cos_sin_cache=cos_sin_cache,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        slot_mapping=slot_mapping,
+    )
+
+
+def qkv_prepare_triton(
+    qkv: torch.Tensor,  # [num_tokens, (num_heads + 2 * num_kv_heads) * head_dim]: q | k | v columns
+    positions: torch.Tensor,  # [num_tokens] int64
+    cos_sin_cache: torch.Tensor,  # [max_positions, head_dim]: cos in the first half, sin in the second
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # like k_cache
+    slot_mapping: torch.Tensor,  # [num_tokens] int64; -1 = do not store
+    q_norm_weight: torch.Tensor | None = None,  # [head_dim]; with k_norm_weight, Qwen3's q/k norm
+    k_norm_weight: torch.Tensor | None = None,  # [head_dim]
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Returns q [num_tokens, num_heads, head_dim] (normed, rotated); writes k (normed, rotated) and v."""
+    num_heads, num_kv_heads, head_dim = qkv_heads(qkv, k_cache)
+    has_norm = check_qk_norm(q_norm_weight, k_norm_weight, head_dim)
+    _check_inputs(qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, head_dim)
+    num_tokens = qkv.shape[0]
+    q_out = torch.empty(num_tokens, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    if num_tokens == 0:
+        return q_out
+    block_g, block_half = next_power_of_2(num_heads // num_kv_heads), next_power_of_2(head_dim // 2)
+    _qkv_prepare_kernel[(num_tokens, num_kv_heads)](
+        qkv,
+        positions,
+        cos_sin_cache,
+        q_norm_weight if has_norm else qkv,
+        k_norm_weight if has_norm else qkv,  # unread without the norm
+        q_out,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        qkv.stride(0),
+        cos_sin_cache.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        eps,
+        NUM_HEADS=num_heads,
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=k_cache.shape[1],
+        BLOCK_G=block_g,
+        BLOCK_HALF=block_half,
+        HAS_NORM=has_norm,
+        num_warps=max(1, min(4, block_g * block_half // 128)),
+    )
+    return q_out

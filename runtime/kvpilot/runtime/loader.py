@@ -1,0 +1,183 @@
+"""Loading Hugging Face safetensors weights (single file or sharded) into our models.
+
+Name mapping: checkpoint tensors keep Hugging Face's names except q/k/v_proj, which fill the row shards
+of self_attn.qkv_proj, and gate/up_proj, which fill mlp.gate_up_proj. Every tensor the model needs must
+be present exactly once with the right shape, or a ModelLoadError names the culprit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from kvpilot.runtime.config import ModelConfig
+from kvpilot.runtime.errors import ModelLoadError
+from kvpilot.runtime.layers.linear import Linear
+from kvpilot.runtime.models import model_class
+from safetensors import safe_open
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+# checkpoint module name -> (our fused module name, shard index)
+PACKED_MODULES: dict[str, tuple[str, int]] = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+_FUSED_PARTS: dict[str, list[str]] = {}
+for _part, (_fused, _) in PACKED_MODULES.items():
+    _FUSED_PARTS.setdefault(_fused, []).append(_part)
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+ParamSlot = tuple[str, int | None]  # (our parameter name, shard index within a fused weight or None)
+
+
+def checkpoint_to_param(name: str) -> ParamSlot:
+    """'model.layers.0.self_attn.k_proj.weight' -> ('model.layers.0.self_attn.qkv_proj.weight', 1)."""
+    parts = name.split(".")
+    if len(parts) >= 2 and parts[-2] in PACKED_MODULES:
+        fused, shard = PACKED_MODULES[parts[-2]]
+        return ".".join([*parts[:-2], fused, parts[-1]]), shard
+    return name, None
+
+
+def param_to_checkpoint(name: str, shard: int | None) -> str:
+    """Inverse of checkpoint_to_param: the checkpoint tensor that fills (name, shard)."""
+    if shard is None:
+        return name
+    parts = name.split(".")
+    return ".".join([*parts[:-2], _FUSED_PARTS[parts[-2]][shard], parts[-1]])
+
+
+def weight_files(model_dir: Path) -> list[Path]:
+    """The safetensors files of a checkpoint, checked to exist."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ModelLoadError(f"cannot read {index}: {exc}") from exc
+        files = [model_dir / name for name in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise ModelLoadError(f"weight shard(s) listed in {index.name} are missing: {', '.join(missing)}")
+        return files
+    single = model_dir / "model.safetensors"
+    if single.is_file():
+        return [single]
+    if any(model_dir.glob("*.bin")) or any(model_dir.glob("*.pt")):
+        raise ModelLoadError(f"{model_dir} holds only PyTorch pickle weights; kvpilot loads safetensors only")
+    raise ModelLoadError(
+        f"no weights in {model_dir}: expected model.safetensors or model.safetensors.index.json"
+    )
+
+
+def iter_checkpoint(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every tensor of every file, on CPU; corrupt files raise ModelLoadError."""
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as handle:
+                for name in handle.keys():  # noqa: SIM118 (safe_open handles are not mappings)
+                    yield name, handle.get_tensor(name)
+        except ModelLoadError:
+            raise
+        except Exception as exc:  # safetensors raises its own error types and OSError/RuntimeError
+            raise ModelLoadError(f"cannot read weights file {path.name}: {exc}") from exc
+
+
+def required_slots(model: nn.Module, tied: bool) -> set[ParamSlot]:
+    slots: set[ParamSlot] = set()
+    modules = dict(model.named_modules())
+    for name, _ in model.named_parameters():
+        if tied and name == "lm_head.weight":
+            continue
+        owner = modules[name.rsplit(".", 1)[0]]
+        if isinstance(owner, Linear) and len(owner.shard_sizes) > 1:
+            slots.update((name, shard) for shard in range(len(owner.shard_sizes)))
+        else:
+            slots.add((name, None))
+    return slots
+
+
+def load_weights(model: nn.Module, model_dir: Path, config: ModelConfig) -> None:
+    """Copy every checkpoint tensor into its (possibly fused) parameter, casting to the model's dtype."""
+    params = dict(model.named_parameters())
+    modules = dict(model.named_modules())
+    needed = required_slots(model, config.tie_word_embeddings)
+    loaded: set[ParamSlot] = set()
+    for name, tensor in iter_checkpoint(weight_files(model_dir)):
+        slot = checkpoint_to_param(name)
+        if slot not in needed:
+            if not name.endswith(_IGNORED_SUFFIXES) and name != "lm_head.weight":
+                log.warning("ignoring unexpected checkpoint tensor %s", name)
+            continue
+        param_name, shard = slot
+        target = params[param_name].data
+        if shard is not None:
+            target = target[modules[param_name.rsplit(".", 1)[0]].shard_rows(shard)]
+        if tuple(target.shape) != tuple(tensor.shape):
+            raise ModelLoadError(
+                f"tensor {name} has shape {tuple(tensor.shape)}, expected "
+                f"{tuple(target.shape)} for this config.json"
+            )
+        target.copy_(tensor)
+        loaded.add(slot)
+    missing = sorted(param_to_checkpoint(*slot) for slot in needed - loaded)
+    if missing:
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise ModelLoadError(
+            f"checkpoint in {model_dir} is incomplete: missing tensor(s) {', '.join(missing[:5])}{more}"
+        )
+
+
+def init_dummy_weights(model: nn.Module, seed: int) -> None:
+    """Random weights of the right shapes, made on the model's device (benchmarks: shapes are real,
+    values are not). Norm weights are 1, everything else N(0, 0.02)."""
+    generator: torch.Generator | None = None
+    for name, param in model.named_parameters():
+        if generator is None:
+            generator = torch.Generator(device=param.device)
+            generator.manual_seed(seed)
+        if "norm" in name:
+            param.data.fill_(1.0)
+        else:
+            param.data.normal_(0.0, 0.02, generator=generator)
+
+
+LOAD_FORMATS = ("auto", "dummy")
+
+
+def load_model(
+    model_dir: str | Path,
+    config: ModelConfig,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    backend: str = "torch",
+    max_positions: int | None = None,
+    load_format: str = "auto",
+    seed: int = 0,
+) -> nn.Module:
+    """Build the model for `config` directly on `device` in `dtype` and fill it from the checkpoint
+    (load_format "auto") or with seeded random values ("dummy": no weight files needed)."""
+    if load_format not in LOAD_FORMATS:
+        raise ModelLoadError(f"unknown load_format {load_format!r}; use one of {', '.join(LOAD_FORMATS)}")
+    cls = model_class(config.architecture)
+    with torch.device("meta"):
+        model = cls(config, backend=backend, max_positions=max_positions, rope_device=device)
+    model = model.to(dtype=dtype).to_empty(device=device)
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    if load_format == "dummy":
+        init_dummy_weights(model, seed)
+    else:
+        load_weights(model, Path(model_dir), config)
+    model.eval()
+    model.requires_grad_(False)
+    return model

@@ -1,0 +1,225 @@
+"""Prometheus metrics with vLLM's names, on a registry owned by one app (no global registry).
+
+prometheus_client accepts ':' in metric names (as vLLM relies on); counters are exposed with the
+`_total` suffix (e.g. vllm:prompt_tokens_total), exactly as vLLM's are. Every series carries
+`model_name`. Gauges come from engine.stats() after each loop iteration; cumulative engine counters
+(prefix cache queries/hits, preemptions) are turned into counter increments here.
+
+Queue time is measured from arrival to the start of the engine step that produced the request's first
+output (the engine does not report the moment a request is first scheduled).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvpilot.runtime.server.engine_loop import Route
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+TOKEN_GAP_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+CUMULATIVE_STATS = ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions")
+
+
+class ServerMetrics:
+    def __init__(
+        self,
+        model_name: str,
+        cache_config: dict[str, Any] | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.model_name = model_name
+        self._cache_config_labels = dict(cache_config or {})
+        labels = ["model_name"]
+        r = self.registry
+        self._running = Gauge(
+            "vllm:num_requests_running", "Requests in the running batch.", labels, registry=r
+        )
+        self._waiting = Gauge(
+            "vllm:num_requests_waiting", "Requests waiting to be scheduled.", labels, registry=r
+        )
+        self._kv_usage = Gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage; 1 means 100 percent.", labels, registry=r
+        )
+        self._cumulative = {
+            "prefix_cache_queries": Counter(
+                "vllm:prefix_cache_queries", "Prefix-cache queries, in tokens.", labels, registry=r
+            ),
+            "prefix_cache_hits": Counter(
+                "vllm:prefix_cache_hits", "Prefix-cache hits, in tokens.", labels, registry=r
+            ),
+            "num_preemptions": Counter("vllm:num_preemptions", "Cumulative preemptions.", labels, registry=r),
+        }
+        self._last_cumulative = dict.fromkeys(CUMULATIVE_STATS, 0)
+        self._prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens processed.", labels, registry=r)
+        self._generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", labels, registry=r)
+        self._success = Counter(
+            "vllm:request_success", "Finished requests.", [*labels, "finished_reason"], registry=r
+        )
+        self._ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Time to first token.",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._itl = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Time between output tokens.",
+            labels,
+            buckets=TOKEN_GAP_BUCKETS,
+            registry=r,
+        )
+        self._e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Arrival to last token.",
+            labels,
+            buckets=E2E_BUCKETS,
+            registry=r,
+        )
+        self._queue = Histogram(
+            "vllm:request_queue_time_seconds",
+            "Arrival to first scheduled step.",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._cache_config: Gauge | None = None
+        for metric in (
+            self._running,
+            self._waiting,
+            self._kv_usage,
+            *self._cumulative.values(),
+            self._prompt_tokens,
+            self._generation_tokens,
+            self._ttft,
+            self._itl,
+            self._e2e,
+            self._queue,
+        ):
+            metric.labels(model_name)  # every series exists (at 0) from the start
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    # ---- LoopObserver (engine thread)
+    def on_loaded(self, engine: Any) -> None:
+        stats = engine.stats()
+        info = {
+            **self._cache_config_labels,
+            "block_size": stats.block_size,
+            "num_gpu_blocks": stats.num_kv_blocks,
+        }
+        labels = sorted(info)
+        self._cache_config = Gauge(
+            "vllm:cache_config_info",
+            "Information of the KV-cache config.",
+            ["model_name", *labels],
+            registry=self.registry,
+        )
+        self._cache_config.labels(model_name=self.model_name, **{k: str(info[k]) for k in labels}).set(1)
+        self.on_stats(stats)
+
+    def on_stats(self, stats: Any) -> None:
+        m = self.model_name
+        self._running.labels(m).set(stats.num_running)
+        self._waiting.labels(m).set(stats.num_waiting)
+        self._kv_usage.labels(m).set(stats.kv_cache_usage)
+        for name in CUMULATIVE_STATS:
+            value = getattr(stats, name)
+            delta = value - self._last_cumulative[name]
+            if delta > 0:
+                self._cumulative[name].labels(m).inc(delta)
+            self._last_cumulative[name] = value
+
+    def on_output(self, route: Route, output: Any, now: float, step_start: float) -> None:
+        m = self.model_name
+        new_tokens = len(output.new_token_ids)
+        if new_tokens:
+            if route.first_token_time is None:
+                route.first_token_time = now
+                self._ttft.labels(m).observe(now - route.arrival_time)
+                self._queue.labels(m).observe(max(0.0, step_start - route.arrival_time))
+                self._prompt_tokens.labels(m).inc(output.num_prompt_tokens)
+            elif route.last_token_time is not None:
+                self._itl.labels(m).observe(now - route.last_token_time)
+            route.last_token_time = now
+            self._generation_tokens.labels(m).inc(new_tokens)
+        if output.finished:
+            self._e2e.labels(m).observe(now - route.arrival_time)
+            self._success.labels(m, output.finish_reason or "unknown").inc()

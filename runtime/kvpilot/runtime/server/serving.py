@@ -1,0 +1,188 @@
+"""Handlers for /v1/completions and /v1/chat/completions: request -> engine requests -> response.
+
+A streaming response closes its engine requests when the client goes away (the response task is
+cancelled); a non-streaming one watches for the disconnect while it waits. Either way the engine
+aborts the sequences and frees their blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from jinja2 import TemplateError
+from kvpilot.runtime.errors import InvalidRequestError
+from kvpilot.runtime.server.engine_client import EngineClient, EngineFailure, GenerationStream
+from kvpilot.runtime.server.engine_loop import GenerationInput
+from kvpilot.runtime.server.errors import (
+    from_invalid_request,
+    internal_error,
+    invalid_request,
+    model_not_found,
+)
+from kvpilot.runtime.server.middleware import REQUEST_ID_KEY
+from kvpilot.runtime.server.protocol import ChatCompletionRequest, CompletionRequest, Prompt, parse_request
+from kvpilot.runtime.server.responses import (
+    SSE_DONE,
+    ChatFormat,
+    ChoiceState,
+    CompletionFormat,
+    ResponseFormat,
+    ResponseMeta,
+    new_choices,
+    sse_event,
+    usage_chunk,
+)
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+logger = logging.getLogger(__name__)
+CLIENT_CLOSED_STATUS = 499
+
+
+def request_id(request: Request) -> str:
+    return str(request.scope.get(REQUEST_ID_KEY, "unknown"))
+
+
+class GuardedStreamingResponse(StreamingResponse):
+    """Runs `on_close` however the response ends: finished, client gone, or cancelled before it began."""
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+class OpenAIServing:
+    def __init__(self, client: EngineClient) -> None:
+        self.client = client
+
+    async def completions(self, request: Request) -> Response:
+        body: CompletionRequest = parse_request(CompletionRequest, await request.body())
+        self._check_model(body.model)
+        prompts = body.prompts()
+        params = body.sampling_params()
+        self.client.check_available(len(prompts) * body.n)
+        return await self._serve(request, body, prompts, params, CompletionFormat(self._token_text))
+
+    async def chat(self, request: Request) -> Response:
+        body: ChatCompletionRequest = parse_request(ChatCompletionRequest, await request.body())
+        self._check_model(body.model)
+        params = body.sampling_params()
+        self.client.check_available(body.n)
+        prompt = self._render_chat(body)
+        return await self._serve(request, body, [prompt], params, ChatFormat(self._token_text))
+
+    # ---- steps
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.client.served_model_name:
+            raise model_not_found(model)
+
+    def _token_text(self, token_id: int) -> str:
+        return self.client.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def _render_chat(self, body: ChatCompletionRequest) -> list[int]:
+        tokenizer = self.client.tokenizer
+        try:
+            text = tokenizer.apply_chat_template(
+                body.template_messages(), add_generation_prompt=body.add_generation_prompt
+            )
+        except InvalidRequestError as err:
+            raise from_invalid_request(err) from err
+        except TemplateError as err:
+            message = f"The chat template cannot render these messages: {err}"
+            raise invalid_request(message, "messages") from err
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    async def _serve(
+        self, request: Request, body: Any, prompts: list[Prompt], params: list[Any], fmt: ResponseFormat
+    ) -> Response:
+        inputs = [GenerationInput(prompt, choice_params) for prompt in prompts for choice_params in params]
+        stream = self.client.generate(inputs)
+        try:
+            await stream.accepted()
+        except EngineFailure as err:
+            stream.close()
+            raise internal_error(request_id(request)) from err
+        except BaseException:
+            stream.close()
+            raise
+        meta = ResponseMeta(fmt.id_prefix + stream.group_id, int(time.time()), self.client.served_model_name)
+        choices = new_choices(len(prompts), body.n)
+        if body.stream:
+            events = self._sse(stream, fmt, meta, choices, body.include_usage, request_id(request))
+            return GuardedStreamingResponse(
+                events, stream.close, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+            )
+        try:
+            finished = await _unless_disconnected(request, _collect(stream, choices))
+        except EngineFailure as err:
+            raise internal_error(request_id(request)) from err
+        finally:
+            stream.close()
+        if not finished:
+            return Response(status_code=CLIENT_CLOSED_STATUS)
+        return JSONResponse(fmt.response(meta, choices))
+
+    async def _sse(
+        self,
+        stream: GenerationStream,
+        fmt: ResponseFormat,
+        meta: ResponseMeta,
+        choices: list[ChoiceState],
+        include_usage: bool,
+        rid: str,
+    ) -> AsyncIterator[bytes]:
+        def encode(chunk: dict[str, Any]) -> bytes:
+            return sse_event({**chunk, "usage": None} if include_usage else chunk)
+
+        try:
+            for chunk in fmt.opening_chunks(meta, choices):
+                yield encode(chunk)
+            async for index, event in stream.events():
+                choice = choices[index]
+                for chunk in fmt.delta_chunks(meta, choice, choice.apply(event)):
+                    yield encode(chunk)
+            if include_usage:
+                yield sse_event(usage_chunk(meta, fmt.chunk_object, choices))
+        except EngineFailure:
+            logger.exception("engine failure while streaming request %s", rid)
+            yield sse_event(internal_error(rid).body())
+        finally:
+            stream.close()
+        yield SSE_DONE
+
+
+async def _collect(stream: GenerationStream, choices: list[ChoiceState]) -> None:
+    async for index, event in stream.events():
+        choices[index].apply(event)
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_disconnected(request: Request, work: Any) -> bool:
+    """Runs `work`; False (and `work` cancelled) when the client disconnects first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if task.done() and not task.cancelled():
+        task.result()
+        return True
+    return False
