@@ -36,7 +36,8 @@ from kvpilot.runtime.engine.batch import SeqChunk, StepBatch
 from kvpilot.runtime.engine.fake_model import FakeTokenizer
 from kvpilot.runtime.engine.llm_engine import LLMEngine
 from kvpilot.runtime.engine.model_inputs import prepare_inputs
-from kvpilot.runtime.engine.sampler import SampledToken, Sampler, SampleRow
+from kvpilot.runtime.engine.sample_row import SampleRow
+from kvpilot.runtime.engine.sampler import SampledToken, Sampler
 from kvpilot.runtime.sampling_params import SamplingParams
 
 BATCH = 256

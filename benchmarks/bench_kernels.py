@@ -36,13 +36,9 @@ from kvpilot.runtime.kernels.decode_attention_triton import (
     paged_decode_attention_triton,
     plan_decode,
 )
-from kvpilot.runtime.kernels.kv_cache import store_kv_cache_ref
-from kvpilot.runtime.kernels.kv_cache_triton import store_kv_cache_triton
 from kvpilot.runtime.kernels.norm import rms_norm_ref
 from kvpilot.runtime.kernels.norm_triton import rms_norm_triton
 from kvpilot.runtime.kernels.prefill_attention_triton import paged_prefill_attention_triton
-from kvpilot.runtime.kernels.rotary import apply_rotary_ref
-from kvpilot.runtime.kernels.rotary_triton import apply_rotary_triton
 
 COPY_BW = 4.25e12  # bytes/s, device-to-device copy measured on the H200 (DESIGN.md)
 L2_BYTES = 60e6
@@ -270,37 +266,19 @@ def sweep_decode(replays: int) -> list[Result]:
 def fused_cases(tokens: int) -> list[tuple[str, float, Callable[[], Any], Callable[[], Any]]]:
     """(name, bytes, make_triton_call, make_torch_call) per kernel; each maker draws fresh inputs."""
     x_bytes = tokens * HIDDEN * 2
-    cache = torch.randn(40960, D, device=DEV)  # cos/sin rows for Qwen3's 40960 positions
 
     def norm() -> tuple[Callable[[], Any], Callable[[], Any]]:
         x, r = (torch.randn(tokens, HIDDEN, device=DEV, dtype=BF16) for _ in range(2))
         w = torch.randn(HIDDEN, device=DEV, dtype=BF16)
         return lambda: rms_norm_triton(x, w, 1e-6, residual=r), lambda: rms_norm_ref(x, w, 1e-6, residual=r)
 
-    def rotary() -> tuple[Callable[[], Any], Callable[[], Any]]:
-        qkv = torch.randn(tokens, H + 2 * KVH, D, device=DEV, dtype=BF16)
-        q, k = qkv[:, :H], qkv[:, H : H + KVH]
-        pos = torch.randint(0, 40960, (tokens,), device=DEV)
-        return lambda: apply_rotary_triton(pos, q, k, cache), lambda: apply_rotary_ref(pos, q, k, cache)
-
     def silu() -> tuple[Callable[[], Any], Callable[[], Any]]:
         x = torch.randn(tokens, 2 * INTER, device=DEV, dtype=BF16)
         return lambda: silu_and_mul_triton(x), lambda: silu_and_mul_ref(x)
 
-    def store() -> tuple[Callable[[], Any], Callable[[], Any]]:
-        kv = torch.randn(2, tokens, KVH, D, device=DEV, dtype=BF16)
-        kc, vc = (torch.empty(tokens // PAGE + 8, PAGE, KVH, D, device=DEV, dtype=BF16) for _ in range(2))
-        slots = torch.randperm(kc.shape[0] * PAGE, device=DEV)[:tokens]
-        return (
-            lambda: store_kv_cache_triton(kv[0], kv[1], kc, vc, slots),
-            lambda: store_kv_cache_ref(kv[0], kv[1], kc, vc, slots),
-        )
-
     return [
         ("rms_norm+residual", 4 * x_bytes + HIDDEN * 2, norm),
-        ("rotary q/k", tokens * (H + KVH) * D * 4 + tokens * D * 4, rotary),
         ("silu_and_mul", tokens * INTER * 6, silu),
-        ("store_kv_cache", tokens * KVH * D * 8, store),
     ]
 
 

@@ -14,7 +14,8 @@ from kvpilot.runtime.bench import (
     qwen3_config,
     run_ours,
 )
-from kvpilot.runtime.engine.llm_engine import EngineArgs, LLMEngine
+from kvpilot.runtime.engine.engine_args import EngineArgs
+from kvpilot.runtime.engine.llm_engine import LLMEngine
 
 
 def test_parameter_counts_of_the_real_shapes() -> None:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 from kvpilot.runtime.bench import write_model_dir
-from kvpilot.runtime.engine.llm_engine import EngineArgs, LLMEngine
+from kvpilot.runtime.engine.engine_args import EngineArgs
+from kvpilot.runtime.engine.llm_engine import LLMEngine
 from kvpilot.runtime.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.gpu

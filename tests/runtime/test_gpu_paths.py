@@ -16,6 +16,7 @@ import pytest
 import torch
 from kvpilot.runtime.bench import write_model_dir
 from kvpilot.runtime.engine.batch import SeqChunk, StepBatch
+from kvpilot.runtime.engine.engine_args import EngineArgs
 from kvpilot.runtime.engine.model_runner import ModelRunner
 
 pytestmark = pytest.mark.gpu
@@ -33,18 +34,20 @@ def _runner(
     model_dir: Path, backend: str, eager: bool, kv_cache_dtype: str = "auto", max_model_len: int = 1024
 ) -> ModelRunner:
     return ModelRunner(
-        model_dir,
-        block_size=BLOCK,
-        max_model_len=max_model_len,
-        device="cuda",
-        dtype="bfloat16",
-        num_kv_blocks=128,
-        backend=backend,
-        load_format="dummy",
-        seed=7,
-        max_num_seqs=8,
-        enforce_eager=eager,
-        kv_cache_dtype=kv_cache_dtype,
+        EngineArgs(
+            model=str(model_dir),
+            block_size=BLOCK,
+            max_model_len=max_model_len,
+            device="cuda",
+            dtype="bfloat16",
+            num_kv_blocks=128,
+            kernel_backend=backend,
+            load_format="dummy",
+            seed=7,
+            max_num_seqs=8,
+            enforce_eager=eager,
+            kv_cache_dtype=kv_cache_dtype,
+        )
     )
 
 

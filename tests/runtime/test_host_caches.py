@@ -175,7 +175,8 @@ def test_packed_block_table_repacks_a_replaced_or_shrunk_table() -> None:
 
 
 def test_row_plan_fast_path_matches_the_full_pass() -> None:
-    from kvpilot.runtime.engine.sampler import SampleRow, _RowPlan
+    from kvpilot.runtime.engine.sample_row import SampleRow
+    from kvpilot.runtime.engine.sampler import _RowPlan
 
     plain = SampleRow(SamplingParams(temperature=0.0), [1], [])
     others = [

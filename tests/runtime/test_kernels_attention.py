@@ -15,7 +15,7 @@ from kvpilot.runtime.kernels.triton_utils import interpret_without_gpu
 INTERPRET = interpret_without_gpu()  # before anything imports triton
 
 from kvpilot.runtime.kernels import attention_triton  # noqa: E402
-from kvpilot.runtime.kernels.attention import paged_attention, paged_attention_ref  # noqa: E402
+from kvpilot.runtime.kernels.attention import paged_attention_ref  # noqa: E402
 from kvpilot.runtime.kernels.decode_attention_triton import (  # noqa: E402
     DecodeConfig,
     DecodePlan,
@@ -26,6 +26,7 @@ from kvpilot.runtime.kernels.prefill_attention_triton import (  # noqa: E402
     PrefillConfig,
     paged_prefill_attention_triton,
 )
+from kvpilot.runtime.layers.kernel_ops import kernel_ops  # noqa: E402
 
 DEVICE = "cpu" if INTERPRET else "cuda"
 SMALL_TOL = {"atol": 1e-4, "rtol": 1e-4} if DEVICE == "cpu" else {"atol": 2e-2, "rtol": 2e-2}
@@ -181,8 +182,9 @@ def test_half_precision_decode_and_prefill() -> None:
 
 
 def _dispatch(b: dict[str, torch.Tensor], backend: str, **kw: object) -> torch.Tensor:
+    """The attention op of a kernel set, as the layers call it."""
     args = (b["q"], b["k_cache"], b["v_cache"], b["cu_seqlens_q"], b["context_lens"], b["block_tables"])
-    return paged_attention(*args, 0.3, backend=backend, **kw)
+    return kernel_ops(backend).paged_attention(*args, 0.3, **kw)
 
 
 def test_dispatcher_routes_decode_and_prefill(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -211,7 +213,7 @@ def test_dispatcher_routes_decode_and_prefill(monkeypatch: pytest.MonkeyPatch) -
 
 def test_dispatcher_rejects_bad_input() -> None:
     b = make_batch([5, 20], [2, 1], 4, 2, 16, 4, seed=32)
-    with pytest.raises(ValueError, match="backend"):
+    with pytest.raises(ValueError, match="unknown kernel set 'cuda'"):
         _dispatch(b, "cuda")
     with pytest.raises(ValueError, match="one query token per sequence"):
         _dispatch(b, "triton", is_decode=True)
@@ -274,11 +276,11 @@ def test_gpu_decode_cuda_graph_replay_matches_eager() -> None:
     scale = 128**-0.5
     args = (b["q"], b["k_cache"], b["v_cache"], b["cu_seqlens_q"], b["context_lens"], b["block_tables"])
     args = (*args, scale)
-    paged_attention(*args, backend="triton", is_decode=True)  # compile outside the capture
+    attention_triton.paged_attention_triton(*args, is_decode=True)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = paged_attention(*args, backend="triton", is_decode=True)
+        captured = attention_triton.paged_attention_triton(*args, is_decode=True)
     b["q"].copy_(torch.randn_like(b["q"]))  # new step: new queries, contexts moved (within allocated pages)
     b["context_lens"].copy_(torch.tensor([17, 3999, 0, 2500], dtype=torch.int32))
     graph.replay()

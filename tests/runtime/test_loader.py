@@ -10,6 +10,7 @@ import pytest
 import torch
 from kvpilot.runtime.config import ModelConfig
 from kvpilot.runtime.errors import ModelLoadError, UnsupportedModelError
+from kvpilot.runtime.layers.kernel_ops import torch_ops
 from kvpilot.runtime.loader import checkpoint_to_param, load_model, param_to_checkpoint
 from safetensors.torch import load_file, save_file
 
@@ -17,7 +18,7 @@ CPU = torch.device("cpu")
 
 
 def load(path: Path) -> torch.nn.Module:
-    return load_model(path, ModelConfig.from_dir(path), device=CPU, dtype=torch.float32)
+    return load_model(path, ModelConfig.from_dir(path), device=CPU, dtype=torch.float32, ops=torch_ops())
 
 
 def edit_config(path: Path, **changes: object) -> None:

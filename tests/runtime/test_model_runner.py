@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from kvpilot.runtime.engine.batch import SeqChunk, StepBatch
+from kvpilot.runtime.engine.engine_args import EngineArgs, EngineArgsError
 from kvpilot.runtime.engine.model_runner import (
     ModelRunner,
     cpu_num_kv_blocks,
@@ -47,7 +48,7 @@ def test_prepare_inputs_rejects_a_block_table_too_short() -> None:
 
 
 def test_execute_writes_kv_at_the_slots_and_returns_only_sampled_rows(qwen3_checkpoint: Path) -> None:
-    runner = ModelRunner(qwen3_checkpoint, block_size=4, num_kv_blocks=6)
+    runner = ModelRunner(EngineArgs(model=str(qwen3_checkpoint), block_size=4, num_kv_blocks=6))
     vocab = runner.model_config.vocab_size
     assert runner.execute(StepBatch([])).shape == (0, vocab)
     logits = runner.execute(StepBatch([SeqChunk(0, [5, 6, 7, 8, 9], 0, [4, 1], False)]))
@@ -64,14 +65,14 @@ def test_execute_writes_kv_at_the_slots_and_returns_only_sampled_rows(qwen3_chec
 
 
 def test_kv_cache_layout_and_default_size(llama3_checkpoint: Path) -> None:
-    runner = ModelRunner(llama3_checkpoint, block_size=8, max_model_len=100)
+    runner = ModelRunner(EngineArgs(model=str(llama3_checkpoint), block_size=8, max_model_len=100))
     cfg = runner.model_config
     assert runner.max_model_len == 100 and runner.block_size == 8
     assert runner.num_kv_blocks == 8 * 13  # CPU default: 8 sequences of max_model_len
     assert len(runner.kv_caches) == cfg.num_hidden_layers
     assert runner.kv_caches[0][0].shape == (runner.num_kv_blocks, 8, cfg.num_key_value_heads, cfg.head_dim)
     assert runner.kv_caches[0][1].dtype == torch.float32
-    assert ModelRunner(llama3_checkpoint).max_model_len == cfg.max_position_embeddings
+    assert ModelRunner(EngineArgs(model=str(llama3_checkpoint))).max_model_len == cfg.max_position_embeddings
 
 
 def test_cpu_default_is_capped_by_bytes_but_holds_one_sequence() -> None:
@@ -81,18 +82,22 @@ def test_cpu_default_is_capped_by_bytes_but_holds_one_sequence() -> None:
 
 
 def test_kv_cache_dtypes(qwen2_checkpoint: Path) -> None:
-    runner = ModelRunner(qwen2_checkpoint, block_size=4, num_kv_blocks=4, kv_cache_dtype="bfloat16")
+    runner = ModelRunner(
+        EngineArgs(model=str(qwen2_checkpoint), block_size=4, num_kv_blocks=4, kv_cache_dtype="bfloat16")
+    )
     assert runner.kv_caches[0][0].dtype == torch.bfloat16
     assert kv_block_bytes(runner.model_config, 4, torch.bfloat16) == 2 * 2 * 4 * 2 * 16 * 2
     logits = runner.execute(StepBatch([SeqChunk(0, [1, 2, 3], 0, [0], True)]))
     assert torch.isfinite(logits).all()
-    fp8 = ModelRunner(qwen2_checkpoint, block_size=4, num_kv_blocks=4, kv_cache_dtype="fp8")
+    fp8 = ModelRunner(
+        EngineArgs(model=str(qwen2_checkpoint), block_size=4, num_kv_blocks=4, kv_cache_dtype="fp8")
+    )
     assert fp8.kv_caches[0][0].dtype == torch.float8_e4m3fn
     torch.testing.assert_close(
         fp8.execute(StepBatch([SeqChunk(0, [1, 2, 3], 0, [0], True)])), logits, atol=0.5, rtol=0
     )
     with pytest.raises(UnsupportedModelError, match="int8"):
-        ModelRunner(qwen2_checkpoint, num_kv_blocks=4, kv_cache_dtype="int8")
+        ModelRunner(EngineArgs(model=str(qwen2_checkpoint), num_kv_blocks=4, kv_cache_dtype="int8"))
 
 
 @pytest.mark.parametrize(
@@ -100,29 +105,35 @@ def test_kv_cache_dtypes(qwen2_checkpoint: Path) -> None:
     [
         ({"max_model_len": 5000}, ModelLoadError, "max_model_len 5000 exceeds .* 1024"),
         ({"device": "cuda"}, ModelLoadError, "no CUDA GPU"),
-        ({"device": "tpu"}, ModelLoadError, "unknown device 'tpu'"),
-        ({"dtype": "float64"}, ModelLoadError, "unknown dtype 'float64'"),
-        ({"kv_cache_dtype": "fp4"}, ModelLoadError, "unknown kv_cache_dtype 'fp4'"),
-        ({"backend": "cutlass"}, ValueError, "unknown backend 'cutlass'"),
-        ({"load_format": "gguf"}, ModelLoadError, "unknown load_format 'gguf'"),
-        ({"num_kv_blocks": 0}, ValueError, "num_kv_blocks must be positive"),
-        ({"block_size": 0}, ValueError, "block_size must be positive"),
+        ({"device": "tpu"}, EngineArgsError, "--device 'tpu' is not one of"),
+        ({"dtype": "float64"}, EngineArgsError, "--dtype 'float64' is not one of"),
+        ({"kv_cache_dtype": "fp4"}, EngineArgsError, "--kv-cache-dtype 'fp4' is not one of"),
+        ({"kernel_backend": "cutlass"}, EngineArgsError, "--kernel-backend 'cutlass' is not one of"),
+        ({"load_format": "gguf"}, EngineArgsError, "--load-format 'gguf' is not one of"),
+        ({"num_kv_blocks": 0}, EngineArgsError, "--num-kv-blocks must be positive"),
+        ({"block_size": 0}, EngineArgsError, "--block-size must be positive"),
     ],
 )
 def test_bad_options(kwargs: dict, error: type, message: str, qwen3_checkpoint: Path) -> None:
     if kwargs.get("device") == "cuda" and torch.cuda.is_available():
         pytest.skip("a GPU is present")
     with pytest.raises(error, match=message):
-        ModelRunner(qwen3_checkpoint, **kwargs)
+        ModelRunner(EngineArgs(model=str(qwen3_checkpoint), **kwargs))
 
 
 def test_dummy_weights_need_no_weight_files(qwen3_checkpoint: Path, copy_checkpoint: Callable) -> None:
     path = copy_checkpoint(qwen3_checkpoint)
     (path / "model.safetensors").unlink()
     batch = StepBatch([SeqChunk(0, [1, 2, 3], 0, [0], True)])
-    first = ModelRunner(path, load_format="dummy", seed=3, num_kv_blocks=2).execute(batch)
-    again = ModelRunner(path, load_format="dummy", seed=3, num_kv_blocks=2).execute(batch)
-    other = ModelRunner(path, load_format="dummy", seed=4, num_kv_blocks=2).execute(batch)
+    first = ModelRunner(EngineArgs(model=str(path), load_format="dummy", seed=3, num_kv_blocks=2)).execute(
+        batch
+    )
+    again = ModelRunner(EngineArgs(model=str(path), load_format="dummy", seed=3, num_kv_blocks=2)).execute(
+        batch
+    )
+    other = ModelRunner(EngineArgs(model=str(path), load_format="dummy", seed=4, num_kv_blocks=2)).execute(
+        batch
+    )
     assert torch.isfinite(first).all() and torch.equal(first, again) and not torch.equal(first, other)
     with pytest.raises(ModelLoadError, match="no weights"):
-        ModelRunner(path, num_kv_blocks=2)
+        ModelRunner(EngineArgs(model=str(path), num_kv_blocks=2))

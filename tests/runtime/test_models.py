@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from kvpilot.runtime.engine.batch import SeqChunk, StepBatch
+from kvpilot.runtime.engine.engine_args import EngineArgs
 from kvpilot.runtime.engine.model_runner import ModelRunner
 
 ATOL = 1e-4
@@ -64,7 +65,7 @@ def test_prefill_logits_match_transformers(
     family: str, overrides: dict, tiny_checkpoint_factory: Callable, hf_logits: Callable
 ) -> None:
     path = tiny_checkpoint_factory(family, **overrides)
-    runner = ModelRunner(path, block_size=8, num_kv_blocks=32)
+    runner = ModelRunner(EngineArgs(model=str(path), block_size=8, num_kv_blocks=32))
     seqs = prompts(runner.model_config.vocab_size)
     pool = scrambled_pool(32)
     batch = StepBatch([PagedSequence(i, s, pool, 8).chunk(len(s), True) for i, s in enumerate(seqs)])
@@ -81,7 +82,7 @@ def test_chunked_prefill_and_decode_match_transformers(
     """Two sequences share steps: prefill chunks crossing block boundaries (block_size 4), a decode next to
     a prefill chunk, then greedy decodes. Every returned row equals transformers at that position."""
     path = tiny_checkpoint_factory(family)
-    runner = ModelRunner(path, block_size=4, num_kv_blocks=40)
+    runner = ModelRunner(EngineArgs(model=str(path), block_size=4, num_kv_blocks=40))
     long_prompt, short_prompt = prompts(runner.model_config.vocab_size, (30, 11), seed=3)
     pool = scrambled_pool(40, seed=7)
     a, b = PagedSequence(0, long_prompt, pool, 4), PagedSequence(1, short_prompt, pool, 4)
@@ -109,10 +110,12 @@ def test_chunked_prefill_and_decode_match_transformers(
 
 
 def test_sharded_checkpoint_equals_single_file(tiny_checkpoint_factory: Callable) -> None:
-    single = ModelRunner(tiny_checkpoint_factory("qwen2", seed=5), block_size=8, num_kv_blocks=8)
+    single = ModelRunner(
+        EngineArgs(model=str(tiny_checkpoint_factory("qwen2", seed=5)), block_size=8, num_kv_blocks=8)
+    )
     sharded_dir = tiny_checkpoint_factory("qwen2", seed=5, shards=3)
     assert len(list(sharded_dir.glob("model-*-of-00003.safetensors"))) == 3
-    sharded = ModelRunner(sharded_dir, block_size=8, num_kv_blocks=8)
+    sharded = ModelRunner(EngineArgs(model=str(sharded_dir), block_size=8, num_kv_blocks=8))
     for (name, p1), (_, p2) in zip(
         single.model.named_parameters(), sharded.model.named_parameters(), strict=True
     ):
@@ -123,8 +126,10 @@ def test_sharded_checkpoint_equals_single_file(tiny_checkpoint_factory: Callable
 
 def test_bfloat16_on_cpu_is_close_to_float32(qwen3_checkpoint: Path) -> None:
     batch = StepBatch([SeqChunk(0, list(range(10, 30)), 0, [0, 1, 2], True)])
-    exact = ModelRunner(qwen3_checkpoint, block_size=8, num_kv_blocks=4).execute(batch)
-    runner = ModelRunner(qwen3_checkpoint, block_size=8, num_kv_blocks=4, dtype="bfloat16")
+    exact = ModelRunner(EngineArgs(model=str(qwen3_checkpoint), block_size=8, num_kv_blocks=4)).execute(batch)
+    runner = ModelRunner(
+        EngineArgs(model=str(qwen3_checkpoint), block_size=8, num_kv_blocks=4, dtype="bfloat16")
+    )
     assert runner.model.model.embed_tokens.weight.dtype == torch.bfloat16
     assert runner.kv_caches[0][0].dtype == torch.bfloat16
     logits = runner.execute(batch)
@@ -137,7 +142,7 @@ def test_weights_stored_in_bfloat16_load_into_float32(
     tiny_checkpoint_factory: Callable, hf_logits: Callable
 ) -> None:
     path = tiny_checkpoint_factory("llama3", torch_dtype="bfloat16")
-    runner = ModelRunner(path, block_size=8, num_kv_blocks=4)
+    runner = ModelRunner(EngineArgs(model=str(path), block_size=8, num_kv_blocks=4))
     assert runner.dtype == torch.float32
     tokens = list(range(40, 52))
     logits = runner.execute(StepBatch([SeqChunk(0, tokens, 0, [3, 1], True)]))

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from kvpilot.runtime.engine.batch import SeqChunk, StepBatch
+from kvpilot.runtime.engine.engine_args import EngineArgs
 from kvpilot.runtime.engine.model_runner import ModelRunner
 from kvpilot.runtime.fixtures import FAMILIES, make_tiny_checkpoint
 from kvpilot.runtime.fixtures.tokenizer_files import CORPUS_PATH
@@ -66,7 +67,7 @@ def test_sharded_index_maps_every_tensor_to_the_file_holding_it(tiny_checkpoint_
 
 def test_padded_vocab_beyond_the_tokenizer(tiny_checkpoint_factory: Callable, hf_logits: Callable) -> None:
     path = tiny_checkpoint_factory("qwen2", vocab_size=1100)
-    runner = ModelRunner(path, block_size=8, num_kv_blocks=4)
+    runner = ModelRunner(EngineArgs(model=str(path), block_size=8, num_kv_blocks=4))
     tokens = [3, 1099, 17, 1050, 400]
     logits = runner.execute(StepBatch([SeqChunk(0, tokens, 0, [0], True)]))
     assert logits.shape == (1, 1100)

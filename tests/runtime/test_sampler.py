@@ -7,8 +7,9 @@ import math
 
 import pytest
 import torch
-from kvpilot.runtime.engine.sampler import Sampler, SampleRow, stream_seed
-from kvpilot.runtime.layers.sampler import apply_min_p, apply_penalties, apply_top_k_top_p
+from kvpilot.runtime.engine.sample_row import SampleRow
+from kvpilot.runtime.engine.sampler import Sampler, stream_seed
+from kvpilot.runtime.layers.logits_processing import apply_min_p, apply_penalties, apply_top_k_top_p
 from kvpilot.runtime.sampling_params import SamplingParams
 
 VOCAB = 32

@@ -7,7 +7,8 @@ import random
 
 import pytest
 import torch
-from kvpilot.runtime.engine.sampler import SampledToken, Sampler, SampleRow, _is_greedy
+from kvpilot.runtime.engine.sample_row import SampleRow
+from kvpilot.runtime.engine.sampler import SampledToken, Sampler
 from kvpilot.runtime.sampling_params import SamplingParams
 
 VOCAB = 97
@@ -19,8 +20,8 @@ class GeneralSampler(Sampler):
     def sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> list[SampledToken]:
         raw = logits.float()
         processed = self._process(raw.clone(), rows)
-        greedy = [i for i, r in enumerate(rows) if _is_greedy(r.params)]
-        rand = [i for i, r in enumerate(rows) if not _is_greedy(r.params)]
+        greedy = [i for i, r in enumerate(rows) if r.params.greedy]
+        rand = [i for i, r in enumerate(rows) if not r.params.greedy]
         token_ids = torch.empty(len(rows), dtype=torch.long)
         if greedy:
             token_ids[greedy] = processed[greedy].argmax(dim=-1)

@@ -16,6 +16,7 @@ from kvpilot.runtime.kernels.triton_utils import interpret_without_gpu
 INTERPRET = interpret_without_gpu()
 
 from kvpilot.runtime.engine.batch import SeqChunk, StepBatch  # noqa: E402
+from kvpilot.runtime.engine.engine_args import EngineArgs  # noqa: E402
 from kvpilot.runtime.engine.model_runner import ModelRunner  # noqa: E402
 
 DEVICE = "cpu" if INTERPRET else "cuda"
@@ -40,7 +41,16 @@ def test_triton_backend_logits_equal_torch_backend(
 ) -> None:
     ckpt = tiny_checkpoint_factory(family, num_key_value_heads=2)
     runners = {
-        b: ModelRunner(ckpt, block_size=4, num_kv_blocks=8, device=DEVICE, dtype="float32", backend=b)
+        b: ModelRunner(
+            EngineArgs(
+                model=str(ckpt),
+                block_size=4,
+                num_kv_blocks=8,
+                device=DEVICE,
+                dtype="float32",
+                kernel_backend=b,
+            )
+        )
         for b in ("torch", "triton")
     }
     for step in _steps():

@@ -19,19 +19,34 @@ class RuntimeCapabilities:
         self, *, quantization: str, kv_cache_dtype: str, tensor_parallel: int, pipeline_parallel: int
     ) -> list[str]:
         """Why a plan cannot run on this runtime (empty when it can)."""
-        problems = []
+        return list(
+            self.unsupported_by_setting(
+                quantization=quantization,
+                kv_cache_dtype=kv_cache_dtype,
+                tensor_parallel=tensor_parallel,
+                pipeline_parallel=pipeline_parallel,
+            ).values()
+        )
+
+    def unsupported_by_setting(
+        self, *, quantization: str, kv_cache_dtype: str, tensor_parallel: int, pipeline_parallel: int
+    ) -> dict[str, str]:
+        """The same reasons, keyed by the setting that has them (the keyword names above)."""
+        problems = {}
         if quantization not in self.weight_quantizations:
-            problems.append(
+            problems["quantization"] = (
                 f"{quantization} weights (the runtime serves {_names(self.weight_quantizations)})"
             )
         if kv_cache_dtype not in self.kv_cache_dtypes:
-            problems.append(f"a {kv_cache_dtype} KV cache (the runtime has {_names(self.kv_cache_dtypes)})")
+            problems["kv_cache_dtype"] = (
+                f"a {kv_cache_dtype} KV cache (the runtime has {_names(self.kv_cache_dtypes)})"
+            )
         if tensor_parallel > self.max_tensor_parallel:
-            problems.append(
+            problems["tensor_parallel"] = (
                 f"tensor parallel {tensor_parallel} (the runtime runs up to {self.max_tensor_parallel})"
             )
         if pipeline_parallel > self.max_pipeline_parallel:
-            problems.append(
+            problems["pipeline_parallel"] = (
                 f"pipeline parallel {pipeline_parallel} (the runtime runs up to {self.max_pipeline_parallel})"
             )
         return problems

@@ -9,6 +9,28 @@ KV_ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp8_e4m3": 1, "i
 # 8-bit caches keep one fp32 scale per (token, layer, K/V, KV head) beside the values
 SCALED_KV_DTYPES = frozenset({"fp8", "fp8_e4m3", "int8"})
 SCALE_BYTES = 4
+# the runtime's KV-cache dtype names (vLLM's and torch's aliases) -> the names above
+KV_DTYPE_ALIASES = {
+    "float32": "fp32",
+    "fp32": "fp32",
+    "bfloat16": "bf16",
+    "bf16": "bf16",
+    "float16": "fp16",
+    "fp16": "fp16",
+    "half": "fp16",
+    "fp8": "fp8",
+    "fp8_e4m3": "fp8",
+    "int8": "int8",
+}
+
+
+def canonical_kv_dtype(name: str) -> str:
+    """'bfloat16' -> 'bf16', 'fp8_e4m3' -> 'fp8', ...; 'auto' stays 'auto'."""
+    if name == "auto":
+        return name
+    if name not in KV_DTYPE_ALIASES:
+        raise ValueError(f"unknown KV-cache dtype {name!r}; known: auto, {', '.join(KV_DTYPE_ALIASES)}")
+    return KV_DTYPE_ALIASES[name]
 
 
 def kv_heads_per_rank(num_kv_heads: int, tensor_parallel: int) -> int:

@@ -13,7 +13,7 @@ _LAZY = {
     "LLM": "kvpilot.runtime.llm",
     "SamplingParams": "kvpilot.runtime.sampling_params",
     "LLMEngine": "kvpilot.runtime.engine.llm_engine",
-    "EngineArgs": "kvpilot.runtime.engine.llm_engine",
+    "EngineArgs": "kvpilot.runtime.engine.engine_args",
     "RequestOutput": "kvpilot.runtime.engine.output",
     "CompletionOutput": "kvpilot.runtime.engine.output",
     "EngineStats": "kvpilot.runtime.engine.output",

@@ -7,17 +7,18 @@ import logging
 import sys
 from collections.abc import Callable
 
+from kvpilot.runtime.engine.engine_args import EngineArgs
 from kvpilot.runtime.server import args as server_args
 from kvpilot.runtime.server.engine_loop import EngineLike
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-def _engine_factory(engine_kwargs: dict[str, object]) -> Callable[[], EngineLike]:
+def _engine_factory(engine_args: EngineArgs) -> Callable[[], EngineLike]:
     def load() -> EngineLike:
-        from kvpilot.runtime.engine.llm_engine import EngineArgs, LLMEngine  # torch is imported here
+        from kvpilot.runtime.engine.llm_engine import LLMEngine  # torch is imported here
 
-        return LLMEngine.from_args(EngineArgs(**engine_kwargs))
+        return LLMEngine.from_args(engine_args)
 
     return load
 
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     prometheus_client.disable_created_metrics()  # vLLM's exposition has no *_created series either
     return asyncio.run(
         serve(
-            _engine_factory(server_args.engine_args_kwargs(args)),
+            _engine_factory(args.engine_args),
             served_model_name=server_args.served_name(args),
             model_root=args.model,
             host=args.host,

@@ -127,7 +127,8 @@ def physical_floor_s(w: Workload, reqs: list[tuple[list[int], int]]) -> float:
 
 
 def build_engine(model_dir: Path, args: argparse.Namespace) -> Any:
-    from kvpilot.runtime.engine.llm_engine import EngineArgs, LLMEngine
+    from kvpilot.runtime.engine.engine_args import EngineArgs
+    from kvpilot.runtime.engine.llm_engine import LLMEngine
 
     return LLMEngine.from_args(
         EngineArgs(

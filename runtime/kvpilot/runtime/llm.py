@@ -18,7 +18,8 @@ class LLM:
     `engine_args` are EngineArgs fields (max_model_len, max_num_seqs, enable_prefix_caching, ...)."""
 
     def __init__(self, model: str, **engine_args: Any) -> None:
-        from kvpilot.runtime.engine.llm_engine import EngineArgs, LLMEngine
+        from kvpilot.runtime.engine.engine_args import EngineArgs
+        from kvpilot.runtime.engine.llm_engine import LLMEngine
 
         self.engine = LLMEngine.from_args(EngineArgs(model=str(model), **engine_args))
         self._ids = itertools.count()

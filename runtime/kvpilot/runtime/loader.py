@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from kvpilot.runtime.config import ModelConfig
 from kvpilot.runtime.errors import ModelLoadError
+from kvpilot.runtime.layers.kernel_ops import KernelOps
 from kvpilot.runtime.layers.linear import Linear
 from kvpilot.runtime.models import model_class
 from safetensors import safe_open
@@ -159,7 +160,7 @@ def load_model(
     *,
     device: torch.device,
     dtype: torch.dtype,
-    backend: str = "torch",
+    ops: KernelOps,
     max_positions: int | None = None,
     load_format: str = "auto",
     seed: int = 0,
@@ -170,7 +171,7 @@ def load_model(
         raise ModelLoadError(f"unknown load_format {load_format!r}; use one of {', '.join(LOAD_FORMATS)}")
     cls = model_class(config.architecture)
     with torch.device("meta"):
-        model = cls(config, backend=backend, max_positions=max_positions, rope_device=device)
+        model = cls(config, ops, max_positions=max_positions, rope_device=device)
     model = model.to(dtype=dtype).to_empty(device=device)
     if config.tie_word_embeddings:
         model.tie_weights()

@@ -7,15 +7,16 @@ from dataclasses import dataclass, field
 from kvpilot.runtime.errors import InvalidRequestError
 
 MAX_LOGPROBS = 20
+GREEDY_TEMPERATURE = 1e-5  # temperatures below this sample greedily, as in vLLM
 
 
 @dataclass
 class SamplingParams:
     """What to generate and how. Field names and semantics follow vLLM's SamplingParams.
 
-    temperature == 0 means greedy. top_k <= 0 disables top-k. A seed makes sampling reproducible
-    regardless of which other requests share the batch (the sampler derives the random stream from
-    (seed, index of the generated token)).
+    A temperature below GREEDY_TEMPERATURE (0, say) is greedy. top_k <= 0 disables top-k. A seed makes
+    sampling reproducible regardless of which other requests share the batch (the sampler derives the random
+    stream from (seed, index of the generated token)).
     """
 
     max_tokens: int | None = 16
@@ -45,7 +46,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_TEMPERATURE
 
     def _validate(self) -> None:
         checks: list[tuple[bool, str, str]] = [

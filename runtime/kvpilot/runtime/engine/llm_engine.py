@@ -12,52 +12,29 @@ the step after it is already in flight. A sequence that finished meanwhile was c
 the step in flight: that result is dropped (its blocks are freed once the step in flight is planned
 and launched, and only reused by later steps, which the device runs after it).
 A request that fails (its chunk makes the runner or sampler raise, its text cannot be decoded, ...) is
-finished with an error output; the other requests in the step carry on. Public methods take a lock, so
-a server may add and abort requests from another thread while a loop thread calls step().
+finished with an error output; the other requests in the step carry on. The engine is owned by one thread
+(the engine-core loop, or the caller of the offline LLM API): it takes no locks.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvpilot.runtime.engine.batch import StepBatch
 from kvpilot.runtime.engine.block_manager import BlockManager
+from kvpilot.runtime.engine.engine_args import EngineArgs
 from kvpilot.runtime.engine.output import EngineStats, RequestOutput
 from kvpilot.runtime.engine.request_state import RequestState
 from kvpilot.runtime.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
 from kvpilot.runtime.engine.sequence import Sequence, SequenceStatus
-from kvpilot.runtime.errors import InvalidRequestError, UnsupportedModelError
+from kvpilot.runtime.errors import InvalidRequestError
 from kvpilot.runtime.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class EngineArgs:
-    model: str
-    served_model_name: str | None = None
-    max_model_len: int | None = None
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    block_size: int = 16
-    gpu_memory_utilization: float = 0.9
-    kv_cache_dtype: str = "auto"
-    quantization: str | None = None
-    tensor_parallel_size: int = 1
-    enable_prefix_caching: bool = True
-    device: str = "auto"
-    dtype: str = "auto"
-    num_kv_blocks: int | None = None
-    seed: int = 0
-    load_format: str = "auto"  # "dummy": random weights of the checkpoint's shapes (benchmarks)
-    enforce_eager: bool = False  # no CUDA graphs for decode
-    backend: str = "auto"  # kernels: "triton" on CUDA, "torch" (references) elsewhere
-    async_scheduling: bool = True  # overlap a decode step's host work with the next step on the device
 
 
 @dataclass
@@ -82,17 +59,12 @@ class LLMEngine:
         max_num_batched_tokens: int = 8192,
         max_model_len: int | None = None,
         enable_prefix_caching: bool = True,
-        served_model_name: str | None = None,
         async_scheduling: bool = True,
     ) -> None:
-        from kvpilot.runtime.engine.sampler import SampleRow  # the torch side; imported on first use
-
-        self._sample_row = SampleRow
         self.runner, self.tokenizer, self.sampler = runner, tokenizer, sampler
         if max_model_len is not None and max_model_len > runner.max_model_len:
             raise ValueError(f"max_model_len {max_model_len} exceeds the runner's {runner.max_model_len}")
         self.max_model_len: int = max_model_len or runner.max_model_len
-        self.served_model_name = served_model_name
         self.block_manager = BlockManager(runner.num_kv_blocks, runner.block_size, enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,
@@ -113,7 +85,6 @@ class LLMEngine:
         self.async_scheduling = async_scheduling and hasattr(sampler, "sample_ids")
         self._in_flight: _LaunchedStep | None = None  # launched, outputs not processed yet
         self.num_overlapped_steps = 0  # steps launched before the previous step's tokens were known
-        self._lock = threading.RLock()
 
     @classmethod
     def from_args(cls, args: EngineArgs) -> LLMEngine:
@@ -121,30 +92,9 @@ class LLMEngine:
         from kvpilot.runtime.engine.sampler import Sampler
         from kvpilot.runtime.tokenizer import Tokenizer
 
-        if args.tensor_parallel_size != 1:
-            raise UnsupportedModelError(
-                f"tensor_parallel_size={args.tensor_parallel_size}: only 1 is supported by this runtime"
-            )
-        if args.quantization not in (None, "none", "auto"):
-            raise UnsupportedModelError(f"quantization {args.quantization!r} is not supported yet")
+        args.validate()
         tokenizer = Tokenizer.from_dir(args.model)
-        runner_kwargs: dict[str, Any] = {
-            "block_size": args.block_size,
-            "max_model_len": args.max_model_len,
-            "device": args.device,
-            "dtype": args.dtype,
-            "gpu_memory_utilization": args.gpu_memory_utilization,
-            "num_kv_blocks": args.num_kv_blocks,
-            "kv_cache_dtype": args.kv_cache_dtype,
-            "seed": args.seed,
-            "max_num_seqs": args.max_num_seqs,
-            "max_num_batched_tokens": args.max_num_batched_tokens,
-            "enforce_eager": args.enforce_eager,
-            "backend": args.backend,
-        }
-        if args.load_format != "auto":
-            runner_kwargs["load_format"] = args.load_format
-        runner = ModelRunner(args.model, **runner_kwargs)
+        runner = ModelRunner(args)
         return cls(
             runner,
             tokenizer,
@@ -153,7 +103,6 @@ class LLMEngine:
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_model_len=args.max_model_len,
             enable_prefix_caching=args.enable_prefix_caching,
-            served_model_name=args.served_model_name or args.model,
             async_scheduling=args.async_scheduling,
         )
 
@@ -169,21 +118,20 @@ class LLMEngine:
             raise InvalidRequestError("params must be a SamplingParams", param="params")
         prompt_ids = self._prompt_token_ids(prompt)
         max_tokens = self._max_tokens(len(prompt_ids), params.max_tokens)
-        with self._lock:
-            if request_id in self._requests:
-                raise InvalidRequestError(f"request id {request_id!r} is already in use", param="request_id")
-            seq = Sequence(
-                next(self._seq_ids),
-                prompt_ids,
-                params,
-                max_tokens=max_tokens,
-                arrival_time=time.monotonic() if arrival_time is None else arrival_time,
-            )
-            self.scheduler.add(seq)
-            req = RequestState(request_id, seq, self.tokenizer, self._eos_token_ids)
-            self._requests[request_id] = self._by_seq[seq.seq_id] = req
-            self._num_no_overlap += not req.can_overlap
-            self._num_logprobs += params.logprobs is not None
+        if request_id in self._requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use", param="request_id")
+        seq = Sequence(
+            next(self._seq_ids),
+            prompt_ids,
+            params,
+            max_tokens=max_tokens,
+            arrival_time=time.monotonic() if arrival_time is None else arrival_time,
+        )
+        self.scheduler.add(seq)
+        req = RequestState(request_id, seq, self.tokenizer, self._eos_token_ids)
+        self._requests[request_id] = self._by_seq[seq.seq_id] = req
+        self._num_no_overlap += not req.can_overlap
+        self._num_logprobs += params.logprobs is not None
 
     def _prompt_token_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -233,51 +181,47 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> None:
         """Stop a request in any state and free its blocks; its final "abort" output comes with the next
         step(). Unknown or already finished ids are ignored."""
-        with self._lock:
-            req = self._requests.get(request_id)
-            if req is None:
-                return
-            self._forget(req)
-            self.scheduler.abort(req.seq)
-            self._pending.append(req.finish_output("abort"))
+        req = self._requests.get(request_id)
+        if req is None:
+            return
+        self._forget(req)
+        self.scheduler.abort(req.seq)
+        self._pending.append(req.finish_output("abort"))
 
     def has_unfinished_requests(self) -> bool:
-        with self._lock:
-            return bool(self._requests or self._pending)
+        return bool(self._requests or self._pending)
 
     def stats(self) -> EngineStats:
-        with self._lock:
-            bm = self.block_manager
-            return EngineStats(
-                num_running=self.scheduler.num_running,
-                num_waiting=self.scheduler.num_waiting,
-                kv_cache_usage=bm.usage,
-                prefix_cache_queries=bm.prefix_cache_queries,
-                prefix_cache_hits=bm.prefix_cache_hits,
-                num_preemptions=self.scheduler.num_preemptions,
-                num_kv_blocks=bm.num_blocks,
-                block_size=bm.block_size,
-            )
+        bm = self.block_manager
+        return EngineStats(
+            num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting,
+            kv_cache_usage=bm.usage,
+            prefix_cache_queries=bm.prefix_cache_queries,
+            prefix_cache_hits=bm.prefix_cache_hits,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_kv_blocks=bm.num_blocks,
+            block_size=bm.block_size,
+        )
 
     # ---- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """The outputs of one model step. With async scheduling the next step may already be running."""
-        with self._lock:
-            outputs, self._pending = self._pending, []
-            current, self._in_flight = self._in_flight, None
-            if current is None:
-                sched = self.scheduler.schedule()
-                if sched.is_empty:
-                    return outputs
-                current = self._launch(sched)
-            outputs += self._record(current)
-            # Only a decode step is overlapped with the next: after a prefill the first token goes out
-            # at once (time to first token), not after the next step has been prepared and launched.
-            if current.ids is not None and current.sched.batch.is_decode_only and self._can_overlap():
-                self._in_flight = self._launch(self.scheduler.schedule(), current.ids)
-                self.num_overlapped_steps += 1
-            outputs += self._resolve(current)
-            return outputs
+        outputs, self._pending = self._pending, []
+        current, self._in_flight = self._in_flight, None
+        if current is None:
+            sched = self.scheduler.schedule()
+            if sched.is_empty:
+                return outputs
+            current = self._launch(sched)
+        outputs += self._record(current)
+        # Only a decode step is overlapped with the next: after a prefill the first token goes out
+        # at once (time to first token), not after the next step has been prepared and launched.
+        if current.ids is not None and current.sched.batch.is_decode_only and self._can_overlap():
+            self._in_flight = self._launch(self.scheduler.schedule(), current.ids)
+            self.num_overlapped_steps += 1
+        outputs += self._resolve(current)
+        return outputs
 
     def _can_overlap(self) -> bool:
         """The next step can be planned and launched before the current step's tokens are read back."""
@@ -351,8 +295,8 @@ class LLMEngine:
         return req.finish_output("abort", error=message)
 
     def _rows(self, chunks: list[Any]) -> list[Any]:
-        by_seq, row_type = self._by_seq, self._sample_row
-        return [by_seq[c.seq.seq_id].sample_row(row_type) for c in chunks]
+        by_seq = self._by_seq
+        return [by_seq[c.seq.seq_id].sample_row() for c in chunks]
 
     def _run(self, batch: StepBatch, prev_ids: Any) -> Any:
         return self.runner.execute(batch) if prev_ids is None else self.runner.execute(batch, prev_ids)

@@ -7,17 +7,19 @@ into the paged cache, attends over it and returns the logits of the rows that wi
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import torch
+from kvpilot.contracts.kv_cache import canonical_kv_dtype, kv_bytes_per_token
 from kvpilot.runtime.config import ModelConfig
 from kvpilot.runtime.engine.batch import SeqChunk, StepBatch
 from kvpilot.runtime.engine.cuda_graphs import DecodeGraphs
+from kvpilot.runtime.engine.engine_args import EngineArgs
 from kvpilot.runtime.engine.memory import kv_cache_blocks, profile_peak
 from kvpilot.runtime.engine.model_inputs import prepare_inputs
 from kvpilot.runtime.engine.sampler import SampledIds
-from kvpilot.runtime.errors import ModelLoadError, UnsupportedModelError
+from kvpilot.runtime.errors import ModelLoadError
 from kvpilot.runtime.layers.attention import AttentionMetadata
+from kvpilot.runtime.layers.kernel_ops import kernel_ops
 from kvpilot.runtime.loader import load_model
 
 _DTYPES = {
@@ -30,7 +32,14 @@ _DTYPES = {
     "half": torch.float16,
     "fp16": torch.float16,
 }
-_KV_ONLY_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}
+# canonical KV-cache dtype names (kvpilot.contracts.kv_cache) <-> torch dtypes
+_KV_DTYPES = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp8": torch.float8_e4m3fn,
+}
+_KV_DTYPE_NAMES = {dtype: name for name, dtype in _KV_DTYPES.items()}
 CPU_KV_CACHE_BYTES = 1 << 30  # CPU default: at most 1 GiB of KV cache ...
 CPU_KV_CACHE_SEQS = 8  # ... and no more than 8 sequences of max_model_len tokens
 
@@ -65,21 +74,20 @@ def resolve_dtype(dtype: str, config: ModelConfig, device: torch.device) -> torc
 
 
 def resolve_kv_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
-    if kv_cache_dtype == "auto":
-        return model_dtype
-    if kv_cache_dtype in _DTYPES:
-        return _DTYPES[kv_cache_dtype]
-    if kv_cache_dtype in _KV_ONLY_DTYPES:
-        return _KV_ONLY_DTYPES[kv_cache_dtype]
-    if kv_cache_dtype == "int8":
-        raise UnsupportedModelError("kv_cache_dtype 'int8' is not supported yet")
-    raise ModelLoadError(f"unknown kv_cache_dtype {kv_cache_dtype!r}")
+    """EngineArgs.validate() has refused what this build cannot store (int8)."""
+    name = canonical_kv_dtype(kv_cache_dtype)
+    return model_dtype if name == "auto" else _KV_DTYPES[name]
 
 
 def kv_block_bytes(config: ModelConfig, block_size: int, kv_dtype: torch.dtype) -> int:
-    """Bytes of K and V for one block across all layers."""
-    element = torch.empty((), dtype=kv_dtype).element_size()
-    return 2 * config.num_hidden_layers * block_size * config.kv_size * element
+    """Bytes of K and V for one block across all layers: the operator's sizing uses the same formula."""
+    per_token = kv_bytes_per_token(
+        num_layers=config.num_hidden_layers,
+        num_kv_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        kv_dtype=_KV_DTYPE_NAMES[kv_dtype],
+    )
+    return block_size * per_token
 
 
 def cpu_num_kv_blocks(*, block_bytes: int, block_size: int, max_model_len: int) -> int:
@@ -97,74 +105,58 @@ def fill_placeholders(input_ids: torch.Tensor, sampled: torch.Tensor) -> torch.T
 
 
 class ModelRunner:
-    def __init__(
-        self,
-        model_dir: str | Path,
-        *,
-        block_size: int = 16,
-        max_model_len: int | None = None,
-        device: str = "auto",
-        dtype: str = "auto",
-        gpu_memory_utilization: float = 0.9,
-        num_kv_blocks: int | None = None,
-        kv_cache_dtype: str = "auto",
-        seed: int = 0,
-        backend: str = "auto",
-        load_format: str = "auto",
-        max_num_seqs: int = 256,
-        max_num_batched_tokens: int = 8192,
-        enforce_eager: bool = False,
-    ) -> None:
-        """backend: "torch" (reference ops), "triton", or "auto" (triton on CUDA, torch elsewhere).
-        load_format: "auto" reads the safetensors, "dummy" makes seeded random weights (benchmarks).
-        On CUDA the cache is sized by profiling a step of max_num_batched_tokens tokens, and decode
-        steps of up to max_num_seqs sequences replay CUDA graphs unless enforce_eager."""
-        if block_size < 1:
-            raise ValueError(f"block_size must be positive, got {block_size}")
-        self.model_config = ModelConfig.from_dir(model_dir)
-        self.device = resolve_device(device)
-        self.block_size, self.seed = block_size, seed
-        self.backend = backend if backend != "auto" else ("triton" if self.device.type == "cuda" else "torch")
-        self.dtype = resolve_dtype(dtype, self.model_config, self.device)
+    def __init__(self, args: EngineArgs) -> None:
+        """Loads args.model on its device. load_format "auto" reads the safetensors, "dummy" makes seeded
+        random weights (benchmarks). On CUDA the KV cache is sized by profiling a step of
+        max_num_batched_tokens tokens, and decode steps of up to max_num_seqs sequences replay CUDA graphs
+        unless enforce_eager. The kernels are chosen once here: triton on CUDA, the torch references
+        elsewhere (or args.kernel_backend)."""
+        args.validate()
+        self.model_config = ModelConfig.from_dir(args.model)
+        self.device = resolve_device(args.device)
+        self.block_size, self.seed = args.block_size, args.seed
+        backend = args.kernel_backend
+        self.ops = kernel_ops(
+            backend if backend != "auto" else ("triton" if self.device.type == "cuda" else "torch")
+        )
+        self.dtype = resolve_dtype(args.dtype, self.model_config, self.device)
         limit = self.model_config.max_position_embeddings
-        if max_model_len is not None and max_model_len > limit:
+        if args.max_model_len is not None and args.max_model_len > limit:
             raise ModelLoadError(
-                f"max_model_len {max_model_len} exceeds the model's max_position_embeddings {limit}"
+                f"max_model_len {args.max_model_len} exceeds the model's max_position_embeddings {limit}"
             )
-        self.max_model_len = max_model_len or limit
+        self.max_model_len = args.max_model_len or limit
         self.model = load_model(
-            model_dir,
+            args.model,
             self.model_config,
             device=self.device,
             dtype=self.dtype,
-            backend=self.backend,
+            ops=self.ops,
             max_positions=limit,
-            load_format=load_format,
-            seed=seed,
+            load_format=args.load_format,
+            seed=args.seed,
         )
-        self.kv_cache_dtype = resolve_kv_cache_dtype(kv_cache_dtype, self.dtype)
-        if num_kv_blocks is not None and num_kv_blocks < 1:
-            raise ValueError(f"num_kv_blocks must be positive, got {num_kv_blocks}")
+        self.kv_cache_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, self.dtype)
         self.graphs: DecodeGraphs | None = None
-        self.num_kv_blocks = num_kv_blocks or self._size_kv_cache(
-            gpu_memory_utilization, max_num_seqs, max_num_batched_tokens
+        self.num_kv_blocks = args.num_kv_blocks or self._size_kv_cache(
+            args.gpu_memory_utilization, args.max_num_seqs, args.max_num_batched_tokens
         )
         self.kv_caches = self._allocate_kv_cache()
         log.info(
             "KV cache: %d blocks of %d tokens = %d tokens (%.2f GiB, %s)",
             self.num_kv_blocks,
-            block_size,
-            self.num_kv_blocks * block_size,
+            self.block_size,
+            self.num_kv_blocks * self.block_size,
             self.num_kv_blocks * self._block_bytes() / 2**30,
             self.kv_cache_dtype,
         )
-        if self.device.type == "cuda" and self.backend == "triton" and not enforce_eager:
+        if self.device.type == "cuda" and self.ops.name == "triton" and not args.enforce_eager:
             graph_context = min(self.max_model_len, GRAPH_MAX_CONTEXT)
             self.graphs = DecodeGraphs(
                 self._forward_logits,
-                max_num_seqs=max_num_seqs,
-                max_blocks_per_seq=-(-graph_context // block_size),
-                block_size=block_size,
+                max_num_seqs=args.max_num_seqs,
+                max_blocks_per_seq=-(-graph_context // self.block_size),
+                block_size=self.block_size,
                 device=self.device,
             )
             self.graphs.capture()

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from kvpilot.runtime.engine.detokenizer import IncrementalDetokenizer
 from kvpilot.runtime.engine.output import RequestOutput, TokenLogprob
+from kvpilot.runtime.engine.sample_row import SampleRow
 from kvpilot.runtime.engine.sequence import Sequence
 from kvpilot.runtime.engine.stop import StopStringMatcher, banned_token_ids, token_stop_reason
 
@@ -30,7 +30,7 @@ class RequestState:
         self._stopping_ids = frozenset(params.stop_token_ids) | (
             frozenset() if params.ignore_eos else eos_token_ids
         )
-        self._row: Any = None  # the SampleRow once no token is banned: it holds the live token lists
+        self._row: SampleRow | None = None  # once no token is banned: it holds the live token lists
         # the next token can be sampled before the last one is read back: its row needs no token ids
         self.can_overlap = params.logprobs is None and not (
             params.repetition_penalty != 1.0
@@ -40,12 +40,12 @@ class RequestState:
         # no stop strings and no logprobs: a token that cannot stop the request takes the short path
         self._simple = self._matcher is None and params.logprobs is None
 
-    def sample_row(self, row_type: Callable[..., Any]) -> Any:
+    def sample_row(self) -> SampleRow:
         """The sampler's row for the next token: stopping tokens are banned until min_tokens exist."""
         seq = self.seq
         params = seq.params
         if seq.num_output_tokens < params.min_tokens:
-            return row_type(
+            return SampleRow(
                 params,
                 seq.prompt_token_ids,
                 seq.output_token_ids,
@@ -58,7 +58,7 @@ class RequestState:
                 ),
             )
         if self._row is None:
-            self._row = row_type(params, seq.prompt_token_ids, seq.output_token_ids)
+            self._row = SampleRow(params, seq.prompt_token_ids, seq.output_token_ids)
         return self._row
 
     def process_token(self, sampled: Any, token_limit: int) -> RequestOutput:

@@ -8,32 +8,15 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 
 import torch
-from kvpilot.runtime.layers.sampler import apply_min_p, apply_penalties, apply_top_k_top_p, sample_with_noise
-from kvpilot.runtime.sampling_params import SamplingParams
+from kvpilot.runtime.engine.sample_row import SampleRow, needs_penalties
+from kvpilot.runtime.layers.logits_processing import (
+    apply_min_p,
+    apply_penalties,
+    apply_top_k_top_p,
+    sample_with_noise,
+)
 
-GREEDY_TEMPERATURE = 1e-5  # temperatures below this sample greedily, as in vLLM
 _MASK64 = (1 << 64) - 1
-
-
-@dataclass(frozen=True)
-class SampleRow:
-    params: SamplingParams
-    prompt_token_ids: Sequence[int]
-    output_token_ids: Sequence[int]
-    banned_token_ids: frozenset[int] = frozenset()  # e.g. EOS while len(output) < min_tokens
-    # greedy, nothing to process, no logprobs: the argmax of the raw logits (rows are reused per request)
-    plain_greedy: bool = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        params = self.params
-        object.__setattr__(
-            self,
-            "plain_greedy",
-            not self.banned_token_ids
-            and params.logprobs is None
-            and not _needs_penalties(params)
-            and params.temperature < GREEDY_TEMPERATURE,
-        )
 
 
 @dataclass(frozen=True)
@@ -54,16 +37,6 @@ def stream_seed(seed: int, index: int) -> int:
 def _check_rows(logits: torch.Tensor, rows: list[SampleRow]) -> None:
     if logits.shape[0] != len(rows):
         raise ValueError(f"{logits.shape[0]} logits rows for {len(rows)} sample rows")
-
-
-def _is_greedy(params: SamplingParams) -> bool:
-    return params.temperature < GREEDY_TEMPERATURE
-
-
-def _needs_penalties(params: SamplingParams) -> bool:
-    return (
-        params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
-    )
 
 
 _PLAIN_GREEDY = attrgetter("plain_greedy")
@@ -92,11 +65,11 @@ class _RowPlan:
         any_logprobs = False
         for i, row in enumerate(rows):
             params = row.params
-            if row.banned_token_ids or _needs_penalties(params):
+            if row.banned_token_ids or needs_penalties(params):
                 processed.append(i)
-                if params.temperature >= GREEDY_TEMPERATURE:
+                if not params.greedy:
                     random.append(i)
-            elif params.temperature >= GREEDY_TEMPERATURE:
+            elif not params.greedy:
                 random.append(i)
             else:
                 plain_greedy.append(i)
@@ -161,7 +134,7 @@ class Sampler:
         processed = raw[:0]
         if plan.processed:
             processed = self._process(raw[plan.processed], [rows[i] for i in plan.processed])
-            greedy = [i for i in plan.processed if _is_greedy(rows[i].params)]
+            greedy = [i for i in plan.processed if rows[i].params.greedy]
             if greedy:
                 token_ids[greedy] = processed[[position[i] for i in greedy]].argmax(dim=-1)
         if plan.random:
@@ -179,7 +152,7 @@ class Sampler:
             banned = [t for t in row.banned_token_ids if 0 <= t < vocab]
             if banned:
                 logits[i, banned] = float("-inf")
-        penalised = [i for i, r in enumerate(rows) if _needs_penalties(r.params)]
+        penalised = [i for i, r in enumerate(rows) if needs_penalties(r.params)]
         if penalised:
             logits[penalised] = apply_penalties(
                 logits[penalised], *self._penalty_inputs([rows[i] for i in penalised], vocab, logits.device)

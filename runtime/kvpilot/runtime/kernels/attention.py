@@ -30,6 +30,8 @@ def paged_attention_ref(
     context_lens: torch.Tensor,  # [num_seqs] int32
     block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
     scale: float,
+    *,
+    max_q_len: int | None = None,  # the triton kernels' host-side hint; the reference needs none
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -47,41 +49,3 @@ def paged_attention_ref(
         probs = torch.softmax(scores, dim=-1)
         out[cu[s] : cu[s + 1]] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
     return out
-
-
-ATTENTION_BACKENDS = ("torch", "triton")
-
-
-def paged_attention(
-    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
-    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
-    v_cache: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,  # [num_seqs + 1] int32
-    context_lens: torch.Tensor,  # [num_seqs] int32
-    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
-    scale: float,
-    *,
-    backend: str,
-    max_q_len: int | None = None,
-    is_decode: bool | None = None,
-) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    """The one entry point for the layers: "torch" runs the reference (CPU, oracle), "triton" picks the
-    decode kernel (one token per sequence) or the prefill kernel. max_q_len / is_decode are host-side
-    hints that spare the Triton path a device read (decode stays CUDA-graph capturable)."""
-    if backend == "torch":
-        return paged_attention_ref(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale)
-    if backend == "triton":
-        from .attention_triton import paged_attention_triton  # imports triton only when asked for
-
-        return paged_attention_triton(
-            q,
-            k_cache,
-            v_cache,
-            cu_seqlens_q,
-            context_lens,
-            block_tables,
-            scale,
-            max_q_len=max_q_len,
-            is_decode=is_decode,
-        )
-    raise ValueError(f"unknown attention backend {backend!r}; expected one of {ATTENTION_BACKENDS}")

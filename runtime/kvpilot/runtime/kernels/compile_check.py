@@ -29,11 +29,9 @@ from triton.compiler import ASTSource
 from . import (
     activation_triton,
     decode_attention_triton,
-    kv_cache_triton,
     norm_triton,
     prefill_attention_triton,
     qkv_prepare_triton,
-    rotary_triton,
 )
 
 
@@ -153,19 +151,6 @@ def default_specs() -> list[KernelSpec]:
             ("stride_bt",),
         ),
         KernelSpec(
-            "store_kv_cache",
-            kv_cache_triton._store_kv_cache_kernel,
-            {
-                "key_ptr": "*bf16",
-                "value_ptr": "*bf16",
-                "k_cache_ptr": "*bf16",
-                "v_cache_ptr": "*bf16",
-                "slot_mapping_ptr": "*i64",
-            },
-            {"NUM_KV_HEADS": 8, "HEAD_DIM": 128, "BLOCK_SIZE": 16, "BLOCK_H": 8, "BLOCK_D": 128},
-            4,
-        ),
-        KernelSpec(
             "rms_norm_residual",
             norm_triton._rms_norm_kernel,
             {
@@ -178,22 +163,6 @@ def default_specs() -> list[KernelSpec]:
             },
             {"HAS_RESIDUAL": True, "BLOCK": 4096},
             8,
-        ),
-        KernelSpec(
-            "rotary",
-            rotary_triton._rotary_kernel,
-            {
-                "positions_ptr": "*i64",
-                "q_ptr": "*bf16",
-                "k_ptr": "*bf16",
-                "q_out_ptr": "*bf16",
-                "k_out_ptr": "*bf16",
-                "cos_sin_ptr": "*fp32",
-            },
-            {"HALF": 64, "BLOCK_HALF": 64, "BLOCK_HQ": 32, "BLOCK_HK": 8},
-            4,
-            1,
-            ("num_heads", "num_kv_heads"),
         ),
         KernelSpec(
             "qkv_prepare_qk_norm",

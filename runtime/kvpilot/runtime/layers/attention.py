@@ -6,16 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from kvpilot.runtime.kernels.attention import paged_attention_ref
-from kvpilot.runtime.kernels.qkv_prepare import qkv_prepare_ref
-from kvpilot.runtime.layers.backend import lazy_op, pick_op
+from kvpilot.runtime.layers.kernel_ops import KernelOps
 from torch import nn
-
-_QKV_PREPARE = {
-    "torch": qkv_prepare_ref,
-    "triton": lazy_op("kvpilot.runtime.kernels.qkv_prepare_triton", "qkv_prepare_triton"),
-}
-_paged_attention_triton = lazy_op("kvpilot.runtime.kernels.attention_triton", "paged_attention_triton")
 
 
 @dataclass
@@ -30,45 +22,18 @@ class AttentionMetadata:
     max_context_len: int
 
 
-def _attend_ref(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
-) -> torch.Tensor:
-    return paged_attention_ref(
-        q, k_cache, v_cache, meta.cu_seqlens_q, meta.context_lens, meta.block_tables, scale
-    )
-
-
-def _attend_triton(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
-) -> torch.Tensor:
-    """max_q_len is known on the host, so the kernel choice and grid never read device memory."""
-    return _paged_attention_triton(
-        q,
-        k_cache,
-        v_cache,
-        meta.cu_seqlens_q,
-        meta.context_lens,
-        meta.block_tables,
-        scale,
-        max_q_len=meta.max_q_len,
-    )
-
-
-_PAGED_ATTENTION = {"torch": _attend_ref, "triton": _attend_triton}
-
-
 class PagedAttention(nn.Module):
     """store_qkv() turns the fused qkv projection into q and the cached K/V (one launch on triton);
     forward() attends q over the cache."""
 
     def __init__(
-        self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, *, backend: str = "torch"
+        self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, ops: KernelOps
     ) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = scale
-        self._prepare = pick_op(_QKV_PREPARE, backend, "qkv_prepare")
-        self._attend = pick_op(_PAGED_ATTENTION, backend, "paged_attention")
+        self._prepare = ops.qkv_prepare
+        self._attend = ops.paged_attention
 
     def store_qkv(
         self,
@@ -100,4 +65,14 @@ class PagedAttention(nn.Module):
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
         """q [T, H, D] over the caches [num_blocks, block_size, KVH, D] -> [T, H, D]."""
-        return self._attend(q, k_cache, v_cache, meta, self.scale)
+        # max_q_len is known on the host, so the triton kernel choice and grid never read device memory
+        return self._attend(
+            q,
+            k_cache,
+            v_cache,
+            meta.cu_seqlens_q,
+            meta.context_lens,
+            meta.block_tables,
+            self.scale,
+            max_q_len=meta.max_q_len,
+        )

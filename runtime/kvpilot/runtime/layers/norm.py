@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 import torch
-from kvpilot.runtime.kernels.norm import rms_norm_ref
-from kvpilot.runtime.layers.backend import lazy_op, pick_op
+from kvpilot.runtime.layers.kernel_ops import KernelOps
 from torch import nn
-
-_RMS_NORM = {
-    "torch": rms_norm_ref,
-    "triton": lazy_op("kvpilot.runtime.kernels.norm_triton", "rms_norm_triton"),
-}
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float, *, backend: str = "torch") -> None:
+    def __init__(self, hidden_size: int, eps: float, ops: KernelOps) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
-        self._op = pick_op(_RMS_NORM, backend, "rms_norm")
+        self._op = ops.rms_norm
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None

@@ -6,14 +6,7 @@ import math
 from typing import Any
 
 import torch
-from kvpilot.runtime.kernels.rotary import apply_rotary_ref
-from kvpilot.runtime.layers.backend import lazy_op, pick_op
 from torch import nn
-
-_APPLY_ROTARY = {
-    "torch": apply_rotary_ref,
-    "triton": lazy_op("kvpilot.runtime.kernels.rotary_triton", "apply_rotary_triton"),
-}
 
 
 def rope_inv_freq(
@@ -59,8 +52,8 @@ def rope_cos_sin_cache(
 
 
 class RotaryEmbedding(nn.Module):
-    """Applies rotary embedding to q and k by position. The cache is a plain tensor built on `device`
-    (not a buffer), so materialising a meta-built model leaves it intact."""
+    """The rotary cos/sin cache, shared by every attention layer (the fused qkv-prepare kernel applies it).
+    A plain tensor built on `device` (not a buffer), so materialising a meta-built model leaves it intact."""
 
     def __init__(
         self,
@@ -70,14 +63,6 @@ class RotaryEmbedding(nn.Module):
         scaling: dict[str, Any] | None,
         *,
         device: torch.device | str = "cpu",
-        backend: str = "torch",
     ) -> None:
         super().__init__()
         self.cos_sin_cache = rope_cos_sin_cache(head_dim, max_positions, theta, scaling, device)
-        self._op = pick_op(_APPLY_ROTARY, backend, "apply_rotary")
-
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [T]; q [T, H, D]; k [T, KVH, D]."""
-        return self._op(positions, q, k, self.cos_sin_cache)

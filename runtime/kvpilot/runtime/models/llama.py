@@ -11,6 +11,7 @@ from kvpilot.runtime.config import ModelConfig
 from kvpilot.runtime.layers.activation import SiluAndMul
 from kvpilot.runtime.layers.attention import AttentionMetadata, PagedAttention
 from kvpilot.runtime.layers.embedding import LMHead, VocabEmbedding
+from kvpilot.runtime.layers.kernel_ops import KernelOps
 from kvpilot.runtime.layers.linear import Linear
 from kvpilot.runtime.layers.norm import RMSNorm
 from kvpilot.runtime.layers.rotary import RotaryEmbedding
@@ -20,7 +21,7 @@ KVCache = tuple[torch.Tensor, torch.Tensor]  # one layer's (k_cache, v_cache)
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, backend: str) -> None:
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, ops: KernelOps) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = config.head_dim
@@ -29,17 +30,14 @@ class LlamaAttention(nn.Module):
             config.hidden_size,
             (self.q_size, self.kv_size, self.kv_size),
             bias=config.attention_bias,
-            backend=backend,
         )
-        self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_proj_bias, backend=backend)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_proj_bias)
         if config.qk_norm:  # hold the weights; the norms run inside attn.store_qkv
-            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, backend=backend)
-            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, backend=backend)
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, ops)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, ops)
         self.qk_norm = config.qk_norm
         self.rotary = rotary  # shared by every layer; holds no parameters
-        self.attn = PagedAttention(
-            self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5, backend=backend
-        )
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5, ops)
 
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
@@ -70,24 +68,24 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: ModelConfig, backend: str) -> None:
+    def __init__(self, config: ModelConfig, ops: KernelOps) -> None:
         super().__init__()
         inter = config.intermediate_size
-        self.gate_up_proj = Linear(config.hidden_size, (inter, inter), backend=backend)
-        self.down_proj = Linear(inter, config.hidden_size, backend=backend)
-        self.act = SiluAndMul(backend=backend)
+        self.gate_up_proj = Linear(config.hidden_size, (inter, inter))
+        self.down_proj = Linear(inter, config.hidden_size)
+        self.act = SiluAndMul(ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, backend: str) -> None:
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, ops: KernelOps) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, rotary, backend)
-        self.mlp = LlamaMLP(config, backend)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, backend=backend)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, backend=backend)
+        self.self_attn = LlamaAttention(config, rotary, ops)
+        self.mlp = LlamaMLP(config, ops)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
 
     def forward(
         self,
@@ -109,13 +107,13 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, backend: str) -> None:
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, ops: KernelOps) -> None:
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, rotary, backend) for _ in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, rotary, ops) for _ in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, backend=backend)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
 
     def forward(
         self,
@@ -138,8 +136,8 @@ class LlamaForCausalLM(nn.Module):
     def __init__(
         self,
         config: ModelConfig,
+        ops: KernelOps,
         *,
-        backend: str = "torch",
         max_positions: int | None = None,
         rope_device: torch.device | str = "cpu",
     ) -> None:
@@ -151,9 +149,8 @@ class LlamaForCausalLM(nn.Module):
             config.rope_theta,
             config.rope_scaling,
             device=rope_device,
-            backend=backend,
         )
-        self.model = LlamaModel(config, rotary, backend)
+        self.model = LlamaModel(config, rotary, ops)
         self.lm_head = LMHead(config.vocab_size, config.hidden_size)
 
     def tie_weights(self) -> None:

@@ -1,0 +1,53 @@
+"""The kernels a model runs, chosen once per model runner and handed to every layer.
+
+"torch" is the plain-PyTorch references in runtime/kernels (the CPU path and the oracle); "triton" is the
+GPU kernels beside them. Each entry has the same signature in both sets, so a layer calls its kernel
+directly: one hop from forward() to the kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+KERNEL_SETS = ("torch", "triton")
+
+
+@dataclass(frozen=True)
+class KernelOps:
+    name: str
+    rms_norm: Callable[..., Any]  # (x, weight, eps, residual=None) -> y | (y, x + residual)
+    silu_and_mul: Callable[..., Any]  # ([T, 2I]) -> [T, I]
+    qkv_prepare: Callable[..., Any]  # fused q/k norm + rotary + K/V store -> q [T, H, D]
+    paged_attention: Callable[..., Any]  # (q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables,
+    #                                      scale, *, max_q_len) -> [T, H, D]
+
+
+def torch_ops() -> KernelOps:
+    from kvpilot.runtime.kernels.activation import silu_and_mul_ref
+    from kvpilot.runtime.kernels.attention import paged_attention_ref
+    from kvpilot.runtime.kernels.norm import rms_norm_ref
+    from kvpilot.runtime.kernels.qkv_prepare import qkv_prepare_ref
+
+    return KernelOps("torch", rms_norm_ref, silu_and_mul_ref, qkv_prepare_ref, paged_attention_ref)
+
+
+def triton_ops() -> KernelOps:
+    """Imports triton: only called when the runner runs on a GPU (or a test asks for it)."""
+    from kvpilot.runtime.kernels.activation_triton import silu_and_mul_triton
+    from kvpilot.runtime.kernels.attention_triton import paged_attention_triton
+    from kvpilot.runtime.kernels.norm_triton import rms_norm_triton
+    from kvpilot.runtime.kernels.qkv_prepare_triton import qkv_prepare_triton
+
+    return KernelOps(
+        "triton", rms_norm_triton, silu_and_mul_triton, qkv_prepare_triton, paged_attention_triton
+    )
+
+
+def kernel_ops(name: str) -> KernelOps:
+    if name == "torch":
+        return torch_ops()
+    if name == "triton":
+        return triton_ops()
+    raise ValueError(f"unknown kernel set {name!r}; choose one of {', '.join(KERNEL_SETS)}")
