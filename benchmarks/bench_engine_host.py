@@ -27,18 +27,23 @@ import argparse
 import json
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 from kvpilot.runtime.engine.batch import SeqChunk, StepBatch
-from kvpilot.runtime.engine.fake_model import FakeTokenizer
 from kvpilot.runtime.engine.llm_engine import LLMEngine
 from kvpilot.runtime.engine.model_inputs import prepare_inputs
 from kvpilot.runtime.engine.sample_row import SampleRow
 from kvpilot.runtime.engine.sampler import SampledToken, Sampler
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the test doubles live in tests/
 from kvpilot.runtime.sampling_params import SamplingParams
+
+from tests.runtime.fake_model import FakeTokenizer
 
 BATCH = 256
 PROMPT_LEN = 500

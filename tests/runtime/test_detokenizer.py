@@ -5,7 +5,8 @@ from __future__ import annotations
 import random
 
 from kvpilot.runtime.engine.detokenizer import IncrementalDetokenizer
-from kvpilot.runtime.engine.fake_model import EOS_TOKEN_ID, FakeTokenizer
+
+from tests.runtime.fake_model import EOS_TOKEN_ID, FakeTokenizer
 
 TOK = FakeTokenizer()
 

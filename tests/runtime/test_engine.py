@@ -6,7 +6,12 @@ import random
 from collections.abc import Sequence
 
 import pytest
-from kvpilot.runtime.engine.fake_model import (
+from kvpilot.runtime.engine.llm_engine import LLMEngine
+from kvpilot.runtime.engine.output import RequestOutput
+from kvpilot.runtime.errors import InvalidRequestError
+from kvpilot.runtime.sampling_params import SamplingParams
+
+from tests.runtime.fake_model import (
     EOS_TOKEN_ID,
     FakeRunner,
     FakeSampler,
@@ -14,10 +19,6 @@ from kvpilot.runtime.engine.fake_model import (
     hashed_logits,
     reference_greedy,
 )
-from kvpilot.runtime.engine.llm_engine import LLMEngine
-from kvpilot.runtime.engine.output import RequestOutput
-from kvpilot.runtime.errors import InvalidRequestError
-from kvpilot.runtime.sampling_params import SamplingParams
 
 VOCAB = FakeTokenizer().vocab_size
 (ST_TOKEN,) = FakeTokenizer().encode("ST")

@@ -16,7 +16,13 @@ from typing import Any
 import pytest
 import torch
 from kvpilot.runtime.engine.block_manager import BlockManager
-from kvpilot.runtime.engine.fake_model import (
+from kvpilot.runtime.engine.llm_engine import LLMEngine
+from kvpilot.runtime.engine.model_runner import fill_placeholders
+from kvpilot.runtime.engine.output import RequestOutput
+from kvpilot.runtime.engine.sequence import Sequence as Seq
+from kvpilot.runtime.sampling_params import SamplingParams
+
+from tests.runtime.fake_model import (
     EOS_TOKEN_ID,
     FakeRunner,
     FakeSampledIds,
@@ -24,11 +30,6 @@ from kvpilot.runtime.engine.fake_model import (
     FakeTokenizer,
     hashed_logits,
 )
-from kvpilot.runtime.engine.llm_engine import LLMEngine
-from kvpilot.runtime.engine.model_runner import fill_placeholders
-from kvpilot.runtime.engine.output import RequestOutput
-from kvpilot.runtime.engine.sequence import Sequence as Seq
-from kvpilot.runtime.sampling_params import SamplingParams
 
 TOK = FakeTokenizer()
 VOCAB = TOK.vocab_size
@@ -288,10 +289,10 @@ def test_prefix_cache_commits_only_resolved_tokens() -> None:
     seq.append_token(-1)  # a placeholder: the sampled id is still on the device
     seq.num_computed_tokens = 4
     bm.commit_computed(seq)
-    assert bm.num_cached_blocks == 0 and seq.num_resolved_tokens == 3
-    seq.resolve_last_token(9)
+    assert len(bm._cache) == 0 and seq.num_resolved_tokens == 3
+    seq.output_token_ids.__setitem__(-1, 9)
     bm.commit_computed(seq)
-    assert bm.num_cached_blocks == 1 and seq.block_tokens == [(1, 2, 3, 9)]
+    assert len(bm._cache) == 1 and seq.block_tokens == [(1, 2, 3, 9)]
 
 
 def test_real_runner_and_sampler_overlapped_equal_synchronous(tiny_checkpoint_factory: Any) -> None:

@@ -7,16 +7,17 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from kvpilot.runtime.engine.fake_model import (
+from kvpilot.runtime.engine.llm_engine import LLMEngine
+from kvpilot.runtime.engine.stop import banned_token_ids
+from kvpilot.runtime.sampling_params import SamplingParams
+
+from tests.runtime.fake_model import (
     EOS_TOKEN_ID,
     FakeRunner,
     FakeSampler,
     FakeTokenizer,
     hashed_logits,
 )
-from kvpilot.runtime.engine.llm_engine import LLMEngine
-from kvpilot.runtime.engine.stop import banned_token_ids
-from kvpilot.runtime.sampling_params import SamplingParams
 
 VOCAB = FakeTokenizer().vocab_size
 (ST_TOKEN,) = FakeTokenizer().encode("ST")

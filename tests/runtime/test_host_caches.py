@@ -8,12 +8,13 @@ from typing import Any
 
 import torch
 from kvpilot.runtime.engine.batch import SeqChunk, StepBatch
-from kvpilot.runtime.engine.fake_model import FakeRunner, FakeSampledToken, FakeSampler, FakeTokenizer
 from kvpilot.runtime.engine.llm_engine import LLMEngine
 from kvpilot.runtime.engine.model_inputs import prepare_inputs
 from kvpilot.runtime.engine.request_state import RequestState
 from kvpilot.runtime.engine.sequence import Sequence
 from kvpilot.runtime.sampling_params import SamplingParams
+
+from tests.runtime.fake_model import FakeRunner, FakeSampledToken, FakeSampler, FakeTokenizer
 
 
 def _reference_summary(chunks: list[SeqChunk]) -> tuple[int, int, bool]:

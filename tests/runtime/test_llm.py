@@ -6,11 +6,12 @@ import subprocess
 import sys
 
 import pytest
-from kvpilot.runtime.engine.fake_model import FakeRunner, FakeSampler, FakeTokenizer, reference_greedy
 from kvpilot.runtime.engine.llm_engine import LLMEngine
 from kvpilot.runtime.errors import InvalidRequestError
 from kvpilot.runtime.llm import LLM
 from kvpilot.runtime.sampling_params import SamplingParams
+
+from tests.runtime.fake_model import FakeRunner, FakeSampler, FakeTokenizer, reference_greedy
 
 TOK = FakeTokenizer()
 

@@ -1,6 +1,6 @@
 """Scheduler: budget, no starvation, chunked prefill, preemption by recompute, abort, max_num_seqs.
 
-A fake model that reads every token back through the block tables (runtime/engine/fake_model.py) checks
+A fake model that reads every token back through the block tables (tests/runtime/fake_model.py) checks
 that whatever the scheduler does, each sequence generates exactly what greedy decoding of its true
 context gives.
 """
@@ -11,10 +11,11 @@ import random
 
 import pytest
 from kvpilot.runtime.engine.block_manager import BlockManager
-from kvpilot.runtime.engine.fake_model import FakeRunner, greedy_token, reference_greedy
 from kvpilot.runtime.engine.scheduler import Scheduler, SchedulerOutput
 from kvpilot.runtime.engine.sequence import Sequence, SequenceStatus
 from kvpilot.runtime.sampling_params import SamplingParams
+
+from tests.runtime.fake_model import FakeRunner, greedy_token, reference_greedy
 
 BS = 4
 
@@ -49,7 +50,9 @@ def check_step(sched: Scheduler, out: SchedulerOutput) -> None:
     for chunk, sc in zip(out.batch.chunks, out.scheduled, strict=True):
         assert sc.seq.status is SequenceStatus.RUNNING and len(chunk.token_ids) == sc.num_tokens >= 1
         assert len(chunk.block_table) == -(-chunk.context_len // BS)
-        assert chunk.token_ids == sc.seq.all_token_ids[chunk.start_pos : chunk.context_len]
+        assert (
+            chunk.token_ids == sc.seq.token_slice(0, sc.seq.num_tokens)[chunk.start_pos : chunk.context_len]
+        )
         assert chunk.sample == (chunk.context_len == sc.seq.num_tokens)
     held = [b for s in sched.running for b in s.block_table]
     assert all(not s.block_table for s in sched.waiting)
@@ -60,7 +63,7 @@ def run(sched: Scheduler, runner: FakeRunner, seqs: list[Sequence], on_step=None
     for s in seqs:
         sched.add(s)
     steps: list[SchedulerOutput] = []
-    while sched.has_unfinished():
+    while sched.waiting or sched.running:
         out = sched.schedule()
         check_step(sched, out)
         assert not out.is_empty, "no progress"
@@ -110,7 +113,7 @@ def test_decodes_never_starved_by_long_prompts() -> None:
     decoded_steps = []
 
     def on_step(i: int, out: SchedulerOutput) -> None:
-        if first.status is SequenceStatus.RUNNING and first.is_prefilled:
+        if first.status is SequenceStatus.RUNNING and (first.num_uncomputed_tokens <= 1):
             decoded_steps.append(any(c.seq_id == 0 for c in out.batch.chunks))
 
     sched.add(first)
@@ -184,13 +187,17 @@ def test_abort_frees_every_block_in_every_state() -> None:
         out = sched.schedule()
         runner.execute(out.batch)
         sched.update(out, {c.seq.seq_id: 1 for c in out.scheduled if c.sample})
-    assert decoding.is_prefilled and not prefilling.is_prefilled and prefilling.block_table
+    assert (
+        (decoding.num_uncomputed_tokens <= 1)
+        and not (prefilling.num_uncomputed_tokens <= 1)
+        and prefilling.block_table
+    )
     assert waiting.status is SequenceStatus.WAITING
     for s in (prefilling, waiting, decoding):
         assert sched.abort(s)
         assert s.status is SequenceStatus.FINISHED and s.block_table == []
         assert not sched.abort(s)  # idempotent
-    assert sched.block_manager.num_used_blocks == 0 and not sched.has_unfinished()
+    assert sched.block_manager.num_used_blocks == 0 and not (sched.waiting or sched.running)
 
 
 def test_abort_between_schedule_and_update_is_skipped() -> None:

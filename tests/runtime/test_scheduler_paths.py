@@ -9,10 +9,11 @@ from collections.abc import Mapping
 import pytest
 from kvpilot.runtime.engine.batch import StepBatch
 from kvpilot.runtime.engine.block_manager import BlockManager
-from kvpilot.runtime.engine.fake_model import FakeRunner, greedy_token
 from kvpilot.runtime.engine.scheduler import Scheduler, SchedulerOutput
 from kvpilot.runtime.engine.sequence import Sequence, SequenceStatus
 from kvpilot.runtime.sampling_params import SamplingParams
+
+from tests.runtime.fake_model import FakeRunner, greedy_token
 
 BS = 4
 
@@ -24,8 +25,8 @@ class GeneralScheduler(Scheduler):
         out = SchedulerOutput(StepBatch([]))
         budget = self.max_num_batched_tokens
         scheduled_ids: set[int] = set()
-        decodes = [s for s in self.running if s.is_prefilled]
-        prefills = [s for s in self.running if not s.is_prefilled]
+        decodes = [s for s in self.running if (s.num_uncomputed_tokens <= 1)]
+        prefills = [s for s in self.running if not (s.num_uncomputed_tokens <= 1)]
         for seq in decodes + prefills:
             if budget == 0:
                 break
@@ -76,7 +77,7 @@ def trace(sched: Scheduler, seed: int) -> list[tuple]:
     rng = random.Random(seed)
     pending = [Sequence(i, p, SamplingParams(max_tokens=m), max_tokens=m) for i, p, m in workload(seed)]
     steps: list[tuple] = []
-    while pending or sched.has_unfinished():
+    while pending or (sched.waiting or sched.running):
         for _ in range(rng.randrange(0, 3)):  # requests arrive while others run
             if pending:
                 sched.add(pending.pop(0))
@@ -98,7 +99,7 @@ def trace(sched: Scheduler, seed: int) -> list[tuple]:
                 [(s.seq.seq_id, s.num_tokens, s.sample) for s in out.scheduled],
                 [s.seq_id for s in out.preempted],
                 bm.num_free_blocks,
-                bm.num_cached_blocks,
+                len(bm._cache),
                 bm.prefix_cache_hits,
             )
         )
@@ -127,11 +128,21 @@ def test_fast_scheduler_equals_the_general_loop(seed: int, prefix_caching: bool)
 
 def test_sequence_lengths_follow_appends_and_preemption() -> None:
     seq = Sequence(0, [5, 6, 7], SamplingParams(max_tokens=4), max_tokens=4)
-    assert (seq.num_prompt_tokens, seq.num_output_tokens, seq.num_tokens, seq.last_token_id) == (3, 0, 3, 7)
+    assert (
+        seq.num_prompt_tokens,
+        seq.num_output_tokens,
+        seq.num_tokens,
+        seq.token_slice(seq.num_tokens - 1, seq.num_tokens)[0],
+    ) == (3, 0, 3, 7)
     for token in (8, 9):
         seq.append_token(token)
-    assert (seq.num_prompt_tokens, seq.num_output_tokens, seq.num_tokens, seq.last_token_id) == (3, 2, 5, 9)
-    assert seq.num_tokens == len(seq.all_token_ids) and seq.max_total_tokens == 7
+    assert (
+        seq.num_prompt_tokens,
+        seq.num_output_tokens,
+        seq.num_tokens,
+        seq.token_slice(seq.num_tokens - 1, seq.num_tokens)[0],
+    ) == (3, 2, 5, 9)
+    assert seq.num_tokens == len(seq.token_slice(0, seq.num_tokens)) and seq.max_total_tokens == 7
     seq.num_computed_tokens = 4
     seq.reset_for_recompute()
-    assert (seq.num_tokens, seq.num_uncomputed_tokens, seq.is_prefilled) == (5, 5, False)
+    assert (seq.num_tokens, seq.num_uncomputed_tokens, (seq.num_uncomputed_tokens <= 1)) == (5, 5, False)

@@ -6,10 +6,11 @@ import random
 from collections.abc import Sequence
 
 import pytest
-from kvpilot.runtime.engine.fake_model import EOS_TOKEN_ID, FakeRunner, FakeSampler, FakeTokenizer
 from kvpilot.runtime.engine.llm_engine import LLMEngine
 from kvpilot.runtime.engine.stop import StopStringMatcher, banned_token_ids, token_stop_reason
 from kvpilot.runtime.sampling_params import SamplingParams
+
+from tests.runtime.fake_model import EOS_TOKEN_ID, FakeRunner, FakeSampler, FakeTokenizer
 
 TOK = FakeTokenizer()
 WORDS = ["the", " cat", " sat", " on", " a", " mat", "\n\n", "er", "ing", " é", "x", "€", "S", "T"]

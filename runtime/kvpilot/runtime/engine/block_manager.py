@@ -72,10 +72,6 @@ class BlockManager:
     def usage(self) -> float:
         return self.num_used_blocks / self.num_blocks
 
-    @property
-    def num_cached_blocks(self) -> int:
-        return len(self._cache)
-
     def ref_count(self, block_id: int) -> int:
         return self._blocks[block_id].ref_count
 

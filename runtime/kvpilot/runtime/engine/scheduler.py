@@ -102,9 +102,6 @@ class Scheduler:
     def num_waiting(self) -> int:
         return len(self.waiting)
 
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
-
     def can_schedule_decodes_only(self) -> bool:
         """True when the next schedule() only decodes one token for every running sequence: nothing
         waits, each running sequence has exactly one token to compute, and the free blocks cover each
@@ -161,7 +158,6 @@ class Scheduler:
         """One token for each sequence that just decodes (most steps need no new block for it)."""
         block_size, running = self.block_manager.block_size, SequenceStatus.RUNNING
         add_chunk, add_scheduled, add_id = out.batch.chunks.append, out.scheduled.append, scheduled_ids.add
-        new, chunk_type, scheduled_type = tuple.__new__, SeqChunk, ScheduledChunk  # skip the Python __new__
         for seq in decodes:
             if budget == 0:
                 break
@@ -172,10 +168,8 @@ class Scheduler:
                 continue  # the last block is full and no block could be had: preempted itself
             output, seq_id = seq.output_token_ids, seq.seq_id
             token = output[-1] if output else seq.prompt_token_ids[-1]
-            add_chunk(
-                new(chunk_type, (seq_id, [token], start, seq.block_table, True, seq.packed_block_table()))
-            )
-            add_scheduled(new(scheduled_type, (seq, 1, True)))
+            add_chunk(SeqChunk(seq_id, [token], start, seq.block_table, True, seq.packed_block_table()))
+            add_scheduled(ScheduledChunk(seq, 1, True))
             add_id(seq_id)
             budget -= 1
         return budget

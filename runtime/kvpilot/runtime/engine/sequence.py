@@ -65,23 +65,6 @@ class Sequence:
     def num_uncomputed_tokens(self) -> int:
         return self.num_tokens - self.num_computed_tokens
 
-    @property
-    def last_token_id(self) -> int:
-        return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
-
-    @property
-    def is_prefilled(self) -> bool:
-        """Every known token but the newest has KV in the cache: the next step is a plain decode."""
-        return self.num_uncomputed_tokens <= 1
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status is SequenceStatus.FINISHED
-
-    def token_at(self, pos: int) -> int:
-        n = self.num_prompt_tokens
-        return self.prompt_token_ids[pos] if pos < n else self.output_token_ids[pos - n]
-
     def token_slice(self, start: int, stop: int) -> list[int]:
         n = self.num_prompt_tokens
         if stop <= n:
@@ -90,19 +73,11 @@ class Sequence:
             return self.output_token_ids[start - n : stop - n]
         return self.prompt_token_ids[start:] + self.output_token_ids[: stop - n]
 
-    @property
-    def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
-
     def append_token(self, token_id: int) -> None:
         """Append a sampled token, or a placeholder (a negative id) for one not yet read back."""
         self.output_token_ids.append(token_id)
         self.num_output_tokens += 1
         self.num_tokens += 1
-
-    def resolve_last_token(self, token_id: int) -> None:
-        """Replace the placeholder appended for the last sampled token with the real id."""
-        self.output_token_ids[-1] = token_id
 
     @property
     def num_resolved_tokens(self) -> int:
