@@ -67,9 +67,9 @@ class Planned:
 def planned(model_configs: dict[str, dict[str, Any]]) -> Callable[..., Planned]:
     """Plan a manifest synchronously: facts from spec.model.config or the fixture configs by repo id."""
     from kvpilot.operator.labels import Owner
-    from kvpilot.operator.model_facts import facts_from_config
-    from kvpilot.operator.planner import PlanRequest, plan
-    from kvpilot.operator.profiles import ProfileStore
+    from kvpilot.operator.planning.model_facts import facts_from_config
+    from kvpilot.operator.planning.planner import PlanRequest, plan
+    from kvpilot.operator.planning.profiles import ProfileStore
     from kvpilot.operator.spec import parse_spec
 
     def run(manifest: dict[str, Any], store: ProfileStore | None = None) -> Planned:

@@ -6,11 +6,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from kvpilot.operator.model_facts import facts_from_config
-from kvpilot.operator.plan import Plan
-from kvpilot.operator.planner import PlanRequest, plan, tensor_degrees
-from kvpilot.operator.profiles import GpuProfile, builtin_profiles
-from kvpilot.operator.sizing import kv_bytes_per_token, weight_bytes_per_gpu
+from kvpilot.operator.planning.model_facts import facts_from_config
+from kvpilot.operator.planning.plan import Plan
+from kvpilot.operator.planning.planner import PlanRequest, plan, tensor_degrees
+from kvpilot.operator.planning.profiles import GpuProfile, builtin_profiles
+from kvpilot.operator.planning.sizing import kv_bytes_per_token, weight_bytes_per_gpu
 
 PROFILES = builtin_profiles()
 PlanFor = Callable[..., Plan]

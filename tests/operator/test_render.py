@@ -10,8 +10,8 @@ import jsonschema
 import kubernetes_validate
 import pytest
 from kvpilot.operator.labels import InvalidNameError, Owner
-from kvpilot.operator.plan import Plan
-from kvpilot.operator.profiles import ProfileStore, parse_profiles
+from kvpilot.operator.planning.plan import Plan
+from kvpilot.operator.planning.profiles import ProfileStore, parse_profiles
 from kvpilot.operator.render import RenderConfig, render
 
 K8S_VERSION = "1.33.0"

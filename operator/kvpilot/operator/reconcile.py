@@ -16,10 +16,10 @@ from kvpilot.operator.apply import ApplyResult, apply_all, observe_workload
 from kvpilot.operator.hub_config import ConfigFetcher
 from kvpilot.operator.kube import KubeApi
 from kvpilot.operator.labels import API_VERSION, KIND, InvalidNameError, Owner
+from kvpilot.operator.planning.outcome import INVALID_SPEC, PlanOutcome, plan_service
+from kvpilot.operator.planning.profiles import ProfileStore
 from kvpilot.operator.pod import served_model_name
-from kvpilot.operator.profiles import ProfileStore
 from kvpilot.operator.render import RenderConfig, render
-from kvpilot.operator.service_plan import INVALID_SPEC, PlanOutcome, plan_service
 from kvpilot.operator.status import Observed, compute_status, status_changed, status_patch
 
 

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpilot.operator.hub_config import ConfigFetcher, ConfigFetchError
-from kvpilot.operator.model_facts import ModelFacts, ModelFactsError, facts_from_config
-from kvpilot.operator.plan import Plan
-from kvpilot.operator.planner import PlanRequest, plan
-from kvpilot.operator.profiles import GpuProfile, ProfileStore
+from kvpilot.operator.planning.model_facts import ModelFacts, ModelFactsError, facts_from_config
+from kvpilot.operator.planning.plan import Plan
+from kvpilot.operator.planning.planner import PlanRequest, plan
+from kvpilot.operator.planning.profiles import GpuProfile, ProfileStore
 from kvpilot.operator.spec import InferenceServiceSpec, ModelSource, SpecError, parse_spec
 
 FEASIBLE = "Feasible"

@@ -14,12 +14,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvpilot.operator.model_facts import ModelFacts
+from kvpilot.operator.planning.model_facts import ModelFacts
 
 MIB = 1024**2
 GIB = 1024**3
 BLOCK_SIZE = 16
-WEIGHT_BITS = {"none": 16, "fp8": 8, "int8": 8, "awq": 4, "gptq": 4}
 KV_ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 SCALE_BYTES = 4
 # Per GPU, outside weights, KV and activations: CUDA context + cuBLAS workspace + allocator slack,

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from kvpilot.operator.sizing import BLOCK_SIZE, gib
+from kvpilot.operator.planning.sizing import BLOCK_SIZE, gib
 
 if TYPE_CHECKING:
-    from kvpilot.operator.planner import Candidate, PlanRequest, Workload
+    from kvpilot.operator.planning.planner import Candidate, PlanRequest, ResolvedWorkload
 
 NEEDS_CHECKPOINT = {"int8": "an int8 (W8A8)", "awq": "an AWQ", "gptq": "a GPTQ"}
 
@@ -24,7 +24,11 @@ def format_name(request: PlanRequest, quantization: str) -> str:
 
 
 def feasible_reasons(
-    request: PlanRequest, workload: Workload, chosen: Candidate, meets: bool, alternatives: list[Candidate]
+    request: PlanRequest,
+    workload: ResolvedWorkload,
+    chosen: Candidate,
+    meets: bool,
+    alternatives: list[Candidate],
 ) -> dict[str, str]:
     same_layout = [c for c in alternatives if (c.tp, c.pp) == (chosen.tp, chosen.pp)]
     return {
@@ -41,7 +45,7 @@ def feasible_reasons(
 
 
 def quantization(
-    request: PlanRequest, workload: Workload, chosen: Candidate, same_layout: list[Candidate]
+    request: PlanRequest, workload: ResolvedWorkload, chosen: Candidate, same_layout: list[Candidate]
 ) -> str:
     q = chosen.quantization
     head = f"{q}: {format_name(request, q)} weights, {gib(chosen.weights)} per GPU"
@@ -72,7 +76,7 @@ def quantization(
 
 
 def kv_dtype(
-    request: PlanRequest, workload: Workload, chosen: Candidate, same_layout: list[Candidate]
+    request: PlanRequest, workload: ResolvedWorkload, chosen: Candidate, same_layout: list[Candidate]
 ) -> str:
     kv = chosen.kv_dtype
     if request.kv_cache_dtype != "auto":
@@ -118,7 +122,7 @@ def pipeline(request: PlanRequest, chosen: Candidate) -> str:
     )
 
 
-def utilization(workload: Workload, chosen: Candidate, same_layout: list[Candidate]) -> str:
+def utilization(workload: ResolvedWorkload, chosen: Candidate, same_layout: list[Candidate]) -> str:
     if chosen.utilization < 0.95:
         return f"{chosen.utilization:.2f}: default headroom for other processes and fragmentation"
     at_default = [c.capacity for c in same_layout if c.utilization < 0.95 and c.feasible]
@@ -130,7 +134,7 @@ def utilization(workload: Workload, chosen: Candidate, same_layout: list[Candida
     return f"{chosen.utilization:.2f}: raised from 0.90 because at 0.90 {why}"
 
 
-def batched_tokens(request: PlanRequest, workload: Workload) -> str:
+def batched_tokens(request: PlanRequest, workload: ResolvedWorkload) -> str:
     return (
         f"{workload.batched_tokens}: prefill chunk of 8 x the {request.profile.name}'s compute/bandwidth "
         f"ridge ({request.profile.ridge_tokens:.0f} tokens), a power of two in [2048, 16384] and at "
@@ -146,7 +150,7 @@ def kv_tokens(chosen: Candidate) -> str:
     )
 
 
-def max_model_len(request: PlanRequest, workload: Workload) -> str:
+def max_model_len(request: PlanRequest, workload: ResolvedWorkload) -> str:
     if request.max_model_len:
         return f"{workload.max_model_len}: spec.workload.maxModelLen"
     return (
@@ -154,7 +158,7 @@ def max_model_len(request: PlanRequest, workload: Workload) -> str:
     )
 
 
-def max_num_seqs(request: PlanRequest, workload: Workload, chosen: Candidate, meets: bool) -> str:
+def max_num_seqs(request: PlanRequest, workload: ResolvedWorkload, chosen: Candidate, meets: bool) -> str:
     seqs = max(1, min(workload.max_seqs, chosen.capacity))
     text = (
         f"{seqs}: the KV cache holds {chosen.kv_tokens:,} tokens = {chosen.capacity} sequences of "
@@ -171,7 +175,9 @@ def max_num_seqs(request: PlanRequest, workload: Workload, chosen: Candidate, me
     return text
 
 
-def summary(request: PlanRequest, workload: Workload, chosen: Candidate, meets: bool, seqs: int) -> str:
+def summary(
+    request: PlanRequest, workload: ResolvedWorkload, chosen: Candidate, meets: bool, seqs: int
+) -> str:
     stages = f" x pp{chosen.pp}" if chosen.pp > 1 else ""
     short = "" if meets else f", short of the {workload.target_seqs} target"
     weights = format_name(request, chosen.quantization)
@@ -182,7 +188,9 @@ def summary(request: PlanRequest, workload: Workload, chosen: Candidate, meets: 
     )
 
 
-def infeasible(request: PlanRequest, workload: Workload, closest: Candidate, suggestion: int | None) -> str:
+def infeasible(
+    request: PlanRequest, workload: ResolvedWorkload, closest: Candidate, suggestion: int | None
+) -> str:
     profile = request.profile
     one_sequence = gib(closest.kv_per_token * closest.max_model_len)
     text = (

@@ -15,11 +15,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from kvpilot.operator import plan_reasons
-from kvpilot.operator.model_facts import ModelFacts
-from kvpilot.operator.plan import Plan
-from kvpilot.operator.profiles import GpuProfile
-from kvpilot.operator.sizing import (
+from kvpilot.operator.planning import reasons
+from kvpilot.operator.planning.model_facts import ModelFacts
+from kvpilot.operator.planning.plan import Plan
+from kvpilot.operator.planning.profiles import GpuProfile
+from kvpilot.operator.planning.sizing import (
     kv_bytes_per_token,
     kv_cache_tokens,
     weight_bytes,
@@ -71,7 +71,9 @@ class PlanRequest:
 
 
 @dataclass(frozen=True)
-class Workload:
+class ResolvedWorkload:
+    """spec.workload with the defaults filled in (the spec's own Workload is spec.Workload)."""
+
     max_model_len: int
     avg_context_len: int
     target_seqs: int  # concurrency the choice tries to reach
@@ -155,7 +157,7 @@ def layout_groups(
     return [[layout] for layout in sorted(single + multi, key=lambda lay: (lay[1] > 1, lay[0] * lay[1]))]
 
 
-def resolve_workload(request: PlanRequest) -> Workload:
+def resolve_workload(request: PlanRequest) -> ResolvedWorkload:
     positions = request.facts.max_positions
     max_len = request.max_model_len or min(DEFAULT_MAX_MODEL_LEN, positions)
     if max_len > positions:
@@ -167,7 +169,7 @@ def resolve_workload(request: PlanRequest) -> Workload:
     max_seqs = request.concurrency or DEFAULT_MAX_SEQS
     ridge = request.profile.ridge_tokens
     batched = min(max(2 ** math.ceil(math.log2(8 * ridge)), 2048), 16384)
-    return Workload(max_len, avg, target, max_seqs, max(batched, max_seqs))
+    return ResolvedWorkload(max_len, avg, target, max_seqs, max(batched, max_seqs))
 
 
 def allowed_quantizations(request: PlanRequest) -> list[str]:
@@ -243,7 +245,7 @@ def layouts(request: PlanRequest) -> tuple[list[tuple[int, int]], list[tuple[int
 
 def size(
     request: PlanRequest,
-    workload: Workload,
+    workload: ResolvedWorkload,
     tp: int,
     pp: int,
     quantization: str,
@@ -285,7 +287,11 @@ def choose(feasible: list[Candidate], target: int, count_given: bool) -> tuple[C
 
 
 def build_plan(
-    request: PlanRequest, workload: Workload, chosen: Candidate, meets: bool, alternatives: list[Candidate]
+    request: PlanRequest,
+    workload: ResolvedWorkload,
+    chosen: Candidate,
+    meets: bool,
+    alternatives: list[Candidate],
 ) -> Plan:
     seqs = max(1, min(workload.max_seqs, chosen.capacity))
     facts = request.facts
@@ -306,13 +312,13 @@ def build_plan(
         kv_cache_tokens=chosen.kv_tokens,
         gpu_memory_utilization=chosen.utilization,
     )
-    reasons = plan_reasons.feasible_reasons(request, workload, chosen, meets, alternatives)
-    return replace(base, reasons=reasons, reason=plan_reasons.summary(request, workload, chosen, meets, seqs))
+    why = reasons.feasible_reasons(request, workload, chosen, meets, alternatives)
+    return replace(base, reasons=why, reason=reasons.summary(request, workload, chosen, meets, seqs))
 
 
 def infeasible_plan(
     request: PlanRequest,
-    workload: Workload,
+    workload: ResolvedWorkload,
     evaluated: list[Candidate],
     quantizations: list[str],
     kv_dtypes: list[str],
@@ -325,12 +331,12 @@ def infeasible_plan(
         weight_bytes=weight_bytes(request.facts, closest.quantization),
         kv_bytes_per_token=kv_bytes_per_token(request.facts, closest.kv_dtype),
         max_model_len=workload.max_model_len,
-        reason=plan_reasons.infeasible(request, workload, closest, suggestion),
+        reason=reasons.infeasible(request, workload, closest, suggestion),
     )
 
 
 def suggest_count(
-    request: PlanRequest, workload: Workload, quantizations: list[str], kv_dtypes: list[str]
+    request: PlanRequest, workload: ResolvedWorkload, quantizations: list[str], kv_dtypes: list[str]
 ) -> int | None:
     """The fewest GPUs of this profile that would fit, through more GPUs per node or pipeline stages."""
     per_node = request.profile.gpus_per_node
