@@ -36,6 +36,16 @@ class RuntimeCapabilities:
             )
         return problems
 
+    def supports(
+        self, *, quantization: str, kv_cache_dtype: str, tensor_parallel: int, pipeline_parallel: int
+    ) -> bool:
+        return not self.unsupported(
+            quantization=quantization,
+            kv_cache_dtype=kv_cache_dtype,
+            tensor_parallel=tensor_parallel,
+            pipeline_parallel=pipeline_parallel,
+        )
+
 
 def _names(values: frozenset[str]) -> str:
     return ", ".join(sorted(values))

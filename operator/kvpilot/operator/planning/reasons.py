@@ -3,24 +3,75 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from kvpilot.operator.planning.sizing import BLOCK_SIZE, gib
 
 if TYPE_CHECKING:
+    from kvpilot.contracts.capabilities import RuntimeCapabilities
+    from kvpilot.operator.planning.plan import Plan
     from kvpilot.operator.planning.planner import Candidate, PlanRequest, ResolvedWorkload
 
 NEEDS_CHECKPOINT = {"int8": "an int8 (W8A8)", "awq": "an AWQ", "gptq": "a GPTQ"}
+FORMAT_NAMES = {"none": "16-bit", "fp8": "fp8", "int8": "int8", "awq": "4-bit AWQ", "gptq": "4-bit GPTQ"}
+MAX_STAGES_HINT = 16
+WEIGHT_FORMATS = ("none", "fp8", "int8", "awq", "gptq")
 
 
 def format_name(request: PlanRequest, quantization: str) -> str:
-    return {
-        "none": f"16-bit ({request.facts.dtype})",
-        "fp8": "fp8",
-        "int8": "int8",
-        "awq": "4-bit AWQ",
-        "gptq": "4-bit GPTQ",
-    }[quantization]
+    if quantization == "none":
+        return f"16-bit ({request.facts.dtype})"
+    return FORMAT_NAMES[quantization]
+
+
+def or_list(values: Iterable[str]) -> str:
+    items = sorted(values)
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"
+
+
+def article(name: str) -> str:
+    """`an int8`, `an fp8`, `a bf16` (as spoken)."""
+    return "an" if name[:1] in "aefhilmnorsx" else "a"
+
+
+def and_list(items: list[str] | tuple[str, ...]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def weights_served(formats: Iterable[str]) -> str:
+    names = [FORMAT_NAMES.get(q, q) for q in sorted(formats, key=lambda q: (q != "none", q))]
+    if names == ["16-bit"]:
+        return "16-bit (unquantized) weights"
+    return (names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}") + " weights"
+
+
+def runtime_serves(caps: RuntimeCapabilities) -> str:
+    """What the runtime runs, for people: `16-bit (unquantized) weights with a bf16, fp16 or fp8 KV cache,
+    on one GPU`."""
+    if caps.max_tensor_parallel == 1 and caps.max_pipeline_parallel == 1:
+        layout = "on one GPU"
+    elif caps.max_pipeline_parallel == 1:
+        layout = f"on up to {caps.max_tensor_parallel} GPUs of one node (tensor parallel)"
+    else:
+        layout = (
+            f"with tensor parallel up to {caps.max_tensor_parallel} and pipeline parallel up to "
+            f"{caps.max_pipeline_parallel}"
+        )
+    return (
+        f"{weights_served(caps.weight_quantizations)} with a {or_list(caps.kv_cache_dtypes)} KV cache, "
+        f"{layout}"
+    )
+
+
+def unsupported(request: PlanRequest, fits: Plan, needs: tuple[str, ...], within: Plan) -> str:
+    """Why an InferenceService is not planned although the planner knows a plan that fits: that plan
+    needs what this runtime can't run."""
+    return (
+        f"needs {and_list(needs)}, which this runtime cannot run (it serves "
+        f"{runtime_serves(request.capabilities)}); the plan that would fit: {fits.reason}; within this "
+        f"runtime: {within.reason}"
+    )
 
 
 def feasible_reasons(
@@ -32,7 +83,7 @@ def feasible_reasons(
 ) -> dict[str, str]:
     same_layout = [c for c in alternatives if (c.tp, c.pp) == (chosen.tp, chosen.pp)]
     return {
-        "quantization": quantization(request, workload, chosen, same_layout),
+        "quantization": quantization(request, workload, chosen, same_layout, meets),
         "kvCacheDtype": kv_dtype(request, workload, chosen, same_layout),
         "tensorParallel": tensor(request, chosen, meets),
         "pipelineParallel": pipeline(request, chosen),
@@ -45,7 +96,11 @@ def feasible_reasons(
 
 
 def quantization(
-    request: PlanRequest, workload: ResolvedWorkload, chosen: Candidate, same_layout: list[Candidate]
+    request: PlanRequest,
+    workload: ResolvedWorkload,
+    chosen: Candidate,
+    same_layout: list[Candidate],
+    meets: bool = True,
 ) -> str:
     q = chosen.quantization
     head = f"{q}: {format_name(request, q)} weights, {gib(chosen.weights)} per GPU"
@@ -69,7 +124,15 @@ def quantization(
         )
         for c in better
     ]
-    tail = f"; {', '.join(why)}" if why else f"; reaches {workload.target_seqs} target sequences"
+    if why:
+        tail = f"; {', '.join(why)}"
+    elif meets:
+        tail = f"; reaches {workload.target_seqs} target sequences"
+    else:
+        tail = f"; holds {chosen.capacity} of {workload.target_seqs} target sequences"
+        served = request.capabilities.weight_quantizations
+        if any(q not in served for q in WEIGHT_FORMATS):
+            tail += f"; this runtime serves only {weights_served(served)}"
     if q in NEEDS_CHECKPOINT:
         tail += f"; needs {NEEDS_CHECKPOINT[q]} checkpoint of this model"
     return head + tail
@@ -168,10 +231,11 @@ def max_num_seqs(request: PlanRequest, workload: ResolvedWorkload, chosen: Candi
         source = "workload.concurrency" if request.concurrency else "the default batch limit"
         text += f", capped at {workload.max_seqs} by {source}"
     if not meets:
-        text += (
-            f"; short of the {workload.target_seqs} target: more GPUs (spec.gpu.count) or a larger "
-            "GPU profile would hold more"
-        )
+        caps = request.capabilities
+        more = "a larger GPU profile"
+        if caps.max_tensor_parallel > 1 or caps.max_pipeline_parallel > 1:
+            more = "more GPUs (spec.gpu.count) or " + more
+        text += f"; short of the {workload.target_seqs} target: {more} would hold more"
     return text
 
 
@@ -204,9 +268,12 @@ def infeasible(
         per_node = min(suggestion, profile.gpus_per_node)
         nodes = f" ({suggestion // per_node} nodes, pipeline parallel)" if suggestion > per_node else ""
         return text + f"; spec.gpu.count: {suggestion}{nodes} would fit"
-    return text + (
-        f"; no layout of up to {MAX_STAGES_HINT} nodes of {profile.name} fits: use a larger GPU profile"
-    )
-
-
-MAX_STAGES_HINT = 16
+    caps = request.capabilities
+    stages = min(MAX_STAGES_HINT, caps.max_pipeline_parallel, request.facts.num_layers)
+    if stages > 1:
+        where = f"no layout of up to {stages} nodes of {profile.name} fits"
+    elif caps.max_tensor_parallel > 1:
+        where = f"no layout on one node of {profile.name} fits"
+    else:
+        where = "this runtime runs on one GPU"
+    return text + f"; {where}: use a larger GPU profile"
