@@ -424,3 +424,11 @@ def test_a_runtime_with_tensor_parallelism_gets_tensor_parallel_plans(plan_for: 
     assert p.feasible and shape(p) == (4, 1, "none", "bf16")
     big = plan_for("meta-llama/Llama-3.1-405B-Instruct", "h100-80gb", gpu_count=16, capabilities=tp4)
     assert not big.feasible and "tensor parallel 8" in big.needs  # fp8 weights on one node of 8
+
+
+def test_runtime_refuses_an_architecture_it_cannot_load(plan_for: PlanFor) -> None:
+    """Mixtral (MoE) fits one H200 in 16-bit, but this runtime loads Llama and Qwen2/Qwen3 models only."""
+    p = plan_for("mistralai/Mixtral-8x7B-Instruct-v0.1", "h200-141gb", capabilities=RUNTIME)
+    assert not p.feasible and p.needs == ("the MixtralForCausalLM architecture",)
+    assert "this runtime loads LlamaForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM" in p.reason
+    assert plan_for("mistralai/Mixtral-8x7B-Instruct-v0.1", "h200-141gb").feasible  # the full planner

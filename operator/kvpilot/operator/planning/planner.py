@@ -144,15 +144,17 @@ def plan(request: PlanRequest) -> Plan:
             return within
         serves = reasons.runtime_serves(request.capabilities)
         return replace(within, reason=f"{unconstrained.reason}; but this runtime serves only {serves}")
-    needs = runtime_needs(request.capabilities, unconstrained)
+    needs = runtime_needs(request, unconstrained)
     if not needs:  # cannot happen (a fitting plan within the runtime would have been found): be safe
         return within
     return replace(within, reason=reasons.unsupported(request, unconstrained, needs, within), needs=needs)
 
 
-def runtime_needs(capabilities: RuntimeCapabilities, fits: Plan) -> tuple[str, ...]:
+def runtime_needs(request: PlanRequest, fits: Plan) -> tuple[str, ...]:
     """What a plan needs that the runtime can't run, as short phrases (`4-bit AWQ weights`)."""
-    needs = []
+    capabilities, needs = request.capabilities, []
+    if not capabilities.serves_architecture(request.facts.architectures):
+        needs.append(f"the {'/'.join(request.facts.architectures)} architecture")
     if fits.quantization not in capabilities.weight_quantizations:
         needs.append(f"{reasons.FORMAT_NAMES.get(fits.quantization, fits.quantization)} weights")
     if fits.kv_cache_dtype not in capabilities.kv_cache_dtypes:
@@ -167,6 +169,7 @@ def runtime_needs(capabilities: RuntimeCapabilities, fits: Plan) -> tuple[str, .
 def plan_within(request: PlanRequest) -> Plan:
     """The plan among the layouts and formats request.capabilities allows."""
     try:
+        check_architecture(request)
         workload = resolve_workload(request)
         quantizations = allowed_quantizations(request)
         kv_dtypes = allowed_kv_dtypes(request)
@@ -201,6 +204,15 @@ def layout_groups(
     if count_given:
         return [group for group in (single, multi) if group]
     return [[layout] for layout in sorted(single + multi, key=lambda lay: (lay[1] > 1, lay[0] * lay[1]))]
+
+
+def check_architecture(request: PlanRequest) -> None:
+    caps, names = request.capabilities, request.facts.architectures
+    if not caps.serves_architecture(names):
+        raise PlanningError(
+            f"the model is a {'/'.join(names)} (config.json architectures) and this runtime loads "
+            f"{reasons.or_list(caps.architectures or ())}"
+        )
 
 
 def resolve_workload(request: PlanRequest) -> ResolvedWorkload:
