@@ -26,10 +26,11 @@ Key = tuple[str, str]  # (namespace, name)
 
 
 def served_name(isvc: dict[str, Any]) -> str:
+    """The model name the runtime serves: the operator writes it to status.servedModelName (it gives the
+    runtime --served-model-name); before its first pass, spec.model.servedName or the object's name."""
     status, spec = isvc.get("status") or {}, isvc.get("spec") or {}
     return (
-        (status.get("plan") or {}).get("servedName")
-        or status.get("servedName")
+        status.get("servedModelName")
         or (spec.get("model") or {}).get("servedName")
         or isvc["metadata"]["name"]
     )
