@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# kvpilot operator: kopf + the Kubernetes client, no torch. Build from the repository root:
+# kvpilot operator: kopf + httpx (its own thin API client), no torch. Build from the repository root:
 #   docker build -f docker/operator.Dockerfile -t ghcr.io/kvpilot/operator:0.1.0 .
 FROM python:3.12-slim AS build
 WORKDIR /src

@@ -18,7 +18,8 @@ from tests.source_layout import COMPONENTS, REPO, module_file
         ["-m", "pip", "--version"],
         [
             "-c",
-            "import kvpilot.operator.planner, kvpilot.runtime.config, kvpilot.gateway.routing; print('ok')",
+            "import kvpilot.operator.planning.planner, kvpilot.runtime.config, kvpilot.gateway.routing;"
+            " print('ok')",
         ],
     ],
 )

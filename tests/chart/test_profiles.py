@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import yaml
-from kvpilot.operator.profiles import PROFILES_KEY, builtin_profiles, parse_profiles
+from kvpilot.operator.planning.profiles import PROFILES_KEY, builtin_profiles, parse_profiles
 
 
 def commented_examples(values_text: str) -> list[dict]:

@@ -165,6 +165,16 @@ def test_build_pools_maps_services_to_ready_endpoints() -> None:
     assert build_pools([invalid], [], PoolConfig(), {})["qwen3-8b"][0].autoscaling is None
 
 
+def test_pool_name_is_the_served_model_name_the_operator_wrote() -> None:
+    """The operator gives the runtime --served-model-name and writes it to status.servedModelName (for an hf://
+    model without spec.model.servedName: the repo id); before its first pass, servedName or the name."""
+    body = isvc()
+    del body["spec"]["model"]["servedName"]
+    assert set(build_pools([body], [], PoolConfig(), {})) == {"chat"}
+    body["status"] = {"servedModelName": "Qwen/Qwen3-8B"}
+    assert set(build_pools([body], [], PoolConfig(), {})) == {"Qwen/Qwen3-8B"}
+
+
 async def test_discovery_lists_then_follows_watch_events(kmock, kube) -> None:
     kmock.objects[ISVC, "ml", "chat"] = isvc()
     kmock.objects[SLICES, "ml", "chat-1"] = endpoint_slice("chat-1", ["10.0.0.1"])

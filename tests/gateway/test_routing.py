@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from kvpilot.gateway.block_memory import BlockMemory
 from kvpilot.gateway.config import Limits, PolicyName, PoolConfig, PrefixSettings
-from kvpilot.gateway.memory import BlockMemory
 from kvpilot.gateway.pool import Pool
 from kvpilot.gateway.prefix import block_hashes, estimate_tokens, prompt_text
 from kvpilot.gateway.routing import (

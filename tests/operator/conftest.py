@@ -65,19 +65,25 @@ class Planned:
 
 @pytest.fixture(scope="session")
 def planned(model_configs: dict[str, dict[str, Any]]) -> Callable[..., Planned]:
-    """Plan a manifest synchronously: facts from spec.model.config or the fixture configs by repo id."""
+    """Plan a manifest synchronously: facts from spec.model.config or the fixture configs by repo id;
+    within this runtime's capabilities unless others are given (EVERYTHING: the planner's full table)."""
+    from kvpilot.contracts.capabilities import RUNTIME, RuntimeCapabilities
     from kvpilot.operator.labels import Owner
-    from kvpilot.operator.model_facts import facts_from_config
-    from kvpilot.operator.planner import PlanRequest, plan
-    from kvpilot.operator.profiles import ProfileStore
+    from kvpilot.operator.planning.model_facts import facts_from_config
+    from kvpilot.operator.planning.planner import PlanRequest, plan
+    from kvpilot.operator.planning.profiles import ProfileStore
     from kvpilot.operator.spec import parse_spec
 
-    def run(manifest: dict[str, Any], store: ProfileStore | None = None) -> Planned:
+    def run(
+        manifest: dict[str, Any],
+        store: ProfileStore | None = None,
+        capabilities: RuntimeCapabilities = RUNTIME,
+    ) -> Planned:
         spec = parse_spec(manifest["spec"])
         profile = (store or ProfileStore()).get(spec.gpu.profile)
         config = spec.model.config or model_configs[spec.model.location]
         owner = Owner(manifest["metadata"]["name"], manifest["metadata"].get("namespace", "ml"), "uid-1234")
-        request = PlanRequest.from_spec(spec, facts_from_config(config), profile)
+        request = PlanRequest.from_spec(spec, facts_from_config(config), profile, capabilities)
         return Planned(owner, spec, plan(request), profile)
 
     return run

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kvpilot.operator.model_facts import ModelFactsError, facts_from_config
+from kvpilot.operator.planning.model_facts import ModelFactsError, facts_from_config
 
 
 def test_qwen3_8b(model_configs: dict[str, dict[str, Any]]) -> None:

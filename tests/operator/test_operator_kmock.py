@@ -8,6 +8,7 @@ import copy
 from typing import Any
 
 import pytest
+from kvpilot.contracts.capabilities import EVERYTHING
 from kvpilot.operator.reconcile import reconcile
 from kvpilot.operator.runner import OperatorConfig, make_deps
 
@@ -169,6 +170,28 @@ async def test_infeasible_spec_gets_a_condition_and_an_event(kit: Any, fake_hub:
         assert len([e for e in kit.events(k) if e[0] == "Warning"]) == 1
 
 
+async def test_a_plan_this_runtime_cannot_run_is_not_applied(kit: Any, fake_hub: Any) -> None:
+    """70B on 4 H100s fits at tensor parallel 4, which this runtime can't run: Planned=False with that plan
+    and a Warning, and no workload (a pod that would exit 2 on its flags is never created)."""
+    body = isvc(
+        model={"uri": "hf://meta-llama/Llama-3.3-70B-Instruct"}, gpu={"profile": "h100-80gb", "count": 4}
+    )
+    async with kit.emulated_cluster() as (k, _, api):
+        await api.create(body)
+        deps = make_deps(api, fake_hub, OperatorConfig())
+        events: list[tuple[str, str, str]] = []
+        deps.record = lambda body, type, reason, message: events.append((type, reason, message))
+        result = await reconcile(kit.live(k, "inferenceservices", "qwen3-8b"), deps)
+        assert result.applied is None
+        live = kit.live(k, "inferenceservices", "qwen3-8b")
+        planned = condition(live, "Planned")
+        assert (planned["status"], planned["reason"]) == ("False", "UnsupportedByRuntime")
+        assert planned["message"].startswith("needs tensor parallel 4, which this runtime cannot run")
+        assert live["status"]["plan"]["feasible"] is False
+        assert events[0][:2] == ("Warning", "UnsupportedByRuntime")
+        assert kit.live(k, "deployments", "qwen3-8b") is None
+
+
 async def test_restart_resumes_without_duplicates(kit: Any, fake_hub: Any) -> None:
     async with kit.emulated_cluster() as (k, url, api):
         async with kit.running_operator(url, fake_hub):
@@ -263,6 +286,7 @@ async def test_multi_node_plan_swaps_deployment_for_leader_worker_set(kit: Any, 
         await api.create(isvc())
         deps = make_deps(api, fake_hub, OperatorConfig())
         deps.record = lambda body, type, reason, message: None
+        deps.capabilities = EVERYTHING  # a runtime with pipeline parallelism (this build has none)
         await reconcile(kit.live(k, "inferenceservices", "qwen3-8b"), deps)
         assert kit.live(k, "deployments", "qwen3-8b") is not None
         bigger = {

@@ -1,4 +1,9 @@
-"""Planning decisions come out of the sizing model; each test states why the answer is right."""
+"""Planning decisions come out of the sizing model; each test states why the answer is right.
+
+The decision table is the planner's full reasoning (capabilities.EVERYTHING: every weight format, KV dtype
+and layout it can size); the operator plans within what this runtime build runs (capabilities.RUNTIME),
+tested at the end.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +11,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from kvpilot.operator.model_facts import facts_from_config
-from kvpilot.operator.plan import Plan
-from kvpilot.operator.planner import PlanRequest, plan, tensor_degrees
-from kvpilot.operator.profiles import GpuProfile, builtin_profiles
-from kvpilot.operator.sizing import kv_bytes_per_token, weight_bytes_per_gpu
+from kvpilot.contracts.capabilities import EVERYTHING, RUNTIME, RuntimeCapabilities
+from kvpilot.operator.planning.model_facts import facts_from_config
+from kvpilot.operator.planning.plan import Plan
+from kvpilot.operator.planning.planner import PlanRequest, plan, tensor_degrees
+from kvpilot.operator.planning.profiles import GpuProfile, builtin_profiles
+from kvpilot.operator.planning.sizing import kv_bytes_per_token, weight_bytes_per_gpu
 
 PROFILES = builtin_profiles()
 PlanFor = Callable[..., Plan]
@@ -20,6 +26,7 @@ PlanFor = Callable[..., Plan]
 def plan_for(model_configs: dict[str, dict[str, Any]]) -> PlanFor:
     def run(repo: str, profile: str | GpuProfile, **kwargs: Any) -> Plan:
         gpu = PROFILES[profile] if isinstance(profile, str) else profile
+        kwargs.setdefault("capabilities", EVERYTHING)
         return plan(PlanRequest(facts_from_config(model_configs[repo]), gpu, **kwargs))
 
     return run
@@ -244,8 +251,9 @@ def test_nothing_fits_even_with_many_nodes() -> None:
             "intermediate_size": 28672,
         }
     )
-    p = plan(PlanRequest(facts, tiny))
+    p = plan(PlanRequest(facts, tiny, capabilities=EVERYTHING))
     assert not p.feasible and "use a larger GPU profile" in p.reason
+    assert "no layout of up to 4 nodes of tiny fits" in p.reason  # the model's 4 layers: 4 stages at most
 
 
 def test_max_model_len_beyond_the_model(plan_for: PlanFor) -> None:
@@ -280,3 +288,147 @@ def test_workload_defaults_and_overrides(plan_for: PlanFor) -> None:
     assert p.max_num_seqs == 16 and "capped at 16 by workload.concurrency" in p.reasons["maxNumSeqs"]
     assert "512 tokens" in p.reasons["maxNumSeqs"]
     assert "default min(8192" in p.reasons["maxModelLen"]
+
+
+# --- Within what this runtime runs (capabilities.RUNTIME, the operator's default) ----------------------
+
+
+def test_the_default_request_plans_within_this_runtime(model_configs: dict[str, Any]) -> None:
+    assert (
+        PlanRequest(facts_from_config(model_configs["Qwen/Qwen3-8B"]), PROFILES["l4"]).capabilities is RUNTIME
+    )
+
+
+def test_runtime_small_model_is_planned(plan_for: PlanFor) -> None:
+    p = plan_for("Qwen/Qwen3-0.6B", "l4", capabilities=RUNTIME)
+    assert p.feasible and shape(p) == (1, 1, "none", "bf16") and p.gpus == 1 and not p.needs
+    assert RUNTIME.supports(
+        quantization=p.quantization,
+        kv_cache_dtype=p.kv_cache_dtype,
+        tensor_parallel=p.tensor_parallel,
+        pipeline_parallel=p.pipeline_parallel,
+    )
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_runtime_plans_stay_within_the_runtime(plan_for: PlanFor, name: str) -> None:
+    for repo in ("Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B", "meta-llama/Llama-2-7b-hf", "Qwen/Qwen2.5-7B-Instruct"):
+        p = plan_for(repo, name, capabilities=RUNTIME)
+        if p.feasible:
+            assert RUNTIME.supports(
+                quantization=p.quantization,
+                kv_cache_dtype=p.kv_cache_dtype,
+                tensor_parallel=p.tensor_parallel,
+                pipeline_parallel=p.pipeline_parallel,
+            ), (repo, name, p.summary)
+        else:
+            assert "this runtime" in p.reason, (repo, name, p.reason)
+
+
+def test_runtime_keeps_16bit_where_the_full_planner_quantizes(plan_for: PlanFor) -> None:
+    """Qwen3-8B on an L4: the full planner picks fp8 weights to reach 32 sequences; this runtime serves
+    16-bit weights only, so it keeps them with an fp8 KV cache and says it is short of the target, and why."""
+    p = plan_for("Qwen/Qwen3-8B", "l4", capabilities=RUNTIME)
+    assert p.feasible and shape(p) == (1, 1, "none", "fp8")
+    assert "short of the 32 target" in p.reason
+    assert "this runtime serves only 16-bit (unquantized) weights" in p.reasons["quantization"]
+    assert "a larger GPU profile would hold more" in p.reasons["maxNumSeqs"]
+    assert "spec.gpu.count" not in p.reasons["maxNumSeqs"]  # more GPUs would not help: one GPU per replica
+
+
+def test_runtime_72b_on_a100_needs_awq(plan_for: PlanFor) -> None:
+    p = plan_for("Qwen/Qwen2.5-72B-Instruct", "a100-80gb", capabilities=RUNTIME)
+    assert not p.feasible and p.needs == ("4-bit AWQ weights",)
+    assert p.reason.startswith(
+        "needs 4-bit AWQ weights, which this runtime cannot run (it serves 16-bit (unquantized) weights "
+        "with a bf16, fp16 or fp8 KV cache, on one GPU); the plan that would fit: 1 x a100-80gb (tp1), "
+        "4-bit AWQ weights, bf16 KV:"
+    )
+    assert "within this runtime: does not fit: 16-bit (bf16) weights need 135.4 GiB per GPU" in p.reason
+    assert p.to_status()["feasible"] is False and "needs" not in p.to_status()
+
+
+def test_runtime_72b_on_two_4090s_needs_awq_and_tensor_parallel(plan_for: PlanFor) -> None:
+    p = plan_for("Qwen/Qwen2.5-72B-Instruct", "rtx4090", capabilities=RUNTIME)
+    assert not p.feasible and p.needs == ("4-bit AWQ weights", "tensor parallel 2")
+    assert p.reason.startswith("needs 4-bit AWQ weights and tensor parallel 2, which this runtime cannot run")
+    assert "the plan that would fit: 2 x rtx4090 (tp2), 4-bit AWQ weights, fp8 KV" in p.reason
+
+
+def test_runtime_70b_on_four_h100s_needs_tensor_parallel_4(plan_for: PlanFor) -> None:
+    p = plan_for(
+        "meta-llama/Llama-3.3-70B-Instruct",
+        "h100-80gb",
+        gpu_count=4,
+        concurrency=64,
+        max_model_len=16384,
+        capabilities=RUNTIME,
+    )
+    assert not p.feasible and p.needs == ("tensor parallel 4",)
+    assert "the plan that would fit: 4 x h100-80gb (tp4), 16-bit (bf16) weights, bf16 KV" in p.reason
+    assert "this runtime runs on one GPU: use a larger GPU profile" in p.reason
+
+
+def test_runtime_405b_on_sixteen_l4s_needs_pipeline_parallel(plan_for: PlanFor) -> None:
+    p = plan_for("meta-llama/Llama-3.1-405B-Instruct", "l4", gpu_count=16, capabilities=RUNTIME)
+    assert not p.feasible
+    assert p.needs == ("4-bit AWQ weights", "tensor parallel 8", "pipeline parallel 2")
+
+
+def test_runtime_pins_outside_the_runtime_are_refused_with_what_it_serves(plan_for: PlanFor) -> None:
+    awq = plan_for("Qwen/Qwen3-8B", "h100-80gb", quantization="awq", capabilities=RUNTIME)
+    assert not awq.feasible and awq.needs == ("4-bit AWQ weights",)
+    assert "spec.quantization is awq and this runtime serves 16-bit (unquantized) weights" in awq.reason
+    tp2 = plan_for("Qwen/Qwen3-8B", "h100-80gb", tensor=2, capabilities=RUNTIME)
+    assert not tp2.feasible and tp2.needs == ("tensor parallel 2",)
+    assert "parallelism.tensor is 2 and this runtime runs tensor parallel up to 1" in tp2.reason
+    int8 = plan_for("Qwen/Qwen3-8B", "h100-80gb", kv_cache_dtype="int8", capabilities=RUNTIME)
+    assert not int8.feasible and int8.needs == ("an int8 KV cache",)
+    prequantized = plan_for("Qwen/Qwen2.5-72B-Instruct-AWQ", "h100-80gb", capabilities=RUNTIME)
+    assert not prequantized.feasible and prequantized.needs == ("4-bit AWQ weights",)
+    assert "the checkpoint is awq-quantized" in prequantized.reason
+
+
+def test_runtime_errors_of_the_spec_itself_are_reported_once(plan_for: PlanFor) -> None:
+    p = plan_for("meta-llama/Llama-2-7b-hf", "h100-80gb", max_model_len=8192, capabilities=RUNTIME)
+    assert not p.feasible and not p.needs
+    assert p.reason == "workload.maxModelLen 8192 exceeds the model's max_position_embeddings 4096"
+
+
+def test_runtime_nothing_fits_anywhere_says_so_and_what_the_runtime_serves(plan_for: PlanFor) -> None:
+    p = plan_for("meta-llama/Llama-3.1-405B-Instruct", "l4", capabilities=RUNTIME)
+    assert not p.feasible and not p.needs
+    assert "spec.gpu.count: 16 (2 nodes, pipeline parallel) would fit" in p.reason
+    assert p.reason.endswith(
+        "; but this runtime serves only 16-bit (unquantized) weights with a bf16, fp16 "
+        "or fp8 KV cache, on one GPU"
+    )
+
+
+def test_a_runtime_with_tensor_parallelism_gets_tensor_parallel_plans(plan_for: PlanFor) -> None:
+    """The table grows with the runtime: a build that runs tp up to 4 gets the 70B on 4 H100s."""
+    tp4 = RuntimeCapabilities(
+        weight_quantizations=frozenset({"none"}),
+        kv_cache_dtypes=frozenset({"bf16", "fp8"}),
+        max_tensor_parallel=4,
+        max_pipeline_parallel=1,
+    )
+    p = plan_for(
+        "meta-llama/Llama-3.3-70B-Instruct",
+        "h100-80gb",
+        gpu_count=4,
+        concurrency=64,
+        max_model_len=16384,
+        capabilities=tp4,
+    )
+    assert p.feasible and shape(p) == (4, 1, "none", "bf16")
+    big = plan_for("meta-llama/Llama-3.1-405B-Instruct", "h100-80gb", gpu_count=16, capabilities=tp4)
+    assert not big.feasible and "tensor parallel 8" in big.needs  # fp8 weights on one node of 8
+
+
+def test_runtime_refuses_an_architecture_it_cannot_load(plan_for: PlanFor) -> None:
+    """Mixtral (MoE) fits one H200 in 16-bit, but this runtime loads Llama and Qwen2/Qwen3 models only."""
+    p = plan_for("mistralai/Mixtral-8x7B-Instruct-v0.1", "h200-141gb", capabilities=RUNTIME)
+    assert not p.feasible and p.needs == ("the MixtralForCausalLM architecture",)
+    assert "this runtime loads LlamaForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM" in p.reason
+    assert plan_for("mistralai/Mixtral-8x7B-Instruct-v0.1", "h200-141gb").feasible  # the full planner

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from kvpilot.operator.profiles import ProfileError, ProfileStore, builtin_profiles, parse_profiles
+from kvpilot.operator.planning.profiles import ProfileError, ProfileStore, builtin_profiles, parse_profiles
 
 BUILTINS = {"a10g", "l4", "l40s", "a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb", "rtx3090", "rtx4090"}
 ADMIN = """

@@ -1,4 +1,9 @@
-"""Rendering is pure; rendered manifests pass kubernetes-validate (Kubernetes 1.33 schemas, strict)."""
+"""Rendering is pure; rendered manifests pass kubernetes-validate (Kubernetes 1.33 schemas, strict).
+
+Plans come from the planner's full table (capabilities.EVERYTHING) where a test needs what this runtime
+build can't run yet (tensor parallel, LeaderWorkerSets): rendering them stays correct for when it can.
+tests/contracts/ checks that what the operator renders with this runtime's capabilities is runnable.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +14,10 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 import pytest
+from kvpilot.contracts.capabilities import EVERYTHING
 from kvpilot.operator.labels import InvalidNameError, Owner
-from kvpilot.operator.plan import Plan
-from kvpilot.operator.profiles import ProfileStore, parse_profiles
+from kvpilot.operator.planning.plan import Plan
+from kvpilot.operator.planning.profiles import ProfileStore, parse_profiles
 from kvpilot.operator.render import RenderConfig, render
 
 K8S_VERSION = "1.33.0"
@@ -96,7 +102,7 @@ def args_dict(args: list[str]) -> dict[str, str]:
 
 def test_every_example_renders_valid_manifests(rendered: Render, examples: dict[str, Any]) -> None:
     for name, manifest in examples.items():
-        objects = rendered(manifest)
+        objects = rendered(manifest, capabilities=EVERYTHING)
         assert [o["kind"] for o in objects] == ["ConfigMap", "Service", "Service", "Deployment"], name
         for obj in objects:
             kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
@@ -119,8 +125,8 @@ def test_runtime_args_follow_the_plan(
     rendered: Render, planned: Callable[..., Any], examples: dict[str, Any]
 ) -> None:
     manifest = examples["llama-70b-4xh100"]
-    plan: Plan = planned(manifest).plan
-    deployment = by_kind(rendered(manifest))["Deployment"]
+    plan: Plan = planned(manifest, capabilities=EVERYTHING).plan
+    deployment = by_kind(rendered(manifest, capabilities=EVERYTHING))["Deployment"]
     c = container(deployment)
     assert c["command"] == ["kvpilot-runtime"]
     assert c["args"] == [
@@ -184,7 +190,8 @@ def test_hf_source_downloads_in_an_init_container(rendered: Render, examples: di
 
 
 def test_pvc_source_is_mounted_read_only(rendered: Render, examples: dict[str, Any]) -> None:
-    spec = by_kind(rendered(examples["llama-70b-4xh100"]))["Deployment"]["spec"]["template"]["spec"]
+    llama = rendered(examples["llama-70b-4xh100"], capabilities=EVERYTHING)
+    spec = by_kind(llama)["Deployment"]["spec"]["template"]["spec"]
     assert "initContainers" not in spec
     assert spec["volumes"][0] == {
         "name": "model",
@@ -229,7 +236,7 @@ def test_services_and_plan_configmap(rendered: Render, examples: dict[str, Any])
 
 
 def test_multi_node_plan_renders_a_leader_worker_set(rendered: Render) -> None:
-    objects = rendered(MULTI_NODE)
+    objects = rendered(MULTI_NODE, capabilities=EVERYTHING)
     assert [o["kind"] for o in objects] == ["ConfigMap", "Service", "Service", "LeaderWorkerSet"]
     lws = objects[-1]
     jsonschema.validate(lws, LWS_SCHEMA)

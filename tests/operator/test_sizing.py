@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kvpilot.operator.model_facts import facts_from_config
-from kvpilot.operator.sizing import (
+from kvpilot.operator.planning.model_facts import facts_from_config
+from kvpilot.operator.planning.sizing import (
     BLOCK_SIZE,
     GIB,
     NCCL_BYTES,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from kvpilot.operator.labels import Owner
-from kvpilot.operator.plan import Plan
-from kvpilot.operator.service_plan import FEASIBLE, INFEASIBLE, PlanOutcome
+from kvpilot.operator.planning.outcome import FEASIBLE, INFEASIBLE, PlanOutcome
+from kvpilot.operator.planning.plan import Plan
 from kvpilot.operator.status import Observed, compute_status, status_changed, status_patch
 
 OWNER = Owner("m", "ml", "u")

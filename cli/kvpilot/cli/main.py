@@ -7,7 +7,7 @@ from collections.abc import Callable
 from importlib import import_module
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "plan": ("kvpilot.operator.plan_cli", "Print the plan for an InferenceService manifest"),
+    "plan": ("kvpilot.operator.planning.command", "Print the plan for an InferenceService manifest"),
     "up": ("kvpilot.cli.up", "Run the local stack: gateway + runtime replicas on this machine"),
 }
 

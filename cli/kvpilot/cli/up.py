@@ -110,9 +110,9 @@ def resolve_service(args: argparse.Namespace) -> LocalService:
 
 def print_plan(service: LocalService, gpu: str | None) -> Any:
     """The operator's plan for the manifest (config.json read from the local model directory)."""
-    from kvpilot.operator.plan_cli import as_table
-    from kvpilot.operator.profiles import ProfileStore
-    from kvpilot.operator.service_plan import plan_service
+    from kvpilot.operator.planning.command import as_table
+    from kvpilot.operator.planning.outcome import plan_service
+    from kvpilot.operator.planning.profiles import ProfileStore
 
     spec = json.loads(json.dumps(service.manifest["spec"]))
     spec["model"].setdefault("config", json.loads((service.model_dir / "config.json").read_text()))

@@ -5,6 +5,7 @@ One table, so `Planned=True` means runnable. The quantization, 8-bit-KV and para
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -14,6 +15,8 @@ class RuntimeCapabilities:
     kv_cache_dtypes: frozenset[str]  # the operator's names: bf16, fp16, fp8, int8
     max_tensor_parallel: int
     max_pipeline_parallel: int
+    # config.json `architectures` the runtime loads (Hugging Face class names); None: any
+    architectures: frozenset[str] | None = None
 
     def unsupported(
         self, *, quantization: str, kv_cache_dtype: str, tensor_parallel: int, pipeline_parallel: int
@@ -51,17 +54,32 @@ class RuntimeCapabilities:
             )
         return problems
 
+    def serves_architecture(self, names: Sequence[str]) -> bool:
+        """Whether a model whose config.json lists these architectures loads (unknown: assumed so)."""
+        return self.architectures is None or not names or any(n in self.architectures for n in names)
+
+    def supports(
+        self, *, quantization: str, kv_cache_dtype: str, tensor_parallel: int, pipeline_parallel: int
+    ) -> bool:
+        return not self.unsupported(
+            quantization=quantization,
+            kv_cache_dtype=kv_cache_dtype,
+            tensor_parallel=tensor_parallel,
+            pipeline_parallel=pipeline_parallel,
+        )
+
 
 def _names(values: frozenset[str]) -> str:
     return ", ".join(sorted(values))
 
 
-# This build: 16-bit weights on one device, 16-bit or unscaled-fp8 KV cache.
+# This build: Llama/Qwen2/Qwen3-family models, 16-bit weights on one device, 16-bit or unscaled-fp8 KV cache.
 RUNTIME = RuntimeCapabilities(
     weight_quantizations=frozenset({"none"}),
     kv_cache_dtypes=frozenset({"bf16", "fp16", "fp8"}),
     max_tensor_parallel=1,
     max_pipeline_parallel=1,
+    architectures=frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}),
 )
 # Everything the planner knows how to reason about: its decision table is tested against this one.
 EVERYTHING = RuntimeCapabilities(

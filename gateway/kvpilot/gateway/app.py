@@ -22,9 +22,9 @@ from kvpilot.gateway.autoscale.drivers import ScaleDriver
 from kvpilot.gateway.autoscale.loop import Autoscaler
 from kvpilot.gateway.config import GatewayConfig
 from kvpilot.gateway.discovery import Discovery, StaticDiscovery
-from kvpilot.gateway.errors import GatewayError, error_response
 from kvpilot.gateway.health import HealthChecker
 from kvpilot.gateway.metrics import GatewayMetrics
+from kvpilot.gateway.openai_errors import GatewayError, error_response
 from kvpilot.gateway.pool import PoolRegistry
 from kvpilot.gateway.proxy import GatewayState, handle, request_id_of
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest

@@ -6,7 +6,7 @@ import hmac
 from collections.abc import Mapping
 from pathlib import Path
 
-from kvpilot.gateway.errors import Unauthorized
+from kvpilot.gateway.openai_errors import Unauthorized
 
 
 def load_keys(path: Path) -> frozenset[str]:

@@ -11,24 +11,22 @@ import contextlib
 import logging
 
 import httpx
+from kvpilot.contracts.metrics import NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING
 from kvpilot.gateway.config import HealthSettings
 from kvpilot.gateway.pool import Pool, PoolRegistry, ReplicaState
 from prometheus_client.parser import text_string_to_metric_families
 
 log = logging.getLogger(__name__)
 
-WAITING = "vllm:num_requests_waiting"
-RUNNING = "vllm:num_requests_running"
-
 
 def parse_load(text: str) -> tuple[float, float]:
     """(waiting, running) summed over a runtime's Prometheus exposition."""
-    totals = {WAITING: 0.0, RUNNING: 0.0}
+    totals = {NUM_REQUESTS_WAITING: 0.0, NUM_REQUESTS_RUNNING: 0.0}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name in totals:
                 totals[sample.name] += sample.value
-    return totals[WAITING], totals[RUNNING]
+    return totals[NUM_REQUESTS_WAITING], totals[NUM_REQUESTS_RUNNING]
 
 
 class HealthChecker:

@@ -11,9 +11,9 @@ import contextlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from kvpilot.gateway.block_memory import BlockMemory
 from kvpilot.gateway.config import Limits, PoolConfig, PrefixSettings
-from kvpilot.gateway.errors import NoReplica, Overloaded, UpstreamFailed
-from kvpilot.gateway.memory import BlockMemory
+from kvpilot.gateway.openai_errors import NoReplica, Overloaded, UpstreamFailed
 from kvpilot.gateway.routing import PoolView, ReplicaView, RequestView, RoutingDecision, make_policy
 
 

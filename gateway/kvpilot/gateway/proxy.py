@@ -20,8 +20,14 @@ from fastapi import Request
 from fastapi.responses import Response
 from kvpilot.gateway.auth import ApiKeys
 from kvpilot.gateway.config import GatewayConfig
-from kvpilot.gateway.errors import GatewayError, InvalidRequest, ModelNotFound, UpstreamFailed, error_response
 from kvpilot.gateway.metrics import GatewayMetrics
+from kvpilot.gateway.openai_errors import (
+    GatewayError,
+    InvalidRequest,
+    ModelNotFound,
+    UpstreamFailed,
+    error_response,
+)
 from kvpilot.gateway.pool import Pool, PoolRegistry, Ticket
 from kvpilot.gateway.prefix import block_hashes, estimate_tokens, prompt_text
 from kvpilot.gateway.routing import RequestView

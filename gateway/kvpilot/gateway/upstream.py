@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
 import httpx
-from kvpilot.gateway.errors import error_body
+from kvpilot.gateway.openai_errors import error_body
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 

@@ -6,14 +6,14 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+# The selector labels are a contract with the gateway's discovery: defined once, in kvpilot.contracts.
+from kvpilot.contracts.labels import ISVC_LABEL, MANAGED_BY, MANAGER
+
 GROUP = "kvpilot.dev"
 VERSION = "v1alpha1"
 PLURAL = "inferenceservices"
 KIND = "InferenceService"
 API_VERSION = f"{GROUP}/{VERSION}"
-MANAGED_BY = "app.kubernetes.io/managed-by"
-MANAGER = "kvpilot"
-ISVC_LABEL = "kvpilot.dev/inferenceservice"
 ROLE_LABEL = "kvpilot.dev/role"
 SPEC_HASH = "kvpilot.dev/spec-hash"
 SERVED_MODEL = "kvpilot.dev/served-model-name"

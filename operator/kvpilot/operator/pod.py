@@ -7,9 +7,9 @@ from typing import Any
 
 from kvpilot.operator.labels import ROLE_LABEL, Owner, labels
 from kvpilot.operator.model_mount import model_mount
-from kvpilot.operator.plan import Plan
-from kvpilot.operator.profiles import GpuProfile
-from kvpilot.operator.sizing import BLOCK_SIZE, GIB
+from kvpilot.operator.planning.plan import Plan
+from kvpilot.operator.planning.profiles import GpuProfile
+from kvpilot.operator.planning.sizing import BLOCK_SIZE, GIB
 from kvpilot.operator.spec import InferenceServiceSpec
 
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/kvpilot/runtime:0.1.0"

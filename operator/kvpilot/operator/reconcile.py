@@ -12,14 +12,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from kvpilot.contracts.capabilities import RUNTIME, RuntimeCapabilities
 from kvpilot.operator.apply import ApplyResult, apply_all, observe_workload
 from kvpilot.operator.hub_config import ConfigFetcher
 from kvpilot.operator.kube import KubeApi
 from kvpilot.operator.labels import API_VERSION, KIND, InvalidNameError, Owner
+from kvpilot.operator.planning.outcome import INVALID_SPEC, PlanOutcome, plan_service
+from kvpilot.operator.planning.profiles import ProfileStore
 from kvpilot.operator.pod import served_model_name
-from kvpilot.operator.profiles import ProfileStore
 from kvpilot.operator.render import RenderConfig, render
-from kvpilot.operator.service_plan import INVALID_SPEC, PlanOutcome, plan_service
 from kvpilot.operator.status import Observed, compute_status, status_changed, status_patch
 
 
@@ -40,6 +41,7 @@ class Deps:
     fetch: ConfigFetcher | None
     record: Recorder
     render_config: RenderConfig = field(default_factory=RenderConfig)
+    capabilities: RuntimeCapabilities = RUNTIME  # what the runtime image can run: the planner stays within
     clock: Callable[[], str] = utc_now
 
 
@@ -60,7 +62,7 @@ async def reconcile(body: dict[str, Any], deps: Deps, write_status: bool = True)
     if fresh is None or (fresh.get("metadata") or {}).get("deletionTimestamp"):
         return PassResult(None)
     body, owner = fresh, Owner.from_body(fresh)
-    outcome = await plan_service(body.get("spec"), deps.profiles, deps.fetch)
+    outcome = await plan_service(body.get("spec"), deps.profiles, deps.fetch, capabilities=deps.capabilities)
     try:
         owner.check_name()
     except InvalidNameError as exc:

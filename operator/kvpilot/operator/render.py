@@ -20,9 +20,9 @@ from kvpilot.operator.labels import (
     labels,
     plan_configmap_name,
 )
-from kvpilot.operator.plan import Plan
+from kvpilot.operator.planning.plan import Plan
+from kvpilot.operator.planning.profiles import GpuProfile
 from kvpilot.operator.pod import DEFAULT_RUNTIME_IMAGE, PORT, pod_template, runtime_image, served_model_name
-from kvpilot.operator.profiles import GpuProfile
 from kvpilot.operator.spec import InferenceServiceSpec
 
 Manifest = dict[str, Any]

@@ -13,8 +13,8 @@ from kvpilot.operator.handlers import build_registry, kopf_recorder, settings
 from kvpilot.operator.hub_config import ConfigFetcher
 from kvpilot.operator.kube import ApiError
 from kvpilot.operator.labels import API_VERSION, KIND
+from kvpilot.operator.planning.profiles import ProfileError, ProfileStore
 from kvpilot.operator.pod import DEFAULT_RUNTIME_IMAGE
-from kvpilot.operator.profiles import ProfileError, ProfileStore
 from kvpilot.operator.reconcile import Deps, reconcile
 from kvpilot.operator.render import RenderConfig
 

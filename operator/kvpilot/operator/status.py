@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpilot.operator.labels import Owner, selector_string
+from kvpilot.operator.planning.outcome import PlanOutcome
 from kvpilot.operator.pod import PORT
-from kvpilot.operator.service_plan import PlanOutcome
 
 OWNED_KEYS = (
     "phase",

@@ -2,6 +2,8 @@
 
 The gateway needs only a handful of calls, so it speaks the REST API directly instead of pulling in a
 generated client; connection settings come from the pod's service account, a kubeconfig, or a URL.
+The service-account token is re-read for every request: the kubelet rotates it (about hourly), and a token
+read once at start would make the Lease, discovery and /scale calls fail with 401 once it expires.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Generator
 from pathlib import Path
 from typing import Any
 
@@ -32,32 +34,50 @@ def isvc_path(namespace: str | None, name: str | None = None, sub: str | None = 
     return path
 
 
+class BearerTokenFile(httpx.Auth):
+    """`Authorization: Bearer <the file's content>`, read for every request.
+
+    The kubelet rewrites a projected service-account token before it expires (by swapping the `..data`
+    symlink of the volume), so the file always holds a valid token; a copy taken at start does not.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        request.headers["Authorization"] = f"Bearer {self.path.read_text(encoding='utf-8').strip()}"
+        yield request
+
+
 class KubeClient:
     def __init__(self, http: httpx.AsyncClient) -> None:
         self.http = http
 
     @classmethod
-    def from_url(cls, url: str, token: str | None = None) -> KubeClient:
+    def from_url(
+        cls,
+        url: str,
+        token: str | None = None,
+        token_file: str | os.PathLike[str] | None = None,
+        verify: ssl.SSLContext | bool = True,
+    ) -> KubeClient:
+        """A fixed token, or one re-read from token_file per request (a rotated service-account token)."""
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return cls(httpx.AsyncClient(base_url=url, headers=headers, timeout=30.0, trust_env=False))
+        auth = BearerTokenFile(token_file) if token_file else None
+        return cls(
+            httpx.AsyncClient(
+                base_url=url, headers=headers, auth=auth, verify=verify, timeout=30.0, trust_env=False
+            )
+        )
 
     @classmethod
-    def from_environment(cls) -> KubeClient:
+    def from_environment(cls, service_account: Path = SERVICE_ACCOUNT) -> KubeClient:
         """In-cluster service account if present, else the current kubeconfig context."""
         host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
-        if host and port and (SERVICE_ACCOUNT / "token").exists():
-            verify = ssl.create_default_context(cafile=str(SERVICE_ACCOUNT / "ca.crt"))
-            token = (SERVICE_ACCOUNT / "token").read_text().strip()
+        if host and port and (service_account / "token").exists():
+            verify = ssl.create_default_context(cafile=str(service_account / "ca.crt"))
             url = f"https://{host}:{port}" if ":" not in host else f"https://[{host}]:{port}"
-            return cls(
-                httpx.AsyncClient(
-                    base_url=url,
-                    headers={"Authorization": f"Bearer {token}"},
-                    verify=verify,
-                    timeout=30.0,
-                    trust_env=False,
-                )
-            )
+            return cls.from_url(url, token_file=service_account / "token", verify=verify)
         return cls._from_kubeconfig()
 
     @classmethod

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+from kvpilot.contracts.labels import ISVC_LABEL, MANAGED_BY, MANAGER
 from kvpilot.gateway.config import AutoscalingSpec, KubeTarget, PoolConfig
 from kvpilot.gateway.discovery import EndpointSink
 from kvpilot.gateway.kube.client import KubeClient, isvc_path
@@ -18,17 +19,18 @@ from pydantic import ValidationError
 
 log = logging.getLogger(__name__)
 
-MANAGED_BY = ("app.kubernetes.io/managed-by", "kvpilot")
-ISVC_LABEL = "kvpilot.dev/inferenceservice"
-SLICE_SELECTOR = f"{MANAGED_BY[0]}={MANAGED_BY[1]}"
+# The operator puts these labels on every object it creates, the per-service Services' EndpointSlices
+# inherit them from the Service (kvpilot.contracts.labels: one definition for both programs).
+SLICE_SELECTOR = f"{MANAGED_BY}={MANAGER},{ISVC_LABEL}"
 Key = tuple[str, str]  # (namespace, name)
 
 
 def served_name(isvc: dict[str, Any]) -> str:
+    """The model name the runtime serves: the operator writes it to status.servedModelName (it gives the
+    runtime --served-model-name); before its first pass, spec.model.servedName or the object's name."""
     status, spec = isvc.get("status") or {}, isvc.get("spec") or {}
     return (
-        (status.get("plan") or {}).get("servedName")
-        or status.get("servedName")
+        status.get("servedModelName")
         or (spec.get("model") or {}).get("servedName")
         or isvc["metadata"]["name"]
     )
@@ -74,7 +76,7 @@ def build_pools(
     for endpoint_slice in slices:
         meta = endpoint_slice.get("metadata") or {}
         labels = meta.get("labels") or {}
-        if labels.get(MANAGED_BY[0]) != MANAGED_BY[1] or ISVC_LABEL not in labels:
+        if labels.get(MANAGED_BY) != MANAGER or ISVC_LABEL not in labels:
             continue  # label selectors may be ignored by the server (and by kmock): check here too
         owner = (meta.get("namespace", ""), labels[ISVC_LABEL])
         by_owner.setdefault(owner, []).extend(slice_urls(endpoint_slice))

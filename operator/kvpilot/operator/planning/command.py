@@ -15,12 +15,11 @@ from typing import Any, TextIO
 
 import yaml
 from kvpilot.operator.hub_config import ConfigFetcher, HubConfigFetcher
-from kvpilot.operator.profiles import ProfileError, ProfileStore, parse_profiles
-from kvpilot.operator.service_plan import PlanOutcome, plan_service
-from kvpilot.operator.sizing import GIB
+from kvpilot.operator.planning.outcome import PlanOutcome, plan_service
+from kvpilot.operator.planning.profiles import ProfileError, ProfileStore, parse_profiles
+from kvpilot.operator.planning.sizing import GIB
 
 KIND = "InferenceService"
-BYTE_FIELDS = ("weightBytes", "kvBytesPerToken")
 
 
 def parser() -> argparse.ArgumentParser:

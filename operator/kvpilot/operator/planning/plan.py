@@ -50,6 +50,8 @@ class Plan:
     kv_cache_tokens: int = 0
     gpu_memory_utilization: float = 0.0
     reasons: dict[str, str] = field(default_factory=dict)
+    # Infeasible only: what the plan that would fit needs and this runtime can't run (not in status.plan).
+    needs: tuple[str, ...] = ()
 
     def to_status(self) -> dict[str, Any]:
         """status.plan: camelCase keys; an infeasible plan keeps only what it knows."""

@@ -47,6 +47,7 @@ class ModelFacts:
     dense_layers: int = 0  # leading layers with a dense MLP in an MoE model
     prequantized: str | None = None  # awq | gptq | fp8 | int8: the checkpoint's own weight format
     quant_group_size: int = 128
+    architectures: tuple[str, ...] = ()  # config.json's Hugging Face class names (the runtime loads by them)
 
 
 def facts_from_config(config: dict[str, Any]) -> ModelFacts:
@@ -105,6 +106,7 @@ def facts_from_config(config: dict[str, Any]) -> ModelFacts:
         dense_layers=_optional_int(merged, "first_k_dense_replace") or 0,
         prequantized=prequantized,
         quant_group_size=group,
+        architectures=tuple(str(a) for a in config.get("architectures") or () if isinstance(a, str)),
     )
 
 

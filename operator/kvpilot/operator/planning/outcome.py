@@ -9,15 +9,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kvpilot.contracts.capabilities import RUNTIME, RuntimeCapabilities
 from kvpilot.operator.hub_config import ConfigFetcher, ConfigFetchError
-from kvpilot.operator.model_facts import ModelFacts, ModelFactsError, facts_from_config
-from kvpilot.operator.plan import Plan
-from kvpilot.operator.planner import PlanRequest, plan
-from kvpilot.operator.profiles import GpuProfile, ProfileStore
+from kvpilot.operator.planning.model_facts import ModelFacts, ModelFactsError, facts_from_config
+from kvpilot.operator.planning.plan import Plan
+from kvpilot.operator.planning.planner import PlanRequest, plan
+from kvpilot.operator.planning.profiles import GpuProfile, ProfileStore
 from kvpilot.operator.spec import InferenceServiceSpec, ModelSource, SpecError, parse_spec
 
 FEASIBLE = "Feasible"
 INFEASIBLE = "Infeasible"
+UNSUPPORTED_BY_RUNTIME = "UnsupportedByRuntime"  # a plan fits, but not one this runtime can run
 INVALID_SPEC = "InvalidSpec"
 UNKNOWN_PROFILE = "UnknownGPUProfile"
 NO_MODEL_CONFIG = "ModelConfigUnavailable"
@@ -54,7 +56,11 @@ async def model_facts(source: ModelSource, fetch: ConfigFetcher | None) -> Model
 
 
 async def plan_service(
-    raw_spec: Any, profiles: ProfileStore, fetch: ConfigFetcher | None, gpu_override: str | None = None
+    raw_spec: Any,
+    profiles: ProfileStore,
+    fetch: ConfigFetcher | None,
+    gpu_override: str | None = None,
+    capabilities: RuntimeCapabilities = RUNTIME,
 ) -> PlanOutcome:
     try:
         spec = parse_spec(raw_spec)
@@ -69,6 +75,6 @@ async def plan_service(
         facts = await model_facts(spec.model, fetch)
     except ModelFactsError as exc:
         return PlanOutcome(NO_MODEL_CONFIG, str(exc), spec=spec, profile=profile)
-    result = plan(PlanRequest.from_spec(spec, facts, profile))
-    reason = FEASIBLE if result.feasible else INFEASIBLE
-    return PlanOutcome(reason, result.reason, spec, profile, facts, result)
+    result = plan(PlanRequest.from_spec(spec, facts, profile, capabilities))
+    reason = INFEASIBLE if not result.needs else UNSUPPORTED_BY_RUNTIME
+    return PlanOutcome(FEASIBLE if result.feasible else reason, result.reason, spec, profile, facts, result)

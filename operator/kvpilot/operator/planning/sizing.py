@@ -5,8 +5,9 @@ Pure functions of ModelFacts and plain numbers. Conventions:
 - fp8 / int8 weights: 1 byte each + one fp32 scale per output channel.
 - AWQ / GPTQ int4 weights: half a byte each + per group of `group_size` weights an fp16 scale and a
   packed 4-bit zero point; GPTQ also keeps an int32 group index per input channel.
-- KV cache: 2 (K and V) x layers x kv_heads x head_dim elements per token; 8-bit KV adds one fp32
-  scale per (token, layer, K/V, kv head).
+- KV cache: kvpilot.contracts.kv_cache.kv_bytes_per_token, the one formula the runtime allocates by too
+  (2 (K and V) x layers x kv_heads x head_dim elements per token; 8-bit KV adds one fp32 scale per
+  (token, layer, K/V, kv head)).
 """
 
 from __future__ import annotations
@@ -14,14 +15,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvpilot.operator.model_facts import ModelFacts
+from kvpilot.contracts import kv_cache
+from kvpilot.operator.planning.model_facts import ModelFacts
 
 MIB = 1024**2
 GIB = 1024**3
 BLOCK_SIZE = 16
-WEIGHT_BITS = {"none": 16, "fp8": 8, "int8": 8, "awq": 4, "gptq": 4}
-KV_ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
-SCALE_BYTES = 4
+SCALE_BYTES = 4  # one fp32 scale (per output channel of an 8-bit matmul; per group index in GPTQ)
 # Per GPU, outside weights, KV and activations: CUDA context + cuBLAS workspace + allocator slack,
 # CUDA graphs of the decode buckets, and NCCL buffers when the GPU talks to others.
 CONTEXT_BYTES = 768 * MIB
@@ -116,11 +116,14 @@ def weight_bytes_per_gpu(facts: ModelFacts, quantization: str, tp: int, pp: int)
 
 def kv_bytes_per_token(facts: ModelFacts, kv_dtype: str, tp: int = 1, pp: int = 1) -> int:
     """KV cache bytes one token takes on the busiest GPU (whole model: tp = pp = 1)."""
-    layers = math.ceil(facts.num_layers / pp)
-    heads = facts.num_kv_heads // tp
-    vectors = 2 * layers * heads
-    scale = SCALE_BYTES if kv_dtype in ("fp8", "int8") else 0
-    return vectors * (facts.head_dim * KV_ELEMENT_BYTES[kv_dtype] + scale)
+    return kv_cache.kv_bytes_per_token(
+        num_layers=facts.num_layers,
+        num_kv_heads=facts.num_kv_heads,
+        head_dim=facts.head_dim,
+        kv_dtype=kv_dtype,
+        tensor_parallel=tp,
+        pipeline_parallel=pp,
+    )
 
 
 def workspace_bytes(facts: ModelFacts, tp: int, pp: int, batched_tokens: int, max_seqs: int) -> int:

@@ -1,4 +1,9 @@
-"""Planning: how a model fits a GPU profile. Pure functions of (request, model facts, profile).
+"""Planning: how a model fits a GPU profile. Pure functions of (request, model facts, profile, runtime).
+
+Only what the runtime can run is considered (request.capabilities: weight formats, KV dtypes, tensor and
+pipeline degrees), so a feasible plan is a runnable one. When nothing within the runtime fits, the plan is
+infeasible and says what was needed, what this runtime serves and, if the planner knows a plan that fits
+with everything it can reason about (capabilities.EVERYTHING), what that plan would be.
 
 Every way to run the model (layout x weight format x KV dtype) is sized as a Candidate; the choice is:
 - with spec.gpu.count absent, the fewest GPUs that fit (one node), then the best quality that reaches the
@@ -15,11 +20,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from kvpilot.operator import plan_reasons
-from kvpilot.operator.model_facts import ModelFacts
-from kvpilot.operator.plan import Plan
-from kvpilot.operator.profiles import GpuProfile
-from kvpilot.operator.sizing import (
+from kvpilot.contracts.capabilities import EVERYTHING, RUNTIME, RuntimeCapabilities
+from kvpilot.operator.planning import reasons
+from kvpilot.operator.planning.model_facts import ModelFacts
+from kvpilot.operator.planning.plan import Plan
+from kvpilot.operator.planning.profiles import GpuProfile
+from kvpilot.operator.planning.sizing import (
     kv_bytes_per_token,
     kv_cache_tokens,
     weight_bytes,
@@ -33,7 +39,7 @@ DEFAULT_TARGET_SEQS = 32
 DEFAULT_MAX_SEQS = 256
 UTILIZATIONS = (0.90, 0.95)
 WEIGHT_QUALITY = ("none", "fp8", "int8", "awq", "gptq")
-MAX_SUGGESTED_STAGES = 16
+MAX_SUGGESTED_STAGES = reasons.MAX_STAGES_HINT  # one number for the search and its message
 
 
 class PlanningError(ValueError):
@@ -52,9 +58,16 @@ class PlanRequest:
     tensor: int | str = "auto"
     pipeline: int | str = "auto"
     gpu_count: int | None = None
+    capabilities: RuntimeCapabilities = RUNTIME  # what the runtime can run: nothing outside is planned
 
     @classmethod
-    def from_spec(cls, spec: InferenceServiceSpec, facts: ModelFacts, profile: GpuProfile) -> PlanRequest:
+    def from_spec(
+        cls,
+        spec: InferenceServiceSpec,
+        facts: ModelFacts,
+        profile: GpuProfile,
+        capabilities: RuntimeCapabilities = RUNTIME,
+    ) -> PlanRequest:
         w = spec.workload
         return cls(
             facts,
@@ -67,11 +80,14 @@ class PlanRequest:
             spec.parallelism.tensor,
             spec.parallelism.pipeline,
             spec.gpu.count,
+            capabilities,
         )
 
 
 @dataclass(frozen=True)
-class Workload:
+class ResolvedWorkload:
+    """spec.workload with the defaults filled in (the spec's own Workload is spec.Workload)."""
+
     max_model_len: int
     avg_context_len: int
     target_seqs: int  # concurrency the choice tries to reach
@@ -117,8 +133,43 @@ class Candidate:
 
 
 def plan(request: PlanRequest) -> Plan:
-    """The plan for one replica; an infeasible or contradictory request yields feasible=False with why."""
+    """The plan for one replica, within request.capabilities; an infeasible or contradictory request
+    yields feasible=False with why (and, when only the runtime stands in the way, what would fit)."""
+    within = plan_within(request)
+    if within.feasible or request.capabilities == EVERYTHING:
+        return within
+    unconstrained = plan_within(replace(request, capabilities=EVERYTHING))
+    if not unconstrained.feasible:
+        if unconstrained.reason == within.reason:
+            return within
+        serves = reasons.runtime_serves(request.capabilities)
+        return replace(within, reason=f"{unconstrained.reason}; but this runtime serves only {serves}")
+    needs = runtime_needs(request, unconstrained)
+    if not needs:  # cannot happen (a fitting plan within the runtime would have been found): be safe
+        return within
+    return replace(within, reason=reasons.unsupported(request, unconstrained, needs, within), needs=needs)
+
+
+def runtime_needs(request: PlanRequest, fits: Plan) -> tuple[str, ...]:
+    """What a plan needs that the runtime can't run, as short phrases (`4-bit AWQ weights`)."""
+    capabilities, needs = request.capabilities, []
+    if not capabilities.serves_architecture(request.facts.architectures):
+        needs.append(f"the {'/'.join(request.facts.architectures)} architecture")
+    if fits.quantization not in capabilities.weight_quantizations:
+        needs.append(f"{reasons.FORMAT_NAMES.get(fits.quantization, fits.quantization)} weights")
+    if fits.kv_cache_dtype not in capabilities.kv_cache_dtypes:
+        needs.append(f"{reasons.article(fits.kv_cache_dtype)} {fits.kv_cache_dtype} KV cache")
+    if fits.tensor_parallel > capabilities.max_tensor_parallel:
+        needs.append(f"tensor parallel {fits.tensor_parallel}")
+    if fits.pipeline_parallel > capabilities.max_pipeline_parallel:
+        needs.append(f"pipeline parallel {fits.pipeline_parallel}")
+    return tuple(needs)
+
+
+def plan_within(request: PlanRequest) -> Plan:
+    """The plan among the layouts and formats request.capabilities allows."""
     try:
+        check_architecture(request)
         workload = resolve_workload(request)
         quantizations = allowed_quantizations(request)
         kv_dtypes = allowed_kv_dtypes(request)
@@ -155,7 +206,16 @@ def layout_groups(
     return [[layout] for layout in sorted(single + multi, key=lambda lay: (lay[1] > 1, lay[0] * lay[1]))]
 
 
-def resolve_workload(request: PlanRequest) -> Workload:
+def check_architecture(request: PlanRequest) -> None:
+    caps, names = request.capabilities, request.facts.architectures
+    if not caps.serves_architecture(names):
+        raise PlanningError(
+            f"the model is a {'/'.join(names)} (config.json architectures) and this runtime loads "
+            f"{reasons.or_list(caps.architectures or ())}"
+        )
+
+
+def resolve_workload(request: PlanRequest) -> ResolvedWorkload:
     positions = request.facts.max_positions
     max_len = request.max_model_len or min(DEFAULT_MAX_MODEL_LEN, positions)
     if max_len > positions:
@@ -167,12 +227,13 @@ def resolve_workload(request: PlanRequest) -> Workload:
     max_seqs = request.concurrency or DEFAULT_MAX_SEQS
     ridge = request.profile.ridge_tokens
     batched = min(max(2 ** math.ceil(math.log2(8 * ridge)), 2048), 16384)
-    return Workload(max_len, avg, target, max_seqs, max(batched, max_seqs))
+    return ResolvedWorkload(max_len, avg, target, max_seqs, max(batched, max_seqs))
 
 
 def allowed_quantizations(request: PlanRequest) -> list[str]:
-    """Weight formats to consider, best first."""
+    """Weight formats to consider, best first (only those the runtime serves)."""
     facts, profile, pinned = request.facts, request.profile, request.quantization
+    served = request.capabilities.weight_quantizations
     if facts.prequantized:
         if pinned not in ("auto", facts.prequantized):
             raise PlanningError(
@@ -190,13 +251,36 @@ def allowed_quantizations(request: PlanRequest) -> list[str]:
             f"fp8 weights need fp8 tensor cores (Ada or Hopper); {profile.name} has none: "
             "use int8, awq or auto"
         )
-    return formats
+    if facts.prequantized and facts.prequantized not in served:
+        raise PlanningError(
+            f"the checkpoint is {facts.prequantized}-quantized (config.json quantization_config) and this "
+            f"runtime serves {reasons.weights_served(served)}: use an unquantized checkpoint"
+        )
+    if pinned != "auto" and pinned not in served:
+        raise PlanningError(
+            f"spec.quantization is {pinned} and this runtime serves {reasons.weights_served(served)}: "
+            "use auto"
+        )
+    return [q for q in formats if q in served]
 
 
 def allowed_kv_dtypes(request: PlanRequest) -> list[str]:
+    """KV-cache dtypes to consider, best first (only those the runtime has)."""
+    served = request.capabilities.kv_cache_dtypes
     if request.kv_cache_dtype != "auto":
+        if request.kv_cache_dtype not in served:
+            raise PlanningError(
+                f"spec.kvCacheDtype is {request.kv_cache_dtype} and this runtime has a "
+                f"{reasons.or_list(served)} KV cache: use auto"
+            )
         return [request.kv_cache_dtype]
-    return [request.facts.dtype, "fp8" if request.profile.fp8 else "int8"]
+    kinds = [kv for kv in (request.facts.dtype, "fp8" if request.profile.fp8 else "int8") if kv in served]
+    if not kinds:
+        raise PlanningError(
+            f"this runtime has a {reasons.or_list(served)} KV cache, none of which suits "
+            f"{request.facts.dtype} weights on {request.profile.name}"
+        )
+    return kinds
 
 
 def tensor_degrees(facts: ModelFacts, limit: int) -> list[int]:
@@ -212,6 +296,7 @@ def tensor_degrees(facts: ModelFacts, limit: int) -> list[int]:
 def layouts(request: PlanRequest) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """(single-node layouts, multi-node layouts) as (tp, pp); multi-node only through pipeline stages."""
     facts, per_node, count = request.facts, request.profile.gpus_per_node, request.gpu_count
+    max_tp, max_pp = request.capabilities.max_tensor_parallel, request.capabilities.max_pipeline_parallel
     valid = tensor_degrees(facts, per_node)
     if isinstance(request.tensor, int):
         if request.tensor not in valid:
@@ -220,15 +305,25 @@ def layouts(request: PlanRequest) -> tuple[list[tuple[int, int]], list[tuple[int
                 f"{facts.num_heads} attention heads and {facts.num_kv_heads} KV heads, at "
                 f"most {per_node} ({request.profile.name} GPUs per node)"
             )
+        if request.tensor > max_tp:
+            raise PlanningError(
+                f"parallelism.tensor is {request.tensor} and this runtime runs tensor parallel up to {max_tp}"
+            )
         valid = [request.tensor]
+    valid = [tp for tp in valid if tp <= max_tp]
     pinned_pp = request.pipeline if isinstance(request.pipeline, int) else None
     if pinned_pp is not None and pinned_pp > facts.num_layers:
         raise PlanningError(f"parallelism.pipeline {pinned_pp} exceeds the model's {facts.num_layers} layers")
+    if pinned_pp is not None and pinned_pp > max_pp:
+        raise PlanningError(
+            f"parallelism.pipeline is {pinned_pp} and this runtime runs pipeline parallel up to {max_pp}"
+        )
     single = [(tp, 1) for tp in valid if tp <= (count or per_node)] if pinned_pp in (None, 1) else []
     if pinned_pp not in (None, 1):
         multi = [(tp, pinned_pp) for tp in valid]
     elif pinned_pp is None and count and count > per_node:
-        multi = [(valid[-1], pp) for pp in range(2, min(count // valid[-1], facts.num_layers) + 1)]
+        stages = min(count // valid[-1], facts.num_layers, max_pp)
+        multi = [(valid[-1], pp) for pp in range(2, stages + 1)]
     else:
         multi = []
     if count:
@@ -243,7 +338,7 @@ def layouts(request: PlanRequest) -> tuple[list[tuple[int, int]], list[tuple[int
 
 def size(
     request: PlanRequest,
-    workload: Workload,
+    workload: ResolvedWorkload,
     tp: int,
     pp: int,
     quantization: str,
@@ -285,7 +380,11 @@ def choose(feasible: list[Candidate], target: int, count_given: bool) -> tuple[C
 
 
 def build_plan(
-    request: PlanRequest, workload: Workload, chosen: Candidate, meets: bool, alternatives: list[Candidate]
+    request: PlanRequest,
+    workload: ResolvedWorkload,
+    chosen: Candidate,
+    meets: bool,
+    alternatives: list[Candidate],
 ) -> Plan:
     seqs = max(1, min(workload.max_seqs, chosen.capacity))
     facts = request.facts
@@ -306,13 +405,13 @@ def build_plan(
         kv_cache_tokens=chosen.kv_tokens,
         gpu_memory_utilization=chosen.utilization,
     )
-    reasons = plan_reasons.feasible_reasons(request, workload, chosen, meets, alternatives)
-    return replace(base, reasons=reasons, reason=plan_reasons.summary(request, workload, chosen, meets, seqs))
+    why = reasons.feasible_reasons(request, workload, chosen, meets, alternatives)
+    return replace(base, reasons=why, reason=reasons.summary(request, workload, chosen, meets, seqs))
 
 
 def infeasible_plan(
     request: PlanRequest,
-    workload: Workload,
+    workload: ResolvedWorkload,
     evaluated: list[Candidate],
     quantizations: list[str],
     kv_dtypes: list[str],
@@ -325,21 +424,23 @@ def infeasible_plan(
         weight_bytes=weight_bytes(request.facts, closest.quantization),
         kv_bytes_per_token=kv_bytes_per_token(request.facts, closest.kv_dtype),
         max_model_len=workload.max_model_len,
-        reason=plan_reasons.infeasible(request, workload, closest, suggestion),
+        reason=reasons.infeasible(request, workload, closest, suggestion),
     )
 
 
 def suggest_count(
-    request: PlanRequest, workload: Workload, quantizations: list[str], kv_dtypes: list[str]
+    request: PlanRequest, workload: ResolvedWorkload, quantizations: list[str], kv_dtypes: list[str]
 ) -> int | None:
-    """The fewest GPUs of this profile that would fit, through more GPUs per node or pipeline stages."""
+    """The fewest GPUs of this profile that would fit, through more GPUs per node or pipeline stages
+    (within what the runtime runs)."""
     per_node = request.profile.gpus_per_node
-    valid = tensor_degrees(request.facts, per_node)
+    caps = request.capabilities
+    valid = [tp for tp in tensor_degrees(request.facts, per_node) if tp <= caps.max_tensor_parallel]
     if isinstance(request.tensor, int) and request.tensor in valid:
         valid = [request.tensor]
+    stages = min(MAX_SUGGESTED_STAGES, caps.max_pipeline_parallel, request.facts.num_layers)
     options = sorted(
-        {(tp, 1) for tp in valid}
-        | {(valid[-1], pp) for pp in range(2, MAX_SUGGESTED_STAGES + 1) if pp <= request.facts.num_layers},
+        {(tp, 1) for tp in valid} | {(valid[-1], pp) for pp in range(2, stages + 1)},
         key=lambda layout: layout[0] * layout[1],
     )
     for tp, pp in options:

@@ -67,7 +67,7 @@ def parse_profiles(text: str, source: str) -> list[GpuProfile]:
 
 
 def builtin_profiles() -> dict[str, GpuProfile]:
-    text = resources.files("kvpilot.operator").joinpath("gpu_catalog.yaml").read_text()
+    text = resources.files("kvpilot.operator.planning").joinpath("gpu_catalog.yaml").read_text()
     return {p.name: p for p in parse_profiles(text, "gpu_catalog.yaml")}
 
 

@@ -3,32 +3,87 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from kvpilot.operator.sizing import BLOCK_SIZE, gib
+from kvpilot.operator.planning.sizing import BLOCK_SIZE, gib
 
 if TYPE_CHECKING:
-    from kvpilot.operator.planner import Candidate, PlanRequest, Workload
+    from kvpilot.contracts.capabilities import RuntimeCapabilities
+    from kvpilot.operator.planning.plan import Plan
+    from kvpilot.operator.planning.planner import Candidate, PlanRequest, ResolvedWorkload
 
 NEEDS_CHECKPOINT = {"int8": "an int8 (W8A8)", "awq": "an AWQ", "gptq": "a GPTQ"}
+FORMAT_NAMES = {"none": "16-bit", "fp8": "fp8", "int8": "int8", "awq": "4-bit AWQ", "gptq": "4-bit GPTQ"}
+MAX_STAGES_HINT = 16
+WEIGHT_FORMATS = ("none", "fp8", "int8", "awq", "gptq")
 
 
 def format_name(request: PlanRequest, quantization: str) -> str:
-    return {
-        "none": f"16-bit ({request.facts.dtype})",
-        "fp8": "fp8",
-        "int8": "int8",
-        "awq": "4-bit AWQ",
-        "gptq": "4-bit GPTQ",
-    }[quantization]
+    if quantization == "none":
+        return f"16-bit ({request.facts.dtype})"
+    return FORMAT_NAMES[quantization]
+
+
+def or_list(values: Iterable[str]) -> str:
+    items = sorted(values)
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"
+
+
+def article(name: str) -> str:
+    """`an int8`, `an fp8`, `a bf16` (as spoken)."""
+    return "an" if name[:1] in "aefhilmnorsx" else "a"
+
+
+def and_list(items: list[str] | tuple[str, ...]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def weights_served(formats: Iterable[str]) -> str:
+    names = [FORMAT_NAMES.get(q, q) for q in sorted(formats, key=lambda q: (q != "none", q))]
+    if names == ["16-bit"]:
+        return "16-bit (unquantized) weights"
+    return (names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}") + " weights"
+
+
+def runtime_serves(caps: RuntimeCapabilities) -> str:
+    """What the runtime runs, for people: `16-bit (unquantized) weights with a bf16, fp16 or fp8 KV cache,
+    on one GPU`."""
+    if caps.max_tensor_parallel == 1 and caps.max_pipeline_parallel == 1:
+        layout = "on one GPU"
+    elif caps.max_pipeline_parallel == 1:
+        layout = f"on up to {caps.max_tensor_parallel} GPUs of one node (tensor parallel)"
+    else:
+        layout = (
+            f"with tensor parallel up to {caps.max_tensor_parallel} and pipeline parallel up to "
+            f"{caps.max_pipeline_parallel}"
+        )
+    return (
+        f"{weights_served(caps.weight_quantizations)} with a {or_list(caps.kv_cache_dtypes)} KV cache, "
+        f"{layout}"
+    )
+
+
+def unsupported(request: PlanRequest, fits: Plan, needs: tuple[str, ...], within: Plan) -> str:
+    """Why an InferenceService is not planned although the planner knows a plan that fits: that plan
+    needs what this runtime can't run."""
+    return (
+        f"needs {and_list(needs)}, which this runtime cannot run (it serves "
+        f"{runtime_serves(request.capabilities)}); the plan that would fit: {fits.reason}; within this "
+        f"runtime: {within.reason}"
+    )
 
 
 def feasible_reasons(
-    request: PlanRequest, workload: Workload, chosen: Candidate, meets: bool, alternatives: list[Candidate]
+    request: PlanRequest,
+    workload: ResolvedWorkload,
+    chosen: Candidate,
+    meets: bool,
+    alternatives: list[Candidate],
 ) -> dict[str, str]:
     same_layout = [c for c in alternatives if (c.tp, c.pp) == (chosen.tp, chosen.pp)]
     return {
-        "quantization": quantization(request, workload, chosen, same_layout),
+        "quantization": quantization(request, workload, chosen, same_layout, meets),
         "kvCacheDtype": kv_dtype(request, workload, chosen, same_layout),
         "tensorParallel": tensor(request, chosen, meets),
         "pipelineParallel": pipeline(request, chosen),
@@ -41,7 +96,11 @@ def feasible_reasons(
 
 
 def quantization(
-    request: PlanRequest, workload: Workload, chosen: Candidate, same_layout: list[Candidate]
+    request: PlanRequest,
+    workload: ResolvedWorkload,
+    chosen: Candidate,
+    same_layout: list[Candidate],
+    meets: bool = True,
 ) -> str:
     q = chosen.quantization
     head = f"{q}: {format_name(request, q)} weights, {gib(chosen.weights)} per GPU"
@@ -65,14 +124,22 @@ def quantization(
         )
         for c in better
     ]
-    tail = f"; {', '.join(why)}" if why else f"; reaches {workload.target_seqs} target sequences"
+    if why:
+        tail = f"; {', '.join(why)}"
+    elif meets:
+        tail = f"; reaches {workload.target_seqs} target sequences"
+    else:
+        tail = f"; holds {chosen.capacity} of {workload.target_seqs} target sequences"
+        served = request.capabilities.weight_quantizations
+        if any(q not in served for q in WEIGHT_FORMATS):
+            tail += f"; this runtime serves only {weights_served(served)}"
     if q in NEEDS_CHECKPOINT:
         tail += f"; needs {NEEDS_CHECKPOINT[q]} checkpoint of this model"
     return head + tail
 
 
 def kv_dtype(
-    request: PlanRequest, workload: Workload, chosen: Candidate, same_layout: list[Candidate]
+    request: PlanRequest, workload: ResolvedWorkload, chosen: Candidate, same_layout: list[Candidate]
 ) -> str:
     kv = chosen.kv_dtype
     if request.kv_cache_dtype != "auto":
@@ -118,7 +185,7 @@ def pipeline(request: PlanRequest, chosen: Candidate) -> str:
     )
 
 
-def utilization(workload: Workload, chosen: Candidate, same_layout: list[Candidate]) -> str:
+def utilization(workload: ResolvedWorkload, chosen: Candidate, same_layout: list[Candidate]) -> str:
     if chosen.utilization < 0.95:
         return f"{chosen.utilization:.2f}: default headroom for other processes and fragmentation"
     at_default = [c.capacity for c in same_layout if c.utilization < 0.95 and c.feasible]
@@ -130,7 +197,7 @@ def utilization(workload: Workload, chosen: Candidate, same_layout: list[Candida
     return f"{chosen.utilization:.2f}: raised from 0.90 because at 0.90 {why}"
 
 
-def batched_tokens(request: PlanRequest, workload: Workload) -> str:
+def batched_tokens(request: PlanRequest, workload: ResolvedWorkload) -> str:
     return (
         f"{workload.batched_tokens}: prefill chunk of 8 x the {request.profile.name}'s compute/bandwidth "
         f"ridge ({request.profile.ridge_tokens:.0f} tokens), a power of two in [2048, 16384] and at "
@@ -146,7 +213,7 @@ def kv_tokens(chosen: Candidate) -> str:
     )
 
 
-def max_model_len(request: PlanRequest, workload: Workload) -> str:
+def max_model_len(request: PlanRequest, workload: ResolvedWorkload) -> str:
     if request.max_model_len:
         return f"{workload.max_model_len}: spec.workload.maxModelLen"
     return (
@@ -154,7 +221,7 @@ def max_model_len(request: PlanRequest, workload: Workload) -> str:
     )
 
 
-def max_num_seqs(request: PlanRequest, workload: Workload, chosen: Candidate, meets: bool) -> str:
+def max_num_seqs(request: PlanRequest, workload: ResolvedWorkload, chosen: Candidate, meets: bool) -> str:
     seqs = max(1, min(workload.max_seqs, chosen.capacity))
     text = (
         f"{seqs}: the KV cache holds {chosen.kv_tokens:,} tokens = {chosen.capacity} sequences of "
@@ -164,14 +231,17 @@ def max_num_seqs(request: PlanRequest, workload: Workload, chosen: Candidate, me
         source = "workload.concurrency" if request.concurrency else "the default batch limit"
         text += f", capped at {workload.max_seqs} by {source}"
     if not meets:
-        text += (
-            f"; short of the {workload.target_seqs} target: more GPUs (spec.gpu.count) or a larger "
-            "GPU profile would hold more"
-        )
+        caps = request.capabilities
+        more = "a larger GPU profile"
+        if caps.max_tensor_parallel > 1 or caps.max_pipeline_parallel > 1:
+            more = "more GPUs (spec.gpu.count) or " + more
+        text += f"; short of the {workload.target_seqs} target: {more} would hold more"
     return text
 
 
-def summary(request: PlanRequest, workload: Workload, chosen: Candidate, meets: bool, seqs: int) -> str:
+def summary(
+    request: PlanRequest, workload: ResolvedWorkload, chosen: Candidate, meets: bool, seqs: int
+) -> str:
     stages = f" x pp{chosen.pp}" if chosen.pp > 1 else ""
     short = "" if meets else f", short of the {workload.target_seqs} target"
     weights = format_name(request, chosen.quantization)
@@ -182,7 +252,9 @@ def summary(request: PlanRequest, workload: Workload, chosen: Candidate, meets: 
     )
 
 
-def infeasible(request: PlanRequest, workload: Workload, closest: Candidate, suggestion: int | None) -> str:
+def infeasible(
+    request: PlanRequest, workload: ResolvedWorkload, closest: Candidate, suggestion: int | None
+) -> str:
     profile = request.profile
     one_sequence = gib(closest.kv_per_token * closest.max_model_len)
     text = (
@@ -196,9 +268,12 @@ def infeasible(request: PlanRequest, workload: Workload, closest: Candidate, sug
         per_node = min(suggestion, profile.gpus_per_node)
         nodes = f" ({suggestion // per_node} nodes, pipeline parallel)" if suggestion > per_node else ""
         return text + f"; spec.gpu.count: {suggestion}{nodes} would fit"
-    return text + (
-        f"; no layout of up to {MAX_STAGES_HINT} nodes of {profile.name} fits: use a larger GPU profile"
-    )
-
-
-MAX_STAGES_HINT = 16
+    caps = request.capabilities
+    stages = min(MAX_STAGES_HINT, caps.max_pipeline_parallel, request.facts.num_layers)
+    if stages > 1:
+        where = f"no layout of up to {stages} nodes of {profile.name} fits"
+    elif caps.max_tensor_parallel > 1:
+        where = f"no layout on one node of {profile.name} fits"
+    else:
+        where = "this runtime runs on one GPU"
+    return text + f"; {where}: use a larger GPU profile"
