@@ -47,7 +47,8 @@ class RoutingDecision:
 
 
 class RoutingPolicy(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...  # read-only: the policies are frozen dataclasses
 
     def choose(self, request: RequestView, pool: PoolView) -> RoutingDecision | None: ...
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import kopf
 from kvpilot.operator.kube import ApiError
@@ -26,7 +26,8 @@ def plain(value: Any) -> Any:
 def kopf_recorder(body: dict[str, Any], type: str, reason: str, message: str) -> None:
     """Posts through kopf's event queue; outside an operator context it only logs."""
     try:
-        kopf.event(body, type=type, reason=reason, message=message[:1024])
+        # a raw dict: kopf.event walks any mapping, its Body type is only the usual argument
+        kopf.event(cast(kopf.Body, body), type=type, reason=reason, message=message[:1024])
     except LookupError:
         logging.getLogger(__name__).info("event %s %s: %s", type, reason, message)
 
@@ -51,7 +52,7 @@ def build_registry(deps: Deps, login: Any, retry_delay_s: float = RETRY_DELAY_S)
     @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
     @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
     @kopf.on.update(GROUP, VERSION, PLURAL, registry=registry)
-    async def reconcile_service(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, **_: Any) -> None:
+    async def reconcile_service(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **_: Any) -> None:
         try:
             result = await reconcile(plain(body), deps, write_status=False)
         except ApiError as exc:
@@ -69,9 +70,7 @@ def build_registry(deps: Deps, login: Any, retry_delay_s: float = RETRY_DELAY_S)
                 result.applied.deleted,
             )
 
-    async def workload_changed(
-        event: Mapping[str, Any], body: kopf.Body, logger: logging.Logger, **_: Any
-    ) -> None:
+    async def workload_changed(event: kopf.RawEvent, body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
         name = (body.get("metadata", {}).get("labels") or {}).get(ISVC_LABEL)
         namespace = body.get("metadata", {}).get("namespace")
         if not name or (event.get("type") == "DELETED" and not namespace):

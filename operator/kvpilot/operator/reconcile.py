@@ -110,7 +110,9 @@ def record_events(
 ) -> None:
     """Events for plan results (once per new plan or new failure) and for rolled workloads."""
     old_plan = previous.get("plan") or {}
-    old_planned = next((c for c in previous.get("conditions") or [] if c.get("type") == "Planned"), {})
+    old_planned: dict[str, Any] = next(
+        (c for c in previous.get("conditions") or [] if c.get("type") == "Planned"), {}
+    )
     if outcome.planned and outcome.plan is not None:
         if old_plan != outcome.plan.to_status():
             record(body, "Normal", "Planned", outcome.plan.reason)

@@ -90,7 +90,7 @@ class KubeClient:
         headers = {"Authorization": conf.api_key["authorization"]} if "authorization" in conf.api_key else {}
         verify: ssl.SSLContext | bool = conf.verify_ssl
         if conf.verify_ssl:
-            verify = ssl.create_default_context(cafile=conf.ssl_cert_file or conf.ssl_ca_cert or None)
+            verify = ssl.create_default_context(cafile=conf.ssl_ca_cert or None)
             if conf.cert_file:
                 verify.load_cert_chain(conf.cert_file, conf.key_file)
         return cls(

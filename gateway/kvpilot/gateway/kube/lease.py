@@ -81,8 +81,13 @@ class LeaseElector:
             self._held_until = None
             return False
         stamp = now.strftime(_FORMAT)
-        spec = {"holderIdentity": self.identity, "leaseDurationSeconds": self.duration, "renewTime": stamp}
+        spec: dict[str, Any] = {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": self.duration,
+            "renewTime": stamp,
+        }
         try:
+            body: dict[str, Any]
             if action == "create":
                 body = {
                     "apiVersion": "coordination.k8s.io/v1",

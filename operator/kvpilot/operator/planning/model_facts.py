@@ -143,7 +143,7 @@ def _quantization(qconfig: Any) -> tuple[str | None, int]:
     if not isinstance(qconfig, dict):
         return None, 128
     method = str(qconfig.get("quant_method", "")).lower()
-    group = qconfig.get("group_size") if type(qconfig.get("group_size")) is int else 128
+    group: int = qconfig["group_size"] if type(qconfig.get("group_size")) is int else 128
     if method in ("awq", "gptq"):
         bits = qconfig.get("bits", qconfig.get("w_bit", 4))
         if bits == 8 and method == "gptq":
