@@ -6,9 +6,9 @@ import time
 
 from fastapi import FastAPI
 from kvpilot.runtime.server.engine_client import EngineClient, ServerState
-from kvpilot.runtime.server.errors import APIError, route_not_found, unavailable
 from kvpilot.runtime.server.metrics import ServerMetrics
 from kvpilot.runtime.server.middleware import RequestIdMiddleware
+from kvpilot.runtime.server.openai_errors import APIError, route_not_found, unavailable
 from kvpilot.runtime.server.serving import OpenAIServing
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException

@@ -28,7 +28,7 @@ from kvpilot.runtime.server.engine_loop import (
     RequestAborted,
     RequestFailed,
 )
-from kvpilot.runtime.server.errors import RETRY_AFTER_SECONDS, from_invalid_request, unavailable
+from kvpilot.runtime.server.openai_errors import RETRY_AFTER_SECONDS, from_invalid_request, unavailable
 
 logger = logging.getLogger(__name__)
 

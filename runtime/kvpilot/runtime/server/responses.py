@@ -250,7 +250,7 @@ class ChatFormat:
         }
 
 
-ResponseFormat = CompletionFormat | ChatFormat
+EndpointFormat = CompletionFormat | ChatFormat  # how one endpoint writes its bodies and chunks
 
 
 def _chunk(meta: ResponseMeta, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:

@@ -17,20 +17,20 @@ from jinja2 import TemplateError
 from kvpilot.runtime.errors import InvalidRequestError
 from kvpilot.runtime.server.engine_client import EngineClient, EngineFailure, GenerationStream
 from kvpilot.runtime.server.engine_loop import GenerationInput
-from kvpilot.runtime.server.errors import (
+from kvpilot.runtime.server.middleware import REQUEST_ID_KEY
+from kvpilot.runtime.server.openai_errors import (
     from_invalid_request,
     internal_error,
     invalid_request,
     model_not_found,
 )
-from kvpilot.runtime.server.middleware import REQUEST_ID_KEY
 from kvpilot.runtime.server.protocol import ChatCompletionRequest, CompletionRequest, Prompt, parse_request
 from kvpilot.runtime.server.responses import (
     SSE_DONE,
     ChatFormat,
     ChoiceState,
     CompletionFormat,
-    ResponseFormat,
+    EndpointFormat,
     ResponseMeta,
     new_choices,
     sse_event,
@@ -104,7 +104,7 @@ class OpenAIServing:
         return tokenizer.encode(text, add_special_tokens=False)
 
     async def _serve(
-        self, request: Request, body: Any, prompts: list[Prompt], params: list[Any], fmt: ResponseFormat
+        self, request: Request, body: Any, prompts: list[Prompt], params: list[Any], fmt: EndpointFormat
     ) -> Response:
         inputs = [GenerationInput(prompt, choice_params) for prompt in prompts for choice_params in params]
         stream = self.client.generate(inputs)
@@ -136,7 +136,7 @@ class OpenAIServing:
     async def _sse(
         self,
         stream: GenerationStream,
-        fmt: ResponseFormat,
+        fmt: EndpointFormat,
         meta: ResponseMeta,
         choices: list[ChoiceState],
         include_usage: bool,
