@@ -2,7 +2,8 @@
 
 prometheus_client accepts ':' in metric names (as vLLM relies on); counters are exposed with the
 `_total` suffix (e.g. vllm:prompt_tokens_total), exactly as vLLM's are. Every series carries
-`model_name`. Gauges come from engine.stats() after each loop iteration; cumulative engine counters
+`model_name`. The names come from kvpilot.contracts.metrics (the one list shared by the components).
+Gauges come from engine.stats() after each loop iteration; cumulative engine counters
 (prefix cache queries/hits, preemptions) are turned into counter increments here.
 
 Queue time is measured from arrival to the start of the engine step that produced the request's first
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvpilot.contracts import metrics as names
 from kvpilot.runtime.server.engine_loop import Route
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -105,55 +107,55 @@ class ServerMetrics:
         self.registry = registry or CollectorRegistry()
         self.model_name = model_name
         self._cache_config_labels = dict(cache_config or {})
-        labels = ["model_name"]
+        labels = [names.MODEL_NAME_LABEL]
         r = self.registry
         self._running = Gauge(
-            "vllm:num_requests_running", "Requests in the running batch.", labels, registry=r
+            names.NUM_REQUESTS_RUNNING, "Requests in the running batch.", labels, registry=r
         )
         self._waiting = Gauge(
-            "vllm:num_requests_waiting", "Requests waiting to be scheduled.", labels, registry=r
+            names.NUM_REQUESTS_WAITING, "Requests waiting to be scheduled.", labels, registry=r
         )
         self._kv_usage = Gauge(
-            "vllm:kv_cache_usage_perc", "KV-cache usage; 1 means 100 percent.", labels, registry=r
+            names.KV_CACHE_USAGE, "KV-cache usage; 1 means 100 percent.", labels, registry=r
         )
         self._cumulative = {
             "prefix_cache_queries": Counter(
-                "vllm:prefix_cache_queries", "Prefix-cache queries, in tokens.", labels, registry=r
+                names.PREFIX_CACHE_QUERIES, "Prefix-cache queries, in tokens.", labels, registry=r
             ),
             "prefix_cache_hits": Counter(
-                "vllm:prefix_cache_hits", "Prefix-cache hits, in tokens.", labels, registry=r
+                names.PREFIX_CACHE_HITS, "Prefix-cache hits, in tokens.", labels, registry=r
             ),
-            "num_preemptions": Counter("vllm:num_preemptions", "Cumulative preemptions.", labels, registry=r),
+            "num_preemptions": Counter(names.NUM_PREEMPTIONS, "Cumulative preemptions.", labels, registry=r),
         }
         self._last_cumulative = dict.fromkeys(CUMULATIVE_STATS, 0)
-        self._prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens processed.", labels, registry=r)
-        self._generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", labels, registry=r)
+        self._prompt_tokens = Counter(names.PROMPT_TOKENS, "Prefill tokens processed.", labels, registry=r)
+        self._generation_tokens = Counter(names.GENERATION_TOKENS, "Generated tokens.", labels, registry=r)
         self._success = Counter(
-            "vllm:request_success", "Finished requests.", [*labels, "finished_reason"], registry=r
+            names.REQUEST_SUCCESS, "Finished requests.", [*labels, "finished_reason"], registry=r
         )
         self._ttft = Histogram(
-            "vllm:time_to_first_token_seconds",
+            names.TIME_TO_FIRST_TOKEN,
             "Time to first token.",
             labels,
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self._itl = Histogram(
-            "vllm:inter_token_latency_seconds",
+            names.INTER_TOKEN_LATENCY,
             "Time between output tokens.",
             labels,
             buckets=TOKEN_GAP_BUCKETS,
             registry=r,
         )
         self._e2e = Histogram(
-            "vllm:e2e_request_latency_seconds",
+            names.E2E_REQUEST_LATENCY,
             "Arrival to last token.",
             labels,
             buckets=E2E_BUCKETS,
             registry=r,
         )
         self._queue = Histogram(
-            "vllm:request_queue_time_seconds",
+            names.REQUEST_QUEUE_TIME,
             "Arrival to first scheduled step.",
             labels,
             buckets=LATENCY_BUCKETS,
@@ -187,12 +189,13 @@ class ServerMetrics:
         }
         labels = sorted(info)
         self._cache_config = Gauge(
-            "vllm:cache_config_info",
+            names.CACHE_CONFIG_INFO,
             "Information of the KV-cache config.",
-            ["model_name", *labels],
+            [names.MODEL_NAME_LABEL, *labels],
             registry=self.registry,
         )
-        self._cache_config.labels(model_name=self.model_name, **{k: str(info[k]) for k in labels}).set(1)
+        label_values = {names.MODEL_NAME_LABEL: self.model_name, **{k: str(info[k]) for k in labels}}
+        self._cache_config.labels(**label_values).set(1)
         self.on_stats(stats)
 
     def on_stats(self, stats: Any) -> None:
