@@ -3,9 +3,10 @@
 prometheus_client accepts ':' in metric names (as vLLM relies on); counters are exposed with the
 `_total` suffix (e.g. vllm:prompt_tokens_total), exactly as vLLM's are. Every series carries
 `model_name`. The names come from kvpilot.contracts.metrics (the one list shared by the components).
-Gauges come from engine.stats() after each loop iteration; cumulative engine counters
-(prefix cache queries/hits, preemptions) are turned into counter increments here.
 
+Gauges come from the stats snapshot that each engine-core message carries; cumulative engine counters
+(prefix cache queries/hits, preemptions) are turned into counter increments here. Latencies (TTFT,
+inter-token, end to end) are measured in the HTTP process, when a step's outputs arrive from the core.
 Queue time is measured from arrival to the start of the engine step that produced the request's first
 output (the engine does not report the moment a request is first scheduled).
 """
@@ -15,7 +16,6 @@ from __future__ import annotations
 from typing import Any
 
 from kvpilot.contracts import metrics as names
-from kvpilot.runtime.server.engine_loop import Route
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (
@@ -175,13 +175,24 @@ class ServerMetrics:
             self._queue,
         ):
             metric.labels(model_name)  # every series exists (at 0) from the start
+        # this model's series, resolved once (labels() costs a lock and a lookup per call)
+        self._running_now = self._running.labels(model_name)
+        self._waiting_now = self._waiting.labels(model_name)
+        self._kv_usage_now = self._kv_usage.labels(model_name)
+        self._cumulative_now = {k: c.labels(model_name) for k, c in self._cumulative.items()}
+        self._prompt_tokens_now = self._prompt_tokens.labels(model_name)
+        self._generation_tokens_now = self._generation_tokens.labels(model_name)
+        self._ttft_now = self._ttft.labels(model_name)
+        self._itl_now = self._itl.labels(model_name)
+        self._e2e_now = self._e2e.labels(model_name)
+        self._queue_now = self._queue.labels(model_name)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
-    # ---- LoopObserver (engine thread)
-    def on_loaded(self, engine: Any) -> None:
-        stats = engine.stats()
+    # ---- called on the event loop with what the engine core sends
+    def on_loaded(self, stats: Any) -> None:
+        """The Ready message's stats: the KV-cache config becomes vllm:cache_config_info."""
         info = {
             **self._cache_config_labels,
             "block_size": stats.block_size,
@@ -199,30 +210,29 @@ class ServerMetrics:
         self.on_stats(stats)
 
     def on_stats(self, stats: Any) -> None:
-        m = self.model_name
-        self._running.labels(m).set(stats.num_running)
-        self._waiting.labels(m).set(stats.num_waiting)
-        self._kv_usage.labels(m).set(stats.kv_cache_usage)
+        self._running_now.set(stats.num_running)
+        self._waiting_now.set(stats.num_waiting)
+        self._kv_usage_now.set(stats.kv_cache_usage)
         for name in CUMULATIVE_STATS:
             value = getattr(stats, name)
             delta = value - self._last_cumulative[name]
             if delta > 0:
-                self._cumulative[name].labels(m).inc(delta)
+                self._cumulative_now[name].inc(delta)
             self._last_cumulative[name] = value
 
-    def on_output(self, route: Route, output: Any, now: float, step_start: float) -> None:
-        m = self.model_name
+    def on_delta(self, route: Any, output: Any, now: float, step_start: float) -> None:
+        """One choice's delta (`route` holds its arrival and token times; `now` = when it arrived here)."""
         new_tokens = len(output.new_token_ids)
         if new_tokens:
             if route.first_token_time is None:
                 route.first_token_time = now
-                self._ttft.labels(m).observe(now - route.arrival_time)
-                self._queue.labels(m).observe(max(0.0, step_start - route.arrival_time))
-                self._prompt_tokens.labels(m).inc(output.num_prompt_tokens)
+                self._ttft_now.observe(now - route.arrival_time)
+                self._queue_now.observe(max(0.0, step_start - route.arrival_time))
+                self._prompt_tokens_now.inc(output.num_prompt_tokens)
             elif route.last_token_time is not None:
-                self._itl.labels(m).observe(now - route.last_token_time)
+                self._itl_now.observe(now - route.last_token_time)
             route.last_token_time = now
-            self._generation_tokens.labels(m).inc(new_tokens)
+            self._generation_tokens_now.inc(new_tokens)
         if output.finished:
-            self._e2e.labels(m).observe(now - route.arrival_time)
-            self._success.labels(m, output.finish_reason or "unknown").inc()
+            self._e2e_now.observe(now - route.arrival_time)
+            self._success.labels(self.model_name, output.finish_reason or "unknown").inc()
