@@ -99,6 +99,21 @@ def _logprobs(entries: list[Any] | None) -> list[Logprob] | None:
     ]
 
 
+def token_output(o: Any) -> TokenOutput:
+    """An engine RequestOutput as it travels (its text, empty with detokenize=False, stays behind)."""
+    return TokenOutput(
+        o.request_id,
+        o.new_token_ids,
+        o.finish_reason,
+        o.stop_reason,
+        o.num_prompt_tokens,
+        o.num_output_tokens,
+        o.num_cached_tokens,
+        None if o.new_logprobs is None else _logprobs(o.new_logprobs),
+        getattr(o, "error", None),
+    )
+
+
 class EngineCore:
     def __init__(
         self, engine: EngineLike, requests: zmq.Socket, outputs: zmq.Socket, parent_fd: int | None = None
@@ -201,24 +216,10 @@ class EngineCore:
             return self._fail_all(str(err))
         self._failures = 0
         live = self._live
-        outputs = []
         for o in results:
             if o.finished:
                 live.discard(o.request_id)
-            outputs.append(
-                TokenOutput(
-                    o.request_id,
-                    o.new_token_ids,
-                    o.finish_reason,
-                    o.stop_reason,
-                    o.num_prompt_tokens,
-                    o.num_output_tokens,
-                    o.num_cached_tokens,
-                    None if o.new_logprobs is None else _logprobs(o.new_logprobs),
-                    getattr(o, "error", None),
-                )
-            )
-        return outputs
+        return [token_output(o) for o in results]
 
     def _fail_all(self, message: str) -> list[TokenOutput]:
         outputs = []
