@@ -105,6 +105,26 @@ def test_killing_the_core_fails_the_stream_turns_health_503_and_exits_3(runtime:
     assert "engine core process died" in runtime.log()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_core_exits_when_the_http_process_is_killed(runtime: RuntimeProcess) -> None:
+    pid = core_pid(runtime)
+    runtime.proc.kill()
+    runtime.proc.wait(10)
+    deadline = time.monotonic() + 10
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(pid)
+    assert "engine core stopping: parent gone" in runtime.log()
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie whose parent is gone counts as ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def test_core_that_cannot_load_the_model_exits_1_with_the_reason(
     model_dir: Path, copy_checkpoint, tmp_path: Path
 ) -> None:
@@ -125,6 +145,7 @@ def test_event_loop_answers_while_the_engine_holds_its_gil() -> None:
         body = {"prompt": "abc", "max_tokens": 30, "stream": True}
         with (
             httpx.Client(base_url=srv.base_url, timeout=30) as http,
+            httpx.Client(base_url=srv.base_url, timeout=5) as probe,  # one client: no setup per probe
             http.stream("POST", "/v1/completions", json=body) as response,
         ):
             lines = response.iter_lines()
@@ -132,7 +153,7 @@ def test_event_loop_answers_while_the_engine_holds_its_gil() -> None:
             latencies = []
             for _ in range(15):
                 t0 = time.perf_counter()
-                assert httpx.get(srv.base_url + "/health", timeout=5).status_code == 200
+                assert probe.get("/health").status_code == 200
                 latencies.append(time.perf_counter() - t0)
                 time.sleep(0.05)
             text = "".join(

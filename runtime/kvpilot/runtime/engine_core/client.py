@@ -41,6 +41,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_ENGINE_FACTORY = "kvpilot.runtime.engine_core.core:build_llm_engine"
 MAX_MESSAGES_PER_WAKEUP = 8  # then let the other tasks of the event loop run
 IPC_PATH_MAX = 100  # sockaddr_un holds 107 bytes
+IPC_DIR_PREFIX = "kvpilot-ipc-"
 
 
 @dataclass(frozen=True)
@@ -52,10 +53,10 @@ class EngineCoreSpec:
 
 
 def _ipc_dir() -> str:
-    path = tempfile.mkdtemp(prefix="kvpilot-ipc-")
+    path = tempfile.mkdtemp(prefix=IPC_DIR_PREFIX)
     if len(path) + len("/requests") + len("ipc://") > IPC_PATH_MAX:  # a long TMPDIR
         os.rmdir(path)
-        path = tempfile.mkdtemp(prefix="kvpilot-ipc-", dir="/tmp")
+        path = tempfile.mkdtemp(prefix=IPC_DIR_PREFIX, dir="/tmp")
     return path
 
 

@@ -38,7 +38,8 @@ from kvpilot.runtime.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 MAX_FAILURE_BACKOFF_S = 1.0
-DEFAULT_ENGINE_FACTORY = "kvpilot.runtime.engine_core.core:build_llm_engine"
+PARENT_GONE = "parent gone"
+SHUTDOWN = "shutdown"
 
 
 class EngineLike(Protocol):
@@ -141,9 +142,9 @@ class EngineCore:
             busy = engine.has_unfinished_requests()
             ready = dict(self._poller.poll(0 if busy else None))
             if self._parent_fd is not None and self._parent_fd in ready:
-                return "parent gone"
+                return PARENT_GONE
             if ready.get(self._requests) and not self._drain():
-                return "shutdown"
+                return SHUTDOWN
             try:
                 self._iterate()
             except Exception as err:  # e.g. stats() broke: fail what is in flight, keep serving

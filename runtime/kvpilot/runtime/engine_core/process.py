@@ -14,12 +14,15 @@ process, which fails its requests and exits non-zero.
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import signal
 import sys
 
 import msgspec
 import zmq
-from kvpilot.runtime.engine_core.core import EngineCore, ready_message, resolve_factory
+from kvpilot.runtime.engine_core.client import IPC_DIR_PREFIX
+from kvpilot.runtime.engine_core.core import PARENT_GONE, EngineCore, ready_message, resolve_factory
 from kvpilot.runtime.engine_core.messages import CoreConfig, LoadFailed, message_encoder
 
 logger = logging.getLogger("kvpilot.runtime.engine_core")
@@ -59,4 +62,13 @@ def main() -> int:
     outputs.close(linger=0)
     requests.close(linger=0)
     context.term()
+    if why == PARENT_GONE:  # nobody else will remove the sockets' directory
+        _remove_ipc_dir(config.input_address)
     return EXIT_OK
+
+
+def _remove_ipc_dir(address: str) -> None:
+    if address.startswith("ipc://"):
+        directory = os.path.dirname(address.removeprefix("ipc://"))
+        if os.path.basename(directory).startswith(IPC_DIR_PREFIX):
+            shutil.rmtree(directory, ignore_errors=True)
