@@ -17,9 +17,13 @@ one event); --mode both runs that first, in a child process (so its device memor
 the HTTP burst, and adds the ratio. The client can be split over several processes (--client-procs)
 so that it is not what limits the measurement; all of them start at one shared instant.
 
-Not a test: numbers go to BENCHMARKS.md by hand. On CPU, the tiny fixture checkpoint
-(`python -m kvpilot.runtime.fixtures DIR`) with small lengths makes a smoke run:
-    python benchmarks/bench_http_burst.py -n 16 --input-len 8 32 --output-len 8 32 -- --model DIR --device cpu
+--write-model-dir DIR writes a model directory whose tokenizer gives every token id a word: of a real
+shape (--shape, for --load-format dummy) or with the weights of a checkpoint (--weights-from). Not a test:
+numbers go to BENCHMARKS.md by hand. A CPU smoke run with the tiny fixture checkpoint:
+    python -m kvpilot.runtime.fixtures /tmp/tiny
+    python benchmarks/bench_http_burst.py --write-model-dir /tmp/tiny-words --weights-from /tmp/tiny
+    OMP_NUM_THREADS=1 python benchmarks/bench_http_burst.py --mode both -n 64 --input-len 16 128 \
+        --output-len 16 128 -- --model /tmp/tiny-words --device cpu --max-model-len 512 --num-kv-blocks 4096
 """
 
 from __future__ import annotations
@@ -326,21 +330,29 @@ def _request_flags(args: argparse.Namespace) -> list[str]:
 
 
 # ---- a model directory of a real shape -------------------------------------------------------------
-def write_model_dir(out: Path, shape: str) -> Path:
-    """config.json of a real shape (kvpilot.runtime.bench's) for --load-format dummy, and a word-level
-    tokenizer with one word per id of the whole vocabulary, so that every generated token has text
-    (the tiny fixture tokenizer has 1024 ids: most ids of a 151936-id model would decode to nothing)."""
+def write_model_dir(out: Path, shape: str, weights_from: Path | None = None) -> Path:
+    """config.json of a real shape (kvpilot.runtime.bench's) for --load-format dummy, or config and weights
+    copied from a checkpoint, and a word-level tokenizer with one word per id of the whole vocabulary, so
+    that every generated token has text (random weights under a byte-level tokenizer produce runs of
+    bytes that are no UTF-8, held back as no text; and most ids of a 151936-id model would decode to
+    nothing with the 1024-id fixture tokenizer)."""
     from kvpilot.runtime.bench import qwen3_config
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    config = qwen3_config(shape)
     out.mkdir(parents=True, exist_ok=True)
+    if weights_from is not None:
+        config = json.loads((weights_from / "config.json").read_text())
+        for path in weights_from.glob("*.safetensors*"):
+            (out / path.name).write_bytes(path.read_bytes())
+    else:
+        config = qwen3_config(shape)
     (out / "config.json").write_text(json.dumps(config))
     vocab = {f"w{i}": i for i in range(config["vocab_size"])}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.save(str(out / "tokenizer.json"))
-    eos = f"w{config['eos_token_id']}"
+    eos_id = config.get("eos_token_id")
+    eos = f"w{eos_id[0] if isinstance(eos_id, list) else (eos_id or 0)}"
     (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": eos, "bos_token": None}))
     return out
 
@@ -395,6 +407,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="only write a model directory of --shape (config + full-vocabulary tokenizer) here and exit",
     )
     p.add_argument("--shape", default="qwen3-0.6b", help="with --write-model-dir (see kvpilot.runtime.bench)")
+    p.add_argument(
+        "--weights-from",
+        type=Path,
+        default=None,
+        help="with --write-model-dir: copy config and weights from here",
+    )
     args = p.parse_args(argv)
     if args.write_model_dir is None and not _flag_value(runtime_args, "--model"):
         p.error("pass the server's flags after `--`, at least --model DIR")
@@ -405,7 +423,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.write_model_dir is not None:
-        print(write_model_dir(args.write_model_dir, args.shape))
+        print(write_model_dir(args.write_model_dir, args.shape, args.weights_from))
         return 0
     vocab = vocab_size(args.runtime_args)
     reqs = make_requests(args.num_requests, tuple(args.input_len), tuple(args.output_len), vocab, args.seed)
