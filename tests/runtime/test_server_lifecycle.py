@@ -39,6 +39,20 @@ def test_health_and_requests_are_503_while_loading(tmp_path: Path) -> None:
         srv.stop()
 
 
+def test_sigterm_while_loading_stops_at_once_and_exits_0(tmp_path: Path) -> None:
+    srv = InProcessServer(fake_engine(load_gate=str(tmp_path / "never"))).start(wait_healthy=False)
+    try:
+        assert wait_for(lambda: _status(srv.base_url + "/health") == 503)
+        core = srv.core_pid
+        started = time.monotonic()
+        srv.call(srv.shutdown.request)
+        srv.join(10)
+        assert srv.stopped and srv.exit_code == 0 and time.monotonic() - started < 5
+        assert core is not None and not Path(f"/proc/{core}").exists()
+    finally:
+        srv.stop()
+
+
 def _status(url: str) -> int:
     try:
         return httpx.get(url, timeout=1.0).status_code

@@ -139,10 +139,10 @@ class EngineCoreProcess:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._exited.wait(), timeout)
             if proc.poll() is None:
-                logger.warning("engine core did not stop within %.0fs: killing it", timeout)
+                logger.warning("engine core did not stop within %.1fs: killing it", timeout)
                 proc.kill()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._exited.wait(), timeout)
+                    await asyncio.wait_for(self._exited.wait(), 5.0)
         self._close()
         return None if proc is None else proc.poll()
 

@@ -220,9 +220,10 @@ class EngineClient:
         self._tokenizer_task = asyncio.ensure_future(self._load_tokenizer())
 
     async def stop(self) -> None:
+        """Shuts the engine core down (a core still loading is not waited for: it reads no messages)."""
         if self._tokenizer_task is not None and not self._tokenizer_task.done():
             self._tokenizer_task.cancel()
-        code = await self.process.stop()
+        code = await self.process.stop(timeout=5.0 if self._ready is not None else 0.5)
         logger.info("engine core stopped (exit code %s)", code)
 
     def begin_drain(self) -> None:
