@@ -128,7 +128,7 @@ class EngineCoreProcess:
 
     def send(self, request: CoreRequest) -> None:
         if self._requests is not None and self.returncode is None:
-            self._requests.send(self._encoder.encode(request), zmq.NOBLOCK, copy=False)
+            self._requests.send(self._encoder.encode(request), zmq.NOBLOCK)
 
     async def stop(self, timeout: float = 5.0) -> int | None:
         """Asks the core to shut down, kills it after `timeout`, releases the sockets. Idempotent."""
@@ -153,11 +153,11 @@ class EngineCoreProcess:
             return
         for _ in range(MAX_MESSAGES_PER_WAKEUP):
             try:
-                frame = sock.recv(zmq.NOBLOCK, copy=False)
+                data = sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
             try:
-                message = self._decoder.decode(frame.buffer)
+                message = self._decoder.decode(data)
             except msgspec.DecodeError:
                 logger.exception("dropping an engine-core message that does not decode")
                 continue

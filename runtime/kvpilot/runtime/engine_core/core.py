@@ -156,11 +156,11 @@ class EngineCore:
         """Applies every message waiting on the socket; False once Shutdown arrived."""
         while True:
             try:
-                frame = self._requests.recv(zmq.NOBLOCK, copy=False)
+                data = self._requests.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return True
             try:
-                message = self._decoder.decode(frame.buffer)
+                message = self._decoder.decode(data)
             except msgspec.DecodeError:
                 logger.exception("dropping a request message that does not decode")
                 continue
@@ -246,4 +246,4 @@ class EngineCore:
             return
         message = StepOutputs(outputs, self._accepted, self._rejected, stats, step_start)
         self._accepted, self._rejected, self._last_stats = [], [], stats
-        self._outputs.send(self._encoder.encode(message), copy=False)
+        self._outputs.send(self._encoder.encode(message))
