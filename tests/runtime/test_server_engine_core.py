@@ -114,7 +114,46 @@ def test_the_core_exits_when_the_http_process_is_killed(runtime: RuntimeProcess)
     while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive(pid)
-    assert "engine core stopping: parent gone" in runtime.log()
+    assert "the HTTP process is gone" in runtime.log()
+
+
+SERVE_WHILE_LOADING = """
+import asyncio, logging, sys
+logging.basicConfig(level="INFO")
+from kvpilot.runtime.server.serve import serve
+from tests.runtime.server_fakes import FakeTokenizer, fake_engine
+asyncio.run(serve(fake_engine(load_gate=sys.argv[1]), FakeTokenizer, served_model_name="m", model_root="m",
+                  host="127.0.0.1", port=0, max_waiting_requests=4, grace_seconds=1, cache_config={}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_core_still_loading_exits_when_the_http_process_is_killed(tmp_path: Path) -> None:
+    repo = Path(__file__).resolve().parents[2]
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVE_WHILE_LOADING, str(tmp_path / "never")],
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stderr is not None
+        match = None
+        while match is None and (line := server.stderr.readline()):
+            match = CORE_STARTED.search(line)
+        assert match, "no engine core started"
+        pid = int(match.group(1))
+        time.sleep(0.5)  # the core is in its factory now, waiting for a file that never comes
+        server.kill()
+        server.wait(10)
+        deadline = time.monotonic() + 10
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(pid)
+    finally:
+        if server.poll() is None:
+            server.kill()
 
 
 def alive(pid: int) -> bool:

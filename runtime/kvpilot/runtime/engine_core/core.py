@@ -4,9 +4,6 @@ Each iteration drains every request message that arrived (blocking on the socket
 has nothing to do: no busy spin), runs one engine.step(), and sends ONE StepOutputs message carrying all
 outputs of that step, the groups taken or refused, and a stats snapshot. An exception in step() fails
 the requests in flight (each gets an output with `error`) and the loop keeps serving.
-
-The loop also watches its parent: `parent_fd` is the read end of a pipe the HTTP process holds open
-(the core's stdin); it turns readable (EOF) when that process is gone, and the core exits.
 """
 
 from __future__ import annotations
@@ -38,8 +35,6 @@ from kvpilot.runtime.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 MAX_FAILURE_BACKOFF_S = 1.0
-PARENT_GONE = "parent gone"
-SHUTDOWN = "shutdown"
 
 
 class EngineLike(Protocol):
@@ -116,13 +111,10 @@ def token_output(o: Any) -> TokenOutput:
 
 
 class EngineCore:
-    def __init__(
-        self, engine: EngineLike, requests: zmq.Socket, outputs: zmq.Socket, parent_fd: int | None = None
-    ) -> None:
+    def __init__(self, engine: EngineLike, requests: zmq.Socket, outputs: zmq.Socket) -> None:
         self.engine = engine
         self._requests = requests
         self._outputs = outputs
-        self._parent_fd = parent_fd
         self._decoder = request_decoder()
         self._encoder = message_encoder()
         self._live: set[str] = set()  # engine requests added and not finished (failed together on errors)
@@ -130,21 +122,15 @@ class EngineCore:
         self._rejected: list[Rejected] = []
         self._last_stats: Stats | None = None
         self._failures = 0
-        self._poller = zmq.Poller()
-        self._poller.register(requests, zmq.POLLIN)
-        if parent_fd is not None:
-            self._poller.register(parent_fd, zmq.POLLIN)
 
-    def run(self) -> str:
-        """Serves until Shutdown or the parent is gone; returns which."""
-        engine = self.engine
+    def run(self) -> None:
+        """Serves until Shutdown arrives."""
+        engine, requests = self.engine, self._requests
         while True:
-            busy = engine.has_unfinished_requests()
-            ready = dict(self._poller.poll(0 if busy else None))
-            if self._parent_fd is not None and self._parent_fd in ready:
-                return PARENT_GONE
-            if ready.get(self._requests) and not self._drain():
-                return SHUTDOWN
+            if not engine.has_unfinished_requests():
+                requests.poll()  # nothing to step: sleep until a message arrives
+            if not self._drain():
+                return
             try:
                 self._iterate()
             except Exception as err:  # e.g. stats() broke: fail what is in flight, keep serving
