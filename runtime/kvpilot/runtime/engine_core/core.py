@@ -63,7 +63,7 @@ def build_llm_engine(**engine_kwargs: Any) -> EngineLike:
 
 
 def resolve_factory(spec: str) -> Callable[..., EngineLike]:
-    """ "package.module:function" -> the function."""
+    """The function a "package.module:function" spec names."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"engine factory {spec!r} is not of the form 'module:function'")
@@ -105,7 +105,7 @@ def token_output(o: Any) -> TokenOutput:
         o.num_prompt_tokens,
         o.num_output_tokens,
         o.num_cached_tokens,
-        None if o.new_logprobs is None else _logprobs(o.new_logprobs),
+        _logprobs(o.new_logprobs),
         getattr(o, "error", None),
     )
 
