@@ -1,7 +1,8 @@
 """The HTTP layer against a fake engine: protocol shapes, SSE, errors, metrics, disconnects, admission.
 
-The fake generates predictable characters (see server_fakes), so exact texts can be asserted. The
-server is the real app, engine-loop thread and uvicorn, in-process on a free port.
+The fake generates predictable characters (see fake_engine), so exact texts can be asserted. The
+server is the real app and uvicorn, in-process on a free port, with a real engine-core process that
+runs the fake engine.
 """
 
 from __future__ import annotations
@@ -9,25 +10,32 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.runtime.server_fakes import FakeEngine, InProcessServer, expected_text
+from tests.runtime.server_fakes import InProcessServer, expected_text, fake_engine
 
 MODEL = "fake-model"
 
 
 @pytest.fixture(scope="module")
-def engine() -> FakeEngine:
-    return FakeEngine(step_delay=0.002, max_num_seqs=8, max_model_len=64)
+def abort_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fake engine (in the engine-core process) appends the id of every request it aborts here."""
+    return tmp_path_factory.mktemp("fake-engine") / "aborted.txt"
+
+
+def aborted(abort_log: Path) -> int:
+    return len(abort_log.read_text().splitlines()) if abort_log.exists() else 0
 
 
 @pytest.fixture(scope="module")
-def server(engine: FakeEngine) -> Iterator[InProcessServer]:
-    srv = InProcessServer(lambda: engine).start()
+def server(abort_log: Path) -> Iterator[InProcessServer]:
+    core = fake_engine(step_delay=0.002, max_num_seqs=8, max_model_len=64, abort_log=str(abort_log))
+    srv = InProcessServer(core).start()
     yield srv
     srv.stop()
 
@@ -295,9 +303,9 @@ def running_and_usage(base_url: str) -> tuple[float, float]:
     return sample(values, "vllm:num_requests_running"), sample(values, "vllm:kv_cache_usage_perc")
 
 
-def test_stream_disconnect_aborts_engine_request(server: InProcessServer, engine: FakeEngine) -> None:
+def test_stream_disconnect_aborts_engine_request(server: InProcessServer, abort_log: Path) -> None:
     body = {"prompt": "long", "max_tokens": 50, "stream": True}
-    aborted_before = len(engine.aborted)
+    aborted_before = aborted(abort_log)
     with (
         httpx.Client(base_url=server.base_url) as http,
         http.stream("POST", "/v1/completions", json=body) as r,
@@ -306,16 +314,16 @@ def test_stream_disconnect_aborts_engine_request(server: InProcessServer, engine
         assert next(lines).startswith("data: ")
         assert running_and_usage(server.base_url)[0] == 1
     assert wait_for(lambda: running_and_usage(server.base_url) == (0, 0), timeout=1.0)
-    assert len(engine.aborted) == aborted_before + 1
+    assert aborted(abort_log) == aborted_before + 1
 
 
-def test_non_streaming_disconnect_aborts_engine_request(server: InProcessServer, engine: FakeEngine) -> None:
-    aborted_before = len(engine.aborted)
+def test_non_streaming_disconnect_aborts_engine_request(server: InProcessServer, abort_log: Path) -> None:
+    aborted_before = aborted(abort_log)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(
             server.base_url + "/v1/completions", json={"prompt": "slow", "max_tokens": 55}, timeout=0.05
         )
-    assert wait_for(lambda: len(engine.aborted) > aborted_before, timeout=1.0)
+    assert wait_for(lambda: aborted(abort_log) > aborted_before, timeout=1.0)
     assert wait_for(lambda: running_and_usage(server.base_url) == (0, 0), timeout=1.0)
 
 

@@ -1,16 +1,17 @@
-"""Server lifecycle against a fake engine: loading, admission bound, drain on shutdown, load failure."""
+"""Server lifecycle against a fake engine (in a real engine-core process): loading, admission bound, drain
+on shutdown, load failure."""
 
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 from kvpilot.runtime.server.serve import serve
 
-from tests.runtime.server_fakes import FakeEngine, FakeTokenizer, InProcessServer, expected_text
+from tests.runtime.server_fakes import FakeTokenizer, InProcessServer, expected_text, fake_engine
 
 
 def wait_for(predicate, timeout: float = 5.0) -> bool:
@@ -22,23 +23,33 @@ def wait_for(predicate, timeout: float = 5.0) -> bool:
     return predicate()
 
 
-def test_health_and_requests_are_503_while_loading() -> None:
-    release = threading.Event()
-
-    def slow_factory() -> FakeEngine:
-        release.wait(10)
-        return FakeEngine()
-
-    srv = InProcessServer(slow_factory).start(wait_healthy=False)
+def test_health_and_requests_are_503_while_loading(tmp_path: Path) -> None:
+    release = tmp_path / "loaded"  # the fake engine's factory waits for this file
+    srv = InProcessServer(fake_engine(load_gate=str(release))).start(wait_healthy=False)
     try:
         assert wait_for(lambda: _status(srv.base_url + "/health") == 503)
         r = httpx.post(srv.base_url + "/v1/completions", json={"prompt": "x"})
         assert r.status_code == 503 and r.json()["error"]["code"] == "model_loading"
-        release.set()
-        assert wait_for(lambda: _status(srv.base_url + "/health") == 200)
+        assert r.headers["retry-after"] == "1"
+        release.touch()
+        assert wait_for(lambda: _status(srv.base_url + "/health") == 200, timeout=10)
         assert httpx.post(srv.base_url + "/v1/completions", json={"prompt": "x"}).status_code == 200
     finally:
-        release.set()
+        release.touch()
+        srv.stop()
+
+
+def test_sigterm_while_loading_stops_at_once_and_exits_0(tmp_path: Path) -> None:
+    srv = InProcessServer(fake_engine(load_gate=str(tmp_path / "never"))).start(wait_healthy=False)
+    try:
+        assert wait_for(lambda: _status(srv.base_url + "/health") == 503)
+        core = srv.core_pid
+        started = time.monotonic()
+        srv.call(srv.shutdown.request)
+        srv.join(10)
+        assert srv.stopped and srv.exit_code == 0 and time.monotonic() - started < 5
+        assert core is not None and not Path(f"/proc/{core}").exists()
+    finally:
         srv.stop()
 
 
@@ -50,8 +61,7 @@ def _status(url: str) -> int:
 
 
 def test_full_waiting_queue_gets_503_with_retry_after() -> None:
-    engine = FakeEngine(max_num_seqs=1, step_delay=0.01)
-    srv = InProcessServer(lambda: engine, max_waiting_requests=1).start()
+    srv = InProcessServer(fake_engine(max_num_seqs=1, step_delay=0.01), max_waiting_requests=1).start()
     body = {"prompt": "q", "max_tokens": 40, "stream": True}
     try:
         with (
@@ -64,15 +74,26 @@ def test_full_waiting_queue_gets_503_with_retry_after() -> None:
             r = httpx.post(srv.base_url + "/v1/completions", json={"prompt": "q", "max_tokens": 1})
             assert r.status_code == 503
             assert r.headers["retry-after"] == "1" and r.json()["error"]["code"] == "server_overloaded"
-        assert wait_for(lambda: not engine.running and not engine.waiting)
+        assert wait_for(lambda: _running_and_waiting(srv.base_url) == (0, 0))
         r = httpx.post(srv.base_url + "/v1/completions", json={"prompt": "q", "max_tokens": 1})
         assert r.status_code == 200
     finally:
         srv.stop()
 
 
+def _running_and_waiting(base_url: str) -> tuple[float, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values = {
+        s.name: s.value
+        for family in text_string_to_metric_families(httpx.get(base_url + "/metrics").text)
+        for s in family.samples
+    }
+    return values["vllm:num_requests_running"], values["vllm:num_requests_waiting"]
+
+
 def test_chat_without_template_is_400() -> None:
-    srv = InProcessServer(lambda: FakeEngine(tokenizer=FakeTokenizer(chat_template=None))).start()
+    srv = InProcessServer(tokenizer_factory=lambda: FakeTokenizer(chat_template=None)).start()
     try:
         r = httpx.post(
             srv.base_url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}
@@ -84,7 +105,7 @@ def test_chat_without_template_is_400() -> None:
 
 
 def test_drain_lets_running_streams_finish_and_refuses_new_ones() -> None:
-    srv = InProcessServer(lambda: FakeEngine(step_delay=0.01), grace_seconds=10).start()
+    srv = InProcessServer(fake_engine(step_delay=0.01), grace_seconds=10).start()
     body = {"prompt": "abc", "max_tokens": 30, "stream": True}
     with httpx.Client(base_url=srv.base_url) as http, http.stream("POST", "/v1/completions", json=body) as r:
         lines = r.iter_lines()
@@ -101,7 +122,7 @@ def test_drain_lets_running_streams_finish_and_refuses_new_ones() -> None:
 
 
 def test_drain_aborts_streams_that_outlive_the_grace_period() -> None:
-    srv = InProcessServer(lambda: FakeEngine(step_delay=0.01, max_model_len=4096), grace_seconds=0.2).start()
+    srv = InProcessServer(fake_engine(step_delay=0.01, max_model_len=4096), grace_seconds=0.2).start()
     body = {"prompt": "abc", "max_tokens": 2000, "stream": True}
     with httpx.Client(base_url=srv.base_url) as http, http.stream("POST", "/v1/completions", json=body) as r:
         srv.call(srv.shutdown.request)
@@ -120,13 +141,11 @@ def _sse_text(line: str) -> str:
 
 
 def test_serve_returns_1_when_the_model_cannot_load() -> None:
-    def broken() -> FakeEngine:
-        raise FileNotFoundError("no config.json in /nowhere")
-
     code = asyncio.run(
         asyncio.wait_for(
             serve(
-                broken,
+                fake_engine(load_error="no config.json in /nowhere"),
+                FakeTokenizer,
                 served_model_name="m",
                 model_root="/nowhere",
                 host="127.0.0.1",

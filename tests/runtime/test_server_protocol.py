@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from kvpilot.runtime.server.errors import APIError
+from kvpilot.runtime.server.openai_errors import APIError
 from kvpilot.runtime.server.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from kvpilot.runtime.server.responses import ChoiceState, usage
 

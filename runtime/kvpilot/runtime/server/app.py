@@ -6,14 +6,20 @@ import time
 
 from fastapi import FastAPI
 from kvpilot.runtime.server.engine_client import EngineClient, ServerState
-from kvpilot.runtime.server.errors import APIError, route_not_found, unavailable
 from kvpilot.runtime.server.metrics import ServerMetrics
 from kvpilot.runtime.server.middleware import RequestIdMiddleware
+from kvpilot.runtime.server.openai_errors import APIError, route_not_found, unavailable
 from kvpilot.runtime.server.serving import OpenAIServing
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+
+HEALTH_REASONS = {
+    ServerState.LOADING: ("The model is still loading.", "model_loading"),
+    ServerState.DRAINING: ("The server is shutting down.", "shutting_down"),
+    ServerState.FAILED: ("The engine is not running; the server is exiting.", "engine_dead"),
+}
 
 
 def build_app(client: EngineClient, metrics: ServerMetrics, *, model_root: str | None = None) -> FastAPI:
@@ -34,10 +40,7 @@ def build_app(client: EngineClient, metrics: ServerMetrics, *, model_root: str |
     async def health() -> Response:
         if client.state is ServerState.READY:
             return JSONResponse({"status": "ok"})
-        reason = {ServerState.LOADING: ("The model is still loading.", "model_loading")}.get(
-            client.state, ("The server is shutting down.", "shutting_down")
-        )
-        err = unavailable(*reason)
+        err = unavailable(*HEALTH_REASONS[client.state])
         return JSONResponse(err.body(), status_code=503)
 
     @app.get("/v1/models")

@@ -1,34 +1,44 @@
-"""The asyncio side of the engine loop: lifecycle state, admission, and one stream per HTTP request.
+"""The HTTP process's engine: lifecycle state, admission, and one stream per HTTP request.
 
-Everything here runs on the event loop thread; the engine thread only reaches it through
-`loop.call_soon_threadsafe` (one call per engine iteration, carrying all of that iteration's events).
+The engine itself runs in the engine-core process (kvpilot.runtime.engine_core); this side starts it,
+loads the tokenizer (prompts are tokenized here, token ids go to the core), turns each step's token ids
+into text deltas (output_processor.py) and hands them to the streams. Everything here runs on the event
+loop thread. The core's death fails every stream at once (an OpenAI error / SSE error event) and is
+reported to the server, which exits non-zero.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import logging
+import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
-from kvpilot.runtime.errors import InvalidRequestError
-from kvpilot.runtime.server.engine_loop import (
-    AbortGroup,
+from kvpilot.runtime.engine_core.client import EngineCoreProcess, EngineCoreSpec
+from kvpilot.runtime.engine_core.messages import (
+    Abort,
     AddGroup,
-    Delivery,
-    EngineLike,
-    EngineLoop,
-    GenerationInput,
-    GroupAccepted,
-    GroupRejected,
-    LoopObserver,
-    RequestAborted,
-    RequestFailed,
+    CoreMessage,
+    EngineRequest,
+    LoadFailed,
+    Ready,
+    StepOutputs,
 )
-from kvpilot.runtime.server.errors import RETRY_AFTER_SECONDS, from_invalid_request, unavailable
+from kvpilot.runtime.errors import InvalidRequestError
+from kvpilot.runtime.sampling_params import SamplingParams
+from kvpilot.runtime.server.metrics import ServerMetrics
+from kvpilot.runtime.server.openai_errors import (
+    RETRY_AFTER_SECONDS,
+    APIError,
+    from_invalid_request,
+    unavailable,
+)
+from kvpilot.runtime.server.output_processor import ChoiceDelta, RequestText
 
 logger = logging.getLogger(__name__)
 
@@ -37,55 +47,107 @@ class ServerState(enum.Enum):
     LOADING = "loading"
     READY = "ready"
     DRAINING = "draining"
-    FAILED = "failed"
+    FAILED = "failed"  # the model could not be loaded, or the engine core died
 
 
 class EngineFailure(Exception):
     """The engine failed while serving this request (becomes a 500 carrying the request id)."""
 
 
-class GenerationStream:
-    """The events of one HTTP request's engine requests (one per prompt x choice), in arrival order."""
+@dataclass(frozen=True)
+class GenerationInput:
+    prompt_token_ids: list[int]
+    params: SamplingParams
 
-    def __init__(self, group_id: str, size: int, on_close: Callable[[GenerationStream], None]) -> None:
+
+# Group-level events (index -1) a stream receives before its deltas.
+@dataclass(frozen=True)
+class GroupAccepted:
+    pass
+
+
+@dataclass(frozen=True)
+class GroupRejected:
+    error: Exception  # APIError (400) or EngineFailure (500)
+
+
+@dataclass(frozen=True)
+class StreamFailed:
+    message: str  # the engine core died
+
+
+class GenerationStream:
+    """The deltas of one HTTP request's engine requests (one per prompt x choice), in arrival order."""
+
+    def __init__(self, group_id: str, request_ids: list[str], on_close: Callable[[GenerationStream], None]):
         self.group_id = group_id
-        self.size = size
-        self._queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        self.request_ids = request_ids
+        self.size = len(request_ids)
+        self.closed = False
+        self._items: deque[tuple[int, Any]] = deque()
+        self._waiter: asyncio.Future[None] | None = None
         self._on_close = on_close
         self._finished: set[int] = set()
-        self.closed = False
 
     @property
     def done(self) -> bool:
         return len(self._finished) == self.size
 
     def push(self, index: int, event: Any) -> None:
-        self._queue.put_nowait((index, event))
+        self._items.append((index, event))
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait(self) -> None:
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
 
     async def accepted(self) -> None:
-        """Waits until the engine took every request of the group, or raises why it refused."""
-        _, event = await self._queue.get()
+        """Waits until the engine took every request of the group, or raises why it did not."""
+        await self._wait()
+        _, event = self._items.popleft()
+        if isinstance(event, GroupAccepted):
+            return
+        self._finished = set(range(self.size))
         if isinstance(event, GroupRejected):
-            self._finished = set(range(self.size))
-            if isinstance(event.error, InvalidRequestError):
-                raise from_invalid_request(event.error)
-            raise EngineFailure(str(event.error)) from event.error
-        if not isinstance(event, GroupAccepted):
-            raise RuntimeError(f"unexpected first event {event!r}")
+            raise event.error
+        if isinstance(event, StreamFailed):
+            raise EngineFailure(event.message)
+        raise RuntimeError(f"unexpected first event {event!r}")
 
-    async def events(self) -> AsyncIterator[tuple[int, Any]]:
-        """Yields (index, RequestOutput | RequestAborted) until every request of the group finished."""
+    async def batches(self) -> AsyncIterator[list[tuple[int, ChoiceDelta]]]:
+        """Yields every delta that arrived since the last batch (index, delta), until all requests ended.
+        Raises EngineFailure after the deltas that came before the failure."""
         while not self.done:
-            index, event = await self._queue.get()
-            if isinstance(event, RequestFailed):
+            await self._wait()
+            batch: list[tuple[int, ChoiceDelta]] = []
+            error: str | None = None
+            while self._items:
+                index, event = self._items.popleft()
+                if isinstance(event, StreamFailed):
+                    error = event.message
+                    break
+                if event.error is not None:
+                    error = event.error
+                    break
+                if event.finished:
+                    self._finished.add(index)
+                batch.append((index, event))
+            if batch:
+                yield batch
+            if error is not None:
                 self._finished = set(range(self.size))
-                raise EngineFailure(str(event.error)) from event.error
-            if getattr(event, "error", None):  # the engine finished this request because it failed
-                self._finished.add(index)
-                raise EngineFailure(event.error)
-            if isinstance(event, RequestAborted) or event.finished:
-                self._finished.add(index)
-            yield index, event
+                raise EngineFailure(error)
+
+    async def events(self) -> AsyncIterator[tuple[int, ChoiceDelta]]:
+        async for batch in self.batches():
+            for item in batch:
+                yield item
 
     def close(self) -> None:
         """Idempotent; aborts the engine requests that are still running (client gone, error, ...)."""
@@ -94,51 +156,75 @@ class GenerationStream:
             self._on_close(self)
 
 
+@dataclass(slots=True)
+class Route:
+    """Where one engine request's deltas go, its text state, and its timing for the latency metrics."""
+
+    stream: GenerationStream
+    index: int
+    text: RequestText
+    arrival_time: float
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+
+
+def engine_request_id(group_id: str, index: int) -> str:
+    return f"{group_id}-{index}"
+
+
 class EngineClient:
     def __init__(
         self,
-        engine_factory: Callable[[], EngineLike],
-        observer: LoopObserver,
+        core: EngineCoreSpec,
+        tokenizer_factory: Callable[[], Any],
+        metrics: ServerMetrics,
         *,
         served_model_name: str,
         max_waiting_requests: int,
+        log_level: str = "info",
     ) -> None:
         self.served_model_name = served_model_name
         self.max_waiting_requests = max_waiting_requests
         self.state = ServerState.LOADING
         self.tokenizer: Any = None
         self.max_model_len: int | None = None
-        self._factory = engine_factory
-        self._observer = observer
+        self.core_pid: int | None = None
+        self.process = EngineCoreProcess(core, log_level=log_level)
+        self._tokenizer_factory = tokenizer_factory
+        self._metrics = metrics
+        self._ready: Ready | None = None
         self._streams: dict[str, GenerationStream] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._engine_loop: EngineLoop | None = None
-        self._idle: asyncio.Event | None = None
+        self._routes: dict[str, Route] = {}
+        self._unanswered: dict[str, int] = {}  # group id -> size, sent and not yet taken or refused
+        self._pending_requests = 0  # their engine requests (not in a stats snapshot yet)
+        self._engine_waiting = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._on_load_failed: Callable[[str], None] = lambda _: None
+        self._on_core_died: Callable[[int], None] = lambda _: None
+        self._tokenizer_task: asyncio.Task[None] | None = None
 
     # ---- lifecycle
     def start(
-        self, loop: asyncio.AbstractEventLoop, on_load_failed: Callable[[BaseException], None] | None = None
+        self,
+        on_load_failed: Callable[[str], None] | None = None,
+        on_core_died: Callable[[int], None] | None = None,
     ) -> None:
-        """Starts the engine thread, which loads the engine; state turns READY once it is loaded."""
-        self._loop = loop
-        self._idle = asyncio.Event()
-        self._idle.set()
+        """Starts the engine-core process and loads the tokenizer; READY once both are done (on the loop)."""
+        if on_load_failed is not None:
+            self._on_load_failed = on_load_failed
+        if on_core_died is not None:
+            self._on_core_died = on_core_died
+        self.process.start(self._on_message, self._on_exit)
+        self.core_pid = self.process.pid
+        self._tokenizer_task = asyncio.ensure_future(self._load_tokenizer())
 
-        def failed(err: BaseException) -> None:
-            self._call_soon(self._mark_failed, err, on_load_failed)
-
-        self._engine_loop = EngineLoop(
-            self._factory,
-            self._dispatch_threadsafe,
-            self._observer,
-            on_loaded=lambda engine: self._call_soon(self._mark_loaded, engine),
-            on_load_failed=failed,
-        )
-        self._engine_loop.start()
-
-    def stop(self) -> None:
-        if self._engine_loop is not None:
-            self._engine_loop.stop()
+    async def stop(self) -> None:
+        """Shuts the engine core down (a core still loading is not waited for: it reads no messages)."""
+        if self._tokenizer_task is not None and not self._tokenizer_task.done():
+            self._tokenizer_task.cancel()
+        code = await self.process.stop(timeout=5.0 if self._ready is not None else 0.5)
+        logger.info("engine core stopped (exit code %s)", code)
 
     def begin_drain(self) -> None:
         if self.state in (ServerState.LOADING, ServerState.READY):
@@ -146,7 +232,6 @@ class EngineClient:
 
     async def wait_idle(self, timeout: float) -> bool:
         """True when every stream finished within `timeout` seconds."""
-        assert self._idle is not None, "start() first"
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
         except TimeoutError:
@@ -154,8 +239,10 @@ class EngineClient:
         return True
 
     def abort_all(self) -> None:
-        for stream in list(self._streams.values()):
-            self._submit(AbortGroup(stream.group_id))
+        """Aborts every running request; each stream ends with finish_reason "abort"."""
+        live = list(self._routes)
+        if live:
+            self.process.send(Abort(live))
 
     @property
     def num_streams(self) -> int:
@@ -166,10 +253,11 @@ class EngineClient:
         """Raises the 503 a new request gets while loading, draining, or with a full waiting queue."""
         if self.state is ServerState.LOADING:
             raise unavailable("The model is still loading.", "model_loading", RETRY_AFTER_SECONDS)
+        if self.state is ServerState.FAILED:
+            raise unavailable("The engine is not running; the server is exiting.", "engine_dead")
         if self.state is not ServerState.READY:
             raise unavailable("The server is shutting down.", "shutting_down")
-        assert self._engine_loop is not None
-        depth = self._engine_loop.queue_depth()
+        depth = self._pending_requests + self._engine_waiting
         if depth > 0 and depth + num_requests > self.max_waiting_requests:
             raise unavailable(
                 f"Too many requests waiting ({depth}; bound {self.max_waiting_requests}); retry later.",
@@ -177,48 +265,143 @@ class EngineClient:
                 RETRY_AFTER_SECONDS,
             )
 
+    def tokenize(self, prompt: str | list[int]) -> list[int]:
+        """A completion prompt as token ids (the engine encodes strings the same way)."""
+        if isinstance(prompt, str):
+            return list(self.tokenizer.encode(prompt)) if prompt else []
+        return list(prompt)
+
     def generate(self, inputs: Sequence[GenerationInput]) -> GenerationStream:
         group_id = uuid.uuid4().hex
-        stream = GenerationStream(group_id, len(inputs), self._closed)
+        request_ids = [engine_request_id(group_id, i) for i in range(len(inputs))]
+        stream = GenerationStream(group_id, request_ids, self._closed)
+        now = time.monotonic()
+        requests = []
+        for index, (request_id, item) in enumerate(zip(request_ids, inputs, strict=True)):
+            text = RequestText(self.tokenizer, item.prompt_token_ids, item.params)
+            self._routes[request_id] = Route(stream, index, text, now)
+            core_params = replace(item.params, stop=[], include_stop_str_in_output=False, detokenize=False)
+            requests.append(EngineRequest(request_id, item.prompt_token_ids, core_params, now))
         self._streams[group_id] = stream
-        assert self._idle is not None
+        self._unanswered[group_id] = len(inputs)
+        self._pending_requests += len(inputs)
         self._idle.clear()
-        self._submit(AddGroup(group_id, list(inputs), stream.push))
+        self.process.send(AddGroup(group_id, requests))
         return stream
 
     def _closed(self, stream: GenerationStream) -> None:
-        if not stream.done:
-            self._submit(AbortGroup(stream.group_id))
+        live = [rid for rid in stream.request_ids if self._routes.pop(rid, None) is not None]
+        if live:
+            self.process.send(Abort(live))
         self._streams.pop(stream.group_id, None)
-        if not self._streams and self._idle is not None:
+        if not self._streams:
             self._idle.set()
 
-    def _submit(self, command: AddGroup | AbortGroup) -> None:
-        assert self._engine_loop is not None, "start() first"
-        self._engine_loop.submit(command)
+    # ---- the engine core's messages (event loop)
+    def _on_message(self, message: CoreMessage) -> None:
+        if isinstance(message, StepOutputs):
+            self._dispatch(message)
+        elif isinstance(message, Ready):
+            self._ready = message
+            self.max_model_len = message.max_model_len
+            self._metrics.on_loaded(message.stats)
+            self._maybe_ready()
+        elif isinstance(message, LoadFailed):
+            self._load_failed(message.reason)
 
-    # ---- called on the event loop from the engine thread
-    def _call_soon(self, fn: Callable[..., None], *args: Any) -> None:
-        assert self._loop is not None
-        with contextlib.suppress(RuntimeError):  # the event loop is closed: the server is gone
-            self._loop.call_soon_threadsafe(fn, *args)
+    def _dispatch(self, message: StepOutputs) -> None:
+        now = time.monotonic()
+        streams, routes = self._streams, self._routes
+        for group_id in message.accepted:
+            self._answered(group_id)
+            stream = streams.get(group_id)
+            if stream is not None:
+                stream.push(-1, GroupAccepted())
+        for rejected in message.rejected:
+            self._answered(rejected.group_id)
+            stream = streams.get(rejected.group_id)
+            if stream is None:
+                continue
+            for request_id in stream.request_ids:
+                routes.pop(request_id, None)
+            error: Exception = (
+                from_invalid_request(InvalidRequestError(rejected.message, rejected.param))
+                if rejected.invalid
+                else EngineFailure(rejected.message)
+            )
+            stream.push(-1, GroupRejected(error))
+        stopped: list[str] = []
+        on_delta = self._metrics.on_delta
+        step_start = message.step_start
+        for out in message.outputs:
+            route = routes.get(out.request_id)
+            if route is None:
+                continue  # closed, or finished here (a stop string) and aborted in the core
+            try:
+                delta = route.text.process(out)
+            except Exception as err:  # the request's own text broke it: fail it, keep the others
+                logger.exception("output processing failed for %s", out.request_id)
+                delta = ChoiceDelta([], "", None, True, "abort", None, 0, 0, 0, f"output processing: {err}")
+                stopped.append(out.request_id)
+            if delta is None:
+                continue
+            on_delta(route, delta, now, step_start)
+            route.stream.push(route.index, delta)
+            if delta.finished:
+                del routes[out.request_id]
+                if delta.stopped_by_string:
+                    stopped.append(out.request_id)
+        if stopped:
+            self.process.send(Abort(stopped))
+        self._engine_waiting = message.stats.num_waiting
+        self._metrics.on_stats(message.stats)
 
-    def _dispatch_threadsafe(self, deliveries: list[Delivery]) -> None:
-        self._call_soon(_deliver, deliveries)
+    def _answered(self, group_id: str) -> None:
+        self._pending_requests -= self._unanswered.pop(group_id, 0)
 
-    def _mark_loaded(self, engine: EngineLike) -> None:
-        self.tokenizer = engine.tokenizer
-        self.max_model_len = engine.max_model_len
+    async def _load_tokenizer(self) -> None:
+        try:
+            tokenizer = await asyncio.to_thread(self._tokenizer_factory)
+        except Exception as err:
+            logger.exception("the tokenizer could not be loaded")
+            self._load_failed(f"tokenizer: {type(err).__name__}: {err}")
+            return
+        self.tokenizer = tokenizer
+        self._maybe_ready()
+
+    def _maybe_ready(self) -> None:
+        if self._ready is None or self.tokenizer is None or self.state is ServerState.FAILED:
+            return
         if self.state is ServerState.LOADING:
             self.state = ServerState.READY
-        logger.info("model loaded: %s (max_model_len %d)", self.served_model_name, self.max_model_len)
+        logger.info(
+            "model loaded: %s (max_model_len %d, engine core pid %d)",
+            self.served_model_name,
+            self._ready.max_model_len,
+            self._ready.pid,
+        )
 
-    def _mark_failed(self, err: BaseException, callback: Callable[[BaseException], None] | None) -> None:
+    def _load_failed(self, reason: str) -> None:
+        if self.state is ServerState.FAILED:
+            return
         self.state = ServerState.FAILED
-        if callback is not None:
-            callback(err)
+        self._on_load_failed(reason)
+
+    def _on_exit(self, code: int) -> None:
+        if self.state is ServerState.FAILED:
+            return  # already failed (LoadFailed came first)
+        if self._ready is None:
+            self._load_failed(f"the engine core exited with code {code} while loading")
+            return
+        self.state = ServerState.FAILED
+        message = f"the engine core process died (exit code {code})"
+        logger.error("%s; failing %d request(s)", message, len(self._streams))
+        for stream in list(self._streams.values()):
+            stream.push(-1, StreamFailed(message))
+        self._routes.clear()
+        self._unanswered.clear()
+        self._pending_requests = 0
+        self._on_core_died(code)
 
 
-def _deliver(deliveries: list[Delivery]) -> None:
-    for sink, index, event in deliveries:
-        sink(index, event)
+__all__ = ["APIError", "EngineClient", "EngineFailure", "GenerationInput", "GenerationStream", "ServerState"]

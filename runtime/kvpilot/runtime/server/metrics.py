@@ -2,9 +2,11 @@
 
 prometheus_client accepts ':' in metric names (as vLLM relies on); counters are exposed with the
 `_total` suffix (e.g. vllm:prompt_tokens_total), exactly as vLLM's are. Every series carries
-`model_name`. Gauges come from engine.stats() after each loop iteration; cumulative engine counters
-(prefix cache queries/hits, preemptions) are turned into counter increments here.
+`model_name`. The names come from kvpilot.contracts.metrics (the one list shared by the components).
 
+Gauges come from the stats snapshot that each engine-core message carries; cumulative engine counters
+(prefix cache queries/hits, preemptions) are turned into counter increments here. Latencies (TTFT,
+inter-token, end to end) are measured in the HTTP process, when a step's outputs arrive from the core.
 Queue time is measured from arrival to the start of the engine step that produced the request's first
 output (the engine does not report the moment a request is first scheduled).
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvpilot.runtime.server.engine_loop import Route
+from kvpilot.contracts import metrics as names
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (
@@ -105,55 +107,55 @@ class ServerMetrics:
         self.registry = registry or CollectorRegistry()
         self.model_name = model_name
         self._cache_config_labels = dict(cache_config or {})
-        labels = ["model_name"]
+        labels = [names.MODEL_NAME_LABEL]
         r = self.registry
         self._running = Gauge(
-            "vllm:num_requests_running", "Requests in the running batch.", labels, registry=r
+            names.NUM_REQUESTS_RUNNING, "Requests in the running batch.", labels, registry=r
         )
         self._waiting = Gauge(
-            "vllm:num_requests_waiting", "Requests waiting to be scheduled.", labels, registry=r
+            names.NUM_REQUESTS_WAITING, "Requests waiting to be scheduled.", labels, registry=r
         )
         self._kv_usage = Gauge(
-            "vllm:kv_cache_usage_perc", "KV-cache usage; 1 means 100 percent.", labels, registry=r
+            names.KV_CACHE_USAGE, "KV-cache usage; 1 means 100 percent.", labels, registry=r
         )
         self._cumulative = {
             "prefix_cache_queries": Counter(
-                "vllm:prefix_cache_queries", "Prefix-cache queries, in tokens.", labels, registry=r
+                names.PREFIX_CACHE_QUERIES, "Prefix-cache queries, in tokens.", labels, registry=r
             ),
             "prefix_cache_hits": Counter(
-                "vllm:prefix_cache_hits", "Prefix-cache hits, in tokens.", labels, registry=r
+                names.PREFIX_CACHE_HITS, "Prefix-cache hits, in tokens.", labels, registry=r
             ),
-            "num_preemptions": Counter("vllm:num_preemptions", "Cumulative preemptions.", labels, registry=r),
+            "num_preemptions": Counter(names.NUM_PREEMPTIONS, "Cumulative preemptions.", labels, registry=r),
         }
         self._last_cumulative = dict.fromkeys(CUMULATIVE_STATS, 0)
-        self._prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens processed.", labels, registry=r)
-        self._generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", labels, registry=r)
+        self._prompt_tokens = Counter(names.PROMPT_TOKENS, "Prefill tokens processed.", labels, registry=r)
+        self._generation_tokens = Counter(names.GENERATION_TOKENS, "Generated tokens.", labels, registry=r)
         self._success = Counter(
-            "vllm:request_success", "Finished requests.", [*labels, "finished_reason"], registry=r
+            names.REQUEST_SUCCESS, "Finished requests.", [*labels, "finished_reason"], registry=r
         )
         self._ttft = Histogram(
-            "vllm:time_to_first_token_seconds",
+            names.TIME_TO_FIRST_TOKEN,
             "Time to first token.",
             labels,
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self._itl = Histogram(
-            "vllm:inter_token_latency_seconds",
+            names.INTER_TOKEN_LATENCY,
             "Time between output tokens.",
             labels,
             buckets=TOKEN_GAP_BUCKETS,
             registry=r,
         )
         self._e2e = Histogram(
-            "vllm:e2e_request_latency_seconds",
+            names.E2E_REQUEST_LATENCY,
             "Arrival to last token.",
             labels,
             buckets=E2E_BUCKETS,
             registry=r,
         )
         self._queue = Histogram(
-            "vllm:request_queue_time_seconds",
+            names.REQUEST_QUEUE_TIME,
             "Arrival to first scheduled step.",
             labels,
             buckets=LATENCY_BUCKETS,
@@ -173,13 +175,24 @@ class ServerMetrics:
             self._queue,
         ):
             metric.labels(model_name)  # every series exists (at 0) from the start
+        # this model's series, resolved once (labels() costs a lock and a lookup per call)
+        self._running_now = self._running.labels(model_name)
+        self._waiting_now = self._waiting.labels(model_name)
+        self._kv_usage_now = self._kv_usage.labels(model_name)
+        self._cumulative_now = {k: c.labels(model_name) for k, c in self._cumulative.items()}
+        self._prompt_tokens_now = self._prompt_tokens.labels(model_name)
+        self._generation_tokens_now = self._generation_tokens.labels(model_name)
+        self._ttft_now = self._ttft.labels(model_name)
+        self._itl_now = self._itl.labels(model_name)
+        self._e2e_now = self._e2e.labels(model_name)
+        self._queue_now = self._queue.labels(model_name)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
-    # ---- LoopObserver (engine thread)
-    def on_loaded(self, engine: Any) -> None:
-        stats = engine.stats()
+    # ---- called on the event loop with what the engine core sends
+    def on_loaded(self, stats: Any) -> None:
+        """The Ready message's stats: the KV-cache config becomes vllm:cache_config_info."""
         info = {
             **self._cache_config_labels,
             "block_size": stats.block_size,
@@ -187,39 +200,39 @@ class ServerMetrics:
         }
         labels = sorted(info)
         self._cache_config = Gauge(
-            "vllm:cache_config_info",
+            names.CACHE_CONFIG_INFO,
             "Information of the KV-cache config.",
-            ["model_name", *labels],
+            [names.MODEL_NAME_LABEL, *labels],
             registry=self.registry,
         )
-        self._cache_config.labels(model_name=self.model_name, **{k: str(info[k]) for k in labels}).set(1)
+        label_values = {names.MODEL_NAME_LABEL: self.model_name, **{k: str(info[k]) for k in labels}}
+        self._cache_config.labels(**label_values).set(1)
         self.on_stats(stats)
 
     def on_stats(self, stats: Any) -> None:
-        m = self.model_name
-        self._running.labels(m).set(stats.num_running)
-        self._waiting.labels(m).set(stats.num_waiting)
-        self._kv_usage.labels(m).set(stats.kv_cache_usage)
+        self._running_now.set(stats.num_running)
+        self._waiting_now.set(stats.num_waiting)
+        self._kv_usage_now.set(stats.kv_cache_usage)
         for name in CUMULATIVE_STATS:
             value = getattr(stats, name)
             delta = value - self._last_cumulative[name]
             if delta > 0:
-                self._cumulative[name].labels(m).inc(delta)
+                self._cumulative_now[name].inc(delta)
             self._last_cumulative[name] = value
 
-    def on_output(self, route: Route, output: Any, now: float, step_start: float) -> None:
-        m = self.model_name
+    def on_delta(self, route: Any, output: Any, now: float, step_start: float) -> None:
+        """One choice's delta (`route` holds its arrival and token times; `now` = when it arrived here)."""
         new_tokens = len(output.new_token_ids)
         if new_tokens:
             if route.first_token_time is None:
                 route.first_token_time = now
-                self._ttft.labels(m).observe(now - route.arrival_time)
-                self._queue.labels(m).observe(max(0.0, step_start - route.arrival_time))
-                self._prompt_tokens.labels(m).inc(output.num_prompt_tokens)
+                self._ttft_now.observe(now - route.arrival_time)
+                self._queue_now.observe(max(0.0, step_start - route.arrival_time))
+                self._prompt_tokens_now.inc(output.num_prompt_tokens)
             elif route.last_token_time is not None:
-                self._itl.labels(m).observe(now - route.last_token_time)
+                self._itl_now.observe(now - route.last_token_time)
             route.last_token_time = now
-            self._generation_tokens.labels(m).inc(new_tokens)
+            self._generation_tokens_now.inc(new_tokens)
         if output.finished:
-            self._e2e.labels(m).observe(now - route.arrival_time)
-            self._success.labels(m, output.finish_reason or "unknown").inc()
+            self._e2e_now.observe(now - route.arrival_time)
+            self._success.labels(self.model_name, output.finish_reason or "unknown").inc()

@@ -11,7 +11,7 @@ import logging
 import re
 import uuid
 
-from kvpilot.runtime.server.errors import internal_error
+from kvpilot.runtime.server.openai_errors import internal_error
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 logger = logging.getLogger(__name__)

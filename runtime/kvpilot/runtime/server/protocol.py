@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from kvpilot.runtime.errors import InvalidRequestError
 from kvpilot.runtime.sampling_params import SamplingParams
-from kvpilot.runtime.server.errors import (
+from kvpilot.runtime.server.openai_errors import (
     APIError,
     from_invalid_request,
     from_validation_error,

@@ -6,17 +6,17 @@ differ only in how a delta, a whole choice and its logprobs are written.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kvpilot.runtime.server.engine_loop import RequestAborted
+import msgspec
 
 SSE_DONE = b"data: [DONE]\n\n"
+_json = msgspec.json.Encoder()  # compact UTF-8 JSON, as json.dumps(ensure_ascii=False, separators=(",", ":"))
 
 
 def sse_event(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + _json.encode(payload) + b"\n\n"
 
 
 class TokenText(Protocol):
@@ -54,9 +54,7 @@ class ChoiceState:
     text_offsets: list[int] = field(default_factory=list)
 
     def apply(self, event: Any) -> Delta:
-        if isinstance(event, RequestAborted):
-            self.finish_reason = "abort"
-            return Delta("", None, "abort", None)
+        """`event` is a ChoiceDelta (server/output_processor.py)."""
         self.text += event.new_text
         self.num_prompt_tokens = event.num_prompt_tokens
         self.num_output_tokens = event.num_output_tokens
@@ -250,7 +248,7 @@ class ChatFormat:
         }
 
 
-ResponseFormat = CompletionFormat | ChatFormat
+EndpointFormat = CompletionFormat | ChatFormat  # how one endpoint writes its bodies and chunks
 
 
 def _chunk(meta: ResponseMeta, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:

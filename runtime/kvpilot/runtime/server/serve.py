@@ -1,8 +1,15 @@
-"""Runs the app under uvicorn with our own signal handling, so that SIGTERM drains instead of cutting.
+"""Runs the HTTP process: uvicorn with our own signal handling, plus the engine-core process it supervises.
 
-SIGTERM/SIGINT: /health turns 503 and new requests get 503 at once; running requests get
-`grace_seconds` to finish (the rest are aborted), then uvicorn stops and the process exits 0.
-A second signal skips the wait. A model that fails to load stops the server with exit code 1.
+Two processes serve a model. This one (FastAPI, tokenization, detokenization, SSE; no torch) starts
+the engine-core process (kvpilot.runtime.engine_core: scheduler, KV cache, model runner) and talks to
+it over ZeroMQ. Exit codes:
+  0  stopped by a signal: SIGTERM/SIGINT turn /health 503 and new requests get 503 at once; running
+     requests get `grace_seconds` to finish (the rest are aborted), then the core is shut down. A
+     second signal skips the wait.
+  1  the model could not be loaded (the reason is logged; the core's traceback precedes it).
+  3  the engine-core process died while serving: /health turns 503, requests in flight end with an
+     OpenAI error (an SSE error event when streaming), new ones get 503, and the server exits
+     within about a second.
 """
 
 from __future__ import annotations
@@ -11,18 +18,22 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 from collections.abc import Callable, Generator
+from typing import Any
 
 import uvicorn
+from kvpilot.runtime.engine_core.client import EngineCoreSpec
 from kvpilot.runtime.server.app import build_app
 from kvpilot.runtime.server.engine_client import EngineClient
-from kvpilot.runtime.server.engine_loop import EngineLike
 from kvpilot.runtime.server.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
 ABORTED_DRAIN_SECONDS = 5.0
+CORE_DIED_EXIT_DELAY_S = 1.0  # keep answering 503 this long after the core died (probes see why)
 EXIT_OK = 0
 EXIT_LOAD_FAILED = 1
+EXIT_ENGINE_DIED = 3
 
 
 class _Server(uvicorn.Server):
@@ -56,10 +67,15 @@ class GracefulShutdown:
             self.client.abort_all()
             self.server.should_exit = True
 
-    def load_failed(self, err: BaseException) -> None:
-        logger.error("the model could not be loaded: %s", err)
+    def load_failed(self, reason: str) -> None:
+        logger.error("the model could not be loaded: %s", reason)
         self.exit_code = EXIT_LOAD_FAILED
         self.server.should_exit = True
+
+    def core_died(self, code: int) -> None:
+        logger.error("the engine core process died (exit code %d): exiting with %d", code, EXIT_ENGINE_DIED)
+        self.exit_code = EXIT_ENGINE_DIED
+        self._drain = asyncio.ensure_future(self._exit_after_failure())
 
     async def _drain_then_exit(self) -> None:
         if not await self.client.wait_idle(self.grace_seconds):
@@ -68,9 +84,72 @@ class GracefulShutdown:
             await self.client.wait_idle(ABORTED_DRAIN_SECONDS)
         self.server.should_exit = True
 
+    async def _exit_after_failure(self) -> None:
+        """The streams already failed: let their error events go out, then stop."""
+        await asyncio.gather(
+            self.client.wait_idle(ABORTED_DRAIN_SECONDS), asyncio.sleep(CORE_DIED_EXIT_DELAY_S)
+        )
+        self.server.should_exit = True
+
+
+class RuntimeServer:
+    """The app, its engine client and uvicorn, wired together (serve() runs one, tests one per thread)."""
+
+    def __init__(
+        self,
+        core: EngineCoreSpec,
+        tokenizer_factory: Callable[[], Any],
+        *,
+        served_model_name: str,
+        model_root: str | None,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        max_waiting_requests: int = 256,
+        grace_seconds: float = 30.0,
+        cache_config: dict[str, object] | None = None,
+        log_level: str = "info",
+    ) -> None:
+        self.metrics = ServerMetrics(served_model_name, cache_config or {})
+        self.client = EngineClient(
+            core,
+            tokenizer_factory,
+            self.metrics,
+            served_model_name=served_model_name,
+            max_waiting_requests=max_waiting_requests,
+            log_level=log_level,
+        )
+        self.app = build_app(self.client, self.metrics, model_root=model_root)
+        config = uvicorn.Config(
+            self.app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            lifespan="off",
+            timeout_graceful_shutdown=int(ABORTED_DRAIN_SECONDS),
+            access_log=False,
+        )
+        self.server = _Server(config)
+        self.shutdown = GracefulShutdown(self.client, self.server, grace_seconds)
+
+    async def run(self, *, sockets: list[socket.socket] | None = None, handle_signals: bool = True) -> int:
+        """Serves until a signal, a load failure or the core's death; returns the exit code."""
+        loop = asyncio.get_running_loop()
+        signals = (signal.SIGTERM, signal.SIGINT) if handle_signals else ()
+        for sig in signals:
+            loop.add_signal_handler(sig, self.shutdown.request)
+        try:
+            self.client.start(on_load_failed=self.shutdown.load_failed, on_core_died=self.shutdown.core_died)
+            await self.server.serve(sockets=sockets)
+        finally:
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+            await self.client.stop()
+        return self.shutdown.exit_code
+
 
 async def serve(
-    engine_factory: Callable[[], EngineLike],
+    core: EngineCoreSpec,
+    tokenizer_factory: Callable[[], Any],
     *,
     served_model_name: str,
     model_root: str,
@@ -81,34 +160,17 @@ async def serve(
     cache_config: dict[str, object],
     log_level: str = "info",
 ) -> int:
-    """Serves until a signal (exit 0) or a load failure (exit 1); returns the exit code."""
-    loop = asyncio.get_running_loop()
-    metrics = ServerMetrics(served_model_name, cache_config)
-    client = EngineClient(
-        engine_factory,
-        metrics,
+    """Serves until a signal (exit 0), a load failure (1) or the engine core's death (3)."""
+    runtime = RuntimeServer(
+        core,
+        tokenizer_factory,
         served_model_name=served_model_name,
-        max_waiting_requests=max_waiting_requests,
-    )
-    app = build_app(client, metrics, model_root=model_root)
-    config = uvicorn.Config(
-        app,
+        model_root=model_root,
         host=host,
         port=port,
+        max_waiting_requests=max_waiting_requests,
+        grace_seconds=grace_seconds,
+        cache_config=cache_config,
         log_level=log_level,
-        lifespan="off",
-        timeout_graceful_shutdown=int(ABORTED_DRAIN_SECONDS),
-        access_log=False,
     )
-    server = _Server(config)
-    shutdown = GracefulShutdown(client, server, grace_seconds)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, shutdown.request)
-    client.start(loop, on_load_failed=shutdown.load_failed)
-    try:
-        await server.serve()
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
-        client.stop()
-    return shutdown.exit_code
+    return await runtime.run()

@@ -1,5 +1,9 @@
 """Handlers for /v1/completions and /v1/chat/completions: request -> engine requests -> response.
 
+Prompts are tokenized here (the engine core receives token ids). A streaming response writes every
+delta that arrived since its last write at once: one SSE event per engine step and choice, and one
+transport write for however many of them piled up while the event loop was busy.
+
 A streaming response closes its engine requests when the client goes away (the response task is
 cancelled); a non-streaming one watches for the disconnect while it waits. Either way the engine
 aborts the sequences and frees their blocks.
@@ -15,22 +19,26 @@ from typing import Any
 
 from jinja2 import TemplateError
 from kvpilot.runtime.errors import InvalidRequestError
-from kvpilot.runtime.server.engine_client import EngineClient, EngineFailure, GenerationStream
-from kvpilot.runtime.server.engine_loop import GenerationInput
-from kvpilot.runtime.server.errors import (
+from kvpilot.runtime.server.engine_client import (
+    EngineClient,
+    EngineFailure,
+    GenerationInput,
+    GenerationStream,
+)
+from kvpilot.runtime.server.middleware import REQUEST_ID_KEY
+from kvpilot.runtime.server.openai_errors import (
     from_invalid_request,
     internal_error,
     invalid_request,
     model_not_found,
 )
-from kvpilot.runtime.server.middleware import REQUEST_ID_KEY
-from kvpilot.runtime.server.protocol import ChatCompletionRequest, CompletionRequest, Prompt, parse_request
+from kvpilot.runtime.server.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from kvpilot.runtime.server.responses import (
     SSE_DONE,
     ChatFormat,
     ChoiceState,
     CompletionFormat,
-    ResponseFormat,
+    EndpointFormat,
     ResponseMeta,
     new_choices,
     sse_event,
@@ -72,7 +80,8 @@ class OpenAIServing:
         prompts = body.prompts()
         params = body.sampling_params()
         self.client.check_available(len(prompts) * body.n)
-        return await self._serve(request, body, prompts, params, CompletionFormat(self._token_text))
+        prompt_ids = [self.client.tokenize(prompt) for prompt in prompts]
+        return await self._serve(request, body, prompt_ids, params, CompletionFormat(self._token_text))
 
     async def chat(self, request: Request) -> Response:
         body: ChatCompletionRequest = parse_request(ChatCompletionRequest, await request.body())
@@ -104,7 +113,7 @@ class OpenAIServing:
         return tokenizer.encode(text, add_special_tokens=False)
 
     async def _serve(
-        self, request: Request, body: Any, prompts: list[Prompt], params: list[Any], fmt: ResponseFormat
+        self, request: Request, body: Any, prompts: list[list[int]], params: list[Any], fmt: EndpointFormat
     ) -> Response:
         inputs = [GenerationInput(prompt, choice_params) for prompt in prompts for choice_params in params]
         stream = self.client.generate(inputs)
@@ -136,7 +145,7 @@ class OpenAIServing:
     async def _sse(
         self,
         stream: GenerationStream,
-        fmt: ResponseFormat,
+        fmt: EndpointFormat,
         meta: ResponseMeta,
         choices: list[ChoiceState],
         include_usage: bool,
@@ -146,12 +155,18 @@ class OpenAIServing:
             return sse_event({**chunk, "usage": None} if include_usage else chunk)
 
         try:
-            for chunk in fmt.opening_chunks(meta, choices):
-                yield encode(chunk)
-            async for index, event in stream.events():
-                choice = choices[index]
-                for chunk in fmt.delta_chunks(meta, choice, choice.apply(event)):
-                    yield encode(chunk)
+            opening = b"".join(encode(chunk) for chunk in fmt.opening_chunks(meta, choices))
+            if opening:
+                yield opening
+            async for batch in stream.batches():
+                events = []
+                for index, event in batch:
+                    choice = choices[index]
+                    events.extend(
+                        encode(chunk) for chunk in fmt.delta_chunks(meta, choice, choice.apply(event))
+                    )
+                if events:
+                    yield b"".join(events)
             if include_usage:
                 yield sse_event(usage_chunk(meta, fmt.chunk_object, choices))
         except EngineFailure:

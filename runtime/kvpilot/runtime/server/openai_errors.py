@@ -3,8 +3,8 @@
 Status codes the server uses:
   400 invalid_request_error  bad JSON, wrong types, out-of-range values, prompt + max_tokens too long
   404 invalid_request_error  unknown model (code "model_not_found") or unknown route
-  503 service_unavailable    model still loading, shutting down, or the waiting queue is full
-                             (the last one with a Retry-After header)
+  503 service_unavailable    model still loading, shutting down, the engine core died, or the waiting
+                             queue is full (the first and last with a Retry-After header)
   500 server_error           anything unexpected; the message carries the request id
 """
 
