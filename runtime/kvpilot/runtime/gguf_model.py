@@ -86,7 +86,7 @@ PRE_TOKENIZERS = ("default", "gpt2", "smollm", "llama-bpe", "llama3", "qwen2")
 # GGUF token types (gguf.TokenType): CONTROL and USER_DEFINED tokens are added tokens, never split
 _CONTROL, _USER_DEFINED = 3, 4
 
-_memo: dict[tuple[str, int, int], Path] = {}
+_memo: dict[tuple[str, int, int, str], Path] = {}
 _memo_lock = threading.Lock()
 
 
@@ -124,7 +124,7 @@ def resolve_model_dir(path: str | Path) -> Path:
     if gguf_file is None:
         return Path(path)
     stat = gguf_file.stat()
-    key = (str(gguf_file.resolve()), stat.st_size, stat.st_mtime_ns)
+    key = (str(gguf_file.resolve()), stat.st_size, stat.st_mtime_ns, str(cache_dir()))
     with _memo_lock:  # every loader asks (config, tokenizer, weights): convert and hash once per process
         if key not in _memo:
             _memo[key] = convert_cached(gguf_file)
@@ -156,6 +156,7 @@ def convert_cached(gguf_file: str | Path, root: str | Path | None = None, dtype:
     scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
     try:
         convert_gguf(gguf_file, scratch, dtype=dtype)
+        scratch.chmod(0o755)  # mkdtemp made it private; the cache is shared like any model directory
         try:
             os.replace(scratch, target)
         except OSError:  # another process finished the same conversion first
@@ -418,7 +419,10 @@ def build_tokenizer_files(meta: dict[str, Any], gguf_file: Path) -> dict[str, st
     tokenizer = Tokenizer(bpe)
     if pre == "qwen2":
         tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = _pre_tokenizer(pre)
+    try:
+        tokenizer.pre_tokenizer = _pre_tokenizer(pre)
+    except UnsupportedModelError as exc:
+        raise UnsupportedModelError(f"{gguf_file.name}: {exc}") from exc
     tokenizer.decoder = decoders.ByteLevel()
     types = meta.get("tokenizer.ggml.token_type") or []
     special = [i for i, t in enumerate(types) if t in (_CONTROL, _USER_DEFINED)]
