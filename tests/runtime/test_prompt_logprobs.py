@@ -6,6 +6,7 @@ such a request must not use)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -81,3 +82,53 @@ def test_prompt_logprobs_are_validated() -> None:
         SamplingParams(prompt_logprobs=21)
     with pytest.raises(InvalidRequestError, match="prompt_logprobs"):
         SamplingParams(prompt_logprobs=-1)
+
+
+def test_completions_api_returns_prompt_logprobs_in_vllm_shape(qwen3_checkpoint: Path) -> None:
+    import httpx
+    from kvpilot.runtime.engine.llm_engine import EngineArgs, LLMEngine
+
+    from tests.runtime.server_fakes import InProcessServer
+
+    def engine() -> LLMEngine:
+        return LLMEngine.from_args(EngineArgs(model=str(qwen3_checkpoint), device="cpu", max_model_len=64))
+
+    offline = LLM(str(qwen3_checkpoint), device="cpu", max_model_len=64)
+    prompt = "The quick brown fox"
+    (want,) = offline.generate([prompt], SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=2))
+    tokenizer = offline.get_tokenizer()
+    server = InProcessServer(engine, served_model_name="tiny").start(timeout=60)
+    try:
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": 2, "temperature": 0, "prompt_logprobs": 2}
+        reply = httpx.post(server.base_url + "/v1/completions", json=body, timeout=30).json()
+        (choice,) = reply["choices"]
+        got = choice["prompt_logprobs"]
+        assert got[0] is None and len(got) == len(want.prompt_token_ids)
+        for row, entry in zip(got[1:], want.prompt_logprobs[1:], strict=True):
+            assert row[str(entry.token_id)]["logprob"] == pytest.approx(entry.logprob, abs=1e-5)
+            assert row[str(entry.token_id)]["rank"] == entry.rank
+            assert row[str(entry.token_id)]["decoded_token"] == tokenizer.decode([entry.token_id])
+            for rank, (token, logprob) in enumerate(entry.top_logprobs, 1):
+                if token != entry.token_id:
+                    assert row[str(token)] == {
+                        "logprob": pytest.approx(logprob, abs=1e-5),
+                        "rank": rank,
+                        "decoded_token": tokenizer.decode([token]),
+                    }
+        # streamed: the first chunk of the choice carries them
+        with httpx.stream("POST", server.base_url + "/v1/completions", json={**body, "stream": True}) as r:
+            lines = [line[6:] for line in r.iter_lines() if line.startswith("data: {")]
+        chunks = [json.loads(line)["choices"][0] for line in lines]
+        assert chunks[0]["prompt_logprobs"] == got
+        assert all("prompt_logprobs" not in c for c in chunks[1:])
+        # a request that does not ask keeps OpenAI's shape
+        plain = httpx.post(
+            server.base_url + "/v1/completions", json={**body, "prompt_logprobs": None}, timeout=30
+        ).json()
+        assert "prompt_logprobs" not in plain["choices"][0]
+        bad = httpx.post(
+            server.base_url + "/v1/completions", json={**body, "prompt_logprobs": 99}, timeout=30
+        )
+        assert bad.status_code == 400 and "prompt_logprobs" in bad.text
+    finally:
+        server.stop()
