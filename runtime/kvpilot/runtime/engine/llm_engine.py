@@ -56,7 +56,7 @@ class EngineArgs:
     seed: int = 0
     load_format: str = "auto"  # "dummy": random weights of the checkpoint's shapes (benchmarks)
     enforce_eager: bool = False  # no CUDA graphs for decode
-    backend: str = "auto"  # kernels: "triton" on CUDA, "torch" (references) elsewhere
+    backend: str = "auto"  # kernels: "triton" on CUDA, "cpu" elsewhere ("torch": the references)
     async_scheduling: bool = True  # overlap a decode step's host work with the next step on the device
 
 

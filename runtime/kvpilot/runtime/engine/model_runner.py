@@ -115,7 +115,8 @@ class ModelRunner:
         max_num_batched_tokens: int = 8192,
         enforce_eager: bool = False,
     ) -> None:
-        """backend: "torch" (reference ops), "triton", or "auto" (triton on CUDA, torch elsewhere).
+        """backend: "torch" (reference ops), "cpu" (the same, rewritten for CPU serving), "triton", or
+        "auto" (triton on CUDA, cpu elsewhere).
         load_format: "auto" reads the safetensors, "dummy" makes seeded random weights (benchmarks).
         On CUDA the cache is sized by profiling a step of max_num_batched_tokens tokens, and decode
         steps of up to max_num_seqs sequences replay CUDA graphs unless enforce_eager."""
@@ -124,7 +125,7 @@ class ModelRunner:
         self.model_config = ModelConfig.from_dir(model_dir)
         self.device = resolve_device(device)
         self.block_size, self.seed = block_size, seed
-        self.backend = backend if backend != "auto" else ("triton" if self.device.type == "cuda" else "torch")
+        self.backend = backend if backend != "auto" else ("triton" if self.device.type == "cuda" else "cpu")
         self.dtype = resolve_dtype(dtype, self.model_config, self.device)
         limit = self.model_config.max_position_embeddings
         if max_model_len is not None and max_model_len > limit:

@@ -7,12 +7,14 @@ from dataclasses import dataclass
 
 import torch
 from kvpilot.runtime.kernels.attention import paged_attention_ref
+from kvpilot.runtime.kernels.cpu import paged_attention_cpu, qkv_prepare_cpu
 from kvpilot.runtime.kernels.qkv_prepare import qkv_prepare_ref
 from kvpilot.runtime.layers.backend import lazy_op, pick_op
 from torch import nn
 
 _QKV_PREPARE = {
     "torch": qkv_prepare_ref,
+    "cpu": qkv_prepare_cpu,
     "triton": lazy_op("kvpilot.runtime.kernels.qkv_prepare_triton", "qkv_prepare_triton"),
 }
 _paged_attention_triton = lazy_op("kvpilot.runtime.kernels.attention_triton", "paged_attention_triton")
@@ -54,7 +56,22 @@ def _attend_triton(
     )
 
 
-_PAGED_ATTENTION = {"torch": _attend_ref, "triton": _attend_triton}
+def _attend_cpu(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    return paged_attention_cpu(
+        q,
+        k_cache,
+        v_cache,
+        meta.cu_seqlens_q,
+        meta.context_lens,
+        meta.block_tables,
+        scale,
+        max_q_len=meta.max_q_len,
+    )
+
+
+_PAGED_ATTENTION = {"torch": _attend_ref, "cpu": _attend_cpu, "triton": _attend_triton}
 
 
 class PagedAttention(nn.Module):

@@ -1,7 +1,7 @@
 """Choosing an op implementation by backend name, passed down explicitly from the model runner.
 
-"torch" runs the plain-PyTorch references from runtime/kernels (the CPU path and the oracle); "triton"
-entries are added beside them as the GPU kernels land.
+"torch" runs the plain-PyTorch references from runtime/kernels (the oracle); "cpu" the same ops rewritten
+for serving on a CPU (kernels/cpu.py, tested against the references); "triton" the GPU kernels.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from importlib import import_module
 from typing import Any
 
-BACKENDS = ("torch", "triton")
+BACKENDS = ("torch", "cpu", "triton")
 
 
 def lazy_op(module: str, name: str) -> Callable[..., Any]:

@@ -3,12 +3,21 @@ loader fills from the checkpoint's separate tensors, so the GPU path runs one GE
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
+from kvpilot.runtime.kernels.cpu import linear_cpu
 from kvpilot.runtime.layers.backend import pick_op
 from torch import nn
 
-_LINEAR = {"torch": F.linear, "triton": F.linear}  # cuBLAS is the GEMM on both paths
+# cuBLAS (triton), the CPU BLAS (torch), oneDNN with prepacked weights for batches (cpu)
+_LINEAR = {"torch": F.linear, "cpu": linear_cpu, "triton": F.linear}
+
+
+def linear_op(backend: str) -> Callable[..., torch.Tensor]:
+    """The GEMM y = x W^T (+ b) of `backend` (also the LM head's)."""
+    return pick_op(_LINEAR, backend, "linear")
 
 
 class Linear(nn.Module):
@@ -27,7 +36,7 @@ class Linear(nn.Module):
         out_features = sum(self.shard_sizes)
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
-        self._op = pick_op(_LINEAR, backend, "linear")
+        self._op = linear_op(backend)
 
     def shard_rows(self, shard: int) -> slice:
         """The rows of the fused weight that hold part `shard`."""

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import torch
+from kvpilot.runtime.kernels.cpu import rms_norm_cpu
 from kvpilot.runtime.kernels.norm import rms_norm_ref
 from kvpilot.runtime.layers.backend import lazy_op, pick_op
 from torch import nn
 
 _RMS_NORM = {
     "torch": rms_norm_ref,
+    "cpu": rms_norm_cpu,
     "triton": lazy_op("kvpilot.runtime.kernels.norm_triton", "rms_norm_triton"),
 }
 

@@ -12,6 +12,7 @@ from torch import nn
 
 _APPLY_ROTARY = {
     "torch": apply_rotary_ref,
+    "cpu": apply_rotary_ref,  # the model's rotary runs inside qkv_prepare
     "triton": lazy_op("kvpilot.runtime.kernels.rotary_triton", "apply_rotary_triton"),
 }
 

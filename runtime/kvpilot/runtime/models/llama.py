@@ -154,7 +154,7 @@ class LlamaForCausalLM(nn.Module):
             backend=backend,
         )
         self.model = LlamaModel(config, rotary, backend)
-        self.lm_head = LMHead(config.vocab_size, config.hidden_size)
+        self.lm_head = LMHead(config.vocab_size, config.hidden_size, backend=backend)
 
     def tie_weights(self) -> None:
         """Share the embedding with the LM head (tie_word_embeddings); call after materialising."""
