@@ -9,8 +9,8 @@ Measured, greedy with EOS ignored so every run makes exactly --new-tokens tokens
                  minus a generate of 1 token, on the same prompt)
   8 streams      output tok/s of 8 requests with different prompts submitted together (kvpilot: continuous
                  batching; transformers: one padded batch of 8, for reference)
-Each figure is the best of --repeats runs (the machine may be shared). Threads: torch's default (one per
-core) unless --threads.
+Each figure is the best of --repeats interleaved runs (the machine may be shared). Threads: torch's
+default (one per core) unless --threads.
 """
 
 from __future__ import annotations
@@ -38,69 +38,68 @@ def chat_ids(tokenizer: Any, text: str) -> list[int]:
     return tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": text}]))
 
 
-def best(fn: Any, repeats: int) -> float:
-    return min(fn() for _ in range(repeats))
+class KvpilotRunner:
+    def __init__(self, model_dir: str, dtype: str, new: int) -> None:
+        from kvpilot.runtime.llm import LLM
+        from kvpilot.runtime.sampling_params import SamplingParams
 
+        self.llm = LLM(model_dir, device="cpu", dtype=dtype, max_model_len=1024, enable_prefix_caching=False)
+        tokenizer = self.llm.get_tokenizer()
+        self.prompts = [chat_ids(tokenizer, p) for p in PROMPTS]
+        self.new = new
+        self.params = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True, detokenize=False)
+        self.llm.generate(self.prompts, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
 
-def kvpilot_rates(model_dir: str, dtype: str, new: int, repeats: int) -> dict[str, float]:
-    from kvpilot.runtime.llm import LLM
-    from kvpilot.runtime.sampling_params import SamplingParams
-
-    llm = LLM(model_dir, device="cpu", dtype=dtype, max_model_len=1024, enable_prefix_caching=False)
-    tokenizer = llm.get_tokenizer()
-    prompts = [chat_ids(tokenizer, p) for p in PROMPTS]
-    params = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True, detokenize=False)
-    llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))  # warm-up
-
-    def single() -> float:
-        engine, times = llm.engine, []
-        engine.add_request("single", prompts[0], params)
+    def single(self) -> float:
+        """Seconds per decoded token of one request (after its first token)."""
+        engine, times = self.llm.engine, []
+        engine.add_request("single", self.prompts[0], self.params)
         while engine.has_unfinished_requests():
             if engine.step():
                 times.append(time.perf_counter())
-        return (times[-1] - times[0]) / (new - 1)
+        return (times[-1] - times[0]) / (self.new - 1)
 
-    def batch() -> float:
+    def streams8(self) -> float:
+        """Seconds per output token of 8 requests together (prefill included)."""
         start = time.perf_counter()
-        outs = llm.generate(prompts, params)
-        assert all(len(o.token_ids) == new for o in outs)
-        return (time.perf_counter() - start) / (new * len(prompts))
-
-    return {"single_tok_s": 1 / best(single, repeats), "streams8_tok_s": 1 / best(batch, repeats)}
+        outs = self.llm.generate(self.prompts, self.params)
+        assert all(len(o.token_ids) == self.new for o in outs)
+        return (time.perf_counter() - start) / (self.new * len(self.prompts))
 
 
-def transformers_rates(model_dir: str, dtype: str, new: int, repeats: int) -> dict[str, float]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+class TransformersRunner:
+    def __init__(self, model_dir: str, dtype: str, new: int) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    prompts = [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False
-        )
-        for p in PROMPTS
-    ]
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.tokenizer.padding_side = "left"
+        self.prompts = [
+            self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False
+            )
+            for p in PROMPTS
+        ]
+        self.new = new
+        self.generate(self.prompts[:1], 4)  # warm-up
 
-    def generate(texts: list[str], tokens: int) -> float:
-        tokenizer.padding_side = "left"
-        inputs = tokenizer(texts, return_tensors="pt", padding=True)
+    def generate(self, texts: list[str], tokens: int) -> float:
+        inputs = self.tokenizer(texts, return_tensors="pt", padding=True)
         start = time.perf_counter()
         with torch.inference_mode():
-            out = model.generate(
+            out = self.model.generate(
                 **inputs, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=2
             )
         assert out.shape[1] - inputs["input_ids"].shape[1] == tokens
         return time.perf_counter() - start
 
-    generate(prompts[:1], 4)  # warm-up
+    def single(self) -> float:
+        return (self.generate(self.prompts[:1], self.new) - self.generate(self.prompts[:1], 1)) / (
+            self.new - 1
+        )
 
-    def single() -> float:
-        return (generate(prompts[:1], new) - generate(prompts[:1], 1)) / (new - 1)
-
-    def batch() -> float:
-        return generate(prompts, new) / (new * len(prompts))
-
-    return {"single_tok_s": 1 / best(single, repeats), "streams8_tok_s": 1 / best(batch, repeats)}
+    def streams8(self) -> float:
+        return self.generate(self.prompts, self.new) / (self.new * len(self.prompts))
 
 
 def main() -> None:
@@ -118,18 +117,29 @@ def main() -> None:
     from kvpilot.runtime.gguf_model import resolve_model_dir
 
     model_dir = str(resolve_model_dir(args.model or smollm2_gguf()))
+    runners: dict[str, Any] = {"kvpilot": KvpilotRunner(model_dir, args.dtype, args.new_tokens)}
+    if not args.skip_transformers:
+        runners["transformers"] = TransformersRunner(model_dir, args.dtype, args.new_tokens)
+    best: dict[str, dict[str, float]] = {name: {} for name in runners}
+    for _ in range(args.repeats):  # interleaved, best of each: the machine may be shared
+        for name, runner in runners.items():
+            for what in ("single", "streams8"):
+                seconds = getattr(runner, what)()
+                best[name][what] = min(best[name].get(what, seconds), seconds)
     result: dict[str, Any] = {
         "model": model_dir,
         "dtype": args.dtype,
         "threads": torch.get_num_threads(),
         "new_tokens": args.new_tokens,
-        "kvpilot": kvpilot_rates(model_dir, args.dtype, args.new_tokens, args.repeats),
+        "repeats": args.repeats,
     }
-    if not args.skip_transformers:
-        result["transformers"] = transformers_rates(model_dir, args.dtype, args.new_tokens, args.repeats)
+    for name, seconds in best.items():
+        result[name] = {"single_tok_s": 1 / seconds["single"], "streams8_tok_s": 1 / seconds["streams8"]}
+    if "transformers" in result:
         ours, theirs = result["kvpilot"], result["transformers"]
         result["single_ratio"] = ours["single_tok_s"] / theirs["single_tok_s"]
         result["streams8_vs_transformers_single"] = ours["streams8_tok_s"] / theirs["single_tok_s"]
+        result["streams8_ratio"] = ours["streams8_tok_s"] / theirs["streams8_tok_s"]
     print(json.dumps(result, indent=2))
 
 

@@ -9,6 +9,8 @@ references stay what they are: the oracle the Triton kernels and this file are c
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -51,21 +53,52 @@ def linear_cpu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     return torch.ops.mkldnn._linear_pointwise(x, _packed(weight), bias, "none", [], "")
 
 
+# ---- per-step values ---------------------------------------------------------------------------
+class _StepMemo:
+    """Values every layer of a step derives from the same step inputs (rotary cos/sin by position, the
+    decode mask, the block tables as int64): made by the first layer, reused by the others. Keyed by the
+    identity of those input tensors, which the memo holds (so an id is never reused while it is kept);
+    the runner makes them afresh for every step and never writes them in place."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[tuple[torch.Tensor, ...], Any]] = {}
+
+    def get(self, name: str, key: tuple[torch.Tensor, ...], make: Callable[[], Any]) -> Any:
+        entry = self._entries.get(name)
+        if entry is not None and all(a is b for a, b in zip(entry[0], key, strict=True)):
+            return entry[1]
+        value = make()
+        self._entries[name] = (key, value)
+        return value
+
+
+_memo = _StepMemo()
+
+
+def _rotary(positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin), each [num_tokens, 1, head_dim // 2] float32."""
+    cos_sin = cos_sin_cache[positions].float()[:, None, :]
+    cos, sin = cos_sin.chunk(2, dim=-1)
+    return cos, sin
+
+
 # ---- norms, activation, attention ----------------------------------------------------------------
 
 
 def rms_norm_cpu(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """rms_norm_ref with torch's fused kernel (float32 models; other dtypes take the reference)."""
+    """rms_norm_ref in five ops (float32 models; other dtypes take the reference). torch's own
+    F.rms_norm is slower here: on CPU it decomposes into more ops than this."""
     if x.dtype != torch.float32:
         from .norm import rms_norm_ref
 
         return rms_norm_ref(x, weight, eps, residual)
-    if residual is None:
-        return F.rms_norm(x, (x.shape[-1],), weight, eps)
-    summed = x + residual
-    return F.rms_norm(summed, (x.shape[-1],), weight, eps), summed
+    if residual is not None:
+        x = x + residual
+    scale = torch.mul(x, x).mean(dim=-1, keepdim=True).add_(eps).rsqrt_()
+    out = torch.mul(x, scale).mul_(weight)
+    return out if residual is None else (out, x)
 
 
 def silu_and_mul_cpu(x: torch.Tensor) -> torch.Tensor:
@@ -96,14 +129,15 @@ def qkv_prepare_cpu(
             [q_norm_weight.float().expand(num_heads, -1), k_norm_weight.float().expand(num_kv_heads, -1)]  # type: ignore[union-attr]
         )
         qk = qk * torch.rsqrt(qk.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
-    cos, sin = cos_sin_cache[positions].float()[:, None, :].chunk(2, dim=-1)
+    cos, sin = _memo.get("rotary", (positions, cos_sin_cache), lambda: _rotary(positions, cos_sin_cache))
     x1, x2 = qk.chunk(2, dim=-1)
     rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(qkv.dtype)
     q, k = rotated.split([num_heads, num_kv_heads], dim=1)
     v = heads[:, num_heads + num_kv_heads :]
     flat_k = k_cache.view(-1, num_kv_heads, head_dim)
     flat_v = v_cache.view(-1, num_kv_heads, head_dim)
-    if num_tokens and int(slot_mapping.min()) < 0:  # padding rows are not stored
+    padded = _memo.get("padded", (slot_mapping,), lambda: num_tokens > 0 and int(slot_mapping.min()) < 0)
+    if padded:  # padding rows are not stored
         valid = slot_mapping >= 0
         slot_mapping, k, v = slot_mapping[valid], k[valid], v[valid]
     flat_k[slot_mapping] = k.to(k_cache.dtype)  # index_put_: also for fp8 caches (index_copy_ is not)
@@ -113,7 +147,8 @@ def qkv_prepare_cpu(
 
 def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
     """[num_seqs, max_blocks * block_size, kv_heads, head_dim]: every sequence's blocks in order."""
-    blocks = cache[block_tables.long()]  # [S, max_blocks, block_size, KVH, D]
+    tables = block_tables if block_tables.dtype == torch.int64 else block_tables.long()
+    blocks = cache[tables]  # [S, max_blocks, block_size, KVH, D]
     return blocks.view(blocks.shape[0], -1, *cache.shape[2:])
 
 
@@ -163,9 +198,15 @@ def _decode(
     """One query per sequence: SDPA over every sequence's gathered blocks, positions past its context
     masked out (the block tables are padded with block 0)."""
     num_seqs, num_heads, head_dim = q.shape
-    k = _gather(k_cache, block_tables).transpose(1, 2).float()  # [S, KVH, L, D]
-    v = _gather(v_cache, block_tables).transpose(1, 2).float()
-    mask = (torch.arange(k.shape[2]) < context_lens[:, None])[:, None, None, :]  # [S, 1, 1, L]
+    width = block_tables.shape[1] * k_cache.shape[1]
+
+    def make() -> tuple[torch.Tensor, torch.Tensor]:
+        mask = (torch.arange(width) < context_lens[:, None])[:, None, None, :]  # [S, 1, 1, L]
+        return block_tables.long(), mask
+
+    tables, mask = _memo.get("decode", (context_lens, block_tables), make)
+    k = _gather(k_cache, tables).transpose(1, 2).float()  # [S, KVH, L, D]
+    v = _gather(v_cache, tables).transpose(1, 2).float()
     out = F.scaled_dot_product_attention(
         q.float()[:, :, None, :], k, v, attn_mask=mask, scale=scale, enable_gqa=True
     )
