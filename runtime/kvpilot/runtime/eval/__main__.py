@@ -77,15 +77,15 @@ def table(results: list[PerplexityResult], baseline: PerplexityResult | None) ->
                 r.extra.get("kv_cache_dtype") or r.config.kv_cache_dtype,
                 r.device,
                 str(r.num_scored_tokens),
-                f"{r.perplexity:.4f}" if r.perplexity is not None else f"error: {r.error}",
+                f"{r.perplexity:.4f}" if r.perplexity is not None else "error (below)",
                 delta,
                 f"{r.seconds:.1f}",
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows
-    )
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines += [f"error ({r.config}): {r.error}" for r in results if r.error]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
