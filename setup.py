@@ -30,6 +30,10 @@ PACKAGES, PACKAGE_DIR = _packages()
 setup(
     packages=PACKAGES,
     package_dir=PACKAGE_DIR,
-    package_data={"kvpilot.runtime.fixtures": ["*.txt"], "kvpilot.operator.planning": ["*.yaml"]},
+    package_data={
+        "kvpilot.runtime.fixtures": ["*.txt"],
+        "kvpilot.runtime.eval": ["*.txt"],
+        "kvpilot.operator.planning": ["*.yaml"],
+    },
     include_package_data=True,
 )

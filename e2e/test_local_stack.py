@@ -1,5 +1,6 @@
 """The local stack end to end: `kvpilot up` with 2 runtime replicas behind the gateway, driven by the
-official openai client. Streaming, prefix routing seen in the gateway's metrics, a replica killed mid-run
+official openai client, on the built-in real model (SmolLM2-135M-Instruct, converted from its GGUF file
+on start). A real answer, streaming, prefix routing seen in the gateway's metrics, a replica killed mid-run
 while requests keep being served, and a clean stop that leaves no process behind."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from kvpilot.gateway.autoscale.local import free_port
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
-MODEL = "tiny-qwen3"
+MODEL = "smollm2-135m-instruct"
 START_TIMEOUT_S = 240.0
 
 
@@ -132,6 +133,17 @@ def test_streams_through_the_gateway(stack: Stack) -> None:
     deltas = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
     assert len(deltas) >= 2, "the answer must arrive in several chunks"
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
+
+
+def test_answers_a_real_question(stack: Stack) -> None:
+    reply = stack.client().chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=32,
+        temperature=0,
+    )
+    assert "Paris" in reply.choices[0].message.content, reply
+    assert reply.choices[0].finish_reason == "stop"
 
 
 def test_same_prefix_goes_to_the_same_replica(stack: Stack) -> None:

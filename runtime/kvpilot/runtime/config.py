@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpilot.runtime.errors import ModelLoadError, UnsupportedModelError
+from kvpilot.runtime.gguf_model import resolve_model_dir
 
 # architecture -> (attention has q/k/v bias by construction, q/k RMSNorm)
 SUPPORTED_ARCHITECTURES: dict[str, tuple[bool, bool]] = {
@@ -41,6 +42,8 @@ class ModelConfig:
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
+        """config.json of a model directory (a GGUF file or directory: of its converted copy)."""
+        model_dir = resolve_model_dir(model_dir)
         path = Path(model_dir) / "config.json"
         if not Path(model_dir).is_dir():
             raise ModelLoadError(f"model directory {model_dir} does not exist")

@@ -116,4 +116,5 @@ def _completion(
             "total_tokens": len(prompt_ids) + len(token_ids),
         },
         error=last.error,
+        prompt_logprobs=next((d.prompt_logprobs for d in deltas if d.prompt_logprobs is not None), None),
     )

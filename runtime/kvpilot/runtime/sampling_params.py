@@ -33,6 +33,9 @@ class SamplingParams:
     ignore_eos: bool = False
     min_tokens: int = 0
     logprobs: int | None = None  # number of top alternatives to return (0 = only the chosen token)
+    # logprob of every prompt token after the first (+ this many top alternatives); such a request
+    # never reuses cached prefix blocks, since cached tokens get no logits (as in vLLM)
+    prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     detokenize: bool = True  # False: token ids only (benchmarks feed and read ids)
@@ -62,6 +65,11 @@ class SamplingParams:
             (
                 self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
                 "logprobs",
+                f"must be in [0, {MAX_LOGPROBS}]",
+            ),
+            (
+                self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
+                "prompt_logprobs",
                 f"must be in [0, {MAX_LOGPROBS}]",
             ),
             (all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings"),

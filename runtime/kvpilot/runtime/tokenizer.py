@@ -13,6 +13,7 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from kvpilot.runtime.errors import InvalidRequestError, ModelLoadError
+from kvpilot.runtime.gguf_model import resolve_model_dir
 from tokenizers import Tokenizer as FastTokenizer
 
 
@@ -104,7 +105,7 @@ class Tokenizer:
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> Tokenizer:
-        model_dir = Path(model_dir)
+        model_dir = resolve_model_dir(model_dir)  # a GGUF model: its converted copy
         tokenizer_file = model_dir / "tokenizer.json"
         if not tokenizer_file.is_file():
             raise ModelLoadError(f"tokenizer.json not found in {model_dir} (a fast tokenizer is required)")

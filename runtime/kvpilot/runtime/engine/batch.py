@@ -6,7 +6,8 @@ decodes mix freely. For every chunk the runner
      (slot = block_table[pos // block_size] * block_size + pos % block_size, for pos in
      [start_pos, start_pos + len(token_ids))),
   2. lets each new token attend causally to every cached position <= its own,
-  3. returns logits for the chunk's last token when `sample` is True (in chunk order).
+  3. returns logits for the chunk's last token when `sample` is True (in chunk order), followed by
+     the logits of the rows named in `prompt_logprob_rows` (in that order; usually none).
 """
 
 from __future__ import annotations
@@ -32,12 +33,23 @@ class SeqChunk(NamedTuple):  # a tuple, not a dataclass: one is built for every 
         return self.start_pos + len(self.token_ids)
 
 
+class PromptRows(NamedTuple):
+    """Token rows of one chunk whose logits the runner also returns (prompt logprobs)."""
+
+    chunk: int  # index into StepBatch.chunks
+    offset: int  # first token of the chunk
+    count: int
+
+
 @dataclass(frozen=True)
 class StepBatch:
     """The chunks of one step. The summary properties are computed in one pass over the chunks and
     kept until the list grows (a batch is only appended to while it is built)."""
 
     chunks: list[SeqChunk]
+    # (chunk index, first token offset in the chunk, count): rows whose logits are returned after the
+    # sampled ones, for requests that ask for prompt logprobs (filled by the engine, see PromptRows)
+    prompt_logprob_rows: list[PromptRows] = field(default_factory=list)
     _summary: list[int] = field(
         default_factory=lambda: [-1, 0, 0, 0], init=False, repr=False, compare=False
     )  # [num chunks summarised, tokens, sampled, decode-only]

@@ -187,7 +187,8 @@ class BlockManager:
             raise ValueError(f"sequence {seq.seq_id} already holds blocks")
         if token_budget < 1:
             return 0
-        cached = self.match_prefix(seq)
+        # prompt logprobs need the logits of every prompt token: no cached prefix (as in vLLM)
+        cached = self.match_prefix(seq) if seq.params.prompt_logprobs is None else []
         num_cached = len(cached) * self.block_size
         chunk = min(seq.num_tokens - num_cached, token_budget)
         new_blocks = self.blocks_for(num_cached + chunk) - len(cached)

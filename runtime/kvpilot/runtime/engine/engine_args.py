@@ -36,7 +36,7 @@ KV_CACHE_DTYPES = (
 QUANTIZATIONS = ("none", "fp8", "int8", "int4", "awq", "gptq")
 DEVICES = ("auto", "cuda", "cpu")
 LOAD_FORMATS = ("auto", "dummy")
-KERNEL_BACKENDS = ("auto", "torch", "triton")
+KERNEL_BACKENDS = ("auto", "torch", "cpu", "triton")
 
 
 class EngineArgsError(UnsupportedModelError):
@@ -95,7 +95,7 @@ class EngineArgs:
     )
     kernel_backend: str = field(
         default="auto",
-        metadata=_knob("Kernels: triton on CUDA, torch (the references) elsewhere", choices=KERNEL_BACKENDS),
+        metadata=_knob("Kernels: triton on CUDA, else cpu (torch: references)", choices=KERNEL_BACKENDS),
     )
 
     # ---- checks ---------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvpilot.runtime.engine.batch import StepBatch
+from kvpilot.runtime.engine.batch import PromptRows, StepBatch
 from kvpilot.runtime.engine.block_manager import BlockManager
 from kvpilot.runtime.engine.engine_args import EngineArgs
 from kvpilot.runtime.engine.output import EngineStats, RequestOutput
@@ -79,6 +79,7 @@ class LLMEngine:
         self._by_seq: dict[int, RequestState] = {}
         # unfinished requests whose rows need the token ids (penalties, logprobs) / ask for logprobs
         self._num_no_overlap = self._num_logprobs = 0
+        self._num_prompt_logprobs = 0  # unfinished requests asking for prompt logprobs
         self._pending: list[RequestOutput] = []  # finished-by-abort/failure outputs for the next step()
         self._seq_ids = itertools.count()
         # the asynchronous path needs a sampler that can leave the ids on the device
@@ -132,6 +133,7 @@ class LLMEngine:
         self._requests[request_id] = self._by_seq[seq.seq_id] = req
         self._num_no_overlap += not req.can_overlap
         self._num_logprobs += params.logprobs is not None
+        self._num_prompt_logprobs += params.prompt_logprobs is not None
 
     def _prompt_token_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -288,6 +290,7 @@ class LLMEngine:
         del self._by_seq[req.seq.seq_id]
         self._num_no_overlap -= not req.can_overlap
         self._num_logprobs -= req.seq.params.logprobs is not None
+        self._num_prompt_logprobs -= req.seq.params.prompt_logprobs is not None
 
     def _fail(self, req: RequestState, message: str) -> RequestOutput:
         self._forget(req)
@@ -300,6 +303,43 @@ class LLMEngine:
 
     def _run(self, batch: StepBatch, prev_ids: Any) -> Any:
         return self.runner.execute(batch) if prev_ids is None else self.runner.execute(batch, prev_ids)
+
+    # ---- prompt logprobs (SamplingParams.prompt_logprobs) ---------------------------------------
+    # The step's batch names the prompt rows whose logits the runner returns after the sampled rows;
+    # their logprobs are recorded in the RequestState as each prefill chunk runs, and handed out with
+    # the request's first generated token. Such requests take no prefix-cache hits (BlockManager.admit).
+    def _plan_prompt_logprobs(self, batch: StepBatch) -> None:
+        by_seq, rows = self._by_seq, batch.prompt_logprob_rows
+        rows.clear()
+        for index, chunk in enumerate(batch.chunks):
+            req = by_seq.get(chunk.seq_id)
+            if req is not None and req.prompt_logprobs is not None:
+                offset, count = req.prompt_logprob_rows(chunk.start_pos, len(chunk.token_ids))
+                if count:
+                    rows.append(PromptRows(index, offset, count))
+
+    def _take_prompt_logprobs(self, batch: StepBatch, logits: Any) -> Any:
+        """Record the prompt logprobs of the rows after the sampled ones; returns the sampled rows."""
+        from kvpilot.runtime.engine.sampler import prompt_logprobs
+
+        row = batch.num_sampled
+        for index, offset, count in batch.prompt_logprob_rows:
+            chunk = batch.chunks[index]
+            req = self._by_seq[chunk.seq_id]
+            first = chunk.start_pos + offset  # its logits predict prompt token first + 1
+            targets = req.seq.prompt_token_ids[first + 1 : first + 1 + count]
+            entries = prompt_logprobs(logits[row : row + count], targets, req.seq.params.prompt_logprobs)
+            req.add_prompt_logprobs(first, entries)
+            row += count
+        return logits[: batch.num_sampled]
+
+    def _execute(self, batch: StepBatch, prev_ids: Any) -> Any:
+        """The runner's step; with prompt-logprob requests running, their prompt rows are taken too."""
+        if not self._num_prompt_logprobs:
+            return self._run(batch, prev_ids)
+        self._plan_prompt_logprobs(batch)
+        logits = self._run(batch, prev_ids)
+        return self._take_prompt_logprobs(batch, logits) if batch.prompt_logprob_rows else logits
 
     def _launch(self, sched: SchedulerOutput, prev_ids: Any = None) -> _LaunchedStep:
         """Run the batch (placeholders are filled from `prev_ids` on the device) and sample it. If it
@@ -315,7 +355,7 @@ class LLMEngine:
             and (not self._num_logprobs or all(r.params.logprobs is None for r in rows))
         )
         try:
-            logits = self._run(sched.batch, prev_ids)
+            logits = self._execute(sched.batch, prev_ids)
             if lazy:
                 step.ids = self.sampler.sample_ids(logits, rows)
             elif rows:
@@ -327,7 +367,7 @@ class LLMEngine:
         step.ids, step.tokens = None, {}
         for chunk, batch_chunk in zip(sched.scheduled, sched.batch.chunks, strict=True):
             try:
-                logits = self._run(StepBatch([batch_chunk]), prev_ids)
+                logits = self._execute(StepBatch([batch_chunk]), prev_ids)
                 if chunk.sample:
                     step.tokens[chunk.seq.seq_id] = self.sampler.sample(logits, self._rows([chunk]))[0]
             except Exception as exc:

@@ -150,3 +150,16 @@ def _split(flat: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
         out.append(flat[offset : offset + size])
         offset += size
     return out
+
+
+def prompt_row_indices(batch: StepBatch, device: torch.device) -> torch.Tensor:
+    """Flat token indices of batch.prompt_logprob_rows, in order (the rows the runner returns after the
+    sampled ones)."""
+    starts = np.zeros(len(batch.chunks) + 1, dtype=np.int64)
+    np.cumsum([len(c.token_ids) for c in batch.chunks], out=starts[1:])
+    parts = [
+        np.arange(n, dtype=np.int64) + starts[chunk] + offset
+        for chunk, offset, n in batch.prompt_logprob_rows
+    ]
+    flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    return torch.from_numpy(flat).to(device)

@@ -15,7 +15,7 @@ from kvpilot.runtime.engine.batch import SeqChunk, StepBatch
 from kvpilot.runtime.engine.cuda_graphs import DecodeGraphs
 from kvpilot.runtime.engine.engine_args import EngineArgs
 from kvpilot.runtime.engine.memory import kv_cache_blocks, profile_peak
-from kvpilot.runtime.engine.model_inputs import prepare_inputs
+from kvpilot.runtime.engine.model_inputs import prepare_inputs, prompt_row_indices
 from kvpilot.runtime.engine.sampler import SampledIds
 from kvpilot.runtime.errors import ModelLoadError
 from kvpilot.runtime.layers.attention import AttentionMetadata
@@ -117,7 +117,7 @@ class ModelRunner:
         self.block_size, self.seed = args.block_size, args.seed
         backend = args.kernel_backend
         self.ops = kernel_ops(
-            backend if backend != "auto" else ("triton" if self.device.type == "cuda" else "torch")
+            backend if backend != "auto" else ("triton" if self.device.type == "cuda" else "cpu")
         )
         self.dtype = resolve_dtype(args.dtype, self.model_config, self.device)
         limit = self.model_config.max_position_embeddings
@@ -219,7 +219,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch, prev_sampled: SampledIds | None = None) -> torch.Tensor:
-        """Run one step; returns float32 logits [batch.num_sampled, vocab_size] in chunk order.
+        """Run one step; returns float32 logits [batch.num_sampled, vocab_size] in chunk order, then one row
+        per token of batch.prompt_logprob_rows.
 
         A negative input token id -1 - r is a placeholder for row r of `prev_sampled`, the previous
         step's sampled ids: it is filled on the device, without waiting for that step to end."""
@@ -228,6 +229,10 @@ class ModelRunner:
         inputs = prepare_inputs(batch, self.block_size, self.device)
         if prev_sampled is not None:
             inputs.input_ids = fill_placeholders(inputs.input_ids, prev_sampled.ids)
+        if batch.prompt_logprob_rows:  # prompt logprobs too: run eagerly
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+            rows = torch.cat([inputs.sample_indices, prompt_row_indices(batch, self.device)])
+            return self.model.compute_logits(hidden[rows])
         size = self._graph_size(batch)
         if size is not None and self.graphs is not None:
             logits = self.graphs.run(inputs, size)

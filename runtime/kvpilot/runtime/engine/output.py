@@ -10,6 +10,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top_logprobs: list[tuple[int, float]]
+    rank: int | None = None  # 1 + tokens more likely than token_id (set for prompt logprobs)
 
 
 @dataclass(slots=True)
@@ -27,6 +28,9 @@ class RequestOutput:
     num_output_tokens: int
     num_cached_tokens: int
     error: str | None = None  # set when the request failed (finish_reason "abort")
+    # SamplingParams.prompt_logprobs: one entry per prompt token (None for the first), in the first
+    # output that carries a generated token
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -53,3 +57,4 @@ class CompletionOutput:
     logprobs: list[TokenLogprob] | None
     usage: dict[str, int] = field(default_factory=dict)  # prompt_tokens, completion_tokens, total_tokens
     error: str | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # SamplingParams.prompt_logprobs

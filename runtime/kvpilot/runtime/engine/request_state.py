@@ -37,8 +37,32 @@ class RequestState:
             or params.presence_penalty != 0.0
             or params.frequency_penalty != 0.0
         )
+        # prompt_logprobs: entry i for prompt token i (None for the first), filled as prefill chunks run
+        # and handed out once, with the first generated token
+        self.prompt_logprobs: list[TokenLogprob | None] | None = (
+            [None] if params.prompt_logprobs is not None else None
+        )
         # no stop strings and no logprobs: a token that cannot stop the request takes the short path
-        self._simple = self._matcher is None and params.logprobs is None
+        self._simple = self._matcher is None and params.logprobs is None and self.prompt_logprobs is None
+
+    def prompt_logprob_rows(self, start_pos: int, num_tokens: int) -> tuple[int, int]:
+        """(offset, count): the rows of a chunk of `num_tokens` tokens from `start_pos` whose logits give
+        prompt logprobs not known yet (the logits at position p predict prompt token p + 1). A chunk
+        recomputed after preemption yields only the ones still missing."""
+        if self.prompt_logprobs is None:
+            return 0, 0
+        first = max(start_pos, len(self.prompt_logprobs) - 1)
+        end = min(start_pos + num_tokens, self.seq.num_prompt_tokens - 1)
+        return first - start_pos, max(0, end - first)
+
+    def add_prompt_logprobs(self, start_pos: int, entries: list[TokenLogprob]) -> None:
+        """Record the entries for prompt tokens start_pos + 1, ...; ones already known are skipped."""
+        known = self.prompt_logprobs
+        if known is None:
+            return
+        for index, entry in enumerate(entries, start_pos + 1):
+            if index == len(known):
+                known.append(entry)
 
     def sample_row(self) -> SampleRow:
         """The sampler's row for the next token: stopping tokens are banned until min_tokens exist."""
@@ -112,7 +136,10 @@ class RequestState:
         logprobs = None
         if params.logprobs is not None:
             logprobs = [TokenLogprob(token_id, float(sampled.logprob), list(sampled.top_logprobs))]
-        return self._output([token_id], text, logprobs, finish_reason, stop_reason)
+        out = self._output([token_id], text, logprobs, finish_reason, stop_reason)
+        if self.prompt_logprobs is not None and seq.num_output_tokens == 1:
+            out.prompt_logprobs = self.prompt_logprobs
+        return out
 
     def _flush_text(self, can_stop: bool) -> str:
         if self._detokenizer is None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 
 import torch
+from kvpilot.runtime.engine.output import TokenLogprob
 from kvpilot.runtime.engine.sample_row import SampleRow, needs_penalties
 from kvpilot.runtime.layers.logits_processing import (
     apply_min_p,
@@ -232,3 +233,33 @@ class Sampler:
             pairs = list(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if top else []
             results.append(SampledToken(token, float(row_logprobs[token]), pairs))
         return results
+
+
+PROMPT_LOGPROBS_SLICE = 512  # rows per log_softmax: bounds the temporaries of a long prompt chunk
+
+
+def prompt_logprobs(logits: torch.Tensor, target_ids: Sequence[int], num_top: int) -> list[TokenLogprob]:
+    """Prompt logprobs (vLLM's SamplingParams.prompt_logprobs): row i of `logits` predicts target_ids[i];
+    each entry holds that token's log_softmax of the raw logits, its rank (1 + tokens more likely) and
+    the num_top most likely tokens."""
+    if logits.shape[0] != len(target_ids):
+        raise ValueError(f"{logits.shape[0]} logits rows for {len(target_ids)} prompt tokens")
+    out: list[TokenLogprob] = []
+    for begin in range(0, len(target_ids), PROMPT_LOGPROBS_SLICE):
+        targets = list(target_ids[begin : begin + PROMPT_LOGPROBS_SLICE])
+        rows = torch.log_softmax(logits[begin : begin + len(targets)].float(), dim=-1)
+        index = torch.tensor(targets, dtype=torch.long, device=rows.device)[:, None]
+        chosen = rows.gather(1, index)
+        ranks = (rows > chosen).sum(dim=-1) + 1
+        pairs: list[list[tuple[int, float]]] = [[] for _ in targets]
+        if num_top > 0:
+            top = torch.topk(rows, num_top, dim=-1)
+            indices, values = top.indices.tolist(), top.values.tolist()
+            pairs = [list(zip(i, v, strict=True)) for i, v in zip(indices, values, strict=True)]
+        out.extend(
+            TokenLogprob(token, logprob, top, rank)
+            for token, logprob, rank, top in zip(
+                targets, chosen[:, 0].tolist(), ranks.tolist(), pairs, strict=True
+            )
+        )
+    return out

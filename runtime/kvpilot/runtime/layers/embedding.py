@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from kvpilot.runtime.layers.kernel_ops import KernelOps
 from torch import nn
 
 
@@ -19,12 +20,13 @@ class VocabEmbedding(nn.Module):
 class LMHead(nn.Module):
     """hidden -> vocab logits in float32. Only the rows that are sampled should be passed in."""
 
-    def __init__(self, vocab_size: int, hidden_size: int) -> None:
+    def __init__(self, vocab_size: int, hidden_size: int, ops: KernelOps) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size))
+        self._op = ops.linear
 
     def tie_to(self, embedding: VocabEmbedding) -> None:
         self.weight = embedding.weight
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.weight).float()
+        return self._op(hidden, self.weight, None).float()

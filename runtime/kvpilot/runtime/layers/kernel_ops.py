@@ -1,8 +1,9 @@
 """The kernels a model runs, chosen once per model runner and handed to every layer.
 
-"torch" is the plain-PyTorch references in runtime/kernels (the CPU path and the oracle); "triton" is the
-GPU kernels beside them. Each entry has the same signature in both sets, so a layer calls its kernel
-directly: one hop from forward() to the kernel.
+"torch" is the plain-PyTorch references in runtime/kernels (the oracle); "cpu" the same ops rewritten for
+serving on a CPU (kernels/cpu.py: batched decode attention, SDPA, oneDNN GEMMs with prepacked weights,
+tested against the references); "triton" the GPU kernels. Each entry has the same signature in every set,
+so a layer calls its kernel directly: one hop from forward() to the kernel.
 """
 
 from __future__ import annotations
@@ -11,12 +12,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-KERNEL_SETS = ("torch", "triton")
+import torch.nn.functional as F
+
+KERNEL_SETS = ("torch", "cpu", "triton")
 
 
 @dataclass(frozen=True)
 class KernelOps:
     name: str
+    linear: Callable[..., Any]  # (x, weight, bias) -> x W^T + b; also the LM head's GEMM
     rms_norm: Callable[..., Any]  # (x, weight, eps, residual=None) -> y | (y, x + residual)
     silu_and_mul: Callable[..., Any]  # ([T, 2I]) -> [T, I]
     qkv_prepare: Callable[..., Any]  # fused q/k norm + rotary + K/V store -> q [T, H, D]
@@ -30,7 +34,20 @@ def torch_ops() -> KernelOps:
     from kvpilot.runtime.kernels.norm import rms_norm_ref
     from kvpilot.runtime.kernels.qkv_prepare import qkv_prepare_ref
 
-    return KernelOps("torch", rms_norm_ref, silu_and_mul_ref, qkv_prepare_ref, paged_attention_ref)
+    return KernelOps("torch", F.linear, rms_norm_ref, silu_and_mul_ref, qkv_prepare_ref, paged_attention_ref)
+
+
+def cpu_ops() -> KernelOps:
+    from kvpilot.runtime.kernels import cpu
+
+    return KernelOps(
+        "cpu",
+        cpu.linear_cpu,
+        cpu.rms_norm_cpu,
+        cpu.silu_and_mul_cpu,
+        cpu.qkv_prepare_cpu,
+        cpu.paged_attention_cpu,
+    )
 
 
 def triton_ops() -> KernelOps:
@@ -41,13 +58,15 @@ def triton_ops() -> KernelOps:
     from kvpilot.runtime.kernels.qkv_prepare_triton import qkv_prepare_triton
 
     return KernelOps(
-        "triton", rms_norm_triton, silu_and_mul_triton, qkv_prepare_triton, paged_attention_triton
+        "triton", F.linear, rms_norm_triton, silu_and_mul_triton, qkv_prepare_triton, paged_attention_triton
     )
 
 
 def kernel_ops(name: str) -> KernelOps:
     if name == "torch":
         return torch_ops()
+    if name == "cpu":
+        return cpu_ops()
     if name == "triton":
         return triton_ops()
     raise ValueError(f"unknown kernel set {name!r}; choose one of {', '.join(KERNEL_SETS)}")

@@ -1,23 +1,26 @@
 """Dense projections. A fused projection (q|k|v, gate|up) is one weight made of row shards that the
 loader fills from the checkpoint's separate tensors, so the GPU path runs one GEMM instead of several.
-cuBLAS (F.linear) is the GEMM on every path."""
+The GEMM comes from the runner's kernel set (cuBLAS on GPU)."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+from kvpilot.runtime.layers.kernel_ops import KernelOps
 from torch import nn
 
 
 class Linear(nn.Module):
     """y = x W^T (+ b). shard_sizes: output rows of each fused part, in order (one part when not fused)."""
 
-    def __init__(self, in_features: int, shard_sizes: tuple[int, ...] | int, *, bias: bool = False) -> None:
+    def __init__(
+        self, in_features: int, shard_sizes: tuple[int, ...] | int, ops: KernelOps, *, bias: bool = False
+    ) -> None:
         super().__init__()
         self.shard_sizes = (shard_sizes,) if isinstance(shard_sizes, int) else tuple(shard_sizes)
         out_features = sum(self.shard_sizes)
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self._op = ops.linear
 
     def shard_rows(self, shard: int) -> slice:
         """The rows of the fused weight that hold part `shard`."""
@@ -25,4 +28,4 @@ class Linear(nn.Module):
         return slice(start, start + self.shard_sizes[shard])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self._op(x, self.weight, self.bias)

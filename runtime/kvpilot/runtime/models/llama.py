@@ -29,9 +29,10 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = Linear(
             config.hidden_size,
             (self.q_size, self.kv_size, self.kv_size),
+            ops,
             bias=config.attention_bias,
         )
-        self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_proj_bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, ops, bias=config.o_proj_bias)
         if config.qk_norm:  # hold the weights; the norms run inside attn.store_qkv
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, ops)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, ops)
@@ -71,8 +72,8 @@ class LlamaMLP(nn.Module):
     def __init__(self, config: ModelConfig, ops: KernelOps) -> None:
         super().__init__()
         inter = config.intermediate_size
-        self.gate_up_proj = Linear(config.hidden_size, (inter, inter))
-        self.down_proj = Linear(inter, config.hidden_size)
+        self.gate_up_proj = Linear(config.hidden_size, (inter, inter), ops)
+        self.down_proj = Linear(inter, config.hidden_size, ops)
         self.act = SiluAndMul(ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -151,7 +152,7 @@ class LlamaForCausalLM(nn.Module):
             device=rope_device,
         )
         self.model = LlamaModel(config, rotary, ops)
-        self.lm_head = LMHead(config.vocab_size, config.hidden_size)
+        self.lm_head = LMHead(config.vocab_size, config.hidden_size, ops)
 
     def tie_weights(self) -> None:
         """Share the embedding with the LM head (tie_word_embeddings); call after materialising."""

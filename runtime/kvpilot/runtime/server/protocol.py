@@ -1,7 +1,8 @@
 """OpenAI request bodies (pydantic, strict types, unknown fields ignored) and their SamplingParams.
 
 Field names are OpenAI's; the extensions top_k, min_p, repetition_penalty, ignore_eos, min_tokens,
-stop_token_ids, skip_special_tokens, include_stop_str_in_output and add_generation_prompt are vLLM's.
+stop_token_ids, skip_special_tokens, include_stop_str_in_output, add_generation_prompt and (completions)
+prompt_logprobs are vLLM's.
 Range checks live in SamplingParams (one place); this module checks types and OpenAI-only rules.
 """
 
@@ -68,7 +69,9 @@ class _GenerationRequest(_Strict):
         if self.logit_bias:
             raise invalid_request("logit_bias is not supported by this server", "logit_bias")
 
-    def _base_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def _base_params(
+        self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None
+    ) -> SamplingParams:
         fields: dict[str, Any] = {
             "max_tokens": max_tokens,
             "temperature": self.temperature,
@@ -84,6 +87,7 @@ class _GenerationRequest(_Strict):
             "ignore_eos": self.ignore_eos,
             "min_tokens": self.min_tokens,
             "logprobs": logprobs,
+            "prompt_logprobs": prompt_logprobs,
             "include_stop_str_in_output": self.include_stop_str_in_output,
             "skip_special_tokens": self.skip_special_tokens,
         }
@@ -106,6 +110,7 @@ class CompletionRequest(_GenerationRequest):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+    prompt_logprobs: int | None = None  # vLLM extension: logprobs of the prompt tokens (+ top-k)
 
     def prompts(self) -> list[Prompt]:
         prompt = self.prompt
@@ -131,7 +136,7 @@ class CompletionRequest(_GenerationRequest):
             raise invalid_request("suffix is not supported by this server", "suffix")
         if self.best_of is not None and self.best_of != self.n:
             raise invalid_request("best_of must be equal to n (beam search is not supported)", "best_of")
-        return self.per_choice(self._base_params(self.max_tokens, self.logprobs))
+        return self.per_choice(self._base_params(self.max_tokens, self.logprobs, self.prompt_logprobs))
 
 
 class TextPart(_Strict):

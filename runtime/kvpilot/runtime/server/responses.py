@@ -36,6 +36,7 @@ class Delta:
     logprobs: list[Any] | None
     finish_reason: str | None
     stop_reason: int | str | None
+    prompt_logprobs: list[Any] | None = None  # with the first delta of a request that asked for them
 
 
 @dataclass
@@ -52,6 +53,7 @@ class ChoiceState:
     num_cached_tokens: int = 0
     logprobs: list[Any] | None = None
     text_offsets: list[int] = field(default_factory=list)
+    prompt_logprobs: list[Any] | None = None
 
     def apply(self, event: Any) -> Delta:
         """`event` is a ChoiceDelta (server/output_processor.py)."""
@@ -64,11 +66,15 @@ class ChoiceState:
         if event.finished:
             self.finish_reason = event.finish_reason
             self.stop_reason = event.stop_reason
+        prompt_logprobs = getattr(event, "prompt_logprobs", None)
+        if prompt_logprobs is not None:
+            self.prompt_logprobs = prompt_logprobs
         return Delta(
             event.new_text,
             event.new_logprobs,
             self.finish_reason if event.finished else None,
             self.stop_reason,
+            prompt_logprobs,
         )
 
 
@@ -116,11 +122,31 @@ class CompletionFormat:
             "text_offset": offsets,
         }
 
+    def prompt_logprobs(self, entries: list[Any]) -> list[dict[str, dict[str, Any]] | None]:
+        """vLLM's shape: None for the first prompt token, then {token_id: {logprob, rank, decoded_token}}
+        holding the prompt token and the top alternatives (ranks 1..k)."""
+        shaped: list[dict[str, dict[str, Any]] | None] = []
+        for e in entries:
+            if e is None:
+                shaped.append(None)
+                continue
+            row = {
+                str(t): {"logprob": lp, "rank": rank, "decoded_token": self._token_text(t)}
+                for rank, (t, lp) in enumerate(e.top_logprobs, 1)
+            }
+            row[str(e.token_id)] = {
+                "logprob": e.logprob,
+                "rank": e.rank,
+                "decoded_token": self._token_text(e.token_id),
+            }
+            shaped.append(row)
+        return shaped
+
     def opening_chunks(self, meta: ResponseMeta, choices: list[ChoiceState]) -> list[dict[str, Any]]:
         return []
 
     def delta_chunks(self, meta: ResponseMeta, choice: ChoiceState, delta: Delta) -> list[dict[str, Any]]:
-        if not (delta.text or delta.logprobs or delta.finish_reason):
+        if not (delta.text or delta.logprobs or delta.finish_reason or delta.prompt_logprobs):
             return []
         logprobs = None
         if delta.logprobs:
@@ -132,6 +158,8 @@ class CompletionFormat:
             "finish_reason": delta.finish_reason,
             "stop_reason": delta.stop_reason,
         }
+        if delta.prompt_logprobs is not None:
+            entry["prompt_logprobs"] = self.prompt_logprobs(delta.prompt_logprobs)
         return [_chunk(meta, self.chunk_object, [entry])]
 
     def response(self, meta: ResponseMeta, choices: list[ChoiceState]) -> dict[str, Any]:
@@ -145,6 +173,9 @@ class CompletionFormat:
             }
             for c in choices
         ]
+        for entry, c in zip(entries, choices, strict=True):
+            if c.prompt_logprobs is not None:  # only when asked: other responses keep OpenAI's shape
+                entry["prompt_logprobs"] = self.prompt_logprobs(c.prompt_logprobs)
         return {
             "id": meta.id,
             "object": self.object,

@@ -1,0 +1,476 @@
+"""GGUF models (llama.cpp, Ollama): a .gguf file is converted once into a Hugging Face-style directory,
+which the runtime then loads through its normal loader.
+
+The conversion (`convert_gguf`) writes
+  config.json            from the GGUF metadata (<arch>.block_count, .embedding_length, ...)
+  model.safetensors      every tensor dequantized by the `gguf` package (float32 by default, so the
+                         GGUF's values are kept exactly), renamed to Hugging Face names; Llama's Q/K rows
+                         are un-permuted (llama.cpp's converter interleaves them for its rotary kernel)
+  tokenizer.json         built with the `tokenizers` library from the GGUF's BPE vocabulary and merges
+                         (tokenizer.ggml.*), control tokens as special added tokens, the pre-tokenizer
+                         llama.cpp uses for tokenizer.ggml.pre
+  tokenizer_config.json  bos/eos/unk/pad tokens and the chat template (tokenizer.chat_template)
+  generation_config.json the eos (and end-of-turn) token ids
+
+`resolve_model_dir(path)` is what the loaders call: a Hugging Face directory is returned unchanged; a
+.gguf file, or a directory holding exactly one .gguf file and no config.json, is converted into the
+cache (`cache_dir()`: $KVPILOT_CACHE_DIR, else ~/.cache/kvpilot) under a key made of the file's SHA-256,
+once per machine. A conversion is written to a temporary directory and renamed into place, so a
+crashed or concurrent conversion never leaves a half-written model behind.
+
+What is refused, with a message naming the problem: an unreadable, truncated or corrupted file, an
+architecture other than llama/qwen2/qwen3, a tensor type the `gguf` package cannot dequantize, a
+missing or non-BPE tokenizer section, an unknown pre-tokenizer, Llama 3 rope frequency tensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from kvpilot.runtime.errors import ModelLoadError, UnsupportedModelError
+
+log = logging.getLogger(__name__)
+
+CONVERTER_VERSION = 1  # bump when the converted files change: old cache entries are then ignored
+GGUF_SUFFIX = ".gguf"
+
+# GGUF general.architecture -> Hugging Face architecture
+ARCHITECTURES: dict[str, str] = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+# GGUF tensor name (after "blk.N.") -> Hugging Face name (after "model.layers.N.")
+_LAYER_TENSORS: dict[str, str] = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GLOBAL_TENSORS: dict[str, str] = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+
+# Pre-tokenizer regexes, as llama.cpp (llama-vocab.cpp) and the original tokenizer.json files define them.
+_GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+_LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# tokenizer.ggml.pre -> how text is split before BPE
+PRE_TOKENIZERS = ("default", "gpt2", "smollm", "llama-bpe", "llama3", "qwen2")
+
+# GGUF token types (gguf.TokenType): CONTROL and USER_DEFINED tokens are added tokens, never split
+_CONTROL, _USER_DEFINED = 3, 4
+
+_memo: dict[tuple[str, int, int, str], Path] = {}
+_memo_lock = threading.Lock()
+
+
+# ---- finding and caching ------------------------------------------------------------------------
+def find_gguf(path: str | Path) -> Path | None:
+    """The GGUF file `path` names: the file itself, or the single .gguf in a directory without a
+    config.json. None for anything else (a Hugging Face directory, a missing path)."""
+    path = Path(path)
+    if path.suffix.lower() == GGUF_SUFFIX and not path.is_dir():
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file {path} does not exist")
+        return path
+    if not path.is_dir() or (path / "config.json").is_file():
+        return None
+    found = sorted(p for p in path.iterdir() if p.suffix.lower() == GGUF_SUFFIX and p.is_file())
+    if len(found) > 1:
+        names = ", ".join(p.name for p in found)
+        raise ModelLoadError(f"{path} holds several GGUF files ({names}); pass --model with the one to serve")
+    return found[0] if found else None
+
+
+def cache_dir() -> Path:
+    """Where converted GGUF models live: $KVPILOT_CACHE_DIR, else $XDG_CACHE_HOME/kvpilot, else
+    ~/.cache/kvpilot (a `gguf/` folder under it)."""
+    root = os.environ.get("KVPILOT_CACHE_DIR")
+    if root:
+        return Path(root)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "kvpilot"
+
+
+def resolve_model_dir(path: str | Path) -> Path:
+    """A directory the loaders can read: `path` itself, or the converted copy of the GGUF it names."""
+    gguf_file = find_gguf(path)
+    if gguf_file is None:
+        return Path(path)
+    stat = gguf_file.stat()
+    key = (str(gguf_file.resolve()), stat.st_size, stat.st_mtime_ns, str(cache_dir()))
+    with _memo_lock:  # every loader asks (config, tokenizer, weights): convert and hash once per process
+        if key not in _memo:
+            _memo[key] = convert_cached(gguf_file)
+        return _memo[key]
+
+
+def file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 23):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def convert_cached(gguf_file: str | Path, root: str | Path | None = None, dtype: str = "float32") -> Path:
+    """The converted directory for `gguf_file` under `root` (default: cache_dir()/gguf), converting it
+    on the first call for this file content."""
+    gguf_file = Path(gguf_file)
+    root = Path(root) if root is not None else cache_dir() / "gguf"
+    try:
+        digest = file_digest(gguf_file)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read GGUF file {gguf_file}: {exc}") from exc
+    target = root / f"{gguf_file.stem}-{digest[:16]}-v{CONVERTER_VERSION}-{dtype}"
+    if (target / "config.json").is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    log.info("converting %s into %s (once per file)", gguf_file, target)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
+    try:
+        convert_gguf(gguf_file, scratch, dtype=dtype)
+        scratch.chmod(0o755)  # mkdtemp made it private; the cache is shared like any model directory
+        try:
+            os.replace(scratch, target)
+        except OSError:  # another process finished the same conversion first
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
+# ---- conversion ---------------------------------------------------------------------------------
+def read_gguf(gguf_file: str | Path) -> Any:
+    """A gguf.GGUFReader over the file; any failure to parse it becomes one ModelLoadError."""
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(str(gguf_file))
+    except Exception as exc:  # the reader raises ValueError, struct/numpy errors, ... on a bad file
+        raise ModelLoadError(
+            f"cannot read GGUF file {gguf_file}: {type(exc).__name__}: {exc} "
+            "(is the file truncated or corrupted?)"
+        ) from exc
+
+
+def gguf_metadata(reader: Any) -> dict[str, Any]:
+    """Every key/value field of the file as plain Python values."""
+    meta: dict[str, Any] = {}
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF."):
+            continue
+        try:
+            meta[name] = field.contents()
+        except (UnicodeDecodeError, ValueError, IndexError) as exc:
+            raise ModelLoadError(f"GGUF metadata field {name} is unreadable: {exc}") from exc
+    return meta
+
+
+def convert_gguf(gguf_file: str | Path, out_dir: str | Path, dtype: str = "float32") -> Path:
+    """Write the Hugging Face-style files for `gguf_file` into `out_dir` (see the module docstring)."""
+    import torch
+    from safetensors.torch import save_file
+
+    gguf_file, out_dir = Path(gguf_file), Path(out_dir)
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
+    if torch_dtype is None:
+        raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
+    reader = read_gguf(gguf_file)
+    meta = gguf_metadata(reader)
+    arch = gguf_architecture(meta, gguf_file)
+    tokenizer_files = build_tokenizer_files(meta, gguf_file)  # before the weights: fail fast
+    tensors = convert_tensors(reader, meta, arch, torch_dtype, gguf_file)
+    config = hf_config(meta, arch, tie_word_embeddings="lm_head.weight" not in tensors, dtype=dtype)
+    if config["vocab_size"] != tensors["model.embed_tokens.weight"].shape[0]:
+        raise ModelLoadError(
+            f"{gguf_file.name}: the token embedding has {tensors['model.embed_tokens.weight'].shape[0]} rows "
+            f"but the metadata says vocab_size {config['vocab_size']}"
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    for name, content in tokenizer_files.items():
+        (out_dir / name).write_text(content, encoding="utf-8")
+    source = {"gguf_file": gguf_file.name, "general.name": meta.get("general.name")}
+    (out_dir / "kvpilot_source.json").write_text(json.dumps(source, indent=2) + "\n")
+    # written last: its presence marks a complete conversion
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out_dir
+
+
+def gguf_architecture(meta: dict[str, Any], gguf_file: Path) -> str:
+    arch = meta.get("general.architecture")
+    if not isinstance(arch, str):
+        raise ModelLoadError(f"{gguf_file.name}: GGUF metadata lacks general.architecture")
+    if arch not in ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"{gguf_file.name}: GGUF architecture {arch!r} is not supported; "
+            f"supported: {', '.join(ARCHITECTURES)}"
+        )
+    return arch
+
+
+def _require_int(meta: dict[str, Any], key: str) -> int:
+    value = meta.get(key)
+    if not isinstance(value, int):
+        raise ModelLoadError(f"GGUF metadata lacks the integer field {key}")
+    return value
+
+
+def hf_config(meta: dict[str, Any], arch: str, *, tie_word_embeddings: bool, dtype: str) -> dict[str, Any]:
+    """config.json fields from the <arch>.* metadata."""
+    heads = _require_int(meta, f"{arch}.attention.head_count")
+    hidden = _require_int(meta, f"{arch}.embedding_length")
+    kv_heads = meta.get(f"{arch}.attention.head_count_kv") or heads
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+    vocab = meta.get(f"{arch}.vocab_size") or len(tokens)
+    scaling_type = meta.get(f"{arch}.rope.scaling.type")
+    rope_scaling = None
+    if scaling_type not in (None, "none"):
+        if scaling_type != "linear":
+            raise UnsupportedModelError(f"GGUF rope scaling type {scaling_type!r} is not supported")
+        rope_scaling = {"rope_type": "linear", "factor": float(meta[f"{arch}.rope.scaling.factor"])}
+    config: dict[str, Any] = {
+        "architectures": [ARCHITECTURES[arch]],
+        "model_type": MODEL_TYPES[arch],
+        "vocab_size": int(vocab),
+        "hidden_size": hidden,
+        "intermediate_size": _require_int(meta, f"{arch}.feed_forward_length"),
+        "num_hidden_layers": _require_int(meta, f"{arch}.block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(kv_heads),
+        "head_dim": int(meta.get(f"{arch}.attention.key_length") or hidden // heads),
+        "hidden_act": "silu",
+        "max_position_embeddings": int(meta.get(f"{arch}.context_length") or 2048),
+        "rms_norm_eps": float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        "rope_scaling": rope_scaling,
+        "tie_word_embeddings": tie_word_embeddings,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "torch_dtype": dtype,
+    }
+    for key in ("bos", "eos", "padding"):
+        token_id = meta.get(f"tokenizer.ggml.{key}_token_id")
+        if isinstance(token_id, int):
+            config["pad_token_id" if key == "padding" else f"{key}_token_id"] = token_id
+    return config
+
+
+def hf_tensor_name(name: str) -> str | None:
+    """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight'; None for unknown names."""
+    base, dot, kind = name.rpartition(".")
+    if not dot or kind not in ("weight", "bias"):
+        return None
+    if base in _GLOBAL_TENSORS:
+        return f"{_GLOBAL_TENSORS[base]}.{kind}"
+    parts = base.split(".")
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_TENSORS:
+        return f"model.layers.{parts[1]}.{_LAYER_TENSORS[parts[2]]}.{kind}"
+    return None
+
+
+def unpermute_rotary(weight: Any, n_head: int) -> Any:
+    """Undo llama.cpp's convert_hf_to_gguf `permute` of q_proj/k_proj rows (n_head: the heads of that
+    projection): per head it moved the rows [first half | second half] into interleaved pairs."""
+    rows = weight.shape[0]
+    return (
+        weight.reshape(n_head, rows // n_head // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    )
+
+
+def convert_tensors(
+    reader: Any, meta: dict[str, Any], arch: str, torch_dtype: Any, gguf_file: Path
+) -> dict[str, Any]:
+    """Every tensor dequantized to float32 by the gguf package, renamed, un-permuted, cast."""
+    import numpy as np
+    import torch
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    heads = meta.get(f"{arch}.attention.head_count")
+    kv_heads = meta.get(f"{arch}.attention.head_count_kv") or heads
+    out: dict[str, Any] = {}
+    unknown: list[str] = []
+    for tensor in reader.tensors:
+        if tensor.name.startswith("rope_freqs"):
+            raise UnsupportedModelError(
+                f"{gguf_file.name}: rope frequency factors ({tensor.name}, Llama 3.1 rope scaling) "
+                "are not supported for GGUF models yet"
+            )
+        name = hf_tensor_name(tensor.name)
+        if name is None:
+            unknown.append(tensor.name)
+            continue
+        qtype = GGMLQuantizationType(tensor.tensor_type)
+        shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))  # GGUF lists dims fastest first
+        try:
+            values = np.array(dequantize(tensor.data, qtype), dtype=np.float32).reshape(shape)
+        except NotImplementedError as exc:
+            raise UnsupportedModelError(
+                f"{gguf_file.name}: tensor {tensor.name} has type {qtype.name}, which the gguf package "
+                f"cannot dequantize ({exc})"
+            ) from exc
+        except (ValueError, TypeError) as exc:
+            raise ModelLoadError(
+                f"{gguf_file.name}: tensor {tensor.name} ({qtype.name}, shape {shape}) is unreadable: {exc} "
+                "(is the file truncated or corrupted?)"
+            ) from exc
+        if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
+            values = unpermute_rotary(values, int(heads))
+        elif arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
+            values = unpermute_rotary(values, int(kv_heads))
+        out[name] = torch.from_numpy(np.ascontiguousarray(values)).to(torch_dtype)
+    if unknown:
+        more = f" (and {len(unknown) - 5} more)" if len(unknown) > 5 else ""
+        raise UnsupportedModelError(
+            f"{gguf_file.name}: tensors this runtime does not know for architecture {arch!r}: "
+            f"{', '.join(unknown[:5])}{more}"
+        )
+    if "model.embed_tokens.weight" not in out:
+        raise ModelLoadError(f"{gguf_file.name}: no token_embd.weight tensor")
+    return out
+
+
+# ---- tokenizer ----------------------------------------------------------------------------------
+def _pre_tokenizer(pre: str) -> Any:
+    from tokenizers import Regex, pre_tokenizers
+
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
+    if pre in ("default", "gpt2"):
+        return byte_level
+    if pre == "smollm":  # digits one by one, then GPT-2's split (SmolLM's own tokenizer.json)
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    pattern = {"llama-bpe": _LLAMA3_PATTERN, "llama3": _LLAMA3_PATTERN, "qwen2": _QWEN2_PATTERN}.get(pre)
+    if pattern is None:
+        raise UnsupportedModelError(
+            f"GGUF pre-tokenizer {pre!r} is not supported; supported: {', '.join(PRE_TOKENIZERS)}"
+        )
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ]
+    )
+
+
+def _token_id_text(meta: dict[str, Any], key: str, tokens: list[str]) -> str | None:
+    token_id = meta.get(f"tokenizer.ggml.{key}_token_id")
+    if isinstance(token_id, int) and 0 <= token_id < len(tokens):
+        return tokens[token_id]
+    return None
+
+
+def build_tokenizer_files(meta: dict[str, Any], gguf_file: Path) -> dict[str, str]:
+    """tokenizer.json, tokenizer_config.json and generation_config.json text from tokenizer.ggml.*."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
+
+    model = meta.get("tokenizer.ggml.model")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if model is None or not tokens:
+        raise ModelLoadError(
+            f"{gguf_file.name}: the GGUF has no tokenizer section (tokenizer.ggml.model/tokens missing); "
+            "kvpilot needs the tokenizer inside the file"
+        )
+    if model != "gpt2":
+        raise UnsupportedModelError(
+            f"{gguf_file.name}: GGUF tokenizer model {model!r} is not supported; only byte-level BPE "
+            "('gpt2', as Llama 3, Qwen and SmolLM use)"
+        )
+    merges = meta.get("tokenizer.ggml.merges")
+    if not merges:
+        raise ModelLoadError(f"{gguf_file.name}: the BPE tokenizer has no merges (tokenizer.ggml.merges)")
+    pre = meta.get("tokenizer.ggml.pre") or "default"
+    vocab = {token: i for i, token in enumerate(tokens)}
+    if len(vocab) != len(tokens):
+        raise ModelLoadError(f"{gguf_file.name}: the tokenizer vocabulary has duplicate tokens")
+    try:
+        pairs = [tuple(m.split(" ", 1)) for m in merges]
+        bpe = models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False)
+    except Exception as exc:  # the tokenizers library raises bare Exceptions
+        raise ModelLoadError(f"{gguf_file.name}: the BPE vocabulary/merges are inconsistent: {exc}") from exc
+    tokenizer = Tokenizer(bpe)
+    if pre == "qwen2":
+        tokenizer.normalizer = normalizers.NFC()
+    try:
+        tokenizer.pre_tokenizer = _pre_tokenizer(pre)
+    except UnsupportedModelError as exc:
+        raise UnsupportedModelError(f"{gguf_file.name}: {exc}") from exc
+    tokenizer.decoder = decoders.ByteLevel()
+    types = meta.get("tokenizer.ggml.token_type") or []
+    special = [i for i, t in enumerate(types) if t in (_CONTROL, _USER_DEFINED)]
+    tokenizer.add_special_tokens(
+        [AddedToken(tokens[i], special=True, normalized=False) for i in special if types[i] == _CONTROL]
+    )
+    tokenizer.add_tokens(
+        [AddedToken(tokens[i], special=False, normalized=False) for i in special if types[i] != _CONTROL]
+    )
+    bos = _token_id_text(meta, "bos", tokens)
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False)) and bos is not None
+    if add_bos:
+        bos_id = vocab[bos]
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]
+        )
+    else:
+        tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    if tokenizer.get_vocab_size(with_added_tokens=True) != len(tokens):
+        raise ModelLoadError(f"{gguf_file.name}: the rebuilt tokenizer does not match the vocabulary size")
+    config: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": int(meta.get(f"{meta.get('general.architecture')}.context_length") or 2048),
+    }
+    for key, name in (("bos", "bos_token"), ("eos", "eos_token"), ("unknown", "unk_token")):
+        text = _token_id_text(meta, key, tokens)
+        if text is not None:
+            config[name] = text
+    pad = _token_id_text(meta, "padding", tokens)
+    if pad is not None:
+        config["pad_token"] = pad
+    if add_bos:
+        config["add_bos_token"] = True
+    template = meta.get("tokenizer.chat_template")
+    if isinstance(template, str) and template:
+        config["chat_template"] = template
+    eos_ids = sorted(
+        {meta[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if k in meta}
+    )
+    generation: dict[str, Any] = {}
+    if eos_ids:
+        generation["eos_token_id"] = eos_ids[0] if len(eos_ids) == 1 else eos_ids
+    bos_id = meta.get("tokenizer.ggml.bos_token_id")
+    if isinstance(bos_id, int):
+        generation["bos_token_id"] = bos_id
+    return {
+        "tokenizer.json": tokenizer.to_str(),
+        "tokenizer_config.json": json.dumps(config, indent=2, ensure_ascii=False) + "\n",
+        "generation_config.json": json.dumps(generation, indent=2) + "\n",
+    }
