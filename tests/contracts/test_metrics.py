@@ -29,7 +29,7 @@ def stats(**overrides: float) -> SimpleNamespace:
 
 def exposition(*updates: SimpleNamespace) -> str:
     metrics = ServerMetrics("qwen3-8b", cache_config={"cache_dtype": "bf16"})
-    metrics.on_loaded(SimpleNamespace(stats=lambda: updates[0]))
+    metrics.on_loaded(updates[0])  # the engine core's Ready stats
     for update in updates[1:]:
         metrics.on_stats(update)
     return metrics.render().decode()

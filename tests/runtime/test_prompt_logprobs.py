@@ -86,18 +86,23 @@ def test_prompt_logprobs_are_validated() -> None:
 
 def test_completions_api_returns_prompt_logprobs_in_vllm_shape(qwen3_checkpoint: Path) -> None:
     import httpx
-    from kvpilot.runtime.engine.llm_engine import EngineArgs, LLMEngine
+    from kvpilot.runtime.engine.engine_args import EngineArgs
+    from kvpilot.runtime.engine_core.client import EngineCoreSpec
+    from kvpilot.runtime.tokenizer import Tokenizer
 
     from tests.runtime.server_fakes import InProcessServer
 
-    def engine() -> LLMEngine:
-        return LLMEngine.from_args(EngineArgs(model=str(qwen3_checkpoint), device="cpu", max_model_len=64))
+    engine = EngineCoreSpec(
+        kwargs=EngineArgs(model=str(qwen3_checkpoint), device="cpu", max_model_len=64).to_dict()
+    )
 
     offline = LLM(str(qwen3_checkpoint), device="cpu", max_model_len=64)
     prompt = "The quick brown fox"
     (want,) = offline.generate([prompt], SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=2))
     tokenizer = offline.get_tokenizer()
-    server = InProcessServer(engine, served_model_name="tiny").start(timeout=60)
+    server = InProcessServer(
+        engine, tokenizer_factory=lambda: Tokenizer.from_dir(qwen3_checkpoint), served_model_name="tiny"
+    ).start(timeout=60)
     try:
         body = {"model": "tiny", "prompt": prompt, "max_tokens": 2, "temperature": 0, "prompt_logprobs": 2}
         reply = httpx.post(server.base_url + "/v1/completions", json=body, timeout=30).json()

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from kvpilot.runtime.config import ModelConfig
 from kvpilot.runtime.errors import ModelLoadError
+from kvpilot.runtime.gguf_model import resolve_model_dir
 from kvpilot.runtime.layers.kernel_ops import KernelOps
 from kvpilot.runtime.layers.linear import Linear
 from kvpilot.runtime.models import model_class
@@ -178,7 +179,7 @@ def load_model(
     if load_format == "dummy":
         init_dummy_weights(model, seed)
     else:
-        load_weights(model, Path(model_dir), config)
+        load_weights(model, resolve_model_dir(model_dir), config)  # GGUF: its converted copy
     model.eval()
     model.requires_grad_(False)
     return model

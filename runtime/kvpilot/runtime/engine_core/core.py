@@ -96,6 +96,17 @@ def _logprobs(entries: list[Any] | None) -> list[Logprob] | None:
     ]
 
 
+def _prompt_logprobs(entries: list[Any] | None) -> list[Logprob | None] | None:
+    if entries is None:
+        return None
+    return [
+        None
+        if e is None
+        else Logprob(e.token_id, float(e.logprob), [(t, float(lp)) for t, lp in e.top_logprobs], e.rank)
+        for e in entries
+    ]
+
+
 def token_output(o: Any) -> TokenOutput:
     """An engine RequestOutput as it travels (its text, empty with detokenize=False, stays behind)."""
     return TokenOutput(
@@ -108,6 +119,7 @@ def token_output(o: Any) -> TokenOutput:
         o.num_cached_tokens,
         _logprobs(o.new_logprobs),
         getattr(o, "error", None),
+        _prompt_logprobs(getattr(o, "prompt_logprobs", None)),
     )
 
 

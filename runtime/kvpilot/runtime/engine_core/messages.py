@@ -70,6 +70,7 @@ class Logprob(msgspec.Struct, array_like=True, gc=False):
     token_id: int
     logprob: float
     top_logprobs: list[tuple[int, float]]
+    rank: int | None = None  # set for prompt logprobs
 
 
 class TokenOutput(msgspec.Struct, array_like=True, gc=False):
@@ -84,6 +85,9 @@ class TokenOutput(msgspec.Struct, array_like=True, gc=False):
     num_cached_tokens: int
     logprobs: list[Logprob] | None = None
     error: str | None = None  # the request failed in the engine (finish_reason "abort")
+    prompt_logprobs: list[Logprob | None] | None = (
+        None  # SamplingParams.prompt_logprobs, with the first token
+    )
 
 
 class Rejected(msgspec.Struct, array_like=True):

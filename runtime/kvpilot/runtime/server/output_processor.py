@@ -41,6 +41,7 @@ class ChoiceDelta:
     num_cached_tokens: int
     error: str | None = None  # the engine failed this request
     stopped_by_string: bool = False  # finished here while the engine request may still run: abort it
+    prompt_logprobs: list[Logprob | None] | None = None  # with the first delta, when asked for
 
 
 class RequestText:
@@ -79,6 +80,7 @@ class RequestText:
                 self.num_prompt_tokens,
                 self.num_output_tokens,
                 out.num_cached_tokens,
+                prompt_logprobs=out.prompt_logprobs,
             )
         if out.error is not None or out.finish_reason == "abort":
             self.finished = True
@@ -156,4 +158,5 @@ class RequestText:
             self.num_output_tokens,
             out.num_cached_tokens,
             error,
+            prompt_logprobs=out.prompt_logprobs,
         )
