@@ -318,6 +318,22 @@ def test_prefill_and_extend_kernel_dequantizes_like_the_reference(
 
 
 @pytest.mark.parametrize("dtype", EIGHT_BIT, ids=IDS)
+def test_16bit_activations_take_the_16bit_dot_path(dtype: torch.dtype) -> None:
+    """bf16 q: e4m3 pages meet q in fp16 (V scales normalised per tile), int8 pages in bf16. Triton's CPU
+    interpreter computes bf16 dots wrongly (16-bit caches too), so int8 runs this on the GPU only."""
+    if INTERPRET and dtype == torch.int8:
+        pytest.skip("the interpreter's bf16 tl.dot is broken; covered by the gpu tests")
+    for q_lens, ctx in (([1, 1, 1], [37, 5, 48]), ([21, 7, 1], [21, 30, 9])):
+        b = quantized_batch(ctx, q_lens, 4, 2, 16, 4, dtype, seed=6, act_dtype=torch.bfloat16)
+        args = (b["q"], b["k_cache"], b["v_cache"], b["cu_seqlens_q"], b["context_lens"], b["block_tables"])
+        scales = {"k_scale": b["k_scale"], "v_scale": b["v_scale"]}
+        out = paged_attention_triton(*args, 0.25, max_q_len=max(q_lens), **scales)
+        assert out.dtype == torch.bfloat16
+        ref = _ref({**b, "q": b["q"].float()}, 0.25)
+        torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", EIGHT_BIT, ids=IDS)
 def test_dispatcher_passes_scales_to_both_kernels(dtype: torch.dtype) -> None:
     for q_lens in ([1, 1], [3, 1]):
         b = quantized_batch([20, 6], q_lens, 4, 2, 16, 4, dtype, seed=3)
@@ -421,12 +437,18 @@ def test_engine_logits_close_to_the_16bit_cache(kv: str, qwen3_checkpoint: Path)
 def test_triton_engine_equals_torch_engine_with_8bit_pages(kv: str, qwen3_checkpoint: Path) -> None:
     """Whole model, triton kernels (store, prefill/extend, decode) vs torch references on 8-bit pages."""
     runners = {b: _runner(qwen3_checkpoint, kv, b) for b in ("torch", "triton")}
+    # compiled on a GPU, TF32 dots move activations enough to flip a stored code here and there
+    tol = TOL if INTERPRET else {"atol": 0.1, "rtol": 0.1}
     for step in _steps():
-        torch.testing.assert_close(runners["triton"].execute(step), runners["torch"].execute(step), **TOL)
+        torch.testing.assert_close(runners["triton"].execute(step), runners["torch"].execute(step), **tol)
     for ref, got in zip(runners["torch"].kv_caches, runners["triton"].kv_caches, strict=True):
         for (got_v, got_s), (ref_v, ref_s) in ((got[0::2], ref[0::2]), (got[1::2], ref[1::2])):
-            torch.testing.assert_close(got_s, ref_s, **TOL)
-            torch.testing.assert_close(dequantize_ref(got_v, got_s), dequantize_ref(ref_v, ref_s), **TOL)
+            torch.testing.assert_close(got_s, ref_s, **tol)
+            want = dequantize_ref(ref_v, ref_s)
+            step = 0 if INTERPRET else 0.07 * want.abs().max().item()  # one code step at the top of e4m3
+            torch.testing.assert_close(
+                dequantize_ref(got_v, got_s), want, atol=TOL["atol"] + step, rtol=TOL["rtol"]
+            )
 
 
 @pytest.mark.parametrize("kv", ["fp8", "int8"])

@@ -5,17 +5,34 @@ sequence's block table (page = table[pos // PAGE], row = pos % PAGE), so a tile 
 pages when PAGE <= BLOCK_N, or part of one page otherwise. Scores are in base 2 (qk_scale includes
 log2(e)) and accumulate in fp32.
 
-8-bit caches (SCALED): the stored values are widened exactly to q's dtype (every e4m3 value and every int8
-in [-127, 127] is a bf16/fp16/fp32 value) and go to the dots unscaled; position n's K scale then multiplies
-score column n, and its V scale the softmax weight p[:, n] before the P.V dot. That is exact dequantization
-(sum_d q_d * k_nd * s_n = s_n * q.k_n) done on the [BLOCK_M, BLOCK_N] tile rather than on the
-[BLOCK_N, BLOCK_D] K and V tiles, so it costs a few multiplies per position, not per element.
+8-bit caches (SCALED): the stored values are widened exactly to q's dtype and go to the dots unscaled;
+position n's K scale then multiplies score column n, and its V scale the softmax weight p[:, n] before the
+P.V dot. That is exact dequantization (sum_d q_d * k_nd * s_n = s_n * q.k_n) done on the
+[BLOCK_M, BLOCK_N] tile rather than on the [BLOCK_N, BLOCK_D] K and V tiles, so it costs a few multiplies
+per position, not per element. The dot type (dot_dtype_for_8bit) is fp16 for e4m3 (one hardware
+conversion per two elements on Hopper; e4m3 -> bf16 measured 17% slower on the H200) and q's 16-bit type
+for int8 (int8 -> fp16 was no faster than int8 -> bf16, by a plain cast or the 0x6400 magic number); every
+e4m3 value and every int8 in [-127, 127] is exact in either. fp32 activations (the CPU interpreter) widen
+to fp32. When the dot runs in fp16, the V scales are divided by their tile maximum before they multiply p
+(so p * scale stays in fp16's normal range) and the maximum multiplies the tile's P.V product; bf16 has
+fp32's exponent range and needs no such step (it costs the fused accumulate: ~15% at 64 x 4k).
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def dot_dtype_for_8bit(q_dtype: tl.constexpr, cache_dtype: tl.constexpr):
+    """The type q and the widened 8-bit K/V meet in: fp32 for fp32 activations, else fp16 for e4m3 and
+    q's own 16-bit type for int8 (see the module docstring)."""
+    if q_dtype == tl.float32:
+        return tl.float32
+    if cache_dtype == tl.int8:
+        return q_dtype
+    return tl.float16
 
 
 @triton.jit
@@ -78,8 +95,8 @@ def attend_tile(
     else:
         k = tl.load(k_ptrs)  # [BLOCK_N, BLOCK_D]
         v = tl.load(v_ptrs)
-    # An 8-bit KV cache is widened (exactly) to q's type for the tensor-core dots; for a 16-bit cache this
-    # is a no-op.
+    # 8-bit codes are widened exactly to q's type (dot_dtype_for_8bit) for the tensor-core dots; for a
+    # 16-bit cache this is a no-op.
     k = k.to(q.dtype)
     v = v.to(q.dtype)
 
@@ -104,7 +121,11 @@ def attend_tile(
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
 
-    if SCALED:
+    if SCALED and v.dtype == tl.float16:  # keep p * scale in fp16's normal range
+        v_max = tl.max(v_s, 0)
+        v_max = tl.where(v_max > 0.0, v_max, 1.0)
+        acc = acc * alpha[:, None] + tl.dot((p * (v_s / v_max)[None, :]).to(v.dtype), v) * v_max
+    elif SCALED:
         acc = acc * alpha[:, None] + tl.dot((p * v_s[None, :]).to(v.dtype), v)
     else:
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
