@@ -9,7 +9,7 @@ log2(e)) and accumulate in fp32.
 position n's K scale then multiplies score column n, and its V scale the softmax weight p[:, n] before the
 P.V dot. That is exact dequantization (sum_d q_d * k_nd * s_n = s_n * q.k_n) done on the
 [BLOCK_M, BLOCK_N] tile rather than on the [BLOCK_N, BLOCK_D] K and V tiles, so it costs a few multiplies
-per position, not per element. The dot type (dot_dtype_for_8bit) is fp16 for e4m3 (one hardware
+per position, not per element. The dot type (set where the kernels load q) is fp16 for e4m3 (one hardware
 conversion per two elements on Hopper; e4m3 -> bf16 measured 17% slower on the H200) and q's 16-bit type
 for int8 (int8 -> fp16 was no faster than int8 -> bf16, by a plain cast or the 0x6400 magic number); every
 e4m3 value and every int8 in [-127, 127] is exact in either. fp32 activations (the CPU interpreter) widen
@@ -22,17 +22,6 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-
-
-@triton.jit
-def dot_dtype_for_8bit(q_dtype: tl.constexpr, cache_dtype: tl.constexpr):
-    """The type q and the widened 8-bit K/V meet in: fp32 for fp32 activations, else fp16 for e4m3 and
-    q's own 16-bit type for int8 (see the module docstring)."""
-    if q_dtype == tl.float32:
-        return tl.float32
-    if cache_dtype == tl.int8:
-        return q_dtype
-    return tl.float16
 
 
 @triton.jit

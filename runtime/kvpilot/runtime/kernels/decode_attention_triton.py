@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention_tile_triton import attend_tile, dot_dtype_for_8bit
+from .attention_tile_triton import attend_tile
 from .triton_utils import next_power_of_2, num_sms
 from .triton_utils import scale_launch_args as _scale_args
 
@@ -136,8 +136,8 @@ def _decode_kernel(
     q = tl.load(q_ptrs, mask=head_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_H, BLOCK_D]
     if not SCALED:  # a 16/32-bit cache: the dots run in its type
         q = q.to(k_cache_ptr.dtype.element_ty)
-    else:  # 8-bit cache: the dot type of attention_tile_triton.py
-        q = q.to(dot_dtype_for_8bit(q.dtype, k_cache_ptr.dtype.element_ty))
+    elif q.dtype != tl.float32 and k_cache_ptr.dtype.element_ty != tl.int8:
+        q = q.to(tl.float16)  # e4m3 pages, 16-bit activations: fp16 dots (attention_tile_triton.py)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention_tile_triton import attend_tile, dot_dtype_for_8bit
+from .attention_tile_triton import attend_tile
 from .triton_utils import next_power_of_2
 from .triton_utils import scale_launch_args as _scale_args
 
@@ -95,8 +95,8 @@ def _prefill_kernel(
     )  # [BLOCK_M, BLOCK_D]
     if not SCALED:  # a 16/32-bit cache: the dots run in its type
         q = q.to(k_cache_ptr.dtype.element_ty)
-    else:  # 8-bit cache: the dot type of attention_tile_triton.py
-        q = q.to(dot_dtype_for_8bit(q.dtype, k_cache_ptr.dtype.element_ty))
+    elif q.dtype != tl.float32 and k_cache_ptr.dtype.element_ty != tl.int8:
+        q = q.to(tl.float16)  # e4m3 pages, 16-bit activations: fp16 dots (attention_tile_triton.py)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
