@@ -545,3 +545,12 @@ def test_gpu_store_kernel_full_size(dtype: torch.dtype) -> None:
     for i, j in ((0, 2), (1, 3)):
         torch.testing.assert_close(got[j], want[j], atol=0, rtol=1e-5)
         assert_codes_close(got[i], want[i], exact=False)
+
+
+@pytest.mark.parametrize("kv", ["fp8", "fp8_e4m3", "int8"])
+def test_cache_config_info_reports_the_cache_dtype(kv: str) -> None:
+    """vllm:cache_config_info's cache_dtype label is the --kv-cache-dtype the runtime serves with."""
+    from kvpilot.runtime.server.args import cache_config_labels, parse_args
+
+    args = parse_args(["--model", "/m", "--kv-cache-dtype", kv])
+    assert cache_config_labels(args)["cache_dtype"] == kv
