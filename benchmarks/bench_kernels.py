@@ -11,6 +11,10 @@ device time without Python launch overhead, as the engine's captured decode step
 median (events around single Python calls, launch overhead included) is reported beside it. L2 is not
 flushed; instead the calls cycle over enough distinct input sets that the working set is >= 4x the L2
 (60 MB), so every call reads its K/V from HBM. Bytes for attention = K+V read + q read + out written.
+
+8-bit KV caches (fp8 e4m3, int8; --kv8-only to run just these): decode over pages quantized per token and
+head, bytes counted as actually read (1-byte values + one fp32 scale per token, head, K/V), with the
+speed-up over the bf16 kernel on the same shape in the same run.
 """
 
 from __future__ import annotations
@@ -33,9 +37,11 @@ from kvpilot.runtime.kernels.attention import paged_attention_ref
 from kvpilot.runtime.kernels.decode_attention_triton import (
     DecodeConfig,
     DecodePlan,
+    default_decode_config,
     paged_decode_attention_triton,
     plan_decode,
 )
+from kvpilot.runtime.kernels.kv_cache import quantize_ref
 from kvpilot.runtime.kernels.norm import rms_norm_ref
 from kvpilot.runtime.kernels.norm_triton import rms_norm_triton
 from kvpilot.runtime.kernels.prefill_attention_triton import paged_prefill_attention_triton
@@ -50,6 +56,9 @@ DEV = "cuda"
 DECODE_CASES = ((64, 2048), (64, 4096), (1, 4096))  # (batch, context)
 PREFILL_CASES = ((1, 1024, 1024), (1, 4096, 512))  # (batch, context, new tokens)
 FUSED_TOKENS = (256, 4096)
+KV8_DTYPES = {"fp8": torch.float8_e4m3fn, "int8": torch.int8}
+KV8_CASES = ((64, 4096), (64, 2048), (256, 1024), (16, 8192), (1, 4096))  # 64 x 4k is the issue's target
+SCALE_BYTES = 4  # one fp32 scale per (token, KV head) for K and for V (kvpilot.contracts.kv_cache)
 
 
 @dataclass
@@ -129,11 +138,12 @@ def copy_bandwidth() -> float:
 # ------------------------------------------------------------------------------------------------ data
 
 
-def paged_batch(batch: int, ctx: int, q_len: int) -> dict[str, torch.Tensor]:
-    """Equal-length sequences; pages drawn from a shuffled pool (random, non-contiguous block tables)."""
+def paged_batch(batch: int, ctx: int, q_len: int, kv_dtype: torch.dtype = BF16) -> dict[str, torch.Tensor]:
+    """Equal-length sequences; pages drawn from a shuffled pool (random, non-contiguous block tables).
+    An 8-bit kv_dtype quantizes the pages per token and head (kernels/kv_cache.py), scales in ks/vs."""
     per_seq = -(-ctx // PAGE)
     perm = torch.randperm(batch * per_seq, device=DEV).to(torch.int32)
-    return {
+    out = {
         "q": torch.randn(batch * q_len, H, D, device=DEV, dtype=BF16),
         "k": torch.randn(batch * per_seq, PAGE, KVH, D, device=DEV, dtype=BF16),
         "v": torch.randn(batch * per_seq, PAGE, KVH, D, device=DEV, dtype=BF16),
@@ -141,14 +151,22 @@ def paged_batch(batch: int, ctx: int, q_len: int) -> dict[str, torch.Tensor]:
         "ctx": torch.full((batch,), ctx, device=DEV, dtype=torch.int32),
         "bt": perm.view(batch, per_seq),
     }
+    if kv_dtype != BF16:
+        out["k"], out["ks"] = quantize_ref(out["k"], kv_dtype)
+        out["v"], out["vs"] = quantize_ref(out["v"], kv_dtype)
+    return out
 
 
-def attn_bytes(batch: int, ctx: int, q_len: int) -> float:
-    return batch * (2 * ctx * KVH * D + 2 * q_len * H * D) * 2
+def attn_bytes(batch: int, ctx: int, q_len: int, kv_dtype: torch.dtype = BF16) -> float:
+    """K+V bytes read (values, and scales for 8-bit caches) + q read + out written (bf16)."""
+    per_vector = D * kv_dtype.itemsize + (SCALE_BYTES if kv_dtype.itemsize == 1 else 0)
+    return batch * (2 * ctx * KVH * per_vector + 2 * q_len * H * D * 2)
 
 
 def reference(b: dict[str, torch.Tensor], scale: float) -> torch.Tensor:
-    return paged_attention_ref(b["q"], b["k"], b["v"], b["cu"], b["ctx"], b["bt"], scale)
+    return paged_attention_ref(
+        b["q"], b["k"], b["v"], b["cu"], b["ctx"], b["bt"], scale, k_scale=b.get("ks"), v_scale=b.get("vs")
+    )
 
 
 def close(out: torch.Tensor, ref: torch.Tensor) -> bool:
@@ -165,27 +183,69 @@ def bench_decode(
     config: DecodeConfig | None = None,
     plan: DecodePlan | None = None,
     group: str = "decode",
+    kv: str = "bf16",
 ) -> Result:
-    sets = [paged_batch(batch, ctx, 1) for _ in range(num_sets(attn_bytes(batch, ctx, 1)))]
+    kv_dtype = KV8_DTYPES.get(kv, BF16)
+    nbytes = attn_bytes(batch, ctx, 1, kv_dtype)
+    sets = [paged_batch(batch, ctx, 1, kv_dtype) for _ in range(num_sets(nbytes))]
     scale = D**-0.5
 
     def call(b: dict[str, torch.Tensor]) -> Callable[[], torch.Tensor]:
         return lambda: paged_decode_attention_triton(
-            b["q"], b["k"], b["v"], b["ctx"], b["bt"], scale, config=config, plan=plan
+            b["q"],
+            b["k"],
+            b["v"],
+            b["ctx"],
+            b["bt"],
+            scale,
+            config=config,
+            plan=plan,
+            k_scale=b.get("ks"),
+            v_scale=b.get("vs"),
         )
 
     b0 = sets[0]
     ok = close(call(b0)(), reference(b0, scale))
     us, eager = measure([call(b) for b in sets], replays)
-    cfg = config or DecodeConfig()
+    cfg = config or default_decode_config(kv_dtype)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     chosen = plan or plan_decode(batch, KVH, b0["bt"].shape[1] * PAGE, sms, cfg)
     note = (
         f"bn={cfg.block_n} w={cfg.num_warps} s={cfg.num_stages} "
         f"splits={chosen.num_splits} part={chosen.partition_size}"
     )
-    nbytes = attn_bytes(batch, ctx, 1)
-    return Result(group, f"decode b{batch} ctx{ctx}", "triton", us, eager, nbytes, ok=ok, note=note)
+    impl = "triton" if kv == "bf16" else f"triton-{kv}"
+    return Result(group, f"decode b{batch} ctx{ctx}", impl, us, eager, nbytes, ok=ok, note=note)
+
+
+def bench_kv8(replays: int) -> tuple[list[Result], list[str]]:
+    """8-bit decode beside bf16 on the same shapes; lines of 'speed-up over bf16' for the report."""
+    results, lines = [], []
+    for batch, ctx in KV8_CASES:
+        base = bench_decode(batch, ctx, replays, group="kv8")
+        results.append(base)
+        for kv in KV8_DTYPES:
+            r = bench_decode(batch, ctx, replays, group="kv8", kv=kv)
+            results.append(r)
+            lines.append(
+                f"decode b{batch} ctx{ctx} {kv}: {r.us:.1f} µs vs bf16 {base.us:.1f} µs = "
+                f"{base.us / r.us:.2f}x, {r.bytes / 1e6:.1f} MB read (values + scales), "
+                f"{100 * r.bytes / (r.us * 1e-6) / COPY_BW:.0f}% of 4.25 TB/s"
+            )
+    return results, lines
+
+
+def sweep_kv8(replays: int) -> list[Result]:
+    """Tile/warps/stages for the 8-bit decode defaults."""
+    out = []
+    for batch, ctx in ((64, 4096), (16, 8192)):
+        for kv in KV8_DTYPES:
+            for bn in (64, 128, 256):
+                for warps in (4, 8):
+                    for stages in (2, 3):
+                        cfg = DecodeConfig(block_n=bn, num_warps=warps, num_stages=stages)
+                        out.append(bench_decode(batch, ctx, replays, cfg, group="sweep", kv=kv))
+    return out
 
 
 def bench_sdpa(batch: int, ctx: int, q_len: int, replays: int) -> Result:
@@ -328,10 +388,22 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="JSON file for all numbers")
     parser.add_argument("--sweep", action="store_true", help="also sweep decode tile/warps/stages/splits")
     parser.add_argument("--replays", type=int, default=30)
+    parser.add_argument("--kv8-only", action="store_true", help="only the 8-bit KV-cache decode cases")
     args = parser.parse_args()
     torch.manual_seed(0)
     bw = copy_bandwidth()
     main_results: list[Result] = []
+    kv8_results, kv8_lines = bench_kv8(args.replays)
+    if args.kv8_only:
+        sweep = sweep_kv8(max(10, args.replays // 2)) if args.sweep else []
+        report = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "device": torch.cuda.get_device_name()}
+        report |= {"commit": commit(), "measured_copy_TBps": bw / 1e12}
+        report["results"] = [asdict(r) | {"TBps": r.tbps} for r in kv8_results + sweep]
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+        _print_sweep(sweep, bw)
+        print(table(kv8_results, bw), "\n\n" + "\n".join(kv8_lines))
+        return
     for batch, ctx in DECODE_CASES:
         main_results += [bench_decode(batch, ctx, args.replays), bench_sdpa(batch, ctx, 1, args.replays)]
     for batch, ctx, q_len in PREFILL_CASES:
@@ -340,7 +412,9 @@ def main() -> None:
             main_results.append(bench_sdpa(batch, ctx, q_len, args.replays))
     for tokens in FUSED_TOKENS:
         main_results += bench_fused(tokens, args.replays)
-    sweep = sweep_decode(max(10, args.replays // 2)) if args.sweep else []
+    sweep = (
+        sweep_decode(max(10, args.replays // 2)) + sweep_kv8(max(10, args.replays // 2)) if args.sweep else []
+    )
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "device": torch.cuda.get_device_name(),
@@ -350,16 +424,22 @@ def main() -> None:
         "measured_copy_TBps": bw / 1e12,
         "reference_copy_TBps": COPY_BW / 1e12,
         "calls_per_graph": CALLS_PER_GRAPH,
-        "results": [asdict(r) | {"TBps": r.tbps} for r in main_results + sweep],
+        "results": [asdict(r) | {"TBps": r.tbps} for r in main_results + kv8_results + sweep],
     }
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
-    if sweep:  # the five fastest correct variants of each case
-        ranked = sorted((r for r in sweep if r.ok), key=lambda r: (r.name, r.us))
-        best = [r for i, r in enumerate(ranked) if sum(x.name == r.name for x in ranked[:i]) < 5]
-        print("decode sweep (fastest first):\n" + table(best, bw), "\n")
+    _print_sweep(sweep, bw)
     print(f"device {report['device']}, measured copy {bw / 1e12:.2f} TB/s, triton {report['triton']}\n")
     print(table(main_results, bw))
+    print("\n8-bit KV cache decode:\n" + table(kv8_results, bw), "\n\n" + "\n".join(kv8_lines))
+
+
+def _print_sweep(sweep: list[Result], bw: float) -> None:
+    if sweep:  # the five fastest correct variants of each case
+        ranked = sorted((r for r in sweep if r.ok), key=lambda r: (r.name, r.impl, r.us))
+        key = [(r.name, r.impl) for r in ranked]
+        best = [r for i, r in enumerate(ranked) if key[:i].count((r.name, r.impl)) < 5]
+        print("decode sweep (fastest first):\n" + table(best, bw), "\n")
 
 
 if __name__ == "__main__":

@@ -80,7 +80,6 @@ def test_validate_names_every_problem() -> None:
     ("changes", "setting"),
     [
         ({"quantization": "gptq"}, "--quantization"),
-        ({"kv_cache_dtype": "int8"}, "--kv-cache-dtype"),
         ({"tensor_parallel_size": 2}, "--tensor-parallel-size"),
         ({"pipeline_parallel_size": 4}, "--pipeline-parallel-size"),
     ],
@@ -92,7 +91,7 @@ def test_what_the_runtime_refuses_comes_from_the_capability_table(changes: dict,
 
 
 def test_kv_dtype_aliases_and_cpu_types_are_servable() -> None:
-    for dtype in ("auto", "bf16", "bfloat16", "fp16", "half", "fp8", "fp8_e4m3", "float32"):
+    for dtype in ("auto", "bf16", "bfloat16", "fp16", "half", "fp8", "fp8_e4m3", "int8", "float32"):
         assert EngineArgs(model="/m", kv_cache_dtype=dtype).problems() == []
 
 

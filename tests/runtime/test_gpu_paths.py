@@ -102,11 +102,19 @@ def test_cuda_graph_path_matches_eager(qwen3_06b_dir: Path) -> None:
     assert_agree(pairs, atol=0.05)
 
 
-def test_fp8_kv_cache_stays_close_to_bf16(qwen3_06b_dir: Path) -> None:
-    """fp8 (e4m3, no scales) halves KV bytes; logits move by its rounding, never by a wrong layout."""
-    ref, fp8 = _runner(qwen3_06b_dir, "triton", True), _runner(qwen3_06b_dir, "triton", False, "fp8")
-    assert fp8.kv_caches[0][0].dtype == torch.float8_e4m3fn
-    assert_agree(teacher_forced_logits(ref, fp8), atol=0.5)
+@pytest.mark.parametrize(("kv", "dtype"), [("fp8", torch.float8_e4m3fn), ("int8", torch.int8)])
+def test_8bit_kv_cache_on_the_cuda_graph_path_stays_close_to_bf16(
+    qwen3_06b_dir: Path, kv: str, dtype: torch.dtype
+) -> None:
+    """8-bit pages with per-token-head scales halve KV bytes; logits move by their rounding, never by a
+    wrong layout. The 8-bit runner replays CUDA graphs (store + decode kernels captured with the scales);
+    the eager 8-bit runner must agree with it to bf16 rounding."""
+    ref, q8 = _runner(qwen3_06b_dir, "triton", True), _runner(qwen3_06b_dir, "triton", False, kv)
+    assert q8.graphs is not None and q8.kv_caches[0].k.dtype == dtype
+    assert q8.kv_caches[0].k_scale is not None
+    assert_agree(teacher_forced_logits(ref, q8), atol=0.5)
+    eager = _runner(qwen3_06b_dir, "triton", True, kv)
+    assert_agree(teacher_forced_logits(eager, q8), atol=0.05)
 
 
 def test_cuda_graphs_with_a_long_max_model_len_match_eager(qwen3_06b_dir: Path) -> None:

@@ -22,6 +22,11 @@ EXPECTED = {
     "qkv_prepare",
     "qkv_prepare_qk_norm",
     "silu_and_mul",
+    *(
+        f"{k}_{kv}"
+        for k in ("decode_single_pass", "decode_split", "prefill", "qkv_prepare")
+        for kv in ("fp8", "int8")
+    ),
 }
 
 
@@ -37,9 +42,15 @@ def test_kernels_compile_for_sm90() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     reports = {r["name"]: r for r in json.loads(done.stdout.strip().splitlines()[-1])}
     assert set(reports) == EXPECTED
-    for name in ("decode_single_pass", "decode_split", "prefill"):
+    attention = ("decode_single_pass", "decode_split", "prefill")
+    for name in (*attention, *(f"{k}_{kv}" for k in attention for kv in ("fp8", "int8"))):
         assert reports[name]["async_copies"] > 0, f"{name}: K/V loads are no longer pipelined"
         # Triton 3.9 here reports no stack; 3.6 (the GPU image) a 16-byte frame for the decode kernel.
         assert (reports[name]["stack_bytes"] or 0) <= 32, f"{name} spills registers: {reports[name]}"
-    for name in ("qkv_prepare", "qkv_prepare_qk_norm"):  # elementwise per head: no reason for a frame
+    for name in (
+        "qkv_prepare",
+        "qkv_prepare_qk_norm",
+        "qkv_prepare_fp8",
+        "qkv_prepare_int8",
+    ):  # elementwise per head: no reason for a frame
         assert not reports[name]["stack_bytes"], f"{name} spills registers: {reports[name]}"

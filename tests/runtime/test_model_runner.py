@@ -15,7 +15,7 @@ from kvpilot.runtime.engine.model_runner import (
     kv_block_bytes,
     prepare_inputs,
 )
-from kvpilot.runtime.errors import ModelLoadError, UnsupportedModelError
+from kvpilot.runtime.errors import ModelLoadError
 
 CPU = torch.device("cpu")
 
@@ -53,7 +53,7 @@ def test_execute_writes_kv_at_the_slots_and_returns_only_sampled_rows(qwen3_chec
     assert runner.execute(StepBatch([])).shape == (0, vocab)
     logits = runner.execute(StepBatch([SeqChunk(0, [5, 6, 7, 8, 9], 0, [4, 1], False)]))
     assert logits.shape == (0, vocab)
-    for k_cache, v_cache in runner.kv_caches:
+    for k_cache, v_cache, *_ in runner.kv_caches:
         for cache in (k_cache, v_cache):
             written = cache.abs().sum(dim=(2, 3)) != 0  # [blocks, block_size]
             expected = torch.zeros_like(written)
@@ -89,15 +89,17 @@ def test_kv_cache_dtypes(qwen2_checkpoint: Path) -> None:
     assert kv_block_bytes(runner.model_config, 4, torch.bfloat16) == 2 * 2 * 4 * 2 * 16 * 2
     logits = runner.execute(StepBatch([SeqChunk(0, [1, 2, 3], 0, [0], True)]))
     assert torch.isfinite(logits).all()
-    fp8 = ModelRunner(
-        EngineArgs(model=str(qwen2_checkpoint), block_size=4, num_kv_blocks=4, kv_cache_dtype="fp8")
-    )
-    assert fp8.kv_caches[0][0].dtype == torch.float8_e4m3fn
-    torch.testing.assert_close(
-        fp8.execute(StepBatch([SeqChunk(0, [1, 2, 3], 0, [0], True)])), logits, atol=0.5, rtol=0
-    )
-    with pytest.raises(UnsupportedModelError, match="int8"):
-        ModelRunner(EngineArgs(model=str(qwen2_checkpoint), num_kv_blocks=4, kv_cache_dtype="int8"))
+    eight_bit = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "int8": torch.int8}
+    for name, dtype in eight_bit.items():
+        q8 = ModelRunner(
+            EngineArgs(model=str(qwen2_checkpoint), block_size=4, num_kv_blocks=4, kv_cache_dtype=name)
+        )
+        k, v, k_scale, v_scale = q8.kv_caches[0]
+        assert k.dtype == v.dtype == dtype and k_scale.dtype == v_scale.dtype == torch.float32
+        assert k_scale.shape == k.shape[:3]
+        torch.testing.assert_close(
+            q8.execute(StepBatch([SeqChunk(0, [1, 2, 3], 0, [0], True)])), logits, atol=0.5, rtol=0
+        )
 
 
 @pytest.mark.parametrize(

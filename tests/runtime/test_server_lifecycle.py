@@ -166,7 +166,6 @@ def test_serve_returns_1_when_the_model_cannot_load() -> None:
     [
         ["--quantization", "awq"],
         ["--tensor-parallel-size", "2"],
-        ["--kv-cache-dtype", "int8"],
         ["--pipeline-parallel-size", "2"],
         ["-tp", "2"],
         ["--max-num-seqs", "0"],

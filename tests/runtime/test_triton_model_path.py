@@ -58,7 +58,7 @@ def test_triton_backend_logits_equal_torch_backend(
         got = runners["triton"].execute(step)
         assert got.shape == ref.shape == (step.num_sampled, runners["torch"].model_config.vocab_size)
         torch.testing.assert_close(got, ref, **TOL)
-    for (k_ref, v_ref), (k_got, v_got) in zip(
+    for (k_ref, v_ref, *_), (k_got, v_got, *_) in zip(
         runners["torch"].kv_caches, runners["triton"].kv_caches, strict=True
     ):
         torch.testing.assert_close(k_got, k_ref, **TOL)

@@ -18,6 +18,7 @@ from kvpilot.runtime.engine.memory import kv_cache_blocks, profile_peak
 from kvpilot.runtime.engine.model_inputs import prepare_inputs, prompt_row_indices
 from kvpilot.runtime.engine.sampler import SampledIds
 from kvpilot.runtime.errors import ModelLoadError
+from kvpilot.runtime.kernels.kv_cache import KVCache, is_scaled
 from kvpilot.runtime.layers.attention import AttentionMetadata
 from kvpilot.runtime.layers.kernel_ops import kernel_ops
 from kvpilot.runtime.loader import load_model
@@ -38,6 +39,7 @@ _KV_DTYPES = {
     "bf16": torch.bfloat16,
     "fp16": torch.float16,
     "fp8": torch.float8_e4m3fn,
+    "int8": torch.int8,
 }
 _KV_DTYPE_NAMES = {dtype: name for name, dtype in _KV_DTYPES.items()}
 CPU_KV_CACHE_BYTES = 1 << 30  # CPU default: at most 1 GiB of KV cache ...
@@ -74,13 +76,15 @@ def resolve_dtype(dtype: str, config: ModelConfig, device: torch.device) -> torc
 
 
 def resolve_kv_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
-    """EngineArgs.validate() has refused what this build cannot store (int8)."""
+    """'auto' is the model's dtype; fp8 (fp8_e4m3) and int8 are 8-bit caches with per-token-head scales
+    (kernels/kv_cache.py). EngineArgs.validate() has refused what this build cannot store."""
     name = canonical_kv_dtype(kv_cache_dtype)
     return model_dtype if name == "auto" else _KV_DTYPES[name]
 
 
 def kv_block_bytes(config: ModelConfig, block_size: int, kv_dtype: torch.dtype) -> int:
-    """Bytes of K and V for one block across all layers: the operator's sizing uses the same formula."""
+    """Bytes of K and V for one block across all layers, 8-bit caches' scales included: the operator's
+    sizing uses the same formula, and _allocate_kv_cache allocates exactly this."""
     per_token = kv_bytes_per_token(
         num_layers=config.num_hidden_layers,
         num_kv_heads=config.num_key_value_heads,
@@ -196,20 +200,19 @@ class ModelRunner:
         torch.softmax(logits, dim=-1)  # the sampler's largest temporary is of this size
         del self.kv_caches, logits
 
-    def _allocate_kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """One tensor [layers, 2, num_blocks, block_size, kv_heads, head_dim]; per-layer (K, V) views."""
+    def _allocate_kv_cache(self) -> list[KVCache]:
+        """One tensor [layers, 2, num_blocks, block_size, kv_heads, head_dim] and, for 8-bit caches, one
+        float32 [layers, 2, num_blocks, block_size, kv_heads] of per-token-head scales; per-layer views."""
         cfg = self.model_config
-        cache = torch.zeros(
-            cfg.num_hidden_layers,
-            2,
-            self.num_kv_blocks,
-            self.block_size,
-            cfg.num_key_value_heads,
-            cfg.head_dim,
-            dtype=self.kv_cache_dtype,
-            device=self.device,
-        )
-        return [(cache[layer, 0], cache[layer, 1]) for layer in range(cfg.num_hidden_layers)]
+        shape = (cfg.num_hidden_layers, 2, self.num_kv_blocks, self.block_size, cfg.num_key_value_heads)
+        cache = torch.zeros(*shape, cfg.head_dim, dtype=self.kv_cache_dtype, device=self.device)
+        if not is_scaled(self.kv_cache_dtype):
+            return [KVCache(cache[layer, 0], cache[layer, 1]) for layer in range(cfg.num_hidden_layers)]
+        scales = torch.zeros(*shape, dtype=torch.float32, device=self.device)
+        return [
+            KVCache(cache[layer, 0], cache[layer, 1], scales[layer, 0], scales[layer, 1])
+            for layer in range(cfg.num_hidden_layers)
+        ]
 
     def _forward_logits(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata

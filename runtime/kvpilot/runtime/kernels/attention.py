@@ -4,15 +4,20 @@ Semantics shared by every implementation in this file: sequence s owns the query
 cu_seqlens_q[s]:cu_seqlens_q[s+1] (its q_len newest tokens) and has context_lens[s] tokens in the cache,
 the new ones included (K/V are stored before attention runs). Query row i of s sits at position
 context_lens[s] - q_len + i and attends causally to cache positions 0..that position.
+
+8-bit caches (see kv_cache.py) pass k_scale/v_scale [num_blocks, block_size, num_kv_heads] float32: the
+reference dequantizes to float32 before the dots; the triton kernels do the same in registers.
 """
 
 from __future__ import annotations
 
 import torch
 
+from .kv_cache import check_scales, dequantize_ref
+
 
 def gather_kv_ref(
-    cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim] (or scales: no head_dim)
     block_table: torch.Tensor,  # [max_blocks] int32 for one sequence
     context_len: int,
 ) -> torch.Tensor:  # [context_len, num_kv_heads, head_dim]
@@ -20,6 +25,16 @@ def gather_kv_ref(
     num_blocks = (context_len + block_size - 1) // block_size
     blocks = cache[block_table[:num_blocks].long()]  # [num_blocks, block_size, kv_heads, head_dim]
     return blocks.reshape(-1, *cache.shape[2:])[:context_len]
+
+
+def gather_kv_float_ref(
+    cache: torch.Tensor,
+    scales: torch.Tensor | None,
+    block_table: torch.Tensor,
+    context_len: int,
+) -> torch.Tensor:  # [context_len, num_kv_heads, head_dim] float32, dequantized
+    s = None if scales is None else gather_kv_ref(scales, block_table, context_len)
+    return dequantize_ref(gather_kv_ref(cache, block_table, context_len), s)
 
 
 def paged_attention_ref(
@@ -32,7 +47,10 @@ def paged_attention_ref(
     scale: float,
     *,
     max_q_len: int | None = None,  # the triton kernels' host-side hint; the reference needs none
+    k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] fp32, 8-bit caches
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    check_scales(k_cache, v_cache, k_scale, v_scale)
     num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
     out = torch.empty_like(q)
@@ -40,8 +58,8 @@ def paged_attention_ref(
     for s, ctx in enumerate(context_lens.tolist()):
         qs = q[cu[s] : cu[s + 1]].float()  # [q_len, H, D]
         q_len = qs.shape[0]
-        k = gather_kv_ref(k_cache, block_tables[s], ctx).float().repeat_interleave(group, dim=1)
-        v = gather_kv_ref(v_cache, block_tables[s], ctx).float().repeat_interleave(group, dim=1)
+        k = gather_kv_float_ref(k_cache, k_scale, block_tables[s], ctx).repeat_interleave(group, dim=1)
+        v = gather_kv_float_ref(v_cache, v_scale, block_tables[s], ctx).repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", qs, k) * scale  # [H, q_len, ctx]
         q_pos = torch.arange(ctx - q_len, ctx, device=q.device)[:, None]
         k_pos = torch.arange(ctx, device=q.device)[None, :]

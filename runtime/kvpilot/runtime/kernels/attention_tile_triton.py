@@ -4,6 +4,18 @@ A tile is BLOCK_N consecutive context positions n0 .. n0 + BLOCK_N - 1. Each pos
 sequence's block table (page = table[pos // PAGE], row = pos % PAGE), so a tile gathers BLOCK_N / PAGE
 pages when PAGE <= BLOCK_N, or part of one page otherwise. Scores are in base 2 (qk_scale includes
 log2(e)) and accumulate in fp32.
+
+8-bit caches (SCALED): the stored values are widened exactly to q's dtype and go to the dots unscaled;
+position n's K scale then multiplies score column n, and its V scale the softmax weight p[:, n] before the
+P.V dot. That is exact dequantization (sum_d q_d * k_nd * s_n = s_n * q.k_n) done on the
+[BLOCK_M, BLOCK_N] tile rather than on the [BLOCK_N, BLOCK_D] K and V tiles, so it costs a few multiplies
+per position, not per element. The dot type (set where the kernels load q) is fp16 for e4m3 (one hardware
+conversion per two elements on Hopper; e4m3 -> bf16 measured 17% slower on the H200) and q's 16-bit type
+for int8 (int8 -> fp16 was no faster than int8 -> bf16, by a plain cast or the 0x6400 magic number); every
+e4m3 value and every int8 in [-127, 127] is exact in either. fp32 activations (the CPU interpreter) widen
+to fp32. When the dot runs in fp16, the V scales are divided by their tile maximum before they multiply p
+(so p * scale stays in fp16's normal range) and the maximum multiplies the tile's P.V product; bf16 has
+fp32's exponent range and needs no such step (it costs the fused accumulate: ~15% at 64 x 4k).
 """
 
 from __future__ import annotations
@@ -17,7 +29,7 @@ def attend_tile(
     acc,  # [BLOCK_M, BLOCK_D] fp32 un-normalised output
     l_i,  # [BLOCK_M] fp32 running sum of exp2(score - m_i)
     m_i,  # [BLOCK_M] fp32 running max score
-    q,  # [BLOCK_M, BLOCK_D] in the cache dtype
+    q,  # [BLOCK_M, BLOCK_D] in the cache dtype (16/32-bit caches) or the activation dtype (8-bit)
     q_pos,  # [BLOCK_M] position of each query row (used when CAUSAL)
     k_cache_ptr,
     v_cache_ptr,
@@ -31,12 +43,18 @@ def attend_tile(
     stride_ks,
     stride_vb,
     stride_vs,
+    k_scale_ptr,  # [num_blocks, PAGE, num_kv_heads] fp32 (read when SCALED)
+    v_scale_ptr,
+    s_head_off,  # kv_head * stride of the head dim, scales
+    stride_sb,
+    stride_ss,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PAGE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     MASK: tl.constexpr,  # the tile may run past `end` (the last tile)
     CAUSAL: tl.constexpr,  # the tile may hold positions after some query row (diagonal tiles)
+    SCALED: tl.constexpr,  # 8-bit cache with per-(position, head) fp32 scales
 ):
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -66,12 +84,22 @@ def attend_tile(
     else:
         k = tl.load(k_ptrs)  # [BLOCK_N, BLOCK_D]
         v = tl.load(v_ptrs)
-    # An 8-bit KV cache (fp8 stored by a plain cast) is widened to q's type for the tensor-core dots; for a
+    # 8-bit codes are widened exactly to q's type (dot_dtype_for_8bit) for the tensor-core dots; for a
     # 16-bit cache this is a no-op.
     k = k.to(q.dtype)
     v = v.to(q.dtype)
 
-    s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_M, BLOCK_N] fp32
+    if SCALED:
+        s_rows = page * stride_sb + in_page * stride_ss + s_head_off  # [BLOCK_N]
+        if MASK:
+            k_s = tl.load(k_scale_ptr + s_rows, mask=valid, other=0.0)
+            v_s = tl.load(v_scale_ptr + s_rows, mask=valid, other=0.0)
+        else:
+            k_s = tl.load(k_scale_ptr + s_rows)
+            v_s = tl.load(v_scale_ptr + s_rows)
+        s = tl.dot(q, tl.trans(k)) * (k_s * qk_scale)[None, :]  # [BLOCK_M, BLOCK_N] fp32
+    else:
+        s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_M, BLOCK_N] fp32
     if CAUSAL:
         s = tl.where((pos[None, :] <= q_pos[:, None]) & valid[None, :], s, float("-inf"))
     elif MASK:
@@ -82,5 +110,12 @@ def attend_tile(
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
 
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    if SCALED and v.dtype == tl.float16:  # keep p * scale in fp16's normal range
+        v_max = tl.max(v_s, 0)
+        v_max = tl.where(v_max > 0.0, v_max, 1.0)
+        acc = acc * alpha[:, None] + tl.dot((p * (v_s / v_max)[None, :]).to(v.dtype), v) * v_max
+    elif SCALED:
+        acc = acc * alpha[:, None] + tl.dot((p * v_s[None, :]).to(v.dtype), v)
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return acc, l_i, m_new

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from .decode_attention_triton import paged_decode_attention_triton
+from .kv_cache import check_scales
 from .prefill_attention_triton import paged_prefill_attention_triton
 from .triton_utils import require_last_dim_contiguous, require_same_device
 
@@ -23,6 +24,8 @@ def check_paged_attention_inputs(
     cu_seqlens_q: torch.Tensor,
     context_lens: torch.Tensor,
     block_tables: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """Raise ValueError naming the first inconsistency between the attention inputs."""
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
@@ -50,6 +53,8 @@ def check_paged_attention_inputs(
             raise ValueError(f"{name} must be int32, got {t.dtype}")
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables)):
         require_last_dim_contiguous(name, t)
+    if check_scales(k_cache, v_cache, k_scale, v_scale):
+        require_same_device(k_cache=k_cache, k_scale=k_scale, v_scale=v_scale)  # type: ignore[arg-type]
     require_same_device(
         q=q,
         k_cache=k_cache,
@@ -71,10 +76,14 @@ def paged_attention_triton(
     *,
     max_q_len: int | None = None,
     is_decode: bool | None = None,
+    k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] fp32: 8-bit caches
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """is_decode defaults to max_q_len == 1 when given, else to num_tokens == num_seqs (chunks are never
     empty, so that means one token each); both are decided without reading device memory."""
-    check_paged_attention_inputs(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables)
+    check_paged_attention_inputs(
+        q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, k_scale, v_scale
+    )
     num_seqs = context_lens.shape[0]
     if is_decode is None:
         is_decode = max_q_len == 1 if max_q_len is not None else q.shape[0] == num_seqs
@@ -83,7 +92,18 @@ def paged_attention_triton(
             raise ValueError(
                 f"decode needs one query token per sequence: {q.shape[0]} tokens, {num_seqs} sequences"
             )
-        return paged_decode_attention_triton(q, k_cache, v_cache, context_lens, block_tables, scale)
+        return paged_decode_attention_triton(
+            q, k_cache, v_cache, context_lens, block_tables, scale, k_scale=k_scale, v_scale=v_scale
+        )
     return paged_prefill_attention_triton(
-        q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, max_q_len=max_q_len
+        q,
+        k_cache,
+        v_cache,
+        cu_seqlens_q,
+        context_lens,
+        block_tables,
+        scale,
+        max_q_len=max_q_len,
+        k_scale=k_scale,
+        v_scale=v_scale,
     )

@@ -3,7 +3,8 @@
     python -m kvpilot.runtime.kernels.compile_check [--arch 90]
 
 Lowers each kernel through Triton's real pipeline (TTIR -> TTGIR -> PTX -> cubin with ptxas) for the
-shapes the engine uses (Qwen3-8B heads, bf16, page size 16), with the 16-divisibility that Triton infers at
+shapes the engine uses (Qwen3-8B heads, bf16, page size 16; the attention and store kernels also over 8-bit
+fp8/int8 pages with their fp32 scales), with the 16-divisibility that Triton infers at
 launch for pointers and strides, and prints registers, spill stack, shared memory and whether the K/V loads
 were software-pipelined (async copies). Must run WITHOUT TRITON_INTERPRET=1 (the interpreter replaces
 the compiler).
@@ -77,6 +78,7 @@ _QKV_PREPARE = {
     "slot_mapping_ptr": "*i64",
     "eps": "fp32",
 }
+_UNSCALED_STORE = {"SCALED": False, "QMAX": 0.0, "INT8": False}
 _QKV_PREPARE_CONSTS = {
     "NUM_HEADS": 32,
     "NUM_KV_HEADS": 8,
@@ -85,13 +87,88 @@ _QKV_PREPARE_CONSTS = {
     "BLOCK_G": 4,
     "BLOCK_HALF": 64,
 }
-_DEC_NODIV = ("partition_size", "num_splits", "num_heads", "stride_bt")
+# per-token-head scales [blocks, 16, 8 kv heads]: the slot and head strides (8, 1) are not multiples of 16
+_SCALE_NODIV = ("stride_ss", "stride_sh")
+_DEC_NODIV = ("partition_size", "num_splits", "num_heads", "stride_bt", *_SCALE_NODIV)
+_KV8 = {"fp8": "*fp8e4nv", "int8": "*i8"}
+
+
+def _scaled(types: dict[str, str], kv: str) -> dict[str, str]:
+    return {
+        **types,
+        "k_cache_ptr": _KV8[kv],
+        "v_cache_ptr": _KV8[kv],
+        "k_scale_ptr": "*fp32",
+        "v_scale_ptr": "*fp32",
+    }
+
+
+def kv8_specs() -> list[KernelSpec]:
+    """The decode (single pass and split), prefill and store kernels over 8-bit pages."""
+    dec8 = decode_attention_triton.EIGHT_BIT_DECODE
+    pre = prefill_attention_triton.PrefillConfig()
+    dec_types = {**_ATTN, "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
+    dec_consts = {"GROUP": 4, "BLOCK_H": 16, **_HEADS, "BLOCK_N": dec8.block_n, "SCALED": True}
+    specs = []
+    for kv in _KV8:
+        for split in (False, True):
+            specs.append(
+                KernelSpec(
+                    f"decode_{'split' if split else 'single_pass'}_{kv}",
+                    decode_attention_triton._decode_kernel,
+                    _scaled(dec_types, kv),
+                    {**dec_consts, "SPLIT": split},
+                    dec8.num_warps,
+                    dec8.num_stages,
+                    _DEC_NODIV,
+                )
+            )
+        specs.append(
+            KernelSpec(
+                f"prefill_{kv}",
+                prefill_attention_triton._prefill_kernel,
+                _scaled({**_ATTN, "cu_seqlens_q_ptr": "*i32"}, kv),
+                {**_prefill_consts(pre), "SCALED": True},
+                pre.num_warps,
+                pre.num_stages,
+                ("stride_bt", *_SCALE_NODIV),
+            )
+        )
+        specs.append(
+            KernelSpec(
+                f"qkv_prepare_{kv}",
+                qkv_prepare_triton._qkv_prepare_kernel,
+                _scaled(_QKV_PREPARE, kv),
+                {
+                    **_QKV_PREPARE_CONSTS,
+                    "HAS_NORM": True,
+                    "SCALED": True,
+                    "QMAX": 448.0 if kv == "fp8" else 127.0,
+                    "INT8": kv == "int8",
+                },
+                2,
+                1,
+                _SCALE_NODIV,
+            )
+        )
+    return specs
+
+
+def _prefill_consts(pre: prefill_attention_triton.PrefillConfig) -> dict[str, Any]:
+    return {
+        "GROUP": 4,
+        "GROUP_PAD": 4,
+        **_HEADS,
+        "BLOCK_M": pre.block_m,
+        "BLOCK_Q": pre.block_m // 4,
+        "BLOCK_N": pre.block_n,
+    }
 
 
 def default_specs() -> list[KernelSpec]:
     dec, pre = decode_attention_triton.DecodeConfig(), prefill_attention_triton.PrefillConfig()
     dec_types = {**_ATTN, "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
-    dec_consts = {"GROUP": 4, "BLOCK_H": 16, **_HEADS, "BLOCK_N": dec.block_n}
+    dec_consts = {"GROUP": 4, "BLOCK_H": 16, **_HEADS, "BLOCK_N": dec.block_n, "SCALED": False}
     return [
         KernelSpec(
             "decode_single_pass",
@@ -138,14 +215,7 @@ def default_specs() -> list[KernelSpec]:
             "prefill",
             prefill_attention_triton._prefill_kernel,
             {**_ATTN, "cu_seqlens_q_ptr": "*i32"},
-            {
-                "GROUP": 4,
-                "GROUP_PAD": 4,
-                **_HEADS,
-                "BLOCK_M": pre.block_m,
-                "BLOCK_Q": pre.block_m // 4,
-                "BLOCK_N": pre.block_n,
-            },
+            {**_prefill_consts(pre), "SCALED": False},
             pre.num_warps,
             pre.num_stages,
             ("stride_bt",),
@@ -168,14 +238,14 @@ def default_specs() -> list[KernelSpec]:
             "qkv_prepare_qk_norm",
             qkv_prepare_triton._qkv_prepare_kernel,
             _QKV_PREPARE,
-            {**_QKV_PREPARE_CONSTS, "HAS_NORM": True},
+            {**_QKV_PREPARE_CONSTS, "HAS_NORM": True, **_UNSCALED_STORE},
             2,
         ),
         KernelSpec(
             "qkv_prepare",
             qkv_prepare_triton._qkv_prepare_kernel,
             _QKV_PREPARE,
-            {**_QKV_PREPARE_CONSTS, "HAS_NORM": False},
+            {**_QKV_PREPARE_CONSTS, "HAS_NORM": False, **_UNSCALED_STORE},
             2,
         ),
         KernelSpec(
@@ -185,6 +255,7 @@ def default_specs() -> list[KernelSpec]:
             {"BLOCK": 1024},
             4,
         ),
+        *kv8_specs(),
     ]
 
 

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .qkv_prepare import check_qk_norm, qkv_heads
+from .attention import paged_attention_ref
+from .qkv_prepare import check_qk_norm, qkv_heads, qkv_prepare_ref
 
 # ---- linear ------------------------------------------------------------------------------------
 # Weights repacked once into oneDNN's blocked layout (kept beside the original, which stays the
@@ -118,8 +119,26 @@ def qkv_prepare_cpu(
     q_norm_weight: torch.Tensor | None = None,
     k_norm_weight: torch.Tensor | None = None,
     eps: float = 1e-6,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """qkv_prepare_ref with q and k rotated together (one set of rotary ops instead of two)."""
+    """qkv_prepare_ref with q and k rotated together (one set of rotary ops instead of two). 8-bit caches
+    (scales given) take the reference, which quantizes on store."""
+    if k_scale is not None:
+        return qkv_prepare_ref(
+            qkv,
+            positions,
+            cos_sin_cache,
+            k_cache,
+            v_cache,
+            slot_mapping,
+            q_norm_weight,
+            k_norm_weight,
+            eps,
+            k_scale=k_scale,
+            v_scale=v_scale,
+        )
     num_heads, num_kv_heads, head_dim = qkv_heads(qkv, k_cache)
     num_tokens = qkv.shape[0]
     heads = qkv.view(num_tokens, -1, head_dim)
@@ -162,9 +181,24 @@ def paged_attention_cpu(
     scale: float,
     *,
     max_q_len: int,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """paged_attention_ref: a decode step (one query per sequence) as one batched attention over the
-    gathered caches, masked by context length; prefill chunks per sequence with SDPA."""
+    gathered caches, masked by context length; prefill chunks per sequence with SDPA. 8-bit caches (scales
+    given) take the reference, which dequantizes them."""
+    if k_scale is not None:
+        return paged_attention_ref(
+            q,
+            k_cache,
+            v_cache,
+            cu_seqlens_q,
+            context_lens,
+            block_tables,
+            scale,
+            k_scale=k_scale,
+            v_scale=v_scale,
+        )
     if max_q_len == 1:
         return _decode(q, k_cache, v_cache, context_lens, block_tables, scale)
     out = torch.empty_like(q)

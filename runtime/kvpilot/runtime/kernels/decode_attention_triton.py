@@ -25,6 +25,7 @@ import triton.language as tl
 
 from .attention_tile_triton import attend_tile
 from .triton_utils import next_power_of_2, num_sms
+from .triton_utils import scale_launch_args as _scale_args
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,16 @@ class DecodeConfig:
     # single pass once num_seqs * num_kv_heads >= single_pass_waves * SMs; else split to ~split_waves * SMs
     single_pass_waves: float = 2.0
     split_waves: float = 4.0
+
+
+# An 8-bit tile of 128 positions is as many bytes as a 16-bit tile of 64: the same bytes in flight per
+# program, half the tiles per sequence.
+EIGHT_BIT_DECODE = DecodeConfig(block_n=128)
+
+
+def default_decode_config(cache_dtype: torch.dtype) -> DecodeConfig:
+    """The launch defaults for a cache of this dtype (keeps the bytes per tile of the 16-bit default)."""
+    return EIGHT_BIT_DECODE if cache_dtype.itemsize == 1 else DecodeConfig()
 
 
 @dataclass(frozen=True)
@@ -92,6 +103,11 @@ def _decode_kernel(
     stride_vs,
     stride_vh,
     stride_bt,
+    k_scale_ptr,  # [num_blocks, block_size, num_kv_heads] fp32 (read when SCALED)
+    v_scale_ptr,
+    stride_sb,
+    stride_ss,
+    stride_sh,
     GROUP: tl.constexpr,  # query heads per KV head
     BLOCK_H: tl.constexpr,  # GROUP padded to a power of two >= 16 (tl.dot needs M >= 16)
     HEAD_DIM: tl.constexpr,
@@ -99,6 +115,7 @@ def _decode_kernel(
     PAGE: tl.constexpr,  # cache block size in tokens
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
+    SCALED: tl.constexpr,  # 8-bit cache: q stays in its dtype, scales dequantize the scores/weights
 ):
     split = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -116,8 +133,11 @@ def _decode_kernel(
     d_mask = offs_d < HEAD_DIM
     heads = kv_head * GROUP + offs_h
     q_ptrs = q_ptr + seq.to(tl.int64) * stride_qs + heads[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=head_mask[:, None] & d_mask[None, :], other=0.0)
-    q = q.to(k_cache_ptr.dtype.element_ty)  # [BLOCK_H, BLOCK_D]
+    q = tl.load(q_ptrs, mask=head_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_H, BLOCK_D]
+    if not SCALED:  # a 16/32-bit cache: the dots run in its type
+        q = q.to(k_cache_ptr.dtype.element_ty)
+    elif q.dtype != tl.float32 and k_cache_ptr.dtype.element_ty != tl.int8:
+        q = q.to(tl.float16)  # e4m3 pages, 16-bit activations: fp16 dots (attention_tile_triton.py)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -125,6 +145,7 @@ def _decode_kernel(
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     k_head_off = kv_head * stride_kh
     v_head_off = kv_head * stride_vh
+    s_head_off = kv_head * stride_sh
     full_end = start + (end - start) // BLOCK_N * BLOCK_N  # tiles before this need no mask
     for n0 in range(start, full_end, BLOCK_N):
         acc, l_i, m_i = attend_tile(
@@ -145,12 +166,18 @@ def _decode_kernel(
             stride_ks,
             stride_vb,
             stride_vs,
+            k_scale_ptr,
+            v_scale_ptr,
+            s_head_off,
+            stride_sb,
+            stride_ss,
             HEAD_DIM,
             BLOCK_D,
             PAGE,
             BLOCK_N,
             MASK=False,
             CAUSAL=False,
+            SCALED=SCALED,
         )
     if full_end < end:  # the ragged last tile
         acc, l_i, m_i = attend_tile(
@@ -171,12 +198,18 @@ def _decode_kernel(
             stride_ks,
             stride_vb,
             stride_vs,
+            k_scale_ptr,
+            v_scale_ptr,
+            s_head_off,
+            stride_sb,
+            stride_ss,
             HEAD_DIM,
             BLOCK_D,
             PAGE,
             BLOCK_N,
             MASK=True,
             CAUSAL=False,
+            SCALED=SCALED,
         )
 
     out_mask = head_mask[:, None] & d_mask[None, :]
@@ -240,8 +273,10 @@ def paged_decode_attention_triton(
     config: DecodeConfig | None = None,
     plan: DecodePlan | None = None,
     sms: int | None = None,
+    k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] fp32: 8-bit caches
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
-    cfg = config or DecodeConfig()
+    cfg = config or default_decode_config(k_cache.dtype)
     num_seqs, num_heads, head_dim = q.shape
     page, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -283,6 +318,7 @@ def paged_decode_attention_triton(
         v_cache.stride(1),
         v_cache.stride(2),
         block_tables.stride(0),
+        *_scale_args(k_cache, k_scale, v_scale),
         GROUP=group,
         BLOCK_H=max(16, next_power_of_2(group)),
         HEAD_DIM=head_dim,
@@ -290,6 +326,7 @@ def paged_decode_attention_triton(
         PAGE=page,
         BLOCK_N=cfg.block_n,
         SPLIT=split,
+        SCALED=k_scale is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

@@ -21,6 +21,7 @@ import triton.language as tl
 
 from .attention_tile_triton import attend_tile
 from .triton_utils import next_power_of_2
+from .triton_utils import scale_launch_args as _scale_args
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,11 @@ def _prefill_kernel(
     stride_vs,
     stride_vh,
     stride_bt,
+    k_scale_ptr,  # [num_blocks, block_size, num_kv_heads] fp32 (read when SCALED)
+    v_scale_ptr,
+    stride_sb,
+    stride_ss,
+    stride_sh,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,  # GROUP rounded up to a power of two
     HEAD_DIM: tl.constexpr,
@@ -60,6 +66,7 @@ def _prefill_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr,  # query tokens per program, BLOCK_M // GROUP_PAD
     BLOCK_N: tl.constexpr,
+    SCALED: tl.constexpr,  # 8-bit cache: q stays in its dtype, scales dequantize the scores/weights
 ):
     # Launch the last (longest, most causal context) query tiles first so short ones fill the tail.
     tile = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -85,8 +92,11 @@ def _prefill_kernel(
         q_ptr + row_off[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
         mask=io_mask,
         other=0.0,
-    )
-    q = q.to(k_cache_ptr.dtype.element_ty)  # [BLOCK_M, BLOCK_D]
+    )  # [BLOCK_M, BLOCK_D]
+    if not SCALED:  # a 16/32-bit cache: the dots run in its type
+        q = q.to(k_cache_ptr.dtype.element_ty)
+    elif q.dtype != tl.float32 and k_cache_ptr.dtype.element_ty != tl.int8:
+        q = q.to(tl.float16)  # e4m3 pages, 16-bit activations: fp16 dots (attention_tile_triton.py)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -94,6 +104,7 @@ def _prefill_kernel(
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     k_head_off = kv_head * stride_kh
     v_head_off = kv_head * stride_vh
+    s_head_off = kv_head * stride_sh
     first_pos = ctx - q_len + t0  # lowest query position of this tile: every row sees 0..first_pos
     kv_end = ctx - q_len + tl.minimum(t0 + BLOCK_Q, q_len)  # one past the highest query position
     full_end = (first_pos + 1) // BLOCK_N * BLOCK_N  # tiles below this are visible to every row
@@ -116,12 +127,18 @@ def _prefill_kernel(
             stride_ks,
             stride_vb,
             stride_vs,
+            k_scale_ptr,
+            v_scale_ptr,
+            s_head_off,
+            stride_sb,
+            stride_ss,
             HEAD_DIM,
             BLOCK_D,
             PAGE,
             BLOCK_N,
             MASK=False,
             CAUSAL=False,
+            SCALED=SCALED,
         )
     for n0 in range(full_end, kv_end, BLOCK_N):
         acc, l_i, m_i = attend_tile(
@@ -142,12 +159,18 @@ def _prefill_kernel(
             stride_ks,
             stride_vb,
             stride_vs,
+            k_scale_ptr,
+            v_scale_ptr,
+            s_head_off,
+            stride_sb,
+            stride_ss,
             HEAD_DIM,
             BLOCK_D,
             PAGE,
             BLOCK_N,
             MASK=True,
             CAUSAL=True,
+            SCALED=SCALED,
         )
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
@@ -167,6 +190,8 @@ def paged_prefill_attention_triton(
     *,
     max_q_len: int | None = None,
     config: PrefillConfig | None = None,
+    k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] fp32: 8-bit caches
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """max_q_len sizes the grid; when None it is read from cu_seqlens_q (one host sync)."""
     cfg = config or PrefillConfig()
@@ -203,6 +228,7 @@ def paged_prefill_attention_triton(
         v_cache.stride(1),
         v_cache.stride(2),
         block_tables.stride(0),
+        *_scale_args(k_cache, k_scale, v_scale),
         GROUP=group,
         GROUP_PAD=group_pad,
         HEAD_DIM=head_dim,
@@ -211,6 +237,7 @@ def paged_prefill_attention_triton(
         BLOCK_M=block_m,
         BLOCK_Q=block_q,
         BLOCK_N=cfg.block_n,
+        SCALED=k_scale is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

@@ -51,8 +51,12 @@ def qkv_prepare_ref(
     q_norm_weight: torch.Tensor | None = None,  # [head_dim]; with k_norm_weight, Qwen3's q/k norm
     k_norm_weight: torch.Tensor | None = None,  # [head_dim]
     eps: float = 1e-6,
+    *,
+    k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] fp32: 8-bit caches
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Returns q [num_tokens, num_heads, head_dim] (normed, rotated); writes k (normed, rotated) and v."""
+    """Returns q [num_tokens, num_heads, head_dim] (normed, rotated); writes k (normed, rotated) and v
+    (quantized per token and head, their scales beside them, when the cache is 8-bit)."""
     num_heads, num_kv_heads, head_dim = qkv_heads(qkv, k_cache)
     has_norm = check_qk_norm(q_norm_weight, k_norm_weight, head_dim)
     num_tokens = qkv.shape[0]
@@ -61,5 +65,5 @@ def qkv_prepare_ref(
         q = rms_norm_ref(q.reshape(-1, head_dim), q_norm_weight, eps).view(q.shape)  # type: ignore[union-attr]
         k = rms_norm_ref(k.reshape(-1, head_dim), k_norm_weight, eps).view(k.shape)  # type: ignore[union-attr]
     q, k = apply_rotary_ref(positions, q, k, cos_sin_cache)
-    store_kv_cache_ref(k, v, k_cache, v_cache, slot_mapping)
+    store_kv_cache_ref(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
     return q

@@ -5,7 +5,9 @@ that share kv head g, k head g and v head g. In fp32 it RMS-normalises each q/k 
 switch for the other families), rounds the normed head to the activation dtype as the reference's norm
 does, then rotates it (NeoX rotate-half: (x1*cos - x2*sin, x2*cos + x1*sin)) and rounds once more. q goes
 to a dense [num_tokens, H, D] output; rotated k and raw v go to cache slot `slot_mapping[token]`
-(block = slot // block_size, offset = slot % block_size), unless the slot is -1.
+(block = slot // block_size, offset = slot % block_size), unless the slot is -1. An 8-bit cache (fp8 e4m3,
+int8) gets each k and v head quantized on write with its own absmax scale, stored beside it (kv_cache.py
+says why that scheme).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .kv_cache import QUANT_MAX, check_scales
 from .qkv_prepare import check_qk_norm, qkv_heads
 from .triton_utils import next_power_of_2, require_last_dim_contiguous, require_same_device
 
@@ -44,6 +47,36 @@ def _norm_rotate(
 
 
 @triton.jit
+def _round_to_e4m3(y):
+    """fp32 y rounded to e4m3's 3 mantissa bits (nearest, ties to even), still fp32, so the cast to fp8
+    that follows is exact. The cast alone rounds the same way on a GPU; Triton's CPU interpreter drops the
+    carry when the mantissa rounds up into the next power of two (127.9 -> 64), so the store rounds first
+    (four integer ops per element; it also pins the result to torch's rounding everywhere)."""
+    bits = y.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000  # drop 20 of fp32's 23 mantissa bits
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _quantize_store(dst, scale_dst, x1, x2, mask, HALF: tl.constexpr, QMAX: tl.constexpr, INT8: tl.constexpr):
+    """One head's halves x1, x2 [1, BLOCK_HALF] fp32 -> 8-bit values at dst (and dst + HALF), symmetric
+    absmax scale at scale_dst. Masked lanes hold 0, so they do not move the max."""
+    absmax = tl.maximum(tl.max(tl.abs(x1)), tl.max(tl.abs(x2)))
+    inv = tl.where(absmax > 0.0, QMAX / absmax, 0.0)
+    y1 = tl.minimum(tl.maximum(x1 * inv, -QMAX), QMAX)
+    y2 = tl.minimum(tl.maximum(x2 * inv, -QMAX), QMAX)
+    if INT8:  # round half away from zero (the conversion truncates), as round_half_away() does
+        y1 = tl.where(y1 >= 0.0, y1 + 0.5, y1 - 0.5)
+        y2 = tl.where(y2 >= 0.0, y2 + 0.5, y2 - 0.5)
+    else:
+        y1 = _round_to_e4m3(y1)
+        y2 = _round_to_e4m3(y2)
+    tl.store(dst, y1.to(dst.dtype.element_ty), mask=mask)
+    tl.store(dst + HALF, y2.to(dst.dtype.element_ty), mask=mask)
+    tl.store(scale_dst, absmax / QMAX)
+
+
+@triton.jit
 def _qkv_prepare_kernel(
     qkv_ptr,  # [num_tokens, (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM]
     positions_ptr,  # [num_tokens] int64
@@ -54,6 +87,10 @@ def _qkv_prepare_kernel(
     k_cache_ptr,  # [num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM]
     v_cache_ptr,  # like k_cache, same strides
     slot_mapping_ptr,  # [num_tokens] int64
+    k_scale_ptr,  # [num_blocks, BLOCK_SIZE, NUM_KV_HEADS] fp32 (written when SCALED)
+    v_scale_ptr,  # like k_scale, same strides
+    stride_sb,  # scale strides: block, offset in block (the kv head is dense)
+    stride_ss,
     stride_qkv,
     stride_cos_sin,
     stride_cb,  # cache strides: block, offset in block, kv head
@@ -67,6 +104,9 @@ def _qkv_prepare_kernel(
     BLOCK_G: tl.constexpr,  # next power of 2 of GROUP
     BLOCK_HALF: tl.constexpr,  # next power of 2 of HEAD_DIM // 2
     HAS_NORM: tl.constexpr,
+    SCALED: tl.constexpr,  # 8-bit cache: quantize per (token, head), scales beside the values
+    QMAX: tl.constexpr,  # largest stored magnitude (448 e4m3, 127 int8)
+    INT8: tl.constexpr,
 ):
     HALF: tl.constexpr = HEAD_DIM // 2
     GROUP: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
@@ -101,16 +141,22 @@ def _qkv_prepare_kernel(
         k1, k2 = _norm_rotate(k1, k2, k_norm_ptr, cos, sin, eps, offs_d, d_mask, round_ty, HALF, HAS_NORM)
         dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
         k_dst = k_cache_ptr + dst + offs_d[None, :]
-        tl.store(k_dst, k1.to(round_ty).to(k_cache_ptr.dtype.element_ty), mask=kv_mask)
-        tl.store(k_dst + HALF, k2.to(round_ty).to(k_cache_ptr.dtype.element_ty), mask=kv_mask)
         v_cols = k_cols + NUM_KV_HEADS * HEAD_DIM
         v_dst = v_cache_ptr + dst + offs_d[None, :]
-        tl.store(v_dst, tl.load(row + v_cols, mask=kv_mask).to(v_cache_ptr.dtype.element_ty), mask=kv_mask)
-        tl.store(
-            v_dst + HALF,
-            tl.load(row + v_cols + HALF, mask=kv_mask).to(v_cache_ptr.dtype.element_ty),
-            mask=kv_mask,
-        )
+        if SCALED:
+            s_dst = (slot // BLOCK_SIZE) * stride_sb + (slot % BLOCK_SIZE) * stride_ss + kv_head
+            k1 = k1.to(round_ty).to(tl.float32)  # k as the reference holds it, in the activation dtype
+            k2 = k2.to(round_ty).to(tl.float32)
+            _quantize_store(k_dst, k_scale_ptr + s_dst, k1, k2, kv_mask, HALF, QMAX, INT8)
+            v1 = tl.load(row + v_cols, mask=kv_mask, other=0.0).to(tl.float32)
+            v2 = tl.load(row + v_cols + HALF, mask=kv_mask, other=0.0).to(tl.float32)
+            _quantize_store(v_dst, v_scale_ptr + s_dst, v1, v2, kv_mask, HALF, QMAX, INT8)
+        else:
+            tl.store(k_dst, k1.to(round_ty).to(k_cache_ptr.dtype.element_ty), mask=kv_mask)
+            tl.store(k_dst + HALF, k2.to(round_ty).to(k_cache_ptr.dtype.element_ty), mask=kv_mask)
+            v_ty = v_cache_ptr.dtype.element_ty
+            tl.store(v_dst, tl.load(row + v_cols, mask=kv_mask).to(v_ty), mask=kv_mask)
+            tl.store(v_dst + HALF, tl.load(row + v_cols + HALF, mask=kv_mask).to(v_ty), mask=kv_mask)
 
 
 def _check_inputs(
@@ -157,11 +203,20 @@ def qkv_prepare_triton(
     q_norm_weight: torch.Tensor | None = None,  # [head_dim]; with k_norm_weight, Qwen3's q/k norm
     k_norm_weight: torch.Tensor | None = None,  # [head_dim]
     eps: float = 1e-6,
+    *,
+    k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] fp32: 8-bit caches
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Returns q [num_tokens, num_heads, head_dim] (normed, rotated); writes k (normed, rotated) and v."""
+    """Returns q [num_tokens, num_heads, head_dim] (normed, rotated); writes k (normed, rotated) and v
+    (quantized per token and head, their scales beside them, when the cache is 8-bit)."""
     num_heads, num_kv_heads, head_dim = qkv_heads(qkv, k_cache)
     has_norm = check_qk_norm(q_norm_weight, k_norm_weight, head_dim)
     _check_inputs(qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, head_dim)
+    scaled = check_scales(k_cache, v_cache, k_scale, v_scale)
+    if scaled:
+        if k_scale.stride(2) != 1:  # type: ignore[union-attr]
+            raise ValueError(f"k_scale must be dense in its last dimension, got {k_scale.stride()}")  # type: ignore[union-attr]
+        require_same_device(k_cache=k_cache, k_scale=k_scale, v_scale=v_scale)  # type: ignore[arg-type]
     num_tokens = qkv.shape[0]
     q_out = torch.empty(num_tokens, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     if num_tokens == 0:
@@ -177,6 +232,10 @@ def qkv_prepare_triton(
         k_cache,
         v_cache,
         slot_mapping,
+        k_scale if scaled else k_cache,  # unread without scales
+        v_scale if scaled else k_cache,
+        k_scale.stride(0) if scaled else 0,  # type: ignore[union-attr]
+        k_scale.stride(1) if scaled else 0,  # type: ignore[union-attr]
         qkv.stride(0),
         cos_sin_cache.stride(0),
         k_cache.stride(0),
@@ -190,6 +249,9 @@ def qkv_prepare_triton(
         BLOCK_G=block_g,
         BLOCK_HALF=block_half,
         HAS_NORM=has_norm,
+        SCALED=scaled,
+        QMAX=QUANT_MAX.get(k_cache.dtype, 0.0),
+        INT8=k_cache.dtype == torch.int8,
         num_warps=max(1, min(4, block_g * block_half // 128)),
     )
     return q_out

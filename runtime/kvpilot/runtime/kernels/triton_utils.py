@@ -57,3 +57,14 @@ def interpret_without_gpu() -> bool:
         )
     os.environ["TRITON_INTERPRET"] = "1"
     return True
+
+
+def scale_launch_args(
+    k_cache: torch.Tensor, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, int, int, int]:
+    """(k_scale, v_scale, stride block, stride slot, stride head) for an attention kernel; without scales
+    (16-bit caches) the cache itself stands in for the pointers, unread by the SCALED=False kernels."""
+    if k_scale is None or v_scale is None:
+        return k_cache, k_cache, 0, 0, 0
+    sb, ss, sh = k_scale.stride()
+    return k_scale, v_scale, sb, ss, sh

@@ -6,8 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from kvpilot.runtime.kernels.kv_cache import KVCache
 from kvpilot.runtime.layers.kernel_ops import KernelOps
 from torch import nn
+
+__all__ = ["AttentionMetadata", "KVCache", "PagedAttention"]
 
 
 @dataclass
@@ -40,39 +43,42 @@ class PagedAttention(nn.Module):
         qkv: torch.Tensor,
         positions: torch.Tensor,
         cos_sin_cache: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
+        kv_cache: KVCache,
         meta: AttentionMetadata,
         q_norm_weight: torch.Tensor | None = None,
         k_norm_weight: torch.Tensor | None = None,
         eps: float = 1e-6,
     ) -> torch.Tensor:
         """qkv [T, (H + 2 * KVH) * D]: per-head q/k RMSNorm (when weights are given), rotary, k and v into
-        the caches [num_blocks, block_size, KVH, D] at meta.slot_mapping -> q [T, H, D], dense."""
+        the caches [num_blocks, block_size, KVH, D] at meta.slot_mapping (8-bit caches: quantized, with
+        their scales) -> q [T, H, D], dense."""
         return self._prepare(
             qkv,
             positions,
             cos_sin_cache,
-            k_cache,
-            v_cache,
+            kv_cache.k,
+            kv_cache.v,
             meta.slot_mapping,
             q_norm_weight,
             k_norm_weight,
             eps,
+            k_scale=kv_cache.k_scale,
+            v_scale=kv_cache.v_scale,
         )
 
-    def forward(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
-    ) -> torch.Tensor:
-        """q [T, H, D] over the caches [num_blocks, block_size, KVH, D] -> [T, H, D]."""
+    def forward(self, q: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+        """q [T, H, D] over the caches [num_blocks, block_size, KVH, D] -> [T, H, D] (8-bit caches are
+        dequantized in registers)."""
         # max_q_len is known on the host, so the triton kernel choice and grid never read device memory
         return self._attend(
             q,
-            k_cache,
-            v_cache,
+            kv_cache.k,
+            kv_cache.v,
             meta.cu_seqlens_q,
             meta.context_lens,
             meta.block_tables,
             self.scale,
             max_q_len=meta.max_q_len,
+            k_scale=kv_cache.k_scale,
+            v_scale=kv_cache.v_scale,
         )

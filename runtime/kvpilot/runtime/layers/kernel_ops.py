@@ -23,9 +23,11 @@ class KernelOps:
     linear: Callable[..., Any]  # (x, weight, bias) -> x W^T + b; also the LM head's GEMM
     rms_norm: Callable[..., Any]  # (x, weight, eps, residual=None) -> y | (y, x + residual)
     silu_and_mul: Callable[..., Any]  # ([T, 2I]) -> [T, I]
-    qkv_prepare: Callable[..., Any]  # fused q/k norm + rotary + K/V store -> q [T, H, D]
+    qkv_prepare: Callable[..., Any]  # fused q/k norm + rotary + K/V store -> q [T, H, D]; (qkv,
+    #                   positions, cos_sin, k_cache, v_cache, slots, q_norm, k_norm, eps, *, k_scale, v_scale)
     paged_attention: Callable[..., Any]  # (q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables,
-    #                                      scale, *, max_q_len) -> [T, H, D]
+    #                                      scale, *, max_q_len, k_scale, v_scale) -> [T, H, D]
+    # k_scale/v_scale: [num_blocks, block_size, KVH] fp32 for 8-bit caches (kernels/kv_cache.py), else None
 
 
 def torch_ops() -> KernelOps:

@@ -9,15 +9,13 @@ from __future__ import annotations
 import torch
 from kvpilot.runtime.config import ModelConfig
 from kvpilot.runtime.layers.activation import SiluAndMul
-from kvpilot.runtime.layers.attention import AttentionMetadata, PagedAttention
+from kvpilot.runtime.layers.attention import AttentionMetadata, KVCache, PagedAttention
 from kvpilot.runtime.layers.embedding import LMHead, VocabEmbedding
 from kvpilot.runtime.layers.kernel_ops import KernelOps
 from kvpilot.runtime.layers.linear import Linear
 from kvpilot.runtime.layers.norm import RMSNorm
 from kvpilot.runtime.layers.rotary import RotaryEmbedding
 from torch import nn
-
-KVCache = tuple[torch.Tensor, torch.Tensor]  # one layer's (k_cache, v_cache)
 
 
 class LlamaAttention(nn.Module):
@@ -44,17 +42,15 @@ class LlamaAttention(nn.Module):
         self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
     ) -> torch.Tensor:
         """q/k norm, rotary and the K/V store run as one op on the fused projection, with no copies."""
-        k_cache, v_cache = kv_cache
         q = self.attn.store_qkv(
             self.qkv_proj(hidden),
             positions,
             self.rotary.cos_sin_cache,
-            k_cache,
-            v_cache,
+            kv_cache,
             meta,
             **self._qk_norm_weights(),
         )
-        out = self.attn(q, k_cache, v_cache, meta)
+        out = self.attn(q, kv_cache, meta)
         return self.o_proj(out.reshape(hidden.shape[0], self.q_size))  # a view: out is dense
 
     def _qk_norm_weights(self) -> dict[str, torch.Tensor | float]:
