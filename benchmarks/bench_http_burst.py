@@ -271,12 +271,12 @@ def http_mode(args: argparse.Namespace, reqs: list[tuple[list[int], int]], vocab
 
 # ---- engine level -----------------------------------------------------------------------------------
 def engine_mode(args: argparse.Namespace, reqs: list[tuple[list[int], int]], vocab: int) -> dict[str, Any]:
-    from kvpilot.runtime.engine.llm_engine import EngineArgs, LLMEngine
+    from kvpilot.runtime.engine.llm_engine import LLMEngine
     from kvpilot.runtime.sampling_params import SamplingParams
     from kvpilot.runtime.server import args as server_args
 
     parsed = server_args.parse_args(args.runtime_args)
-    engine = LLMEngine.from_args(EngineArgs(**server_args.engine_args_kwargs(parsed)))
+    engine = LLMEngine.from_args(parsed.engine_args)
 
     def run(batch: list[tuple[list[int], int]], tag: str) -> list[dict[str, Any]]:
         records = {}

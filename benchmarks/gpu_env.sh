@@ -1,8 +1,5 @@
-# Source on the GPU machine: makes `import kvpilot.*` work without installing (its image has no network),
-# by building the namespace package from symlinks to the component folders.
+# Source on the GPU machine: makes `import kvpilot.*` work without installing (its image has no network):
+# each component folder is a source root holding kvpilot/<component>/ (kvpilot is a namespace package).
 _root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-mkdir -p /tmp/kvp/kvpilot
-cp "$_root"/cli/*.py /tmp/kvp/kvpilot/
-for c in runtime gateway operator; do ln -sfn "$_root/$c" "/tmp/kvp/kvpilot/$c"; done
-export PYTHONPATH=/tmp/kvp${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONUNBUFFERED=1
+export PYTHONPATH=$_root/cli:$_root/runtime:$_root/contracts:$_root/operator:$_root/gateway${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

@@ -28,7 +28,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 else
   echo "no .whl/: run benchmarks/fetch_gpu_wheels.sh where there is internet first" >&2
 fi
-export PYTHONPATH=$ROOT/runtime:$ROOT/contracts:$ROOT/cli:$PYTHONPATH
+export PYTHONPATH=$ROOT/runtime:$ROOT/contracts:$ROOT/cli:${PYTHONPATH:-}
 echo "commit ${KVPILOT_COMMIT:-unknown} (the device copy has no .git: pass KVPILOT_COMMIT)" | tee "$OUT/commit.txt"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee "$OUT/gpu.txt"
 "$PY" -c "import fastapi, uvicorn, zmq, msgspec, torch; print('torch', torch.__version__, 'fastapi', \

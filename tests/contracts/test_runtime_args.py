@@ -20,11 +20,17 @@ from tests.contracts.cases import MODEL_CONFIGS, PROFILES, Case, cases_for, own_
 
 WORKLOAD_KINDS = ("Deployment", "LeaderWorkerSet")
 # Planned on some built-in profile, refused on every one (what this runtime build can't run yet).
-MUST_PLAN = {"small-model-l4", "qwen3-8b-h100", "scale-to-zero", "qwen3-0.6b-pinned-1x1", "llama2-fp16-kv"}
+MUST_PLAN = {
+    "small-model-l4",
+    "qwen3-8b-h100",
+    "scale-to-zero",
+    "qwen3-0.6b-pinned-1x1",
+    "llama2-fp16-kv",
+    "qwen3-8b-int8-kv",
+}
 MUST_REFUSE = {
     "qwen3-8b-tp2": "tensor parallel 2",
     "qwen3-8b-awq": "4-bit AWQ weights",
-    "qwen3-8b-int8-kv": "an int8 KV cache",
     "qwen2.5-72b-awq-checkpoint": "4-bit AWQ weights",
     "mixtral": "the MixtralForCausalLM architecture",
     "qwen2.5-72b-2x4090": "4-bit AWQ weights",

@@ -341,7 +341,7 @@ def test_runtime_72b_on_a100_needs_awq(plan_for: PlanFor) -> None:
     assert not p.feasible and p.needs == ("4-bit AWQ weights",)
     assert p.reason.startswith(
         "needs 4-bit AWQ weights, which this runtime cannot run (it serves 16-bit (unquantized) weights "
-        "with a bf16, fp16 or fp8 KV cache, on one GPU); the plan that would fit: 1 x a100-80gb (tp1), "
+        "with a bf16, fp16, fp8 or int8 KV cache, on one GPU); the plan that would fit: 1 x a100-80gb (tp1), "
         "4-bit AWQ weights, bf16 KV:"
     )
     assert "within this runtime: does not fit: 16-bit (bf16) weights need 135.4 GiB per GPU" in p.reason
@@ -383,7 +383,7 @@ def test_runtime_pins_outside_the_runtime_are_refused_with_what_it_serves(plan_f
     assert not tp2.feasible and tp2.needs == ("tensor parallel 2",)
     assert "parallelism.tensor is 2 and this runtime runs tensor parallel up to 1" in tp2.reason
     int8 = plan_for("Qwen/Qwen3-8B", "h100-80gb", kv_cache_dtype="int8", capabilities=RUNTIME)
-    assert not int8.feasible and int8.needs == ("an int8 KV cache",)
+    assert int8.feasible and int8.kv_cache_dtype == "int8"  # the runtime stores scaled 8-bit pages
     prequantized = plan_for("Qwen/Qwen2.5-72B-Instruct-AWQ", "h100-80gb", capabilities=RUNTIME)
     assert not prequantized.feasible and prequantized.needs == ("4-bit AWQ weights",)
     assert "the checkpoint is awq-quantized" in prequantized.reason
@@ -400,8 +400,8 @@ def test_runtime_nothing_fits_anywhere_says_so_and_what_the_runtime_serves(plan_
     assert not p.feasible and not p.needs
     assert "spec.gpu.count: 16 (2 nodes, pipeline parallel) would fit" in p.reason
     assert p.reason.endswith(
-        "; but this runtime serves only 16-bit (unquantized) weights with a bf16, fp16 "
-        "or fp8 KV cache, on one GPU"
+        "; but this runtime serves only 16-bit (unquantized) weights with a bf16, fp16, fp8 "
+        "or int8 KV cache, on one GPU"
     )
 
 
