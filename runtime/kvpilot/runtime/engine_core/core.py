@@ -88,23 +88,19 @@ def ready_message(engine: EngineLike) -> Ready:
     return Ready(os.getpid(), int(engine.max_model_len), stats_message(engine.stats()))
 
 
+def _logprob(e: Any) -> Logprob:
+    """An engine TokenLogprob as it travels (rank is set for prompt logprobs only)."""
+    return Logprob(
+        e.token_id, float(e.logprob), [(t, float(lp)) for t, lp in e.top_logprobs], getattr(e, "rank", None)
+    )
+
+
 def _logprobs(entries: list[Any] | None) -> list[Logprob] | None:
-    if entries is None:
-        return None
-    return [
-        Logprob(e.token_id, float(e.logprob), [(t, float(lp)) for t, lp in e.top_logprobs]) for e in entries
-    ]
+    return None if entries is None else [_logprob(e) for e in entries]
 
 
 def _prompt_logprobs(entries: list[Any] | None) -> list[Logprob | None] | None:
-    if entries is None:
-        return None
-    return [
-        None
-        if e is None
-        else Logprob(e.token_id, float(e.logprob), [(t, float(lp)) for t, lp in e.top_logprobs], e.rank)
-        for e in entries
-    ]
+    return None if entries is None else [None if e is None else _logprob(e) for e in entries]
 
 
 def token_output(o: Any) -> TokenOutput:
