@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from kvpilot.runtime.bench import (
     WORKLOADS,
+    engine_overrides,
     make_requests,
     param_count,
     physical_floor_s,
@@ -43,3 +44,26 @@ def test_run_ours_counts_every_output_token(tiny_checkpoint_factory: Callable[..
     assert result["output_tokens"] == 15
     assert result["output_tok_s"] > 0 and result["ttft_s"] <= result["wall_s"]
     assert not engine.has_unfinished_requests()
+
+
+def test_engine_overrides_are_typed_like_engine_args() -> None:
+    assert engine_overrides(["kv_cache_dtype=fp8", "max_num_seqs=64", "enforce_eager=true"]) == {
+        "kv_cache_dtype": "fp8",
+        "max_num_seqs": 64,
+        "enforce_eager": True,
+    }
+    with pytest.raises(SystemExit, match="no_such_knob"):
+        engine_overrides(["no_such_knob=1"])
+
+
+def test_long_context_floor_counts_the_8bit_cache_bytes() -> None:
+    """W2L's decode steps read mostly KV, its prefill (64 x 8k tokens) is compute: an 8-bit cache (values +
+    fp32 scales) lowers only the KV part, by 256 / 132 per token at Qwen3-8B's head_dim of 128."""
+    w = WORKLOADS["W2L"]
+    reqs = make_requests(w, 151936, 0)
+    bf16, fp8 = physical_floor_s(w, reqs, "bf16"), physical_floor_s(w, reqs, "fp8")
+    c = qwen3_config("qwen3-8b")
+    kv_elements = sum(len(p) * (o - 1) + (o - 1) * o // 2 for p, o in reqs) * 2 * c["num_hidden_layers"] * 8
+    saved_bytes = kv_elements * (2 * 128 - (128 + 4))  # per (token, layer, K/V, head): bf16 vs 8-bit + scale
+    assert bf16 - fp8 == pytest.approx(saved_bytes / 4.25e12, rel=1e-6)
+    assert physical_floor_s(w, reqs, "int8") == pytest.approx(fp8)

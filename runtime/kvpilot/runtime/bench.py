@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from kvpilot.contracts.kv_cache import kv_bytes_per_token
+
 HBM_BYTES_PER_S = 4.25e12  # device-to-device copy measured on the H200 (DESIGN.md)
 BF16_FLOPS = 784e12  # bf16 matmul measured on the H200
 
@@ -60,6 +62,8 @@ WORKLOADS = {
     "W2": Workload("W2", "qwen3-8b", 256, (100, 1024), (256, 256), "throughput"),
     "W3": Workload("W3", "qwen3-8b", 1, (1024, 1024), (256, 256), "tpot"),
     "W4": Workload("W4", "qwen3-8b", 1, (1024, 1024), (1, 1), "ttft"),
+    # long context: the KV cache, not the weights, is most of what a decode step reads
+    "W2L": Workload("W2L", "qwen3-8b", 64, (8192, 8192), (256, 256), "throughput"),
 }
 
 
@@ -108,7 +112,7 @@ def param_count(c: dict[str, Any]) -> int:
     return layers * per_layer + v * h * (1 if c["tie_word_embeddings"] else 2)
 
 
-def physical_floor_s(w: Workload, reqs: list[tuple[list[int], int]]) -> float:
+def physical_floor_s(w: Workload, reqs: list[tuple[list[int], int]], kv_cache_dtype: str = "bf16") -> float:
     """Prefill FLOPs at the matmul rate + every decode step streaming the weights and each sequence's KV.
 
     A decode step reads every layer weight and the LM head, but only a few rows of an untied input
@@ -118,7 +122,12 @@ def physical_floor_s(w: Workload, reqs: list[tuple[list[int], int]]) -> float:
     embed = c["vocab_size"] * c["hidden_size"]
     layers = param_count(c) - embed * (1 if c["tie_word_embeddings"] else 2)
     streamed_bytes = 2 * (layers + embed)
-    kv_per_token = 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * c["head_dim"] * 2
+    kv_per_token = kv_bytes_per_token(
+        num_layers=c["num_hidden_layers"],
+        num_kv_heads=c["num_key_value_heads"],
+        head_dim=c["head_dim"],
+        kv_dtype=kv_cache_dtype,
+    )
     attn_per_pair = 4 * c["num_hidden_layers"] * c["num_attention_heads"] * c["head_dim"]  # QK^T and PV
     prefill_flops = sum(2 * layers * len(p) + 2 * embed + attn_per_pair * len(p) ** 2 / 2 for p, _ in reqs)
     decode_steps = max(o for _, o in reqs) - 1 if w.measure != "ttft" else 0
@@ -126,23 +135,41 @@ def physical_floor_s(w: Workload, reqs: list[tuple[list[int], int]]) -> float:
     return prefill_flops / BF16_FLOPS + (decode_steps * streamed_bytes + kv_read) / HBM_BYTES_PER_S
 
 
-def build_engine(model_dir: Path, args: argparse.Namespace) -> Any:
+def engine_overrides(pairs: list[str]) -> dict[str, Any]:
+    """`--engine kv_cache_dtype=fp8` -> {"kv_cache_dtype": "fp8"}, typed like EngineArgs' field."""
+    import dataclasses
+
+    from kvpilot.runtime.engine.engine_args import EngineArgs
+
+    fields = {f.name: f for f in dataclasses.fields(EngineArgs)}
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or name not in fields:
+            raise SystemExit(f"--engine {pair!r}: expected NAME=VALUE with NAME an EngineArgs field")
+        kind = str(fields[name].type).split("|")[0].strip()
+        out[name] = {"int": int, "float": float, "bool": lambda v: v.lower() in ("1", "true", "yes")}.get(
+            kind, str
+        )(value)
+    return out
+
+
+def build_engine(model_dir: Path, w: Workload, args: argparse.Namespace) -> Any:
     from kvpilot.runtime.engine.engine_args import EngineArgs
     from kvpilot.runtime.engine.llm_engine import LLMEngine
 
-    return LLMEngine.from_args(
-        EngineArgs(
-            model=str(model_dir),
-            max_model_len=4096,
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            gpu_memory_utilization=0.9,
-            device="cuda",
-            dtype="bfloat16",
-            load_format="dummy",
-            enable_prefix_caching=False,
-        )
+    settings: dict[str, Any] = dict(
+        model=str(model_dir),
+        max_model_len=max(4096, w.input_len[1] + w.output_len[1]),
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        gpu_memory_utilization=0.9,
+        device="cuda",
+        dtype="bfloat16",
+        load_format="dummy",
+        enable_prefix_caching=False,
     )
+    return LLMEngine.from_args(EngineArgs(**{**settings, **engine_overrides(args.engine)}))
 
 
 def tpot(first: dict[str, float], last: dict[str, float], counts: dict[str, int]) -> float:
@@ -208,10 +235,11 @@ def run_hf(shape: str, reqs: list[tuple[list[int], int]], max_new_tokens: int) -
 
 def run_workload(w: Workload, root: Path, args: argparse.Namespace) -> dict[str, Any]:
     import torch
+    from kvpilot.runtime.engine.model_runner import kv_dtype_name
 
     model_dir = write_model_dir(root, w.shape)
     reqs = make_requests(w, SHAPES[w.shape]["vocab_size"], args.seed)
-    engine = build_engine(model_dir, args)
+    engine = build_engine(model_dir, w, args)
     run_ours(engine, make_requests(Workload("warm", w.shape, 4, (64, 128), (8, 8), "x"), 150000, 1), "warm")
     run_ours(engine, [(reqs[0][0], 4)], "warm-shape")  # the workload's own shapes: JIT and cuBLAS choices
     if args.profile_dir is not None:
@@ -223,8 +251,11 @@ def run_workload(w: Workload, root: Path, args: argparse.Namespace) -> dict[str,
         ttfts = sorted(run_ours(engine, reqs, f"{w.name}-{i}")["ttft_s"] for i in range(7))
         result["ours"]["ttft_samples_s"] = ttfts
         result["ours"]["ttft_s"] = ttfts[len(ttfts) // 2]
-    floor = physical_floor_s(w, reqs)
+    kv_dtype = kv_dtype_name(engine.runner.kv_cache_dtype)
+    floor = physical_floor_s(w, reqs, kv_dtype)
     result["floor_s"] = floor
+    kv_tokens = engine.stats().num_kv_blocks * engine.runner.block_size
+    result["kv_cache"] = {"dtype": kv_dtype, "tokens": kv_tokens}
     if w.measure == "throughput":
         result["floor_tok_s"] = sum(o for _, o in reqs) / floor
     if args.hf and w.measure == "throughput":
@@ -310,7 +341,9 @@ def summary_row(r: dict[str, Any]) -> str:
     side = r.get("side_by_side", {})
     hf = side.get("hf", {}).get("output_tok_s")
     vs = f"{side['ours']['output_tok_s'] / hf:.1f}x HF" if hf else side.get("hf_error", "")[:40]
-    return f"| {w['name']} | {w['shape']} | {got:,.1f} {unit} | {floor:,.1f} | {ratio:.0%} | {vs} |"
+    kv = r.get("kv_cache", {})
+    shape = f"{w['shape']}, KV {kv.get('dtype', '?')} ({kv.get('tokens', 0):,} tokens)"
+    return f"| {w['name']} | {shape} | {got:,.1f} {unit} | {floor:,.1f} | {ratio:.0%} | {vs} |"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -321,6 +354,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an EngineArgs setting, repeatable (e.g. --engine kv_cache_dtype=fp8)",
+    )
     p.add_argument("--profile-dir", type=Path, default=None, help="write host/device profiles here")
     p.add_argument("--profile-only", action="store_true", help="with --profile-dir: skip the measurement")
     p.add_argument("--hf", action="store_true", help="also time transformers' generate_batch side by side")

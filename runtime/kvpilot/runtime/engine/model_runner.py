@@ -42,6 +42,13 @@ _KV_DTYPES = {
     "int8": torch.int8,
 }
 _KV_DTYPE_NAMES = {dtype: name for name, dtype in _KV_DTYPES.items()}
+
+
+def kv_dtype_name(dtype: torch.dtype) -> str:
+    """torch.float8_e4m3fn -> 'fp8' (kvpilot.contracts.kv_cache's names)."""
+    return _KV_DTYPE_NAMES[dtype]
+
+
 CPU_KV_CACHE_BYTES = 1 << 30  # CPU default: at most 1 GiB of KV cache ...
 CPU_KV_CACHE_SEQS = 8  # ... and no more than 8 sequences of max_model_len tokens
 
