@@ -17,18 +17,13 @@
 #   EXTRA_ARGS="--num-kv-blocks 64" BURST_ARGS="--input-len 8 16 --output-len 4 8" bash benchmarks/gpu_http.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$(pwd)
+
 PY=${PYTHON:-python}
 OUT=${OUT:-/tmp/kvpilot-out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-if compgen -G ".whl/*.whl" > /dev/null; then
-  "$PY" -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-else
-  echo "no .whl/: run benchmarks/fetch_gpu_wheels.sh where there is internet first" >&2
-fi
-export PYTHONPATH=$ROOT/runtime:$ROOT/contracts:$ROOT/cli:${PYTHONPATH:-}
+compgen -G ".whl/*.whl" > /dev/null || echo "no .whl/: run benchmarks/fetch_gpu_wheels.sh where there is internet first" >&2
+source benchmarks/gpu_env.sh  # source roots on PYTHONPATH, .whl/ installed into /tmp/site
 echo "commit ${KVPILOT_COMMIT:-unknown} (the device copy has no .git: pass KVPILOT_COMMIT)" | tee "$OUT/commit.txt"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee "$OUT/gpu.txt"
 "$PY" -c "import fastapi, uvicorn, zmq, msgspec, torch; print('torch', torch.__version__, 'fastapi', \
