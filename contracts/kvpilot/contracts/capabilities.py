@@ -73,13 +73,14 @@ def _names(values: frozenset[str]) -> str:
     return ", ".join(sorted(values))
 
 
-# This build: Llama/Qwen2/Qwen3-family models, 16-bit weights on one device; a 16-bit KV cache, or an
-# 8-bit one (fp8 e4m3 or int8) with per-token-head scales.
+# This build: Llama/Qwen2/Qwen3-family models, 16-bit weights; a 16-bit KV cache, or an 8-bit one (fp8
+# e4m3 or int8) with per-token-head scales; tensor parallel within a node (up to 8 GPUs) and pipeline
+# stages across nodes (a LeaderWorkerSet group).
 RUNTIME = RuntimeCapabilities(
     weight_quantizations=frozenset({"none"}),
     kv_cache_dtypes=frozenset({"bf16", "fp16", "fp8", "int8"}),
-    max_tensor_parallel=1,
-    max_pipeline_parallel=1,
+    max_tensor_parallel=8,
+    max_pipeline_parallel=8,
     architectures=frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}),
 )
 # Everything the planner knows how to reason about: its decision table is tested against this one.
