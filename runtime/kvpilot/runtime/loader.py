@@ -220,8 +220,8 @@ def load_model(
     comm: Comm | None = None,
 ) -> nn.Module:
     """Build the model for `config` directly on `device` in `dtype` and fill it from the checkpoint
-        (load_format "auto") or with seeded random values ("dummy": no weight files needed). With `comm` (tensor
-    / pipeline parallel) the model is this rank's part and each rank reads only its slices."""
+    (load_format "auto") or with seeded random values ("dummy": no weight files needed). With `comm`
+    (tensor / pipeline parallel) the model is this rank's part and each rank reads only its slices."""
     if load_format not in LOAD_FORMATS:
         raise ModelLoadError(f"unknown load_format {load_format!r}; use one of {', '.join(LOAD_FORMATS)}")
     cls = model_class(config.architecture)
