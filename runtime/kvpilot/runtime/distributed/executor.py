@@ -49,6 +49,7 @@ class StepBroadcaster:
         self.comm, self.workers = comm, workers
         self.runner: Any = None
         self.broadcast_seconds, self.broadcast_steps = 0.0, 0
+        self._stopped = False
 
     def load(self, engine_args: dict[str, Any]) -> Any:
         """Every rank builds its part of the model; returns rank 0's ModelRunner."""
@@ -77,12 +78,22 @@ class StepBroadcaster:
         return self.runner.execute(batch, prev_sampled)
 
     def shutdown(self) -> None:
-        """Ends the followers (they return from follow()) and waits for the worker processes."""
+        """Ends the followers (they return from follow()) and waits for the worker processes. Runs once
+        (also at interpreter exit: the offline LLM API has no explicit close)."""
+        if self._stopped:
+            return
+        self._stopped = True
         if self.workers is not None:
             self.workers.expect_exit()
         self.comm.broadcast_object(None)
         if self.workers is not None:
             self.workers.join()
+
+    def shutdown_at_exit(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:  # a peer is already gone: nothing left to stop cleanly
+            log.warning("workers did not stop cleanly at exit", exc_info=True)
 
 
 def follow(comm: Comm) -> None:

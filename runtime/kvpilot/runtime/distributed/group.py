@@ -3,6 +3,7 @@ a LeaderWorkerSet worker pod, which only runs its node's ranks (run_worker_node)
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -94,7 +95,9 @@ def start_leader(
     if device.type == "cuda":
         torch.cuda.set_device(device)
     comm = init_comm(Rank(0, tp, pp), device, init_method)
-    return StepBroadcaster(comm, workers)
+    leader = StepBroadcaster(comm, workers)
+    atexit.register(leader.shutdown_at_exit)
+    return leader
 
 
 def run_worker_node(args: EngineArgs, env: Mapping[str, str] = os.environ) -> int:
