@@ -197,7 +197,8 @@ def allreduce_worker(rank: int, world: int, port: int, out: str) -> None:
         )
     if rank == 0:
         Path(out).write_text(json.dumps(results))
-    dist.destroy_process_group()
+    dist.barrier()
+    os._exit(0)  # no destroy_process_group after capture: it can hang (pytorch/pytorch#115388)
 
 
 def run_allreduce(out: Path) -> None:
@@ -251,12 +252,13 @@ def main() -> int:
     p.add_argument("--budget", type=int, default=570, help="seconds for everything (the device call's cap)")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.case:
-        run_case(args.case, args.root, args.out / f"parallel-{args.case}.json")
-        return 0
-    if args.allreduce:
-        run_allreduce(args.out / "parallel-allreduce.json")
-        return 0
+    if args.case or args.allreduce:
+        if args.case:
+            run_case(args.case, args.root, args.out / f"parallel-{args.case}.json")
+        else:
+            run_allreduce(args.out / "parallel-allreduce.json")
+        sys.stdout.flush()
+        os._exit(0)  # no NCCL teardown after CUDA-graph capture (it can hang: pytorch/pytorch#115388)
     env = {**os.environ, **NO_MULTICAST}
     results: dict[str, Any] = {}
     jobs = [("allreduce", ["--allreduce"])] + [(c, ["--case", c]) for c in args.cases.split(",")]

@@ -87,7 +87,8 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.shape:
         run_shape(args.shape, args.root, args.out / f"sizing-{args.shape}.json")
-        return 0
+        sys.stdout.flush()
+        os._exit(0)  # no NCCL teardown after CUDA-graph capture (it can hang: pytorch/pytorch#115388)
     rows, ok = [], True
     for shape in SHAPES:
         log = args.out / f"sizing-{shape}.log"

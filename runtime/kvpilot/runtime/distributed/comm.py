@@ -131,5 +131,8 @@ def init_comm(rank: Rank, device: torch.device, init_method: str) -> Comm:
 
 
 def destroy_comm(comm: Comm) -> None:
-    if comm.is_distributed and dist.is_initialized():
+    """Leave the group so this process can join another (tests on CPU). On GPU nothing is torn down:
+    destroying NCCL communicators that CUDA graphs captured can hang (pytorch/pytorch#115388), and the
+    processes of a group end with it."""
+    if comm.is_distributed and dist.is_initialized() and comm.device.type != "cuda":
         dist.destroy_process_group()

@@ -15,6 +15,7 @@ import threading
 
 LOG_FORMAT = "%(asctime)s %(levelname)s [rank %(rank)s] %(name)s: %(message)s"
 EXIT_PARENT_GONE = 0
+EXIT_STOPPED = 0
 EXIT_FAILED = 1
 
 
@@ -26,10 +27,10 @@ def _exit_with_parent() -> None:
     os._exit(EXIT_PARENT_GONE)
 
 
-def main() -> int:
+def main() -> None:
     line = sys.stdin.buffer.readline()
     if not line:
-        return EXIT_FAILED
+        os._exit(EXIT_FAILED)
     from kvpilot.runtime.distributed.launch import WorkerSpec
 
     spec = WorkerSpec(**json.loads(line))
@@ -49,12 +50,15 @@ def main() -> int:
         logging.getLogger(__name__).exception("worker rank %d failed", spec.rank)
         logging.shutdown()
         os._exit(EXIT_FAILED)  # do not wait in torch.distributed's teardown
-    return 0
+    logging.shutdown()
+    # No process-group teardown: destroying NCCL communicators that CUDA graphs captured can hang
+    # (pytorch/pytorch#115388); the process ends here and the OS releases everything.
+    os._exit(EXIT_STOPPED)
 
 
 def run(spec: object) -> None:
     import torch
-    from kvpilot.runtime.distributed.comm import destroy_comm, init_comm
+    from kvpilot.runtime.distributed.comm import init_comm
     from kvpilot.runtime.distributed.executor import follow
     from kvpilot.runtime.distributed.launch import WorkerSpec
     from kvpilot.runtime.distributed.topology import Rank
@@ -65,8 +69,7 @@ def run(spec: object) -> None:
         torch.cuda.set_device(device)
     comm = init_comm(Rank(spec.rank, spec.tp, spec.pp), device, spec.init_method)
     follow(comm)
-    destroy_comm(comm)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -65,19 +65,24 @@ def main() -> int:
     outputs.send(encoder.encode(ready_message(engine)))
     EngineCore(engine, requests, outputs).run()
     logger.info("engine core stopping: shutdown requested")
-    _stop_workers(engine)
+    distributed = _stop_workers(engine)
     outputs.close(linger=0)
     requests.close(linger=0)
     context.term()
+    if distributed:  # skip tearing down NCCL communicators used in CUDA graphs (it can hang)
+        logging.shutdown()
+        os._exit(EXIT_OK)
     return EXIT_OK
 
 
-def _stop_workers(engine: object) -> None:
+def _stop_workers(engine: object) -> bool:
     """Tensor/pipeline parallel: end the worker processes of the other ranks (their exit is then no
-    longer a death that stops this process with EXIT_WORKER_DIED)."""
+    longer a death that stops this process with EXIT_WORKER_DIED). True when there were workers."""
     shutdown = getattr(getattr(engine, "runner", None), "shutdown", None)
     if callable(shutdown):
         shutdown()
+        return True
+    return False
 
 
 def _exit_with_parent(config: CoreConfig) -> None:
