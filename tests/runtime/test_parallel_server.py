@@ -127,5 +127,12 @@ def test_check_parallel_names_every_problem() -> None:
 
 
 def test_quantized_weights_with_parallelism_are_refused() -> None:
-    problems = EngineArgs(model="m", quantization="fp8", tensor_parallel_size=2).problems()
-    assert any("quantized weights run on one device only" in p for p in problems)
+    """Through the capability table, so the planner never plans what the runtime refuses."""
+    import dataclasses
+
+    from kvpilot.contracts.capabilities import RUNTIME
+
+    caps = dataclasses.replace(RUNTIME, weight_quantizations=frozenset({"none", "fp8"}))
+    assert not EngineArgs(model="m", quantization="fp8").problems(caps)
+    problems = EngineArgs(model="m", quantization="fp8", tensor_parallel_size=2).problems(caps)
+    assert any("fp8 weights split over tensor parallel 2 x pipeline parallel 1" in p for p in problems)

@@ -114,13 +114,6 @@ class EngineArgs:
             value, choices = getattr(self, f.name), f.metadata.get("choices")
             if choices and value is not None and value not in choices:
                 found.append(f"{_flag(f.name)} {value!r} is not one of {', '.join(choices)}")
-        if (
-            self.quantization or "none"
-        ) != "none" and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
-            found.append(
-                f"--quantization {self.quantization} with tensor parallel {self.tensor_parallel_size} x "
-                f"pipeline parallel {self.pipeline_parallel_size}: quantized weights run on one device only"
-            )
         for setting, reason in self._unsupported(capabilities).items():
             name = _CAPABILITY_FLAGS[setting]
             found.append(f"{_flag(name)} {getattr(self, name)}: this runtime build cannot run {reason}")
