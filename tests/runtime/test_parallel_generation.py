@@ -47,7 +47,7 @@ def references(checkpoints: dict[str, Path]) -> dict[str, Run]:
     return {name: reference(path) for name, path in checkpoints.items()}
 
 
-@pytest.fixture(scope="module", params=[(2, 1), (1, 2), (4, 1)], ids=["tp2", "pp2", "tp4"])
+@pytest.fixture(scope="module", params=[(2, 1), (1, 2), (4, 1), (2, 2)], ids=["tp2", "pp2", "tp4", "tp2pp2"])
 def group(request: pytest.FixtureRequest, checkpoints: dict[str, Path]) -> Iterator[StepBroadcaster]:
     tp, pp = request.param
     yield from spawned_group(next(iter(checkpoints.values())), tp, pp)
@@ -67,7 +67,7 @@ def test_two_ranks_match_one(
         _check(group, checkpoints[name], references[name])
 
 
-@pytest.mark.parametrize("group", [(4, 1)], indirect=True, ids=["tp4"])
+@pytest.mark.parametrize("group", [(4, 1), (2, 2)], indirect=True, ids=["tp4", "tp2pp2"])
 def test_four_ranks_match_one(
     group: StepBroadcaster, checkpoints: dict[str, Path], references: dict[str, Run]
 ) -> None:
