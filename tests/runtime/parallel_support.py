@@ -3,8 +3,9 @@ checkpoints (each worker process pays torch's import once), and the tp 1 referen
 
 from __future__ import annotations
 
-import _thread
 import logging
+import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,15 +84,16 @@ def reference(model: Path) -> Run:
     return generate(ModelRunner(engine_args(model)), model)
 
 
-def _interrupt(rank: int, code: int) -> None:
-    """A worker died: interrupt the test (the suite fails) rather than end the pytest process."""
-    log.error("worker rank %d exited with code %d", rank, code)
-    _thread.interrupt_main()
+def _fail_fast(rank: int, code: int) -> None:
+    """A worker died mid-test: its peers would wait in a collective (or the rendezvous) forever, so end
+    the test run now with a clear message rather than hang CI."""
+    print(f"FATAL: parallel test worker rank {rank} exited with code {code}", file=sys.stderr, flush=True)
+    os._exit(1)
 
 
 def spawned_group(first_model: Path, tp: int, pp: int) -> Iterator[StepBroadcaster]:
     """This process as rank 0 of a tp x pp gloo group of spawned workers; shut down after use."""
-    leader = start_leader(engine_args(first_model, tp, pp), on_death=_interrupt)
+    leader = start_leader(engine_args(first_model, tp, pp), on_death=_fail_fast)
     try:
         yield leader
     finally:
