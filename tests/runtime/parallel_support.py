@@ -3,7 +3,6 @@ checkpoints (each worker process pays torch's import once), and the tp 1 referen
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -22,7 +21,6 @@ from kvpilot.runtime.llm import LLM
 from kvpilot.runtime.sampling_params import SamplingParams
 from kvpilot.runtime.tokenizer import Tokenizer
 
-log = logging.getLogger(__name__)
 BLOCK_SIZE = 4
 NUM_KV_BLOCKS = 12  # too few for every sequence at once: the scheduler preempts
 MAX_TOKENS = 10
