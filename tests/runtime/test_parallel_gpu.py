@@ -1,8 +1,8 @@
-"""Tensor parallel 2 on two GPUs (nvidia-h200-x2) against one GPU, on a random Qwen3-0.6B-shaped
-checkpoint in bf16: 64 decode steps of 4 sequences, teacher-forced with the tp 1 greedy tokens so every
-step's logits are comparable (decode steps replay CUDA graphs that hold the all-reduces). bf16 sums in
-another order differ a little: the test reports the largest logit difference and requires the same
-greedy token wherever tp 1's top-2 margin exceeds it."""
+"""Tensor parallel 2 and pipeline parallel 2 on two GPUs (nvidia-h200-x2) against one GPU, on a random
+Qwen3-0.6B-shaped checkpoint in bf16: 64 decode steps of 4 sequences, teacher-forced with the one-GPU greedy
+tokens so every step's logits are comparable (tp 2's decode steps replay CUDA graphs that hold the
+all-reduces). bf16 sums in another order differ a little: the test reports the largest logit difference and
+requires the same greedy token wherever the one-GPU top-2 margin exceeds it."""
 
 from __future__ import annotations
 
@@ -38,12 +38,13 @@ def _checkpoint(root: Path) -> Path:
     return root
 
 
-def _args(model: Path, tp: int) -> EngineArgs:
+def _args(model: Path, tp: int, pp: int = 1) -> EngineArgs:
     return EngineArgs(
         model=str(model),
         device="cuda",
         dtype="bfloat16",
         tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
         num_kv_blocks=64,
         block_size=BLOCK,
         max_model_len=1024,
@@ -69,11 +70,13 @@ def _run(runner: Any, forced: list[list[int]] | None) -> tuple[list[torch.Tensor
     return logits_per_step, fed
 
 
-def _tp2_main(model: Path, tokens_path: Path, out: Path) -> None:
-    """`python test_parallel_gpu.py MODEL TOKENS OUT`: the tp 2 run, teacher-forced, logits to OUT."""
-    leader = start_leader(_args(model, 2), on_death=lambda rank, code: os._exit(3))
-    leader.load(_args(model, 2).to_dict())
-    if leader.device.type == "cuda" and leader.graphs is None:  # decode steps must replay graphs
+def _parallel_main(model: Path, tokens_path: Path, out: Path, tp: int, pp: int) -> None:
+    """`python test_parallel_gpu.py MODEL TOKENS OUT TP PP`: the parallel run, teacher-forced, logits to
+    OUT. Tensor parallel alone replays the decode graphs (holding the all-reduces); pipeline stages run
+    eagerly."""
+    leader = start_leader(_args(model, tp, pp), on_death=lambda rank, code: os._exit(3))
+    leader.load(_args(model, tp, pp).to_dict())
+    if leader.device.type == "cuda" and pp == 1 and leader.graphs is None:
         os._exit(4)
     logits, _ = _run(leader, json.loads(tokens_path.read_text()))
     torch.save(torch.stack(logits), out)
@@ -81,14 +84,25 @@ def _tp2_main(model: Path, tokens_path: Path, out: Path) -> None:
     os._exit(0)  # no NCCL teardown after CUDA-graph capture (it can hang: pytorch/pytorch#115388)
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
-def test_tp2_matches_tp1_within_the_logit_margin(tmp_path: Path) -> None:
-    model = _checkpoint(tmp_path / "qwen3-0.6b")
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[torch.Tensor], Path]:
+    """The checkpoint, one GPU's logits per step, and the greedy tokens it fed (a JSON file)."""
+    root = tmp_path_factory.mktemp("tp-gpu")
+    model = _checkpoint(root / "qwen3-0.6b")
     ref_logits, tokens = _run(ModelRunner(_args(model, 1)), None)
-    (tmp_path / "tokens.json").write_text(json.dumps(tokens))
-    out = tmp_path / "tp2.pt"
+    (root / "tokens.json").write_text(json.dumps(tokens))
+    return model, ref_logits, root / "tokens.json"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)], ids=["tp2", "pp2"])
+def test_two_gpus_match_one_within_the_logit_margin(
+    reference: tuple[Path, list[torch.Tensor], Path], tmp_path: Path, tp: int, pp: int
+) -> None:
+    model, ref_logits, tokens_path = reference
+    out = tmp_path / "parallel.pt"
     done = subprocess.run(
-        [sys.executable, __file__, str(model), str(tmp_path / "tokens.json"), str(out)],
+        [sys.executable, __file__, str(model), str(tokens_path), str(out), str(tp), str(pp)],
         timeout=TP2_TIMEOUT_S,
         env={
             **os.environ,
@@ -98,16 +112,16 @@ def test_tp2_matches_tp1_within_the_logit_margin(tmp_path: Path) -> None:
         },
     )
     assert done.returncode == 0
-    tp2_logits = list(torch.load(out))
-    max_diff = max(float((a - b).abs().max()) for a, b in zip(ref_logits, tp2_logits, strict=True))
+    parallel_logits = list(torch.load(out))
+    max_diff = max(float((a - b).abs().max()) for a, b in zip(ref_logits, parallel_logits, strict=True))
     checked = mismatched = 0
-    for ref, got in zip(ref_logits, tp2_logits, strict=True):
+    for ref, got in zip(ref_logits, parallel_logits, strict=True):
         top2 = ref.topk(2, dim=-1).values
         clear = (top2[:, 0] - top2[:, 1]) > max_diff
         checked += int(clear.sum())
         mismatched += int((ref.argmax(-1) != got.argmax(-1))[clear].sum())
     print(
-        f"tp2 vs tp1: max |logit diff| {max_diff:.4f} over {STEPS + 1} steps x {SEQS} seqs; "
+        f"tp{tp} pp{pp} vs one GPU: max |logit diff| {max_diff:.4f} over {STEPS + 1} steps x {SEQS} seqs; "
         f"{checked} tokens with a clear top-2 margin, {mismatched} differ"
     )
     assert SHAPES["qwen3-0.6b"]["vocab_size"] == ref_logits[0].shape[-1]
@@ -116,4 +130,6 @@ def test_tp2_matches_tp1_within_the_logit_margin(tmp_path: Path) -> None:
 
 
 if __name__ == "__main__":
-    _tp2_main(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]))
+    _parallel_main(
+        Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    )
