@@ -249,7 +249,7 @@ def main() -> int:
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--case", help=argparse.SUPPRESS)  # internal: run one case in this process
     p.add_argument("--allreduce", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--budget", type=int, default=540, help="seconds for everything (under the device call's 10-minute cap)")
+    p.add_argument("--budget", type=int, default=540, help="seconds for everything (10-minute device cap)")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.case or args.allreduce:
