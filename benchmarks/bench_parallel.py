@@ -53,6 +53,8 @@ LLAMA_70B = {
     "eos_token_id": 128001,
 }
 DEVICE, DTYPE = "cuda", "bfloat16"  # (a CPU smoke test patches these)
+# KVPILOT_BENCH_EAGER=1: no decode CUDA graphs (a fallback if capturing the NCCL collectives fails)
+ENFORCE_EAGER = os.environ.get("KVPILOT_BENCH_EAGER") == "1"
 # name: (shape, tp, num_seqs, input range, output len, what to report, target)
 CASES: dict[str, tuple[str, int, int, tuple[int, int], int, str, str]] = {
     "W3-8B-tp2": ("qwen3-8b", 2, 1, (1024, 1024), 256, "tpot", "<= 3.2 ms"),
@@ -134,6 +136,7 @@ def run_case(name: str, root: Path, out: Path) -> None:
             dtype=DTYPE,
             load_format="dummy",
             enable_prefix_caching=False,
+            enforce_eager=ENFORCE_EAGER,
         )
     )
     load_s = time.perf_counter() - start
