@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call: ceilings, GPU tests, kernel and engine benchmarks. Logs and JSON under $OUT.
-#   bash benchmarks/gpu_run.sh [tests] [kernels] [engine W1,W2,...]
+#   bash benchmarks/gpu_run.sh [tests] [kernels] [engine W1,W2,...] [parallel] [parallel-sizing] [parallel-test]
+# (the parallel steps need two GPUs: nvidia-h200-x2)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source benchmarks/gpu_env.sh
@@ -13,6 +14,10 @@ for step in "$@"; do
     tests) python -m pytest -q -p no:cacheprovider -o addopts="--import-mode=importlib" -m "gpu or not gpu" \
              tests/runtime/test_kernels_*.py tests/runtime/test_triton_model_path.py \
              tests/runtime/test_gpu_paths.py tests/runtime/test_engine_async_gpu.py -s 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25 ;;
+    parallel) python benchmarks/bench_parallel.py --out "$OUT" 2>&1 | tee "$OUT/parallel.log" | tail -20 ;;
+    parallel-sizing) python benchmarks/check_parallel_sizing.py --out "$OUT" 2>&1 | tee "$OUT/parallel-sizing.log" | tail -6 ;;
+    parallel-test) python -m pytest -q -p no:cacheprovider -o addopts="--import-mode=importlib" -m gpu \
+             tests/runtime/test_parallel_gpu.py -s 2>&1 | tee "$OUT/pytest_parallel_gpu.log" | tail -8 ;;
     kernels) python benchmarks/bench_kernels.py --out "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.log" | tail -30 ;;
     W*) python -m kvpilot.runtime.bench --workloads "$step" --out "$OUT/bench-$step.json" ${BENCH_ARGS:-} \
           2>&1 | tee "$OUT/bench-$step.log" | grep -v '^{' | tail -15 ;;

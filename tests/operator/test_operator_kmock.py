@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 from typing import Any
 
 import pytest
-from kvpilot.contracts.capabilities import EVERYTHING
+from kvpilot.contracts.capabilities import EVERYTHING, RUNTIME
 from kvpilot.operator.reconcile import reconcile
 from kvpilot.operator.runner import OperatorConfig, make_deps
 
@@ -171,14 +172,16 @@ async def test_infeasible_spec_gets_a_condition_and_an_event(kit: Any, fake_hub:
 
 
 async def test_a_plan_this_runtime_cannot_run_is_not_applied(kit: Any, fake_hub: Any) -> None:
-    """70B on 4 H100s fits at tensor parallel 4, which this runtime can't run: Planned=False with that plan
-    and a Warning, and no workload (a pod that would exit 2 on its flags is never created)."""
+    """70B on 4 H100s fits at tensor parallel 4, which a runtime without tensor parallelism can't run:
+    Planned=False with that plan and a Warning, and no workload (a pod that would exit 2 on its flags is
+    never created)."""
     body = isvc(
         model={"uri": "hf://meta-llama/Llama-3.3-70B-Instruct"}, gpu={"profile": "h100-80gb", "count": 4}
     )
     async with kit.emulated_cluster() as (k, _, api):
         await api.create(body)
         deps = make_deps(api, fake_hub, OperatorConfig())
+        deps.capabilities = dataclasses.replace(RUNTIME, max_tensor_parallel=1, max_pipeline_parallel=1)
         events: list[tuple[str, str, str]] = []
         deps.record = lambda body, type, reason, message: events.append((type, reason, message))
         result = await reconcile(kit.live(k, "inferenceservices", "qwen3-8b"), deps)

@@ -33,8 +33,7 @@ def plan_command(argv: list[str], fetch: Any) -> tuple[int, str, str]:
 
 # What this runtime build can't run yet: the plan that would fit needs these (examples' comments say so).
 NOT_RUNNABLE_YET = {
-    "llama-70b-4xh100.yaml": "needs tensor parallel 4, which this runtime cannot run",
-    "qwen2.5-72b-2x4090.yaml": "needs 4-bit AWQ weights and tensor parallel 2, which this runtime cannot run",
+    "qwen2.5-72b-2x4090.yaml": "needs 4-bit AWQ weights, which this runtime cannot run",
 }
 
 
@@ -52,9 +51,14 @@ def test_every_example_plans_or_says_what_the_runtime_lacks(example: str, fake_h
 
 
 def test_not_runnable_yet_in_the_table(fake_hub: Any) -> None:
-    rc, out, _ = plan_command(["-f", str(EXAMPLES / "llama-70b-4xh100.yaml")], fake_hub)
+    rc, out, _ = plan_command(["-f", str(EXAMPLES / "qwen2.5-72b-2x4090.yaml")], fake_hub)
     assert rc == 1
-    assert "NOT PLANNED (UnsupportedByRuntime): needs tensor parallel 4" in out
+    assert "NOT PLANNED (UnsupportedByRuntime): needs 4-bit AWQ weights" in out
+
+
+def test_tensor_parallel_example_plans(fake_hub: Any) -> None:
+    rc, out, _ = plan_command(["-f", str(EXAMPLES / "llama-70b-4xh100.yaml")], fake_hub)
+    assert rc == 0
     assert "4 x h100-80gb (tp4), 16-bit (bf16) weights, bf16 KV: 64 sequences" in out
 
 

@@ -7,6 +7,7 @@ tested at the end.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -291,6 +292,21 @@ def test_workload_defaults_and_overrides(plan_for: PlanFor) -> None:
 
 
 # --- Within what this runtime runs (capabilities.RUNTIME, the operator's default) ----------------------
+# The refusals of tensor/pipeline-parallel layouts are checked against a one-GPU build (the runtime before
+# tensor parallelism), so the planner's reasons for a runtime without them stay covered.
+SINGLE_GPU = dataclasses.replace(RUNTIME, max_tensor_parallel=1, max_pipeline_parallel=1)
+
+
+def test_this_runtime_runs_the_70b_on_four_h100s(plan_for: PlanFor) -> None:
+    p = plan_for(
+        "meta-llama/Llama-3.3-70B-Instruct",
+        "h100-80gb",
+        gpu_count=4,
+        concurrency=64,
+        max_model_len=16384,
+        capabilities=RUNTIME,
+    )
+    assert p.feasible and shape(p) == (4, 1, "none", "bf16") and not p.needs
 
 
 def test_the_default_request_plans_within_this_runtime(model_configs: dict[str, Any]) -> None:
@@ -328,7 +344,7 @@ def test_runtime_plans_stay_within_the_runtime(plan_for: PlanFor, name: str) -> 
 def test_runtime_keeps_16bit_where_the_full_planner_quantizes(plan_for: PlanFor) -> None:
     """Qwen3-8B on an L4: the full planner picks fp8 weights to reach 32 sequences; this runtime serves
     16-bit weights only, so it keeps them with an fp8 KV cache and says it is short of the target, and why."""
-    p = plan_for("Qwen/Qwen3-8B", "l4", capabilities=RUNTIME)
+    p = plan_for("Qwen/Qwen3-8B", "l4", capabilities=SINGLE_GPU)
     assert p.feasible and shape(p) == (1, 1, "none", "fp8")
     assert "short of the 32 target" in p.reason
     assert "this runtime serves only 16-bit (unquantized) weights" in p.reasons["quantization"]
@@ -337,7 +353,7 @@ def test_runtime_keeps_16bit_where_the_full_planner_quantizes(plan_for: PlanFor)
 
 
 def test_runtime_72b_on_a100_needs_awq(plan_for: PlanFor) -> None:
-    p = plan_for("Qwen/Qwen2.5-72B-Instruct", "a100-80gb", capabilities=RUNTIME)
+    p = plan_for("Qwen/Qwen2.5-72B-Instruct", "a100-80gb", capabilities=SINGLE_GPU)
     assert not p.feasible and p.needs == ("4-bit AWQ weights",)
     assert p.reason.startswith(
         "needs 4-bit AWQ weights, which this runtime cannot run (it serves 16-bit (unquantized) weights "
@@ -349,7 +365,7 @@ def test_runtime_72b_on_a100_needs_awq(plan_for: PlanFor) -> None:
 
 
 def test_runtime_72b_on_two_4090s_needs_awq_and_tensor_parallel(plan_for: PlanFor) -> None:
-    p = plan_for("Qwen/Qwen2.5-72B-Instruct", "rtx4090", capabilities=RUNTIME)
+    p = plan_for("Qwen/Qwen2.5-72B-Instruct", "rtx4090", capabilities=SINGLE_GPU)
     assert not p.feasible and p.needs == ("4-bit AWQ weights", "tensor parallel 2")
     assert p.reason.startswith("needs 4-bit AWQ weights and tensor parallel 2, which this runtime cannot run")
     assert "the plan that would fit: 2 x rtx4090 (tp2), 4-bit AWQ weights, fp8 KV" in p.reason
@@ -362,7 +378,7 @@ def test_runtime_70b_on_four_h100s_needs_tensor_parallel_4(plan_for: PlanFor) ->
         gpu_count=4,
         concurrency=64,
         max_model_len=16384,
-        capabilities=RUNTIME,
+        capabilities=SINGLE_GPU,
     )
     assert not p.feasible and p.needs == ("tensor parallel 4",)
     assert "the plan that would fit: 4 x h100-80gb (tp4), 16-bit (bf16) weights, bf16 KV" in p.reason
@@ -370,7 +386,7 @@ def test_runtime_70b_on_four_h100s_needs_tensor_parallel_4(plan_for: PlanFor) ->
 
 
 def test_runtime_405b_on_sixteen_l4s_needs_pipeline_parallel(plan_for: PlanFor) -> None:
-    p = plan_for("meta-llama/Llama-3.1-405B-Instruct", "l4", gpu_count=16, capabilities=RUNTIME)
+    p = plan_for("meta-llama/Llama-3.1-405B-Instruct", "l4", gpu_count=16, capabilities=SINGLE_GPU)
     assert not p.feasible
     assert p.needs == ("4-bit AWQ weights", "tensor parallel 8", "pipeline parallel 2")
 
@@ -379,9 +395,10 @@ def test_runtime_pins_outside_the_runtime_are_refused_with_what_it_serves(plan_f
     awq = plan_for("Qwen/Qwen3-8B", "h100-80gb", quantization="awq", capabilities=RUNTIME)
     assert not awq.feasible and awq.needs == ("4-bit AWQ weights",)
     assert "spec.quantization is awq and this runtime serves 16-bit (unquantized) weights" in awq.reason
-    tp2 = plan_for("Qwen/Qwen3-8B", "h100-80gb", tensor=2, capabilities=RUNTIME)
+    tp2 = plan_for("Qwen/Qwen3-8B", "h100-80gb", tensor=2, capabilities=SINGLE_GPU)
     assert not tp2.feasible and tp2.needs == ("tensor parallel 2",)
     assert "parallelism.tensor is 2 and this runtime runs tensor parallel up to 1" in tp2.reason
+    assert plan_for("Qwen/Qwen3-8B", "h100-80gb", tensor=2, capabilities=RUNTIME).feasible
     int8 = plan_for("Qwen/Qwen3-8B", "h100-80gb", kv_cache_dtype="int8", capabilities=RUNTIME)
     assert int8.feasible and int8.kv_cache_dtype == "int8"  # the runtime stores scaled 8-bit pages
     prequantized = plan_for("Qwen/Qwen2.5-72B-Instruct-AWQ", "h100-80gb", capabilities=RUNTIME)
@@ -396,7 +413,7 @@ def test_runtime_errors_of_the_spec_itself_are_reported_once(plan_for: PlanFor) 
 
 
 def test_runtime_nothing_fits_anywhere_says_so_and_what_the_runtime_serves(plan_for: PlanFor) -> None:
-    p = plan_for("meta-llama/Llama-3.1-405B-Instruct", "l4", capabilities=RUNTIME)
+    p = plan_for("meta-llama/Llama-3.1-405B-Instruct", "l4", capabilities=SINGLE_GPU)
     assert not p.feasible and not p.needs
     assert "spec.gpu.count: 16 (2 nodes, pipeline parallel) would fit" in p.reason
     assert p.reason.endswith(

@@ -253,6 +253,10 @@ def test_multi_node_plan_renders_a_leader_worker_set(rendered: Render) -> None:
         assert args_dict(c["args"])["--pipeline-parallel-size"] == "2"
         assert args_dict(c["args"])["--tensor-parallel-size"] == "8"
         assert {"name": "KVPILOT_ROLE", "value": role} in c["env"]
+        assert {"name": "KVPILOT_DIST_PORT", "value": "29500"} in c["env"]  # the runtime's rendezvous port
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == 8  # one stage of tp 8 per pod
+        ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+        assert ports == ({"http": 8000, "dist": 29500} if role == "leader" else {})
         assert ("readinessProbe" in c) == (role == "leader")
     assert objects[1]["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
     for obj in objects[:3]:

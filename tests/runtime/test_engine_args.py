@@ -80,8 +80,8 @@ def test_validate_names_every_problem() -> None:
     ("changes", "setting"),
     [
         ({"quantization": "gptq"}, "--quantization"),
-        ({"tensor_parallel_size": 2}, "--tensor-parallel-size"),
-        ({"pipeline_parallel_size": 4}, "--pipeline-parallel-size"),
+        ({"tensor_parallel_size": 16}, "--tensor-parallel-size"),
+        ({"pipeline_parallel_size": 16}, "--pipeline-parallel-size"),
     ],
 )
 def test_what_the_runtime_refuses_comes_from_the_capability_table(changes: dict, setting: str) -> None:

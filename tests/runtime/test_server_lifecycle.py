@@ -165,9 +165,9 @@ def test_serve_returns_1_when_the_model_cannot_load() -> None:
     "flags",
     [
         ["--quantization", "awq"],
-        ["--tensor-parallel-size", "2"],
-        ["--pipeline-parallel-size", "2"],
-        ["-tp", "2"],
+        ["--tensor-parallel-size", "16"],
+        ["--pipeline-parallel-size", "16"],
+        ["-tp", "16"],
         ["--max-num-seqs", "0"],
     ],
 )

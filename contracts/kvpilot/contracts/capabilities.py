@@ -17,6 +17,8 @@ class RuntimeCapabilities:
     max_pipeline_parallel: int
     # config.json `architectures` the runtime loads (Hugging Face class names); None: any
     architectures: frozenset[str] | None = None
+    # whether quantized weights run split across tensor/pipeline-parallel ranks (else on one GPU only)
+    quantized_parallel: bool = True
 
     def unsupported(
         self, *, quantization: str, kv_cache_dtype: str, tensor_parallel: int, pipeline_parallel: int
@@ -39,6 +41,13 @@ class RuntimeCapabilities:
         if quantization not in self.weight_quantizations:
             problems["quantization"] = (
                 f"{quantization} weights (the runtime serves {_names(self.weight_quantizations)})"
+            )
+        elif (
+            quantization != "none" and tensor_parallel * pipeline_parallel > 1 and not self.quantized_parallel
+        ):
+            problems["quantization"] = (
+                f"{quantization} weights split over tensor parallel {tensor_parallel} x pipeline parallel "
+                f"{pipeline_parallel} (quantized weights run on one GPU)"
             )
         if kv_cache_dtype not in self.kv_cache_dtypes:
             problems["kv_cache_dtype"] = (
@@ -73,14 +82,16 @@ def _names(values: frozenset[str]) -> str:
     return ", ".join(sorted(values))
 
 
-# This build: Llama/Qwen2/Qwen3-family models, 16-bit weights on one device; a 16-bit KV cache, or an
-# 8-bit one (fp8 e4m3 or int8) with per-token-head scales.
+# This build: Llama/Qwen2/Qwen3-family models, 16-bit weights; a 16-bit KV cache, or an 8-bit one (fp8
+# e4m3 or int8) with per-token-head scales; tensor parallel within a node (up to 8 GPUs) and pipeline
+# stages across nodes (a LeaderWorkerSet group).
 RUNTIME = RuntimeCapabilities(
     weight_quantizations=frozenset({"none"}),
     kv_cache_dtypes=frozenset({"bf16", "fp16", "fp8", "int8"}),
-    max_tensor_parallel=1,
-    max_pipeline_parallel=1,
+    max_tensor_parallel=8,
+    max_pipeline_parallel=8,
     architectures=frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}),
+    quantized_parallel=False,
 )
 # Everything the planner knows how to reason about: its decision table is tested against this one.
 EVERYTHING = RuntimeCapabilities(

@@ -14,6 +14,7 @@ from kvpilot.operator.spec import InferenceServiceSpec
 
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/kvpilot/runtime:0.1.0"
 PORT = 8000
+DIST_PORT = 29500  # torch.distributed rendezvous on the leader pod (the runtime's default)
 GPU_RESOURCE = "nvidia.com/gpu"
 STARTUP_PERIOD_S = 10
 STARTUP_BASE_S = 1800  # 30 minutes to download and load, plus 10 s per GiB of weights
@@ -87,6 +88,8 @@ def pod_template(
     if role != "worker":
         container["ports"] = [{"name": "http", "containerPort": PORT, "protocol": "TCP"}]
         container.update(probes(plan))
+    if role == "leader":
+        container["ports"].append({"name": "dist", "containerPort": DIST_PORT, "protocol": "TCP"})
     shm = {"medium": "Memory", "sizeLimit": f"{2 * plan.tensor_parallel}Gi"}
     pod_spec: dict[str, Any] = {
         "containers": [container],
@@ -111,8 +114,16 @@ def pod_template(
 
 
 def role_env(role: str) -> list[dict[str, str]]:
-    """Leader and worker pods learn their peers from the LWS_* variables LeaderWorkerSet injects."""
-    return [] if role == "server" else [{"name": "KVPILOT_ROLE", "value": role}]
+    """Leader and worker pods learn their peers from the variables LeaderWorkerSet injects into every pod
+    of a group: LWS_LEADER_ADDRESS (the rendezvous host), LWS_GROUP_SIZE (nodes = pipeline stages) and
+    LWS_WORKER_INDEX (this node's stage; 0 is the leader). KVPILOT_ROLE=worker makes `kvpilot-runtime` run
+    its node's ranks instead of the HTTP server; KVPILOT_DIST_PORT is the leader's rendezvous port."""
+    if role == "server":
+        return []
+    return [
+        {"name": "KVPILOT_ROLE", "value": role},
+        {"name": "KVPILOT_DIST_PORT", "value": str(DIST_PORT)},
+    ]
 
 
 def resources(overrides: dict[str, Any], gpus: int) -> dict[str, Any]:

@@ -2,6 +2,10 @@
 
 This process is the HTTP server (it never imports torch); it starts the engine-core process, which
 loads the model, and supervises it (see kvpilot.runtime.server.serve for the exit codes).
+
+In a multi-node LeaderWorkerSet group (KVPILOT_ROLE=worker, set by the operator on worker pods) the same
+command serves no HTTP: it runs this node's tensor/pipeline-parallel ranks, which follow the leader's
+(kvpilot.runtime.distributed.topology lists the LWS_* variables it reads).
 """
 
 from __future__ import annotations
@@ -9,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import sys
 from typing import Any
 
 from kvpilot.runtime.server import args as server_args
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+ROLE_ENV, WORKER_ROLE = "KVPILOT_ROLE", "worker"  # the operator's LeaderWorkerSet worker pods
 
 
 def load_tokenizer(model: str) -> Any:
@@ -27,6 +33,10 @@ def load_tokenizer(model: str) -> Any:
 def main(argv: list[str] | None = None) -> int:
     args = server_args.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
+    if os.environ.get(ROLE_ENV) == WORKER_ROLE:
+        from kvpilot.runtime.distributed.group import run_worker_node
+
+        return run_worker_node(args.engine_args)
     import prometheus_client
     from kvpilot.runtime.engine_core.client import EngineCoreSpec
     from kvpilot.runtime.server.serve import serve

@@ -11,9 +11,12 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from kvpilot.runtime.config import ModelConfig
+from kvpilot.runtime.distributed.comm import Comm
+from kvpilot.runtime.distributed.sharding import TensorSplit
 from kvpilot.runtime.errors import ModelLoadError
 from kvpilot.runtime.gguf_model import resolve_model_dir
 from kvpilot.runtime.layers.kernel_ops import KernelOps
@@ -36,6 +39,7 @@ _FUSED_PARTS: dict[str, list[str]] = {}
 for _part, (_fused, _) in PACKED_MODULES.items():
     _FUSED_PARTS.setdefault(_fused, []).append(_part)
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+EMBEDDING, LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
 ParamSlot = tuple[str, int | None]  # (our parameter name, shard index within a fused weight or None)
 
@@ -93,6 +97,37 @@ def iter_checkpoint(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
             raise ModelLoadError(f"cannot read weights file {path.name}: {exc}") from exc
 
 
+def iter_checkpoint_slices(files: list[Path]) -> Iterator[tuple[str, Any]]:
+    """(name, lazy slice) for every tensor: reading `slice[...]` reads only those rows/columns from disk
+    (each tensor-parallel rank reads its own slices, read_split)."""
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as handle:
+                for name in handle.keys():  # noqa: SIM118 (safe_open handles are not mappings)
+                    yield name, handle.get_slice(name)
+        except ModelLoadError:
+            raise
+        except Exception as exc:  # safetensors raises its own error types and OSError/RuntimeError
+            raise ModelLoadError(f"cannot read weights file {path.name}: {exc}") from exc
+
+
+def read_split(lazy: Any, split: TensorSplit | None) -> torch.Tensor:
+    """The rank's slice of one checkpoint tensor (all of it when split is None)."""
+    if split is None:
+        return lazy[:]
+    end = split.start + split.length
+    return lazy[split.start : end] if split.dim == 0 else lazy[:, split.start : end]
+
+
+def rank_target(param: torch.Tensor, split: TensorSplit | None) -> torch.Tensor:
+    """Where a slice goes: the whole parameter, or its first rows when the rank's block is padded (the
+    padding rows are zeroed)."""
+    if split is None or split.padded_to is None or split.length == param.shape[0]:
+        return param
+    param[split.length :].zero_()
+    return param[: split.length]
+
+
 def required_slots(model: nn.Module, tied: bool) -> set[ParamSlot]:
     slots: set[ParamSlot] = set()
     modules = dict(model.named_modules())
@@ -107,26 +142,43 @@ def required_slots(model: nn.Module, tied: bool) -> set[ParamSlot]:
     return slots
 
 
+def _checkpoint_slot(name: str, params: dict[str, Any], tied: bool) -> ParamSlot:
+    """The slot a checkpoint tensor fills; a tied embedding fills the LM head of a last pipeline stage
+    that has no embedding of its own."""
+    if tied and name == EMBEDDING and EMBEDDING not in params and LM_HEAD in params:
+        return LM_HEAD, None
+    return checkpoint_to_param(name)
+
+
 def load_weights(model: nn.Module, model_dir: Path, config: ModelConfig) -> None:
-    """Copy every checkpoint tensor into its (possibly fused) parameter, casting to the model's dtype."""
+    """Copy every checkpoint tensor (this rank's slice of it) into its (possibly fused) parameter,
+    casting to the model's dtype. A pipeline stage ignores the other stages' tensors."""
     params = dict(model.named_parameters())
     modules = dict(model.named_modules())
-    needed = required_slots(model, config.tie_word_embeddings)
+    tied = config.tie_word_embeddings
+    partial = getattr(model, "is_partial", False)
+    needed = required_slots(model, tied and EMBEDDING in params)
     loaded: set[ParamSlot] = set()
-    for name, tensor in iter_checkpoint(weight_files(model_dir)):
-        slot = checkpoint_to_param(name)
+    for name, lazy in iter_checkpoint_slices(weight_files(model_dir)):
+        slot = _checkpoint_slot(name, params, tied)
         if slot not in needed:
-            if not name.endswith(_IGNORED_SUFFIXES) and name != "lm_head.weight":
+            if not partial and not name.endswith(_IGNORED_SUFFIXES) and name != LM_HEAD:
                 log.warning("ignoring unexpected checkpoint tensor %s", name)
             continue
         param_name, shard = slot
+        owner_name, leaf = param_name.rsplit(".", 1)
+        owner = modules[owner_name]
         target = params[param_name].data
         if shard is not None:
-            target = target[modules[param_name.rsplit(".", 1)[0]].shard_rows(shard)]
+            target = target[owner.shard_rows(shard)]
+        split = owner.checkpoint_split(leaf, shard) if hasattr(owner, "checkpoint_split") else None
+        target = rank_target(target, split)
+        tensor = read_split(lazy, split)
         if tuple(target.shape) != tuple(tensor.shape):
+            what = "for this rank's slice of" if split else "for"
             raise ModelLoadError(
-                f"tensor {name} has shape {tuple(tensor.shape)}, expected "
-                f"{tuple(target.shape)} for this config.json"
+                f"tensor {name} has shape {tuple(lazy.get_shape())}, expected "
+                f"{tuple(target.shape)} {what} this config.json"
             )
         target.copy_(tensor)
         loaded.add(slot)
@@ -165,14 +217,16 @@ def load_model(
     max_positions: int | None = None,
     load_format: str = "auto",
     seed: int = 0,
+    comm: Comm | None = None,
 ) -> nn.Module:
     """Build the model for `config` directly on `device` in `dtype` and fill it from the checkpoint
-    (load_format "auto") or with seeded random values ("dummy": no weight files needed)."""
+    (load_format "auto") or with seeded random values ("dummy": no weight files needed). With `comm`
+    (tensor / pipeline parallel) the model is this rank's part and each rank reads only its slices."""
     if load_format not in LOAD_FORMATS:
         raise ModelLoadError(f"unknown load_format {load_format!r}; use one of {', '.join(LOAD_FORMATS)}")
     cls = model_class(config.architecture)
     with torch.device("meta"):
-        model = cls(config, ops, max_positions=max_positions, rope_device=device)
+        model = cls(config, ops, max_positions=max_positions, rope_device=device, comm=comm)
     model = model.to(dtype=dtype).to_empty(device=device)
     if config.tie_word_embeddings:
         model.tie_weights()

@@ -16,6 +16,7 @@ from typing import Any
 
 from kvpilot.contracts.capabilities import RUNTIME, RuntimeCapabilities
 from kvpilot.contracts.kv_cache import canonical_kv_dtype
+from kvpilot.runtime.distributed.sharding import parallel_problems
 from kvpilot.runtime.errors import UnsupportedModelError
 
 # Model dtypes: "auto" is float32 on CPU (exact against references) and the checkpoint's 16-bit type on CUDA.
@@ -134,6 +135,35 @@ class EngineArgs:
         if found:
             raise EngineArgsError("; ".join(found))
         return self
+
+    def check_parallel(
+        self,
+        *,
+        num_heads: int,
+        num_kv_heads: int,
+        intermediate_size: int,
+        num_layers: int,
+        ranks_per_node: int,
+        gpus_per_node: int | None,
+    ) -> None:
+        """Raises EngineArgsError when the model or the node cannot take this tp x pp split (checked at
+        start, once the model's config.json is read); gpus_per_node None: running on CPU."""
+        found = parallel_problems(
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            intermediate_size=intermediate_size,
+            num_layers=num_layers,
+            tp=self.tensor_parallel_size,
+            pp=self.pipeline_parallel_size,
+        )
+        if gpus_per_node is not None and ranks_per_node > gpus_per_node:
+            found.append(
+                f"tensor parallel {self.tensor_parallel_size} x pipeline parallel "
+                f"{self.pipeline_parallel_size} needs {ranks_per_node} GPUs on this node, "
+                f"but only {gpus_per_node} are visible"
+            )
+        if found:
+            raise EngineArgsError("; ".join(found))
 
     # ---- command line ---------------------------------------------------------------------------
     @classmethod

@@ -89,13 +89,13 @@ class LLMEngine:
 
     @classmethod
     def from_args(cls, args: EngineArgs) -> LLMEngine:
-        from kvpilot.runtime.engine.model_runner import ModelRunner
+        from kvpilot.runtime.distributed.group import build_runner
         from kvpilot.runtime.engine.sampler import Sampler
         from kvpilot.runtime.tokenizer import Tokenizer
 
         args.validate()
         tokenizer = Tokenizer.from_dir(args.model)
-        runner = ModelRunner(args)
+        runner = build_runner(args)  # tensor/pipeline parallel: rank 0's runner over its worker group
         return cls(
             runner,
             tokenizer,

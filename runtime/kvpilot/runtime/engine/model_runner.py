@@ -9,13 +9,16 @@ from __future__ import annotations
 import logging
 
 import torch
-from kvpilot.contracts.kv_cache import canonical_kv_dtype, kv_bytes_per_token
+from kvpilot.contracts.kv_cache import canonical_kv_dtype, kv_bytes_per_token, kv_heads_per_rank
 from kvpilot.runtime.config import ModelConfig
+from kvpilot.runtime.distributed.comm import Comm
+from kvpilot.runtime.distributed.pipeline import pipeline_logits
+from kvpilot.runtime.distributed.topology import Rank, stage_layers
 from kvpilot.runtime.engine.batch import SeqChunk, StepBatch
 from kvpilot.runtime.engine.cuda_graphs import DecodeGraphs
 from kvpilot.runtime.engine.engine_args import EngineArgs
 from kvpilot.runtime.engine.memory import kv_cache_blocks, profile_peak
-from kvpilot.runtime.engine.model_inputs import prepare_inputs, prompt_row_indices
+from kvpilot.runtime.engine.model_inputs import ModelInputs, prepare_inputs, prompt_row_indices
 from kvpilot.runtime.engine.sampler import SampledIds
 from kvpilot.runtime.errors import ModelLoadError
 from kvpilot.runtime.kernels.kv_cache import KVCache, is_scaled
@@ -89,14 +92,16 @@ def resolve_kv_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> tor
     return model_dtype if name == "auto" else _KV_DTYPES[name]
 
 
-def kv_block_bytes(config: ModelConfig, block_size: int, kv_dtype: torch.dtype) -> int:
-    """Bytes of K and V for one block across all layers, 8-bit caches' scales included: the operator's
-    sizing uses the same formula, and _allocate_kv_cache allocates exactly this."""
+def kv_block_bytes(config: ModelConfig, block_size: int, kv_dtype: torch.dtype, rank: Rank = Rank(0)) -> int:
+    """Bytes of K and V for one block across the rank's layers (its pipeline stage) and KV heads, 8-bit
+    caches' scales included: the operator's sizing uses the same formula (for the busiest rank), and
+    _allocate_kv_cache allocates exactly this."""
     per_token = kv_bytes_per_token(
-        num_layers=config.num_hidden_layers,
+        num_layers=len(stage_layers(config.num_hidden_layers, rank.pp, rank.pp_rank)),
         num_kv_heads=config.num_key_value_heads,
         head_dim=config.head_dim,
         kv_dtype=_KV_DTYPE_NAMES[kv_dtype],
+        tensor_parallel=rank.tp,
     )
     return block_size * per_token
 
@@ -116,15 +121,20 @@ def fill_placeholders(input_ids: torch.Tensor, sampled: torch.Tensor) -> torch.T
 
 
 class ModelRunner:
-    def __init__(self, args: EngineArgs) -> None:
+    def __init__(self, args: EngineArgs, comm: Comm | None = None) -> None:
         """Loads args.model on its device. load_format "auto" reads the safetensors, "dummy" makes seeded
         random weights (benchmarks). On CUDA the KV cache is sized by profiling a step of
         max_num_batched_tokens tokens, and decode steps of up to max_num_seqs sequences replay CUDA graphs
         unless enforce_eager. The kernels are chosen once here: triton on CUDA, the torch references
-        elsewhere (or args.kernel_backend)."""
+        elsewhere (or args.kernel_backend).
+
+        With `comm` (tensor / pipeline parallel; see kvpilot.runtime.distributed) this runner is one rank's:
+        its part of the model on comm.device, its KV heads and layers; every rank allocates the same number
+        of KV blocks (the fewest any rank can hold)."""
         args.validate()
         self.model_config = ModelConfig.from_dir(args.model)
-        self.device = resolve_device(args.device)
+        self.device = resolve_device(args.device) if comm is None else comm.device
+        self.comm = comm or Comm.single(self.device)
         self.block_size, self.seed = args.block_size, args.seed
         backend = args.kernel_backend
         self.ops = kernel_ops(
@@ -146,11 +156,12 @@ class ModelRunner:
             max_positions=limit,
             load_format=args.load_format,
             seed=args.seed,
+            comm=self.comm,
         )
         self.kv_cache_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, self.dtype)
         self.graphs: DecodeGraphs | None = None
-        self.num_kv_blocks = args.num_kv_blocks or self._size_kv_cache(
-            args.gpu_memory_utilization, args.max_num_seqs, args.max_num_batched_tokens
+        self.num_kv_blocks = args.num_kv_blocks or self.comm.min_over_ranks(
+            self._size_kv_cache(args.gpu_memory_utilization, args.max_num_seqs, args.max_num_batched_tokens)
         )
         self.kv_caches = self._allocate_kv_cache()
         log.info(
@@ -161,7 +172,13 @@ class ModelRunner:
             self.num_kv_blocks * self._block_bytes() / 2**30,
             self.kv_cache_dtype,
         )
-        if self.device.type == "cuda" and self.ops.name == "triton" and not args.enforce_eager:
+        eager_pipeline = self.comm.rank.pp > 1  # pipeline stages send and receive eagerly
+        if (
+            self.device.type == "cuda"
+            and self.ops.name == "triton"
+            and not args.enforce_eager
+            and not eager_pipeline
+        ):
             graph_context = min(self.max_model_len, GRAPH_MAX_CONTEXT)
             self.graphs = DecodeGraphs(
                 self._forward_logits,
@@ -173,7 +190,7 @@ class ModelRunner:
             self.graphs.capture()
 
     def _block_bytes(self) -> int:
-        return kv_block_bytes(self.model_config, self.block_size, self.kv_cache_dtype)
+        return kv_block_bytes(self.model_config, self.block_size, self.kv_cache_dtype, self.comm.rank)
 
     def _size_kv_cache(self, utilization: float, max_num_seqs: int, max_num_batched_tokens: int) -> int:
         blocks_per_seq = -(-self.max_model_len // self.block_size)
@@ -209,16 +226,19 @@ class ModelRunner:
 
     def _allocate_kv_cache(self) -> list[KVCache]:
         """One tensor [layers, 2, num_blocks, block_size, kv_heads, head_dim] and, for 8-bit caches, one
-        float32 [layers, 2, num_blocks, block_size, kv_heads] of per-token-head scales; per-layer views."""
-        cfg = self.model_config
-        shape = (cfg.num_hidden_layers, 2, self.num_kv_blocks, self.block_size, cfg.num_key_value_heads)
+        float32 [layers, 2, num_blocks, block_size, kv_heads] of per-token-head scales; per-layer views.
+        layers and kv_heads are this rank's: its pipeline stage's layers, its tensor-parallel KV heads."""
+        cfg, rank = self.model_config, self.comm.rank
+        layers = len(stage_layers(cfg.num_hidden_layers, rank.pp, rank.pp_rank))
+        kv_heads = kv_heads_per_rank(cfg.num_key_value_heads, rank.tp)
+        shape = (layers, 2, self.num_kv_blocks, self.block_size, kv_heads)
         cache = torch.zeros(*shape, cfg.head_dim, dtype=self.kv_cache_dtype, device=self.device)
         if not is_scaled(self.kv_cache_dtype):
-            return [KVCache(cache[layer, 0], cache[layer, 1]) for layer in range(cfg.num_hidden_layers)]
+            return [KVCache(cache[layer, 0], cache[layer, 1]) for layer in range(layers)]
         scales = torch.zeros(*shape, dtype=torch.float32, device=self.device)
         return [
             KVCache(cache[layer, 0], cache[layer, 1], scales[layer, 0], scales[layer, 1])
-            for layer in range(cfg.num_hidden_layers)
+            for layer in range(layers)
         ]
 
     def _forward_logits(
@@ -240,15 +260,29 @@ class ModelRunner:
         if prev_sampled is not None:
             inputs.input_ids = fill_placeholders(inputs.input_ids, prev_sampled.ids)
         if batch.prompt_logprob_rows:  # prompt logprobs too: run eagerly
-            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
             rows = torch.cat([inputs.sample_indices, prompt_row_indices(batch, self.device)])
-            return self.model.compute_logits(hidden[rows])
+            return self._eager_logits(inputs, rows)
         size = self._graph_size(batch)
         if size is not None and self.graphs is not None:
             logits = self.graphs.run(inputs, size)
             return logits if batch.num_sampled == len(batch.chunks) else logits[inputs.sample_indices]
+        return self._eager_logits(inputs, inputs.sample_indices)
+
+    def _eager_logits(self, inputs: ModelInputs, rows: torch.Tensor) -> torch.Tensor:
+        """The logits of `rows`; a pipeline stage runs its part and passes the rest on (pipeline.py)."""
+        if self.comm.rank.pp > 1:
+            return pipeline_logits(
+                self.model,
+                self.comm,
+                (inputs.input_ids, inputs.positions, inputs.meta),
+                self.kv_caches,
+                rows,
+                hidden_size=self.model_config.hidden_size,
+                vocab_size=self.model_config.vocab_size,
+                dtype=self.dtype,
+            )
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
-        return self.model.compute_logits(hidden[inputs.sample_indices])
+        return self.model.compute_logits(hidden[rows])
 
     def _graph_size(self, batch: StepBatch) -> int | None:
         if self.graphs is None or not batch.is_decode_only:

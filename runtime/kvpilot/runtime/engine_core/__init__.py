@@ -13,6 +13,7 @@ MessagePack (messages.py). The HTTP process starts the core with `python -m kvpi
 process is gone, and the HTTP process sees the core's exit at once (a thread waits on it).
 
 Text lives in the HTTP process (server/output_processor.py says why and what that costs); the core
-handles the token-level stops. With tensor parallelism, the core will start one worker process per
-further GPU and broadcast its step inputs to them; the HTTP side does not change.
+handles the token-level stops. With tensor/pipeline parallelism the core is rank 0: it starts one worker
+process per further GPU (kvpilot.runtime.distributed) and broadcasts its step inputs to them; the HTTP side
+does not change.
 """

@@ -9,6 +9,10 @@ the engine with the configured factory and answers Ready, or LoadFailed (with th
 SIGINT is ignored: Ctrl-C in a terminal reaches the whole process group, and it is the HTTP process
 that decides how to stop (drain, then Shutdown). Any other death of this process is seen by the HTTP
 process, which fails its requests and exits non-zero.
+
+With tensor/pipeline parallelism this process is rank 0: it starts the other ranks' worker processes
+(kvpilot.runtime.distributed) and, if one of them dies, exits at once with EXIT_WORKER_DIED (4), so the
+HTTP process fails /health and exits non-zero instead of waiting on a collective that never completes.
 """
 
 from __future__ import annotations
@@ -61,10 +65,24 @@ def main() -> int:
     outputs.send(encoder.encode(ready_message(engine)))
     EngineCore(engine, requests, outputs).run()
     logger.info("engine core stopping: shutdown requested")
+    distributed = _stop_workers(engine)
     outputs.close(linger=0)
     requests.close(linger=0)
     context.term()
+    if distributed:  # skip tearing down NCCL communicators used in CUDA graphs (it can hang)
+        logging.shutdown()
+        os._exit(EXIT_OK)
     return EXIT_OK
+
+
+def _stop_workers(engine: object) -> bool:
+    """Tensor/pipeline parallel: end the worker processes of the other ranks (their exit is then no
+    longer a death that stops this process with EXIT_WORKER_DIED). True when there were workers."""
+    shutdown = getattr(getattr(engine, "runner", None), "shutdown", None)
+    if callable(shutdown):
+        shutdown()
+        return True
+    return False
 
 
 def _exit_with_parent(config: CoreConfig) -> None:

@@ -5,6 +5,7 @@ The GEMM comes from the runner's kernel set (cuBLAS on GPU)."""
 from __future__ import annotations
 
 import torch
+from kvpilot.runtime.distributed.sharding import TensorSplit
 from kvpilot.runtime.layers.kernel_ops import KernelOps
 from torch import nn
 
@@ -21,6 +22,15 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self._op = ops.linear
+        # the slice of each fused part's checkpoint weight this tensor-parallel rank holds (None: all of
+        # it); set by the parallel subclasses in parallel_linear.py
+        self.weight_splits: tuple[TensorSplit | None, ...] = (None,) * len(self.shard_sizes)
+
+    def checkpoint_split(self, param: str, shard: int | None) -> TensorSplit | None:
+        """The slice of checkpoint tensor `param` ("weight"/"bias") of part `shard` this rank loads. A
+        bias follows the weight's output rows; a split along the input (dim 1) leaves the bias whole."""
+        split = self.weight_splits[shard or 0]
+        return None if param == "bias" and split is not None and split.dim != 0 else split
 
     def shard_rows(self, shard: int) -> slice:
         """The rows of the fused weight that hold part `shard`."""

@@ -2,35 +2,51 @@
 
 Parameter names follow Hugging Face's except for the fused projections (self_attn.qkv_proj,
 mlp.gate_up_proj), which the loader assembles from q/k/v_proj and gate/up_proj.
+
+Parallelism (kvpilot.runtime.distributed): with tensor parallel tp each rank holds 1/tp of the attention
+heads (its KV heads, replicated when there are fewer than tp) and of the MLP, and one block of the
+vocabulary; with pipeline parallel a stage holds only its layers (the others are empty placeholders, so
+parameter names stay the checkpoint's), the first stage the embedding and the last the norm and LM head.
 """
 
 from __future__ import annotations
 
 import torch
 from kvpilot.runtime.config import ModelConfig
+from kvpilot.runtime.distributed.comm import Comm
+from kvpilot.runtime.distributed.sharding import even_split, kv_heads_per_rank, kv_split
+from kvpilot.runtime.distributed.topology import stage_layers
 from kvpilot.runtime.layers.activation import SiluAndMul
 from kvpilot.runtime.layers.attention import AttentionMetadata, KVCache, PagedAttention
 from kvpilot.runtime.layers.embedding import LMHead, VocabEmbedding
 from kvpilot.runtime.layers.kernel_ops import KernelOps
-from kvpilot.runtime.layers.linear import Linear
 from kvpilot.runtime.layers.norm import RMSNorm
+from kvpilot.runtime.layers.parallel_linear import ColumnParallelLinear, RowParallelLinear
 from kvpilot.runtime.layers.rotary import RotaryEmbedding
 from torch import nn
 
+# what a pipeline stage that is not the last hands the next one: (hidden, residual), each [T, hidden]
+Intermediate = tuple[torch.Tensor, torch.Tensor]
+
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, ops: KernelOps) -> None:
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, ops: KernelOps, comm: Comm) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        tp, tp_rank = comm.tp_size, comm.tp_rank
+        self.num_heads = config.num_attention_heads // tp
+        self.num_kv_heads = kv_heads_per_rank(config.num_key_value_heads, tp)
         self.head_dim = config.head_dim
-        self.q_size, self.kv_size = config.q_size, config.kv_size
-        self.qkv_proj = Linear(
+        self.q_size = self.num_heads * self.head_dim  # this rank's
+        kv = kv_split(config.num_key_value_heads, self.head_dim, tp, tp_rank)
+        self.qkv_proj = ColumnParallelLinear(
             config.hidden_size,
-            (self.q_size, self.kv_size, self.kv_size),
+            (config.q_size, config.kv_size, config.kv_size),
             ops,
+            comm,
             bias=config.attention_bias,
+            splits=(even_split(config.q_size, tp, tp_rank), kv, kv),
         )
-        self.o_proj = Linear(self.q_size, config.hidden_size, ops, bias=config.o_proj_bias)
+        self.o_proj = RowParallelLinear(config.q_size, config.hidden_size, ops, comm, bias=config.o_proj_bias)
         if config.qk_norm:  # hold the weights; the norms run inside attn.store_qkv
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, ops)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, ops)
@@ -65,11 +81,11 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: ModelConfig, ops: KernelOps) -> None:
+    def __init__(self, config: ModelConfig, ops: KernelOps, comm: Comm) -> None:
         super().__init__()
         inter = config.intermediate_size
-        self.gate_up_proj = Linear(config.hidden_size, (inter, inter), ops)
-        self.down_proj = Linear(inter, config.hidden_size, ops)
+        self.gate_up_proj = ColumnParallelLinear(config.hidden_size, (inter, inter), ops, comm)
+        self.down_proj = RowParallelLinear(inter, config.hidden_size, ops, comm)
         self.act = SiluAndMul(ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -77,10 +93,10 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, ops: KernelOps) -> None:
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, ops: KernelOps, comm: Comm) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, rotary, ops)
-        self.mlp = LlamaMLP(config, ops)
+        self.self_attn = LlamaAttention(config, rotary, ops, comm)
+        self.mlp = LlamaMLP(config, ops, comm)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
 
@@ -104,13 +120,21 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, ops: KernelOps) -> None:
+    """The layers of this rank's pipeline stage (all of them without pipeline parallelism)."""
+
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding, ops: KernelOps, comm: Comm) -> None:
         super().__init__()
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        rank = comm.rank
+        self.stage = stage_layers(config.num_hidden_layers, rank.pp, rank.pp_rank)
+        self.is_first, self.is_last = rank.is_first_stage, rank.is_last_stage
+        if self.is_first:
+            self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, comm)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, rotary, ops) for _ in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, rotary, ops, comm) if i in self.stage else nn.Identity()
+            for i in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        if self.is_last:
+            self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
 
     def forward(
         self,
@@ -118,10 +142,19 @@ class LlamaModel(nn.Module):
         positions: torch.Tensor,
         kv_caches: list[KVCache],
         meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        hidden, residual = self.embed_tokens(input_ids), None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden, residual = layer(positions, hidden, residual, kv_cache, meta)
+        intermediate: Intermediate | None = None,
+    ) -> torch.Tensor | Intermediate:
+        """kv_caches: one per layer of the stage. The last stage returns the final hidden states, the
+        others (hidden, residual) for the next stage, which passes them back in as `intermediate`."""
+        if intermediate is None:
+            hidden, residual = self.embed_tokens(input_ids), None
+        else:
+            hidden, residual = intermediate
+        for index, kv_cache in zip(self.stage, kv_caches, strict=True):
+            hidden, residual = self.layers[index](positions, hidden, residual, kv_cache, meta)
+        assert residual is not None  # every stage holds at least one layer (EngineArgs checks pp)
+        if not self.is_last:
+            return hidden, residual
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
@@ -137,9 +170,11 @@ class LlamaForCausalLM(nn.Module):
         *,
         max_positions: int | None = None,
         rope_device: torch.device | str = "cpu",
+        comm: Comm | None = None,
     ) -> None:
         super().__init__()
         self.config = config
+        comm = comm or Comm.single(torch.device(rope_device))
         rotary = RotaryEmbedding(
             config.head_dim,
             max_positions or config.max_position_embeddings,
@@ -147,12 +182,16 @@ class LlamaForCausalLM(nn.Module):
             config.rope_scaling,
             device=rope_device,
         )
-        self.model = LlamaModel(config, rotary, ops)
-        self.lm_head = LMHead(config.vocab_size, config.hidden_size, ops)
+        self.model = LlamaModel(config, rotary, ops, comm)
+        self.is_partial = comm.rank.pp > 1  # a pipeline stage: the checkpoint holds other stages' tensors
+        if self.model.is_last:
+            self.lm_head = LMHead(config.vocab_size, config.hidden_size, ops, comm)
 
     def tie_weights(self) -> None:
-        """Share the embedding with the LM head (tie_word_embeddings); call after materialising."""
-        self.lm_head.tie_to(self.model.embed_tokens)
+        """Share the embedding with the LM head (tie_word_embeddings); call after materialising. A last
+        stage without the embedding loads the embedding's tensor into its LM head instead (the loader)."""
+        if self.model.is_first and self.model.is_last:
+            self.lm_head.tie_to(self.model.embed_tokens)
 
     def forward(
         self,
@@ -160,8 +199,9 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         kv_caches: list[KVCache],
         meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        return self.model(input_ids, positions, kv_caches, meta)
+        intermediate: Intermediate | None = None,
+    ) -> torch.Tensor | Intermediate:
+        return self.model(input_ids, positions, kv_caches, meta, intermediate)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
