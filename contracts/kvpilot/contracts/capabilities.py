@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class RuntimeCapabilities:
-    weight_quantizations: frozenset[str]  # the operator's names: none, fp8, int8, awq, gptq
+    weight_quantizations: frozenset[str]  # the operator's names: none, fp8, int8, int4, awq, gptq
     kv_cache_dtypes: frozenset[str]  # the operator's names: bf16, fp16, fp8, int8
     max_tensor_parallel: int
     max_pipeline_parallel: int
@@ -73,10 +73,11 @@ def _names(values: frozenset[str]) -> str:
     return ", ".join(sorted(values))
 
 
-# This build: Llama/Qwen2/Qwen3-family models, 16-bit weights on one device; a 16-bit KV cache, or an
-# 8-bit one (fp8 e4m3 or int8) with per-token-head scales.
+# This build: Llama/Qwen2/Qwen3-family models on one device; 16-bit weights, or quantized ones (AWQ and
+# GPTQ checkpoints, fp8 checkpoints, or int8/int4/fp8 quantized at load); a 16-bit KV cache, or an 8-bit one
+# (fp8 e4m3 or int8) with per-token-head scales.
 RUNTIME = RuntimeCapabilities(
-    weight_quantizations=frozenset({"none"}),
+    weight_quantizations=frozenset({"none", "fp8", "int8", "int4", "awq", "gptq"}),
     kv_cache_dtypes=frozenset({"bf16", "fp16", "fp8", "int8"}),
     max_tensor_parallel=1,
     max_pipeline_parallel=1,
@@ -84,7 +85,7 @@ RUNTIME = RuntimeCapabilities(
 )
 # Everything the planner knows how to reason about: its decision table is tested against this one.
 EVERYTHING = RuntimeCapabilities(
-    weight_quantizations=frozenset({"none", "fp8", "int8", "awq", "gptq"}),
+    weight_quantizations=frozenset({"none", "fp8", "int8", "int4", "awq", "gptq"}),
     kv_cache_dtypes=frozenset({"bf16", "fp16", "fp8", "int8"}),
     max_tensor_parallel=1 << 16,
     max_pipeline_parallel=1 << 16,

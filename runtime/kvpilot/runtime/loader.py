@@ -19,6 +19,7 @@ from kvpilot.runtime.gguf_model import resolve_model_dir
 from kvpilot.runtime.layers.kernel_ops import KernelOps
 from kvpilot.runtime.layers.linear import Linear
 from kvpilot.runtime.models import model_class
+from kvpilot.runtime.quant import attach_quant_methods, finish_quant_methods, parse_quant_config
 from safetensors import safe_open
 from torch import nn
 
@@ -94,8 +95,14 @@ def iter_checkpoint(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def required_slots(model: nn.Module, tied: bool) -> set[ParamSlot]:
+    """Every (tensor, shard) the checkpoint must fill; a quantized Linear asks its method which."""
     slots: set[ParamSlot] = set()
     modules = dict(model.named_modules())
+    for module_name, module in modules.items():
+        if isinstance(module, Linear) and module.quant_method is not None:
+            shards = range(len(module.shard_sizes)) if len(module.shard_sizes) > 1 else [None]
+            suffixes = module.quant_method.required_suffixes
+            slots.update((f"{module_name}.{suffix}", shard) for suffix in suffixes for shard in shards)
     for name, _ in model.named_parameters():
         if tied and name == "lm_head.weight":
             continue
@@ -115,6 +122,9 @@ def load_weights(model: nn.Module, model_dir: Path, config: ModelConfig) -> None
     loaded: set[ParamSlot] = set()
     for name, tensor in iter_checkpoint(weight_files(model_dir)):
         slot = checkpoint_to_param(name)
+        if _load_quantized(modules, slot, name, tensor):
+            loaded.add(slot)
+            continue
         if slot not in needed:
             if not name.endswith(_IGNORED_SUFFIXES) and name != "lm_head.weight":
                 log.warning("ignoring unexpected checkpoint tensor %s", name)
@@ -138,6 +148,22 @@ def load_weights(model: nn.Module, model_dir: Path, config: ModelConfig) -> None
         )
 
 
+def _load_quantized(modules: dict[str, nn.Module], slot: ParamSlot, name: str, tensor: torch.Tensor) -> bool:
+    """Hand a tensor of a quantized Linear to its method; False when it is not one of those."""
+    module_name, _, suffix = slot[0].rpartition(".")
+    owner = modules.get(module_name)
+    if not isinstance(owner, Linear) or owner.quant_method is None:
+        return False
+    method = owner.quant_method
+    if suffix not in method.required_suffixes and suffix not in method.optional_suffixes:
+        return False
+    try:
+        method.load(owner, suffix, tensor, slot[1])
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"tensor {name}: {exc}") from exc
+    return True
+
+
 def init_dummy_weights(model: nn.Module, seed: int) -> None:
     """Random weights of the right shapes, made on the model's device (benchmarks: shapes are real,
     values are not). Norm weights are 1, everything else N(0, 0.02)."""
@@ -150,6 +176,9 @@ def init_dummy_weights(model: nn.Module, seed: int) -> None:
             param.data.fill_(1.0)
         else:
             param.data.normal_(0.0, 0.02, generator=generator)
+    for module in model.modules():
+        if isinstance(module, Linear) and module.quant_method is not None and generator is not None:
+            module.quant_method.init_dummy(module, generator)
 
 
 LOAD_FORMATS = ("auto", "dummy")
@@ -165,14 +194,20 @@ def load_model(
     max_positions: int | None = None,
     load_format: str = "auto",
     seed: int = 0,
+    quantization: str | None = None,
 ) -> nn.Module:
     """Build the model for `config` directly on `device` in `dtype` and fill it from the checkpoint
-    (load_format "auto") or with seeded random values ("dummy": no weight files needed)."""
+    (load_format "auto") or with seeded random values ("dummy": no weight files needed). Quantized
+    weights: the checkpoint's config.json quantization_config, or `quantization` (--quantization) to
+    quantize a 16-bit checkpoint at load (kvpilot.runtime.quant)."""
     if load_format not in LOAD_FORMATS:
         raise ModelLoadError(f"unknown load_format {load_format!r}; use one of {', '.join(LOAD_FORMATS)}")
     cls = model_class(config.architecture)
+    quant = parse_quant_config(config.quantization_config, quantization)
     with torch.device("meta"):
         model = cls(config, ops, max_positions=max_positions, rope_device=device)
+    if quant is not None:
+        attach_quant_methods(model, quant, dtype=dtype, device=device, backend=ops.name)
     model = model.to(dtype=dtype).to_empty(device=device)
     if config.tie_word_embeddings:
         model.tie_weights()
@@ -180,6 +215,7 @@ def load_model(
         init_dummy_weights(model, seed)
     else:
         load_weights(model, resolve_model_dir(model_dir), config)  # GGUF: its converted copy
+    finish_quant_methods(model)
     model.eval()
     model.requires_grad_(False)
     return model

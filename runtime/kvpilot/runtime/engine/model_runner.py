@@ -139,6 +139,7 @@ class ModelRunner:
             max_positions=limit,
             load_format=args.load_format,
             seed=args.seed,
+            quantization=args.quantization,
         )
         self.kv_cache_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, self.dtype)
         self.graphs: DecodeGraphs | None = None
