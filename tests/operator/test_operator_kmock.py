@@ -171,10 +171,12 @@ async def test_infeasible_spec_gets_a_condition_and_an_event(kit: Any, fake_hub:
 
 
 async def test_a_plan_this_runtime_cannot_run_is_not_applied(kit: Any, fake_hub: Any) -> None:
-    """70B on 4 H100s fits at tensor parallel 4, which this runtime can't run: Planned=False with that plan
-    and a Warning, and no workload (a pod that would exit 2 on its flags is never created)."""
+    """70B on 4 H100s pinned to tensor parallel 4, which this runtime can't run: Planned=False with that
+    plan and a Warning, and no workload (a pod that would exit 2 on its flags is never created)."""
     body = isvc(
-        model={"uri": "hf://meta-llama/Llama-3.3-70B-Instruct"}, gpu={"profile": "h100-80gb", "count": 4}
+        model={"uri": "hf://meta-llama/Llama-3.3-70B-Instruct"},
+        gpu={"profile": "h100-80gb", "count": 4},
+        parallelism={"tensor": 4},
     )
     async with kit.emulated_cluster() as (k, _, api):
         await api.create(body)

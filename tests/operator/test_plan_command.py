@@ -33,8 +33,7 @@ def plan_command(argv: list[str], fetch: Any) -> tuple[int, str, str]:
 
 # What this runtime build can't run yet: the plan that would fit needs these (examples' comments say so).
 NOT_RUNNABLE_YET = {
-    "llama-70b-4xh100.yaml": "needs tensor parallel 4, which this runtime cannot run",
-    "qwen2.5-72b-2x4090.yaml": "needs 4-bit AWQ weights and tensor parallel 2, which this runtime cannot run",
+    "qwen2.5-72b-2x4090.yaml": "needs tensor parallel 2, which this runtime cannot run",
 }
 
 
@@ -52,10 +51,10 @@ def test_every_example_plans_or_says_what_the_runtime_lacks(example: str, fake_h
 
 
 def test_not_runnable_yet_in_the_table(fake_hub: Any) -> None:
-    rc, out, _ = plan_command(["-f", str(EXAMPLES / "llama-70b-4xh100.yaml")], fake_hub)
+    rc, out, _ = plan_command(["-f", str(EXAMPLES / "qwen2.5-72b-2x4090.yaml")], fake_hub)
     assert rc == 1
-    assert "NOT PLANNED (UnsupportedByRuntime): needs tensor parallel 4" in out
-    assert "4 x h100-80gb (tp4), 16-bit (bf16) weights, bf16 KV: 64 sequences" in out
+    assert "NOT PLANNED (UnsupportedByRuntime): needs tensor parallel 2" in out
+    assert "2 x rtx4090 (tp2), 4-bit AWQ weights, fp8 KV" in out
 
 
 def test_json_uses_status_plan_field_names(fake_hub: Any, isvc_schema: dict[str, Any]) -> None:
@@ -74,7 +73,7 @@ def test_table_for_people(fake_hub: Any) -> None:
     assert lines[1].startswith("  1 x h100-80gb (tp1), 16-bit (bf16) weights, fp8 KV: 64 sequences")
     assert lines[2].split() == ["FIELD", "VALUE", "WHY"]
     row = next(line for line in lines if line.split()[:1] == ["kvCacheDtype"])
-    assert row.split()[1] == "fp8" and "at most 48 of 64" in row
+    assert row.split()[1] == "fp8" and "at most 57 of 64" in row  # int4 weights + 16-bit KV: 57
 
 
 def test_gpu_override_and_infeasible_exit_status(tmp_path: Path, fake_hub: Any) -> None:

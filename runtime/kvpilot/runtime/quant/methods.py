@@ -54,7 +54,6 @@ class _Collecting:
         for shard, rows in enumerate(layer.shard_sizes):
             weight = torch.empty(rows, layer.in_features, device=self.device, dtype=self.dtype)
             self.pending[(shard, "weight")] = weight.normal_(0.0, 0.02, generator=generator)
-        self._from_float = True
 
     def shard_tensors(self, layer: Linear) -> list[dict[str, torch.Tensor]]:
         tensors = [
@@ -73,7 +72,7 @@ class IntWeightMethod(_Collecting):
         if quant.from_checkpoint:
             self.required_suffixes = ("qweight", "qzeros", "scales")
             self.optional_suffixes = ("g_idx",) if quant.method == "gptq" else ()
-        self._from_float = not quant.from_checkpoint
+        self.quantized: dict[int, IntWeight] = {}  # shard -> quantized at load (16-bit checkpoints)
         self.parts: list[IntWeight] = []
 
     def expected_shape(self, layer: Linear, suffix: str, out: int) -> tuple[int, ...] | None:
@@ -98,17 +97,31 @@ class IntWeightMethod(_Collecting):
             }
         return shapes[suffix]
 
+    def load(self, layer: Linear, suffix: str, tensor: torch.Tensor, shard: int | None) -> None:
+        """A 16-bit weight is quantized on arrival (on the device), so the float model is never held."""
+        super().load(layer, suffix, tensor, shard)
+        if suffix == "weight":
+            key = (shard or 0, "weight")
+            self.quantized[key[0]] = self._quantize(layer, self.pending.pop(key))
+
+    def init_dummy(self, layer: Linear, generator: torch.Generator) -> None:
+        super().init_dummy(layer, generator)
+        for shard in range(len(layer.shard_sizes)):
+            self.quantized[shard] = self._quantize(layer, self.pending.pop((shard, "weight")))
+
+    def _quantize(self, layer: Linear, weight: torch.Tensor) -> IntWeight:
+        q = self.quant
+        group = int4_group_size(layer.in_features) if q.method == "int4" else q.group_size
+        return _to(quantize_rtn(weight.to(self.device), q.bits, group, sym=q.sym), self.device, self.dtype)
+
     def finish(self, layer: Linear) -> None:
-        parts = [self._build(layer, tensors) for tensors in self.shard_tensors(layer)]
+        tensors = self.shard_tensors(layer)
+        parts = [self.quantized.pop(i, None) or self._build(t) for i, t in enumerate(tensors)]
         self.parts = merge_parts(parts)
 
-    def _build(self, layer: Linear, t: dict[str, torch.Tensor]) -> IntWeight:
+    def _build(self, t: dict[str, torch.Tensor]) -> IntWeight:
         q = self.quant
-        if self._from_float:
-            bits = 4 if q.method in ("int4", "awq") else q.bits
-            group = int4_group_size(layer.in_features) if q.method == "int4" else q.group_size
-            weight = quantize_rtn(t["weight"].to(self.device), bits, group, sym=q.sym)
-        elif q.method == "awq":
+        if q.method == "awq":
             weight = unpack_awq(t["qweight"], t["qzeros"], t["scales"], self.dtype)
         else:
             weight = unpack_gptq(
@@ -150,7 +163,6 @@ class Fp8Method(_Collecting):
         if quant.from_checkpoint:
             self.required_suffixes = ("weight", "weight_scale")
             self.optional_suffixes = ("input_scale",)  # static activation scales: we scale per token
-        self._from_float = not quant.from_checkpoint
         self.use_scaled_mm = device.type == "cuda"
         if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
             major, minor = torch.cuda.get_device_capability(device)
@@ -160,33 +172,47 @@ class Fp8Method(_Collecting):
             )
         self.weight = torch.empty(0)
         self.weight_scale = torch.empty(0)
+        self.quantized: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # shard -> (fp8 rows, scales)
 
     def expected_shape(self, layer: Linear, suffix: str, out: int) -> tuple[int, ...] | None:
         return (out, layer.in_features) if suffix == "weight" else None
 
+    def load(self, layer: Linear, suffix: str, tensor: torch.Tensor, shard: int | None) -> None:
+        """A 16-bit weight is quantized on arrival (on the device), so the float model is never held."""
+        super().load(layer, suffix, tensor, shard)
+        if suffix == "weight" and not self.quant.from_checkpoint:
+            index = shard or 0
+            self.quantized[index] = _fp8_rows(self.pending.pop((index, "weight")).to(self.device))
+
+    def init_dummy(self, layer: Linear, generator: torch.Generator) -> None:
+        super().init_dummy(layer, generator)
+        for shard in range(len(layer.shard_sizes)):
+            self.quantized[shard] = _fp8_rows(self.pending.pop((shard, "weight")))
+
     def finish(self, layer: Linear) -> None:
         weights, scales = [], []
         for shard, t in enumerate(self.shard_tensors(layer)):
-            rows = layer.shard_sizes[shard]
-            if self._from_float:
-                w = t["weight"].to(self.device).float()
-                scale = (w.abs().amax(dim=1).clamp(min=1e-12) / FP8_MAX).float()
-                weights.append((w / scale.view(-1, 1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn))
-                scales.append(scale)
-                continue
-            if t["weight"].dtype != torch.float8_e4m3fn:
-                raise ModelLoadError(
-                    f"fp8 checkpoint weight has dtype {t['weight'].dtype}; supported: float8_e4m3fn"
-                )
-            s = t["weight_scale"].float().reshape(-1)
-            if s.numel() not in (1, rows):
-                raise ModelLoadError(
-                    f"weight_scale has {s.numel()} values; supported: 1 (per tensor) or {rows} (per channel)"
-                )
-            weights.append(t["weight"].to(self.device))
-            scales.append(s.expand(rows).to(self.device))
+            if shard in self.quantized:
+                w, s = self.quantized.pop(shard)
+            else:
+                w, s = self._checkpoint_shard(t, layer.shard_sizes[shard])
+            weights.append(w)
+            scales.append(s)
         self.weight = torch.cat(weights).contiguous()
         self.weight_scale = torch.cat(scales).contiguous()
+
+    def _checkpoint_shard(self, t: dict[str, torch.Tensor], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """An fp8 checkpoint's weight and its per-tensor or per-channel scale, as per-channel scales."""
+        if t["weight"].dtype != torch.float8_e4m3fn:
+            raise ModelLoadError(
+                f"fp8 checkpoint weight has dtype {t['weight'].dtype}; supported: float8_e4m3fn"
+            )
+        s = t["weight_scale"].float().reshape(-1)
+        if s.numel() not in (1, rows):
+            raise ModelLoadError(
+                f"weight_scale has {s.numel()} values; supported: 1 (per tensor) or {rows} (per channel)"
+            )
+        return t["weight"].to(self.device), s.expand(rows).contiguous().to(self.device)
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if not self.use_scaled_mm:
@@ -194,3 +220,10 @@ class Fp8Method(_Collecting):
         from kvpilot.runtime.quant.fp8_gemm import fp8_scaled_mm
 
         return fp8_scaled_mm(x, self.weight, self.weight_scale, bias)
+
+
+def _fp8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """W [N, K] -> (float8_e4m3fn [N, K], float32 scales [N]): one absmax scale per output channel."""
+    w = weight.float()
+    scale = w.abs().amax(dim=1).clamp(min=1e-12) / FP8_MAX
+    return (w / scale.view(-1, 1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
