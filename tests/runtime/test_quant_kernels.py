@@ -6,6 +6,8 @@ run Qwen3-8B layer shapes in bf16.
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 from kvpilot.runtime.kernels.triton_utils import interpret_without_gpu
@@ -82,3 +84,55 @@ def test_qwen3_8b_shapes_bf16(m: int, n: int, k: int) -> None:
         want = int_gemm_ref(x.float(), qweight, scales.float(), zeros.float(), bits)
         err = (got - want).norm() / want.norm()
         assert float(err) < 1e-2, (bits, m, n, k, float(err))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 12288)])
+def test_fp8_scaled_mm_matches_its_emulation(n: int, k: int) -> None:
+    from kvpilot.runtime.kernels.quant_reference import fp8_gemm_ref, quantize_fp8_rows_ref
+    from kvpilot.runtime.quant.fp8_gemm import fp8_scaled_mm
+
+    w, w_scale = quantize_fp8_rows_ref(0.02 * torch.randn(n, k, device=DEVICE))
+    x = (0.1 * torch.randn(16, k, device=DEVICE)).bfloat16()
+    got = fp8_scaled_mm(x, w, w_scale.view(-1), None).float()
+    want = fp8_gemm_ref(x.float(), w, w_scale.view(-1)).float()
+    assert float((got - want).norm() / want.norm()) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["awq", "gptq", "int4", "int8", "fp8"])
+def test_quantized_engine_on_gpu_matches_its_reference_gemms(
+    fmt: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Triton kernels under CUDA graphs give the tokens of the same weights through the torch references."""
+    from kvpilot.runtime.fixtures import make_tiny_checkpoint
+    from kvpilot.runtime.fixtures.quantized import make_quantized_checkpoint
+    from kvpilot.runtime.llm import LLM
+    from kvpilot.runtime.sampling_params import SamplingParams
+
+    root = tmp_path_factory.mktemp(fmt)
+    if fmt in ("awq", "gptq"):
+        path, quant = (
+            make_quantized_checkpoint(root, fmt, group_size=32, sym=False, desc_act=fmt == "gptq"),
+            None,
+        )
+    else:
+        path, quant = make_tiny_checkpoint(root, "qwen3"), fmt
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    prompts = ["the cat sat on", "a quick brown fox"]
+    outs = []
+    for backend in ("triton", "torch"):
+        llm = LLM(
+            str(path),
+            device="cuda",
+            dtype="bfloat16",
+            quantization=quant,
+            kernel_backend=backend,
+            max_model_len=128,
+            gpu_memory_utilization=0.3,
+        )
+        outs.append([o.token_ids for o in llm.generate(prompts, params)])
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache()
+    assert outs[0] == outs[1]

@@ -141,7 +141,8 @@ class IntWeightMethod(_Collecting):
         return y if bias is None else y + bias
 
     def _gemm(self, x: torch.Tensor, w: IntWeight) -> torch.Tensor:
-        if self.backend == "triton" and x.is_cuda:
+        k, groups = x.shape[-1], w.scales.shape[0]
+        if self.backend == "triton" and x.is_cuda and k % 16 == 0 and (k // groups) % 16 == 0:
             from kvpilot.runtime.kernels.w4a16_triton import int_gemm
 
             return int_gemm(x, w.qweight, w.scales, w.zeros, w.bits, w.perm)
