@@ -14,6 +14,7 @@ split-K) so DECODE settings can be chosen from the same run.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -74,10 +75,16 @@ def bench_layer(name: str, n: int, k: int, sweep: bool) -> list[dict[str, Any]]:
         if fp8_ok:
             row["err_fp8"] = rel_err(fp8_scaled_mm(x, w_fp8, w_scale, None), F.linear(x, w))
             row["fp8_us"] = us(fp8_scaled_mm, x, w_fp8, w_scale, None)
-        if sweep and m <= 16:
-            for split in (1, 2, 4, 8, 16):
+        if sweep and m in (1, 16):
+            for block_n, split, warps in itertools.product((32, 64, 128), (1, 2, 4, 8, 16), (2, 4, 8)):
                 if (k // 128) % split == 0:
-                    row[f"w4_split{split}_us"] = us(int_gemm_fused, x, w4.qweight, s4, z4, 4, split_k=split)
+                    kw = {"split_k": split, "block_n": block_n, "num_warps": warps}
+                    row[f"w4_bn{block_n}_split{split}_w{warps}_us"] = us(
+                        int_gemm_fused, x, w4.qweight, s4, z4, 4, **kw
+                    )
+            best = min((v, key) for key, v in row.items() if key.startswith("w4_bn"))
+            default = row["w4_fused_us"]
+            print(f"# {name} M={m}: best decode launch {best[1]} {best[0]:.1f} µs (default {default:.1f})")
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows

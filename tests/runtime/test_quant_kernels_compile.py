@@ -11,7 +11,7 @@ import sys
 
 COMPILE = """
 import dataclasses, json
-from kvpilot.runtime.kernels import w4a16_triton as w
+from kvpilot.runtime.kernels import fp8_quant_triton as f, w4a16_triton as w
 from kvpilot.runtime.kernels.compile_check import KernelSpec, compile_kernel
 
 def gemm(name, bits, group, bm, bn, bk, out):
@@ -26,6 +26,9 @@ specs = [
     gemm("w8_decode_split", 8, 4096, 16, 64, 128, "*fp32"),
     KernelSpec("w4_dequantize", w._dequantize_kernel, dequant_types,
                {"GROUP": 128, "BITS": 4, "BLOCK_K": 128, "BLOCK_N": 64}, 4, 1),
+    KernelSpec("fp8_quantize_rows", f._quantize_rows_kernel,
+               {"x_ptr": "*bf16", "out_ptr": "*fp8e4nv", "scale_ptr": "*fp32"},
+               {"BLOCK": 4096, "QMAX": 448.0}, 4, 1),
 ]
 print(json.dumps([dataclasses.asdict(compile_kernel(s, 90)) for s in specs]))
 """
@@ -38,7 +41,13 @@ def test_int_gemm_kernels_compile_for_sm90() -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     reports = {r["name"]: r for r in json.loads(done.stdout.strip().splitlines()[-1])}
-    assert set(reports) == {"w4_decode_split", "w4_prefill", "w8_decode_split", "w4_dequantize"}
+    assert set(reports) == {
+        "w4_decode_split",
+        "w4_prefill",
+        "w8_decode_split",
+        "w4_dequantize",
+        "fp8_quantize_rows",
+    }
     for name in ("w4_decode_split", "w4_prefill", "w8_decode_split"):
         assert reports[name]["async_copies"] > 0, f"{name}: weight loads are no longer pipelined"
         assert (reports[name]["stack_bytes"] or 0) <= 32, f"{name} spills registers: {reports[name]}"

@@ -136,15 +136,18 @@ def int_gemm_fused(
     bits: int,
     *,
     split_k: int | None = None,
+    block_n: int | None = None,
+    num_warps: int = 4,
 ) -> torch.Tensor:
-    """The fused kernel at any M (decode shape for M <= DECODE_MAX_M). x [M, K] dense in its last dim."""
+    """The fused kernel at any M (decode shape for M <= DECODE_MAX_M). x [M, K] dense in its last dim.
+    split_k / block_n / num_warps override the launch shape (benchmarks/bench_w4a16.py --sweep)."""
     m, k = x.shape
     n = qweight.shape[1]
     group = k // scales.shape[0]
     block_k = block_k_for(k, group)
     decode = m <= DECODE_MAX_M
     block_m = 16 if decode else (32 if m <= 32 else 64)
-    block_n = 64 if decode else 128
+    block_n = block_n or (64 if decode else 128)
     n_tiles = triton.cdiv(n, block_n)
     split = split_k or (_split_k(n_tiles, k // block_k, x.device) if decode else 1)
     if (k // block_k) % split:
@@ -173,7 +176,7 @@ def int_gemm_fused(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
-        num_warps=4,
+        num_warps=num_warps,
         num_stages=3,
     )
     return out if split == 1 else out.sum(dim=0).to(x.dtype)
