@@ -25,6 +25,8 @@ from kvpilot.runtime.kernels.w4a16_triton import (  # noqa: E402
 from kvpilot.runtime.quant.int_weight import quantize_rtn  # noqa: E402
 
 DEVICE = torch.device("cpu" if INTERPRET else "cuda")
+# float32 activations: exact-ish under the interpreter; tl.dot rounds them to tf32 on a GPU
+TOL = {"rtol": 1e-4, "atol": 1e-4} if INTERPRET else {"rtol": 1e-2, "atol": 1e-2}
 
 
 def weights(
@@ -45,7 +47,7 @@ def test_fused_kernel_matches_reference(m: int, bits: int, group: int, split_k: 
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(DEVICE)
     got = int_gemm_fused(x, qweight, scales, zeros, bits, split_k=split_k)
     want = int_gemm_ref(x, qweight, scales, zeros, bits)
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got, want, **TOL)
 
 
 def test_dequantize_kernel_and_permuted_inputs() -> None:
