@@ -63,14 +63,12 @@ def test_dequantize_kernel_and_permuted_inputs() -> None:
     torch.testing.assert_close(
         int_gemm(x, qweight, scales, zeros, 4, perm),
         int_gemm_ref(x, qweight, scales, zeros, 4, perm),
-        rtol=1e-4,
-        atol=1e-4,
+        **TOL,
     )
     torch.testing.assert_close(
         w4a16_gemm(x[:, perm], qweight, scales, zeros),
         int_gemm_ref(x[:, perm], qweight, scales, zeros, 4),
-        rtol=1e-4,
-        atol=1e-4,
+        **TOL,
     )
 
 
