@@ -48,6 +48,7 @@ def gptq_dir(tmp_path: Path) -> Path:
         ({"bits": 3}, ["quantization_config.bits 3", "supported: 4, 8"]),
         ({"group_size": 256}, ["group_size 256", "-1, 32, 64, 128"]),
         ({"checkpoint_format": "marlin"}, ["checkpoint_format", "gptq_v2"]),
+        ({"lm_head": True}, ["quantization_config.lm_head", "lm_head false"]),
     ],
 )
 def test_unsupported_quantization_config(gptq_dir: Path, changes: dict, words: list[str]) -> None:

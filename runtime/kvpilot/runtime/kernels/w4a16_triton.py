@@ -6,7 +6,8 @@ One kernel, three launch shapes chosen by M (the number of tokens):
   decode   M <= 16: BLOCK_M = 16 and split-K (each program reduces K / SPLIT_K rows of W for one tile of
            BLOCK_N outputs, partial sums in float32 added on the host), so a batch-1 GEMM still puts a
            few programs on every SM; the weight is read once, at a quarter (int4) of bf16's bytes.
-  prefill  16 < M < DEQUANT_CUBLAS_MIN_M: larger M tiles, no split.
+  prefill  16 < M < DEQUANT_CUBLAS_MIN_M: larger M tiles, split-K only while the tiles alone would
+           leave SMs idle.
   large M  M >= DEQUANT_CUBLAS_MIN_M: compute-bound; dequantize the weight once (a Triton kernel writing
            W^T in x's dtype) and let cuBLAS run the GEMM, whose tensor-core efficiency the fused kernel
            does not beat there. The threshold is set from benchmarks/bench_w4a16.py.
@@ -149,7 +150,8 @@ def int_gemm_fused(
     block_m = 16 if decode else (32 if m <= 32 else 64)
     block_n = block_n or (64 if decode else 128)
     n_tiles = triton.cdiv(n, block_n)
-    split = split_k or (_split_k(n_tiles, k // block_k, x.device) if decode else 1)
+    # few output tiles (small M, N ~ 4k): split K until every SM has about two programs
+    split = split_k or _split_k(n_tiles * triton.cdiv(m, block_m), k // block_k, x.device)
     if (k // block_k) % split:
         raise ValueError(f"split_k {split} must divide the {k // block_k} K steps")
     if split == 1:

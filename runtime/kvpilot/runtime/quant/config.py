@@ -40,11 +40,6 @@ class QuantConfig:
     zeros_v2: bool = False  # GPTQ v2 zeros (stored as is) instead of v1's zero - 1
     fp8_scale_per_channel: bool = False  # compressed-tensors channel strategy (else per tensor)
 
-    @property
-    def name(self) -> str:
-        """The operator's / --quantization name of this method."""
-        return self.method
-
 
 def parse_quant_config(raw: Any, forced: str | None) -> QuantConfig | None:
     """The model's quantization (None: 16-bit weights). `raw`: config.json's quantization_config (or None);
@@ -131,6 +126,11 @@ def _gptq(raw: dict[str, Any]) -> QuantConfig:
         raise UnsupportedModelError(
             f"config.json quantization_config.group_size {group} (GPTQ) is not supported; supported: "
             f"{', '.join(map(str, GPTQ_GROUP_SIZES))}"
+        )
+    if raw.get("lm_head"):
+        raise UnsupportedModelError(
+            "config.json quantization_config.lm_head true (a GPTQ-quantized LM head) is not supported; "
+            "supported: lm_head false (the LM head in 16-bit)"
         )
     fmt = str(raw.get("checkpoint_format", "gptq")).lower()
     if fmt not in ("gptq", "gptq_v2"):
