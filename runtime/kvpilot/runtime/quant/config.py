@@ -68,8 +68,9 @@ def _load_time(forced: str | None) -> QuantConfig | None:
     if forced is None:
         return None
     if forced in ("awq", "gptq"):
+        name = {"awq": "an AWQ", "gptq": "a GPTQ"}[forced]
         raise UnsupportedModelError(
-            f"--quantization {forced} needs a {forced.upper()} checkpoint (config.json quantization_config), "
+            f"--quantization {forced} needs {name} checkpoint (config.json quantization_config), "
             "and this one holds 16-bit weights; quantize at load with int8, int4 or fp8, or serve a "
             f"pre-quantized {forced.upper()} checkpoint"
         )
