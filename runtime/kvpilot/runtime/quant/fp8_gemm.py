@@ -20,8 +20,8 @@ def fp8_scaled_mm(
         weight.t(),  # [K, N] column-major, as cuBLASLt wants the second operand
         scale_a=x_scale,
         scale_b=weight_scale.view(1, -1),
-        bias=None if bias is None else bias.to(torch.bfloat16),
         out_dtype=torch.bfloat16,
-    )
+    )  # bias added after: not every torch build fuses a bias into the row-wise scaled GEMM
     y = y if x.dtype == torch.bfloat16 else y.to(x.dtype)
+    y = y if bias is None else y + bias
     return y.reshape(*lead, y.shape[-1])
