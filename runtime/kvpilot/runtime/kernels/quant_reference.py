@@ -77,10 +77,17 @@ def quantize_fp8_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def fp8_gemm_ref(
-    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    dense: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """W8A8 emulated in float32: x [M, K] quantized per token, weight [N, K] fp8 with scales [N]."""
+    """W8A8 emulated in float32: x [M, K] quantized per token, weight [N, K] fp8 with scales [N].
+    dense: weight * weight_scale in float32 when the caller keeps it (the same numbers, made once)."""
     xq, sx = quantize_fp8_rows_ref(x)
-    y = (xq.float() * sx) @ (weight.float() * weight_scale.float().view(-1, 1)).t()
+    w = dense if dense is not None else weight.float() * weight_scale.float().view(-1, 1)
+    y = (xq.float() * sx) @ w.t()
     y = y.to(x.dtype)
     return y if bias is None else y + bias

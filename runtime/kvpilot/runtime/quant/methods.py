@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 from kvpilot.runtime.errors import ModelLoadError, UnsupportedModelError
-from kvpilot.runtime.kernels.quant_reference import FP8_MAX, fp8_gemm_ref, int_gemm_ref
+from kvpilot.runtime.kernels.quant_reference import FP8_MAX, dequantize_int_ref, fp8_gemm_ref, int_gemm_ref
 from kvpilot.runtime.layers.linear import Linear
 from kvpilot.runtime.quant.checkpoint_formats import unpack_awq, unpack_gptq
 from kvpilot.runtime.quant.config import QuantConfig, int4_group_size
@@ -74,6 +74,7 @@ class IntWeightMethod(_Collecting):
             self.optional_suffixes = ("g_idx",) if quant.method == "gptq" else ()
         self.quantized: dict[int, IntWeight] = {}  # shard -> quantized at load (16-bit checkpoints)
         self.parts: list[IntWeight] = []
+        self.dense: list[torch.Tensor] = []
 
     def expected_shape(self, layer: Linear, suffix: str, out: int) -> tuple[int, ...] | None:
         if suffix == "weight":
@@ -118,6 +119,8 @@ class IntWeightMethod(_Collecting):
         tensors = self.shard_tensors(layer)
         parts = [self.quantized.pop(i, None) or self._build(t) for i, t in enumerate(tensors)]
         self.parts = merge_parts(parts)
+        if self.device.type != "cuda":  # CPU: the reference's dequantized W^T, made once (quality runs)
+            self.dense = [dequantize_int_ref(p.qweight, p.scales, p.zeros, p.bits) for p in self.parts]
 
     def _build(self, t: dict[str, torch.Tensor]) -> IntWeight:
         q = self.quant
@@ -136,11 +139,13 @@ class IntWeightMethod(_Collecting):
         return _to(weight, self.device, self.dtype)
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        outs = [self._gemm(x, part) for part in self.parts]
+        outs = [self._gemm(x, part, i) for i, part in enumerate(self.parts)]
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         return y if bias is None else y + bias
 
-    def _gemm(self, x: torch.Tensor, w: IntWeight) -> torch.Tensor:
+    def _gemm(self, x: torch.Tensor, w: IntWeight, index: int) -> torch.Tensor:
+        if self.dense:  # exactly int_gemm_ref, with W^T dequantized at load
+            return (x if w.perm is None else x[..., w.perm]) @ self.dense[index].to(x.dtype)
         k, groups = x.shape[-1], w.scales.shape[0]
         if self.backend == "triton" and x.is_cuda and k % 16 == 0 and (k // groups) % 16 == 0:
             from kvpilot.runtime.kernels.w4a16_triton import int_gemm
@@ -174,6 +179,7 @@ class Fp8Method(_Collecting):
         self.weight = torch.empty(0)
         self.weight_scale = torch.empty(0)
         self.quantized: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # shard -> (fp8 rows, scales)
+        self.dense: torch.Tensor | None = None
 
     def expected_shape(self, layer: Linear, suffix: str, out: int) -> tuple[int, ...] | None:
         return (out, layer.in_features) if suffix == "weight" else None
@@ -201,6 +207,8 @@ class Fp8Method(_Collecting):
             scales.append(s)
         self.weight = torch.cat(weights).contiguous()
         self.weight_scale = torch.cat(scales).contiguous()
+        if not self.use_scaled_mm:  # CPU: the emulation's dequantized weight, made once
+            self.dense = self.weight.float() * self.weight_scale.view(-1, 1)
 
     def _checkpoint_shard(self, t: dict[str, torch.Tensor], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """An fp8 checkpoint's weight and its per-tensor or per-channel scale, as per-channel scales."""
@@ -217,7 +225,7 @@ class Fp8Method(_Collecting):
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if not self.use_scaled_mm:
-            return fp8_gemm_ref(x, self.weight, self.weight_scale, bias)
+            return fp8_gemm_ref(x, self.weight, self.weight_scale, bias, dense=self.dense)
         from kvpilot.runtime.quant.fp8_gemm import fp8_scaled_mm
 
         return fp8_scaled_mm(x, self.weight, self.weight_scale, bias)
