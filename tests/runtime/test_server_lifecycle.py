@@ -164,7 +164,6 @@ def test_serve_returns_1_when_the_model_cannot_load() -> None:
 @pytest.mark.parametrize(
     "flags",
     [
-        ["--quantization", "awq"],
         ["--tensor-parallel-size", "2"],
         ["--pipeline-parallel-size", "2"],
         ["-tp", "2"],
