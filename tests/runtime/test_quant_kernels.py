@@ -104,7 +104,9 @@ def test_fp8_scaled_mm_matches_its_emulation(n: int, k: int) -> None:
 def test_quantized_engine_on_gpu_matches_its_reference_gemms(
     fmt: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """Triton kernels under CUDA graphs give the tokens of the same weights through the torch references."""
+    """Triton kernels under CUDA graphs give the tokens of the same weights through the torch references
+    (float32 activations: tf32 dots on one side, full float32 on the other; the tiny model's logits are
+    spread far wider than that)."""
     from kvpilot.runtime.fixtures import make_tiny_checkpoint
     from kvpilot.runtime.fixtures.quantized import make_quantized_checkpoint
     from kvpilot.runtime.llm import LLM
@@ -125,7 +127,7 @@ def test_quantized_engine_on_gpu_matches_its_reference_gemms(
         llm = LLM(
             str(path),
             device="cuda",
-            dtype="bfloat16",
+            dtype="float32",  # the other kernels differ between the sets: keep their rounding small
             quantization=quant,
             kernel_backend=backend,
             max_model_len=128,

@@ -26,6 +26,8 @@ specs = [
     gemm("w8_decode_split", 8, 4096, 16, 64, 128, "*fp32"),
     KernelSpec("w4_dequantize", w._dequantize_kernel, dequant_types,
                {"GROUP": 128, "BITS": 4, "BLOCK_K": 128, "BLOCK_N": 64}, 4, 1),
+    KernelSpec("reduce_splits", w._reduce_splits_kernel, {"part_ptr": "*fp32", "out_ptr": "*bf16"},
+               {"SPLIT_K": 4, "BLOCK": 1024}, 4, 1),
     KernelSpec("fp8_quantize_rows", f._quantize_rows_kernel,
                {"x_ptr": "*bf16", "out_ptr": "*fp8e4nv", "scale_ptr": "*fp32"},
                {"BLOCK": 4096, "QMAX": 448.0}, 4, 1),
@@ -46,6 +48,7 @@ def test_int_gemm_kernels_compile_for_sm90() -> None:
         "w4_prefill",
         "w8_decode_split",
         "w4_dequantize",
+        "reduce_splits",
         "fp8_quantize_rows",
     }
     for name in ("w4_decode_split", "w4_prefill", "w8_decode_split"):

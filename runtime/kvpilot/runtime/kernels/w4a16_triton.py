@@ -4,7 +4,7 @@ of G input rows). The torch reference beside it is quant_reference.int_gemm_ref.
 
 One kernel, three launch shapes chosen by M (the number of tokens):
   decode   M <= 16: BLOCK_M = 16 and split-K (each program reduces K / SPLIT_K rows of W for one tile of
-           BLOCK_N outputs, partial sums in float32 added on the host), so a batch-1 GEMM still puts a
+           BLOCK_N outputs, float32 partials summed by a second small kernel), so a batch-1 GEMM still puts a
            few programs on every SM; the weight is read once, at a quarter (int4) of bf16's bytes.
   prefill  16 < M < DEQUANT_CUBLAS_MIN_M: larger M tiles, split-K only while the tiles alone would
            leave SMs idle.
@@ -100,6 +100,23 @@ def _dequantize_kernel(
     )
 
 
+@triton.jit
+def _reduce_splits_kernel(
+    part_ptr,  # float32 [SPLIT_K, M * N]
+    out_ptr,  # [M * N] in the activations' dtype
+    MN,
+    SPLIT_K: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Sum of the split-K partials, cast on store: one launch (torch would take a sum and a cast)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for split in range(SPLIT_K):
+        acc += tl.load(part_ptr + split * MN + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
 def block_k_for(k: int, group: int) -> int:
     """The largest BLOCK_K in 128/64/32/16 dividing both K and the group (one group per K step)."""
     for block in _BLOCK_KS:
@@ -181,7 +198,12 @@ def int_gemm_fused(
         num_warps=num_warps,
         num_stages=3,
     )
-    return out if split == 1 else out.sum(dim=0).to(x.dtype)
+    if split == 1:
+        return out
+    y = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    block = 1024
+    _reduce_splits_kernel[(triton.cdiv(m * n, block),)](out, y, m * n, SPLIT_K=split, BLOCK=block)
+    return y
 
 
 def int_gemm(
