@@ -110,3 +110,12 @@ def test_quantized_layers_hold_fewer_bytes(tiny_checkpoint_factory: Callable) ->
     part = model.get_submodule("model.layers.0.mlp.down_proj").quant_method.parts[0]
     assert part.qweight.shape == (128 // 8, 64) and part.scales.shape == (1, 64)  # K=128: one group
     assert json.loads((path / "config.json").read_text()).get("quantization_config") is None
+
+
+def test_quantized_weights_with_an_8bit_kv_cache(tiny_checkpoint_factory: Callable) -> None:
+    """Weight and KV quantization compose: int4 weights over an int8 KV cache keep the int4 model's first
+    tokens (8-bit KV only perturbs the attention slightly on these well-separated logits)."""
+    path = tiny_checkpoint_factory("qwen3")
+    both = greedy(path, quantization="int4", kv_cache_dtype="int8")
+    weights_only = greedy(path, quantization="int4")
+    assert [t[:2] for t in both] == [t[:2] for t in weights_only]
