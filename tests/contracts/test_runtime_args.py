@@ -28,12 +28,12 @@ MUST_PLAN = {
     "llama2-fp16-kv",
     "qwen3-8b-int8-kv",
     "qwen3-8b-tp2",
+    "qwen2.5-72b-awq-checkpoint",
+    "qwen2.5-72b-2x4090",  # on one GPU of 48 GiB or more; on its own 2 x RTX 4090 it needs AWQ split at tp 2
 }
 MUST_REFUSE = {
-    "qwen3-8b-awq": "4-bit AWQ weights",
-    "qwen2.5-72b-awq-checkpoint": "4-bit AWQ weights",
+    "qwen3-8b-awq": "4-bit AWQ weights",  # a 16-bit checkpoint pinned to AWQ: a spec error
     "mixtral": "the MixtralForCausalLM architecture",
-    "qwen2.5-72b-2x4090": "4-bit AWQ weights",
 }
 
 

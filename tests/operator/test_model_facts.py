@@ -93,7 +93,10 @@ def test_prequantized_checkpoints(model_configs: dict[str, dict[str, Any]]) -> N
         "quant_method": "compressed-tensors",
         "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "int"}}},
     }
-    assert facts_from_config({**base, "quantization_config": ct}).prequantized == "int8"
+    with pytest.raises(ModelFactsError, match="float8 weights only"):
+        facts_from_config({**base, "quantization_config": ct})
+    gptq8 = facts_from_config({**base, "quantization_config": {**gptq_config, "bits": 8}})
+    assert (gptq8.prequantized, gptq8.quant_bits) == ("gptq", 8)
 
 
 @pytest.mark.parametrize(

@@ -176,7 +176,9 @@ async def test_a_plan_this_runtime_cannot_run_is_not_applied(kit: Any, fake_hub:
     Planned=False with that plan and a Warning, and no workload (a pod that would exit 2 on its flags is
     never created)."""
     body = isvc(
-        model={"uri": "hf://meta-llama/Llama-3.3-70B-Instruct"}, gpu={"profile": "h100-80gb", "count": 4}
+        model={"uri": "hf://meta-llama/Llama-3.3-70B-Instruct"},
+        gpu={"profile": "h100-80gb", "count": 4},
+        parallelism={"tensor": 4},
     )
     async with kit.emulated_cluster() as (k, _, api):
         await api.create(body)

@@ -33,7 +33,7 @@ def plan_command(argv: list[str], fetch: Any) -> tuple[int, str, str]:
 
 # What this runtime build can't run yet: the plan that would fit needs these (examples' comments say so).
 NOT_RUNNABLE_YET = {
-    "qwen2.5-72b-2x4090.yaml": "needs 4-bit AWQ weights, which this runtime cannot run",
+    "qwen2.5-72b-2x4090.yaml": "needs 4-bit AWQ weights",
 }
 
 
@@ -54,6 +54,7 @@ def test_not_runnable_yet_in_the_table(fake_hub: Any) -> None:
     rc, out, _ = plan_command(["-f", str(EXAMPLES / "qwen2.5-72b-2x4090.yaml")], fake_hub)
     assert rc == 1
     assert "NOT PLANNED (UnsupportedByRuntime): needs 4-bit AWQ weights" in out
+    assert "2 x rtx4090 (tp2), 4-bit AWQ weights, fp8 KV" in out
 
 
 def test_tensor_parallel_example_plans(fake_hub: Any) -> None:
@@ -78,7 +79,7 @@ def test_table_for_people(fake_hub: Any) -> None:
     assert lines[1].startswith("  1 x h100-80gb (tp1), 16-bit (bf16) weights, fp8 KV: 64 sequences")
     assert lines[2].split() == ["FIELD", "VALUE", "WHY"]
     row = next(line for line in lines if line.split()[:1] == ["kvCacheDtype"])
-    assert row.split()[1] == "fp8" and "at most 48 of 64" in row
+    assert row.split()[1] == "fp8" and "at most 57 of 64" in row  # int4 weights + 16-bit KV: 57
 
 
 def test_gpu_override_and_infeasible_exit_status(tmp_path: Path, fake_hub: Any) -> None:

@@ -58,21 +58,32 @@ def test_seed_a100_80gb_mha_7b_gets_fewer_seqs(plan_for: PlanFor) -> None:
 
 
 def test_seed_a100_80gb_72b_is_tp1_awq_about_64_seqs(plan_for: PlanFor) -> None:
-    """72.7B params: 135 GiB in bf16 and 70 GiB in int8 don't fit 72 GiB usable; AWQ's 38.6 GiB leaves
-    ~32 GiB of KV = 104k tokens = ~50 sequences of 2k tokens."""
+    """The 72B AWQ checkpoint: 72.7B params in 4-bit are 39.4 GiB (the runtime's layout: 16-bit scale and
+    zero per 128 weights), leaving ~32 GiB of KV = ~50 sequences of 2k tokens."""
+    p = plan_for("Qwen/Qwen2.5-72B-Instruct-AWQ", "a100-80gb")
+    assert shape(p) == (1, 1, "awq", "fp16")
+    assert 40 <= p.max_num_seqs <= 64
+    assert "the checkpoint is awq-quantized" in p.reasons["quantization"]
+
+
+def test_a100_80gb_16bit_72b_is_int4_at_load_and_names_the_awq_alternative(plan_for: PlanFor) -> None:
+    """The 16-bit 72B checkpoint: 135 GiB in bf16 and 70 GiB in int8 don't fit 72 GiB usable; AWQ needs
+    its own checkpoint, so the plan quantizes to int4 at load (the same size) and says where AWQ is."""
     p = plan_for("Qwen/Qwen2.5-72B-Instruct", "a100-80gb")
-    assert shape(p) == (1, 1, "awq", "bf16")
+    assert shape(p) == (1, 1, "int4", "bf16")
     assert 40 <= p.max_num_seqs <= 64
     assert "16-bit (bf16) does not fit" in p.reasons["quantization"]
     assert "int8 does not fit" in p.reasons["quantization"]
-    assert "needs an AWQ checkpoint" in p.reasons["quantization"]
+    assert "pre-quantized AWQ or GPTQ checkpoint" in p.reasons["quantization"]
 
 
 def test_seed_rtx4090_7b_is_tp1_awq_about_32_seqs(plan_for: PlanFor) -> None:
     """Llama-2-7B on 24 GiB: fp16 weights leave KV for 15 sequences of 1k tokens, fp8 and int8 for 27;
-    only AWQ reaches the 32 target (33)."""
+    only 4 bits reach the 32 target (33): int4 at load from this 16-bit checkpoint (an AWQ one would be
+    the seed's answer, and the reason points at it)."""
     p = plan_for("meta-llama/Llama-2-7b-hf", "rtx4090")
-    assert shape(p) == (1, 1, "awq", "fp16")
+    assert shape(p) == (1, 1, "int4", "fp16")
+    assert "pre-quantized AWQ or GPTQ checkpoint" in p.reasons["quantization"]
     assert p.max_num_seqs == 33
     assert "16-bit (fp16) holds 15 of 32" in p.reasons["quantization"]
     assert "fp8 holds 27 of 32" in p.reasons["quantization"]
@@ -89,7 +100,7 @@ def test_rtx4090_gqa_7b_keeps_16bit(plan_for: PlanFor) -> None:
 def test_seed_rtx4090_72b_is_tp2_awq(plan_for: PlanFor) -> None:
     """AWQ is 19.3 GiB per GPU at tp2: only at 0.95 utilization does one 8k sequence still fit, and fp8 KV
     gets ~11 sequences of 2k tokens (the seed's ~16 assumed shorter contexts); the reason says how short."""
-    p = plan_for("Qwen/Qwen2.5-72B-Instruct", "rtx4090")
+    p = plan_for("Qwen/Qwen2.5-72B-Instruct-AWQ", "rtx4090")
     assert shape(p) == (2, 1, "awq", "fp8")
     assert p.gpus == 2 and p.gpu_memory_utilization == 0.95
     assert 8 <= p.max_num_seqs <= 16
@@ -144,8 +155,10 @@ def test_big_gpus_keep_16bit_and_small_ones_quantize(plan_for: PlanFor) -> None:
 
 
 def test_pinned_quantization_is_honoured(plan_for: PlanFor) -> None:
-    p = plan_for("Qwen/Qwen3-8B", "h100-80gb", quantization="awq")
-    assert p.quantization == "awq" and "pinned by spec.quantization" in p.reasons["quantization"]
+    p = plan_for("Qwen/Qwen3-8B", "h100-80gb", quantization="int4")
+    assert p.quantization == "int4" and "pinned by spec.quantization" in p.reasons["quantization"]
+    awq = plan_for("Qwen/Qwen3-8B", "h100-80gb", quantization="awq")  # a 16-bit checkpoint: never AWQ
+    assert not awq.feasible and "pre-quantized AWQ checkpoint of this model" in awq.reason
     assert plan_for("Qwen/Qwen3-8B", "h100-80gb", quantization="auto").quantization == "none"
 
 
@@ -196,7 +209,7 @@ def test_count_given_prefers_quality_then_fewest_gpus(plan_for: PlanFor) -> None
 
 def test_count_absent_takes_the_fewest_gpus(plan_for: PlanFor) -> None:
     p = plan_for("meta-llama/Llama-3.3-70B-Instruct", "h100-80gb", concurrency=64, max_model_len=16384)
-    assert p.gpus == 1 and p.quantization in ("fp8", "awq")
+    assert p.gpus == 1 and p.quantization in ("fp8", "int4")
 
 
 def test_tensor_parallel_divides_heads(plan_for: PlanFor, model_configs: dict[str, Any]) -> None:
@@ -228,7 +241,7 @@ def test_pinned_pipeline(plan_for: PlanFor) -> None:
 def test_infeasible_says_what_was_needed_and_available(plan_for: PlanFor) -> None:
     p = plan_for("meta-llama/Llama-3.1-405B-Instruct", "l4")
     assert not p.feasible and p.summary == "infeasible"
-    assert p.reason.startswith("does not fit: 4-bit AWQ weights need 25.3 GiB per GPU")
+    assert p.reason.startswith("does not fit: int4 weights need 25.8 GiB per GPU")
     assert "but 8 x l4 offer 21.4 GiB usable per GPU (22.49 GiB x 0.95)" in p.reason
     assert "spec.gpu.count: 16 (2 nodes, pipeline parallel) would fit" in p.reason
     status = p.to_status()
@@ -341,33 +354,27 @@ def test_runtime_plans_stay_within_the_runtime(plan_for: PlanFor, name: str) -> 
             assert "this runtime" in p.reason, (repo, name, p.reason)
 
 
-def test_runtime_keeps_16bit_where_the_full_planner_quantizes(plan_for: PlanFor) -> None:
-    """Qwen3-8B on an L4: the full planner picks fp8 weights to reach 32 sequences; this runtime serves
-    16-bit weights only, so it keeps them with an fp8 KV cache and says it is short of the target, and why."""
-    p = plan_for("Qwen/Qwen3-8B", "l4", capabilities=SINGLE_GPU)
-    assert p.feasible and shape(p) == (1, 1, "none", "fp8")
-    assert "short of the 32 target" in p.reason
-    assert "this runtime serves only 16-bit (unquantized) weights" in p.reasons["quantization"]
-    assert "a larger GPU profile would hold more" in p.reasons["maxNumSeqs"]
-    assert "spec.gpu.count" not in p.reasons["maxNumSeqs"]  # more GPUs would not help: one GPU per replica
+def test_runtime_quantizes_where_the_full_planner_does(plan_for: PlanFor) -> None:
+    """Qwen3-8B on an L4: fp8 weights (quantized at load) reach 32 sequences; the runtime runs them."""
+    p = plan_for("Qwen/Qwen3-8B", "l4", capabilities=RUNTIME)
+    assert p.feasible and shape(p) == (1, 1, "fp8", "bf16") == shape(plan_for("Qwen/Qwen3-8B", "l4"))
+    assert "quantized at load" in p.reasons["quantization"]
 
 
-def test_runtime_72b_on_a100_needs_awq(plan_for: PlanFor) -> None:
-    p = plan_for("Qwen/Qwen2.5-72B-Instruct", "a100-80gb", capabilities=SINGLE_GPU)
-    assert not p.feasible and p.needs == ("4-bit AWQ weights",)
-    assert p.reason.startswith(
-        "needs 4-bit AWQ weights, which this runtime cannot run (it serves 16-bit (unquantized) weights "
-        "with a bf16, fp16, fp8 or int8 KV cache, on one GPU); the plan that would fit: 1 x a100-80gb (tp1), "
-        "4-bit AWQ weights, bf16 KV:"
-    )
-    assert "within this runtime: does not fit: 16-bit (bf16) weights need 135.4 GiB per GPU" in p.reason
-    assert p.to_status()["feasible"] is False and "needs" not in p.to_status()
+def test_runtime_72b_on_a100_runs_int4_or_its_awq_checkpoint(plan_for: PlanFor) -> None:
+    p = plan_for("Qwen/Qwen2.5-72B-Instruct", "a100-80gb", capabilities=RUNTIME)
+    assert p.feasible and shape(p) == (1, 1, "int4", "bf16") and not p.needs
+    awq = plan_for("Qwen/Qwen2.5-72B-Instruct-AWQ", "a100-80gb", capabilities=RUNTIME)
+    assert awq.feasible and shape(awq) == (1, 1, "awq", "fp16") and awq.to_status()["feasible"] is True
 
 
-def test_runtime_72b_on_two_4090s_needs_awq_and_tensor_parallel(plan_for: PlanFor) -> None:
-    p = plan_for("Qwen/Qwen2.5-72B-Instruct", "rtx4090", capabilities=SINGLE_GPU)
-    assert not p.feasible and p.needs == ("4-bit AWQ weights", "tensor parallel 2")
-    assert p.reason.startswith("needs 4-bit AWQ weights and tensor parallel 2, which this runtime cannot run")
+def test_runtime_72b_on_two_4090s_needs_tensor_parallel(plan_for: PlanFor) -> None:
+    p = plan_for("Qwen/Qwen2.5-72B-Instruct-AWQ", "rtx4090", capabilities=SINGLE_GPU)
+    assert not p.feasible and p.needs == ("4-bit AWQ weights split across 2 GPUs", "tensor parallel 2")
+    assert p.reason.startswith("needs 4-bit AWQ weights split across 2 GPUs and tensor parallel 2, which")
+    # this runtime runs tensor parallel 2, but not with quantized weights split across the ranks
+    p = plan_for("Qwen/Qwen2.5-72B-Instruct-AWQ", "rtx4090", capabilities=RUNTIME)
+    assert not p.feasible and p.needs == ("4-bit AWQ weights split across 2 GPUs",)
     assert "the plan that would fit: 2 x rtx4090 (tp2), 4-bit AWQ weights, fp8 KV" in p.reason
 
 
@@ -380,21 +387,24 @@ def test_runtime_70b_on_four_h100s_needs_tensor_parallel_4(plan_for: PlanFor) ->
         max_model_len=16384,
         capabilities=SINGLE_GPU,
     )
-    assert not p.feasible and p.needs == ("tensor parallel 4",)
-    assert "the plan that would fit: 4 x h100-80gb (tp4), 16-bit (bf16) weights, bf16 KV" in p.reason
-    assert "this runtime runs on one GPU: use a larger GPU profile" in p.reason
+    # one GPU with int4 weights and an fp8 KV cache is short of 64 but runs; tp4 bf16 would reach it
+    assert p.feasible and shape(p) == (1, 1, "int4", "fp8") and "short of the 64 target" in p.reason
+    full = plan_for(
+        "meta-llama/Llama-3.3-70B-Instruct", "h100-80gb", gpu_count=4, concurrency=64, max_model_len=16384
+    )
+    assert shape(full) == (4, 1, "none", "bf16")
 
 
 def test_runtime_405b_on_sixteen_l4s_needs_pipeline_parallel(plan_for: PlanFor) -> None:
     p = plan_for("meta-llama/Llama-3.1-405B-Instruct", "l4", gpu_count=16, capabilities=SINGLE_GPU)
     assert not p.feasible
-    assert p.needs == ("4-bit AWQ weights", "tensor parallel 8", "pipeline parallel 2")
+    assert p.needs == ("int4 weights split across 16 GPUs", "tensor parallel 8", "pipeline parallel 2")
 
 
 def test_runtime_pins_outside_the_runtime_are_refused_with_what_it_serves(plan_for: PlanFor) -> None:
     awq = plan_for("Qwen/Qwen3-8B", "h100-80gb", quantization="awq", capabilities=RUNTIME)
-    assert not awq.feasible and awq.needs == ("4-bit AWQ weights",)
-    assert "spec.quantization is awq and this runtime serves 16-bit (unquantized) weights" in awq.reason
+    assert not awq.feasible and not awq.needs  # a 16-bit checkpoint: the spec, not the runtime, is wrong
+    assert "AWQ weights come from a pre-quantized AWQ checkpoint" in awq.reason
     tp2 = plan_for("Qwen/Qwen3-8B", "h100-80gb", tensor=2, capabilities=SINGLE_GPU)
     assert not tp2.feasible and tp2.needs == ("tensor parallel 2",)
     assert "parallelism.tensor is 2 and this runtime runs tensor parallel up to 1" in tp2.reason
@@ -402,8 +412,7 @@ def test_runtime_pins_outside_the_runtime_are_refused_with_what_it_serves(plan_f
     int8 = plan_for("Qwen/Qwen3-8B", "h100-80gb", kv_cache_dtype="int8", capabilities=RUNTIME)
     assert int8.feasible and int8.kv_cache_dtype == "int8"  # the runtime stores scaled 8-bit pages
     prequantized = plan_for("Qwen/Qwen2.5-72B-Instruct-AWQ", "h100-80gb", capabilities=RUNTIME)
-    assert not prequantized.feasible and prequantized.needs == ("4-bit AWQ weights",)
-    assert "the checkpoint is awq-quantized" in prequantized.reason
+    assert prequantized.feasible and prequantized.quantization == "awq"
 
 
 def test_runtime_errors_of_the_spec_itself_are_reported_once(plan_for: PlanFor) -> None:
@@ -417,8 +426,8 @@ def test_runtime_nothing_fits_anywhere_says_so_and_what_the_runtime_serves(plan_
     assert not p.feasible and not p.needs
     assert "spec.gpu.count: 16 (2 nodes, pipeline parallel) would fit" in p.reason
     assert p.reason.endswith(
-        "; but this runtime serves only 16-bit (unquantized) weights with a bf16, fp16, fp8 "
-        "or int8 KV cache, on one GPU"
+        "; but this runtime serves only 16-bit, 4-bit AWQ, fp8, GPTQ, int4 or int8 weights with a bf16, "
+        "fp16, fp8 or int8 KV cache, on one GPU"
     )
 
 

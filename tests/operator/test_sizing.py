@@ -82,12 +82,13 @@ def test_weight_formats(model_configs: dict[str, dict[str, Any]]) -> None:
     assert linear_bytes(params, "none") == 2 * n
     assert linear_bytes(params, "fp8") == n + 4 * params.out_channels == linear_bytes(params, "int8")
     awq = linear_bytes(params, "awq")
-    assert awq == n // 2 + (n // 128) * 2 + n // 256  # 4-bit + fp16 scale + 4-bit zero per 128
-    assert linear_bytes(params, "gptq") == awq + 4 * params.in_channels
+    assert awq == n // 2 + (n // 128) * 4  # 4-bit + 16-bit scale and zero per 128 (the runtime's layout)
+    assert linear_bytes(params, "gptq") == awq == linear_bytes(params, "int4")
+    assert linear_bytes(params, "gptq", 128, bits=8) == n + (n // 128) * 4
     vocab_and_norms = 2 * (params.embedding + params.lm_head + params.layer_other)
     assert weight_bytes(facts, "none") == 2 * params.total
     assert weight_bytes(facts, "awq") == awq + vocab_and_norms
-    assert 38 * GIB < weight_bytes(facts, "awq") < 39 * GIB
+    assert 39 * GIB < weight_bytes(facts, "awq") < 40 * GIB
     with pytest.raises(ValueError, match="unknown quantization"):
         linear_bytes(params, "int3")
 

@@ -62,7 +62,7 @@ def test_vllm_flag_names() -> None:
 
 def test_validate_names_every_problem() -> None:
     args = EngineArgs(
-        model="/m", max_num_seqs=0, gpu_memory_utilization=1.5, device="tpu", quantization="awq"
+        model="/m", max_num_seqs=0, gpu_memory_utilization=1.5, device="tpu", quantization="int3"
     )
     with pytest.raises(EngineArgsError) as info:
         args.validate()
@@ -71,7 +71,7 @@ def test_validate_names_every_problem() -> None:
         "--max-num-seqs must be positive",
         "--gpu-memory-utilization must be in (0, 1]",
         "--device 'tpu' is not one of",
-        "--quantization awq: this runtime build cannot run awq weights",
+        "--quantization 'int3' is not one of",
     ):
         assert part in message
 
@@ -79,9 +79,9 @@ def test_validate_names_every_problem() -> None:
 @pytest.mark.parametrize(
     ("changes", "setting"),
     [
-        ({"quantization": "gptq"}, "--quantization"),
         ({"tensor_parallel_size": 16}, "--tensor-parallel-size"),
         ({"pipeline_parallel_size": 16}, "--pipeline-parallel-size"),
+        ({"quantization": "awq", "tensor_parallel_size": 2}, "--quantization"),
     ],
 )
 def test_what_the_runtime_refuses_comes_from_the_capability_table(changes: dict, setting: str) -> None:

@@ -51,9 +51,11 @@ def test_cli_prints_json_rows_and_fails_on_a_refused_configuration(
     assert all(r["perplexity"] > 1 and r["error"] is None for r in rows)
     assert main([*argv, *configs, "--max-delta", "0.05"]) == 0  # a bfloat16 KV cache is within 5%
     capsys.readouterr()
-    assert main([*argv, "--config", "dtype=float32", "--config", "quantization=int8"]) == 1
+    assert main([*argv, "--config", "dtype=float32", "--config", "quantization=int8"]) == 0
+    capsys.readouterr()
+    assert main([*argv, "--config", "dtype=float32", "--config", "quantization=awq"]) == 1
     out = capsys.readouterr().out
-    assert "error (below)" in out and "--quantization int8: this runtime build cannot run int8 weights" in out
+    assert "error (below)" in out and "--quantization awq needs an AWQ checkpoint" in out
 
 
 def test_default_text_is_shipped() -> None:

@@ -147,7 +147,10 @@ def test_unsupported_architecture_names_the_supported_ones(
     ("changes", "message"),
     [
         ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope scaling type 'yarn'"),
-        ({"quantization_config": {"quant_method": "awq"}}, r"quantized checkpoints \(awq\)"),
+        (
+            {"quantization_config": {"quant_method": "bitsandbytes"}},
+            "quant_method .bitsandbytes. is not supported",
+        ),
         ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
         ({"use_sliding_window": True}, "sliding-window"),
     ],

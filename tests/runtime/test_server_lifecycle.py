@@ -164,10 +164,10 @@ def test_serve_returns_1_when_the_model_cannot_load() -> None:
 @pytest.mark.parametrize(
     "flags",
     [
-        ["--quantization", "awq"],
         ["--tensor-parallel-size", "16"],
         ["--pipeline-parallel-size", "16"],
         ["-tp", "16"],
+        ["--quantization", "int8", "-tp", "2"],
         ["--max-num-seqs", "0"],
     ],
 )

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class RuntimeCapabilities:
-    weight_quantizations: frozenset[str]  # the operator's names: none, fp8, int8, awq, gptq
+    weight_quantizations: frozenset[str]  # the operator's names: none, fp8, int8, int4, awq, gptq
     kv_cache_dtypes: frozenset[str]  # the operator's names: bf16, fp16, fp8, int8
     max_tensor_parallel: int
     max_pipeline_parallel: int
@@ -82,11 +82,13 @@ def _names(values: frozenset[str]) -> str:
     return ", ".join(sorted(values))
 
 
-# This build: Llama/Qwen2/Qwen3-family models, 16-bit weights; a 16-bit KV cache, or an 8-bit one (fp8
-# e4m3 or int8) with per-token-head scales; tensor parallel within a node (up to 8 GPUs) and pipeline
-# stages across nodes (a LeaderWorkerSet group).
+# This build: Llama/Qwen2/Qwen3-family models; 16-bit weights, or quantized ones (AWQ and GPTQ checkpoints,
+# fp8 checkpoints, or int8/int4/fp8 quantized at load) on one device; a 16-bit KV cache, or an 8-bit one (fp8
+# e4m3 or int8) with per-token-head scales; 16-bit weights also in tensor parallel within a node (up to 8
+# GPUs) and pipeline stages across nodes (a LeaderWorkerSet group). Quantized weights are not yet split
+# across ranks (quantized_parallel).
 RUNTIME = RuntimeCapabilities(
-    weight_quantizations=frozenset({"none"}),
+    weight_quantizations=frozenset({"none", "fp8", "int8", "int4", "awq", "gptq"}),
     kv_cache_dtypes=frozenset({"bf16", "fp16", "fp8", "int8"}),
     max_tensor_parallel=8,
     max_pipeline_parallel=8,
@@ -95,7 +97,7 @@ RUNTIME = RuntimeCapabilities(
 )
 # Everything the planner knows how to reason about: its decision table is tested against this one.
 EVERYTHING = RuntimeCapabilities(
-    weight_quantizations=frozenset({"none", "fp8", "int8", "awq", "gptq"}),
+    weight_quantizations=frozenset({"none", "fp8", "int8", "int4", "awq", "gptq"}),
     kv_cache_dtypes=frozenset({"bf16", "fp16", "fp8", "int8"}),
     max_tensor_parallel=1 << 16,
     max_pipeline_parallel=1 << 16,

@@ -24,7 +24,7 @@ URI_PATTERN = (
     r"|pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[^\s]*)?"
     r"|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?)$"
 )
-Quantization = Literal["auto", "none", "fp8", "int8", "awq", "gptq"]
+Quantization = Literal["auto", "none", "fp8", "int8", "int4", "awq", "gptq"]
 KvCacheDtype = Literal["auto", "bf16", "fp16", "fp8", "int8"]
 MAX_PARALLEL = 64
 CONFIG_REQUIRED = "spec.model.config (the model's config.json) is required for pvc:// and s3:// sources"

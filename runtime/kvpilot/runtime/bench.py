@@ -19,6 +19,8 @@ from typing import Any
 from kvpilot.contracts.kv_cache import kv_bytes_per_token
 
 HBM_BYTES_PER_S = 4.25e12  # device-to-device copy measured on the H200 (DESIGN.md)
+# Bytes per decoder-layer weight as the runtime holds it (--quantization); embedding and LM head stay 16-bit.
+WEIGHT_BYTES = {"none": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5 + 4 / 128}
 BF16_FLOPS = 784e12  # bf16 matmul measured on the H200
 
 SHAPES: dict[str, dict[str, Any]] = {
@@ -112,7 +114,9 @@ def param_count(c: dict[str, Any]) -> int:
     return layers * per_layer + v * h * (1 if c["tie_word_embeddings"] else 2)
 
 
-def physical_floor_s(w: Workload, reqs: list[tuple[list[int], int]], kv_cache_dtype: str = "bf16") -> float:
+def physical_floor_s(
+    w: Workload, reqs: list[tuple[list[int], int]], kv_cache_dtype: str = "bf16", quantization: str = "none"
+) -> float:
     """Prefill FLOPs at the matmul rate + every decode step streaming the weights and each sequence's KV.
 
     A decode step reads every layer weight and the LM head, but only a few rows of an untied input
@@ -121,7 +125,7 @@ def physical_floor_s(w: Workload, reqs: list[tuple[list[int], int]], kv_cache_dt
     c = qwen3_config(w.shape)
     embed = c["vocab_size"] * c["hidden_size"]
     layers = param_count(c) - embed * (1 if c["tie_word_embeddings"] else 2)
-    streamed_bytes = 2 * (layers + embed)
+    streamed_bytes = WEIGHT_BYTES[quantization] * layers + 2 * embed
     kv_per_token = kv_bytes_per_token(
         num_layers=c["num_hidden_layers"],
         num_kv_heads=c["num_key_value_heads"],
@@ -168,6 +172,8 @@ def build_engine(model_dir: Path, w: Workload, args: argparse.Namespace) -> Any:
         dtype="bfloat16",
         load_format="dummy",
         enable_prefix_caching=False,
+        quantization=None if args.quantization == "none" else args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     return LLMEngine.from_args(EngineArgs(**{**settings, **engine_overrides(args.engine)}))
 
@@ -247,12 +253,13 @@ def run_workload(w: Workload, root: Path, args: argparse.Namespace) -> dict[str,
         if args.profile_only:
             return {"workload": asdict(w), "profiled": str(args.profile_dir)}
     result: dict[str, Any] = {"workload": asdict(w), "ours": run_ours(engine, reqs, w.name)}
+    result["quantization"], result["kv_cache_dtype"] = args.quantization, args.kv_cache_dtype
     if w.measure == "ttft":  # one step is a noisy sample: report the median of several
         ttfts = sorted(run_ours(engine, reqs, f"{w.name}-{i}")["ttft_s"] for i in range(7))
         result["ours"]["ttft_samples_s"] = ttfts
         result["ours"]["ttft_s"] = ttfts[len(ttfts) // 2]
     kv_dtype = kv_dtype_name(engine.runner.kv_cache_dtype)
-    floor = physical_floor_s(w, reqs, kv_dtype)
+    floor = physical_floor_s(w, reqs, kv_dtype, args.quantization)
     result["floor_s"] = floor
     kv_tokens = engine.stats().num_kv_blocks * engine.runner.block_size
     result["kv_cache"] = {"dtype": kv_dtype, "tokens": kv_tokens}
@@ -342,8 +349,9 @@ def summary_row(r: dict[str, Any]) -> str:
     hf = side.get("hf", {}).get("output_tok_s")
     vs = f"{side['ours']['output_tok_s'] / hf:.1f}x HF" if hf else side.get("hf_error", "")[:40]
     kv = r.get("kv_cache", {})
+    name = w["name"] + ("" if r.get("quantization", "none") == "none" else f" {r['quantization']}")
     shape = f"{w['shape']}, KV {kv.get('dtype', '?')} ({kv.get('tokens', 0):,} tokens)"
-    return f"| {w['name']} | {shape} | {got:,.1f} {unit} | {floor:,.1f} | {ratio:.0%} | {vs} |"
+    return f"| {name} | {shape} | {got:,.1f} {unit} | {floor:,.1f} | {ratio:.0%} | {vs} |"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -366,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hf", action="store_true", help="also time transformers' generate_batch side by side")
     p.add_argument("--hf-seqs", type=int, default=64)
     p.add_argument("--hf-output", type=int, default=256)
+    p.add_argument("--quantization", default="none", choices=tuple(WEIGHT_BYTES), help="weights at load")
+    p.add_argument("--kv-cache-dtype", default="auto", help="KV-cache element type (auto: bf16)")
     args = p.parse_args(argv)
     results = []
     for name in args.workloads.split(","):

@@ -39,6 +39,8 @@ class ModelConfig:
     qk_norm: bool  # RMSNorm over each head of q and k before rotary (Qwen3)
     torch_dtype: str  # the checkpoint's dtype name, e.g. "bfloat16"
     o_proj_bias: bool = False  # bias on the output projection (Llama/Qwen3 with attention_bias; never Qwen2)
+    # config.json's quantization_config as written (kvpilot.runtime.quant.config parses and checks it)
+    quantization_config: dict[str, Any] | None = None
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
@@ -90,6 +92,7 @@ class ModelConfig:
             qk_norm=qk_norm,
             torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
             o_proj_bias=not qkv_bias and bool(raw.get("attention_bias", False)),
+            quantization_config=_quantization_config(raw),
         )
 
     @property
@@ -114,10 +117,20 @@ def _architecture(raw: dict[str, Any]) -> str:
     )
 
 
+def _quantization_config(raw: dict[str, Any]) -> dict[str, Any] | None:
+    """The quantization_config object, checked to be one (its fields are checked by runtime.quant)."""
+    value = raw.get("quantization_config")
+    if value in (None, {}):
+        return None
+    if not isinstance(value, dict):
+        raise ModelLoadError("config.json quantization_config must be a JSON object")
+    from kvpilot.runtime.quant.config import parse_quant_config
+
+    parse_quant_config(value, None)  # an unsupported format fails here, naming the field
+    return value
+
+
 def _check_supported_features(raw: dict[str, Any], architecture: str) -> None:
-    if raw.get("quantization_config"):
-        method = raw["quantization_config"].get("quant_method", "unknown")
-        raise UnsupportedModelError(f"quantized checkpoints ({method}) are not supported yet")
     act = raw.get("hidden_act", "silu")
     if act != "silu":
         raise UnsupportedModelError(f"hidden_act {act!r} is not supported for {architecture}; only 'silu'")

@@ -22,6 +22,7 @@ from kvpilot.runtime.gguf_model import resolve_model_dir
 from kvpilot.runtime.layers.kernel_ops import KernelOps
 from kvpilot.runtime.layers.linear import Linear
 from kvpilot.runtime.models import model_class
+from kvpilot.runtime.quant import attach_quant_methods, finish_quant_methods, parse_quant_config
 from safetensors import safe_open
 from torch import nn
 
@@ -129,8 +130,14 @@ def rank_target(param: torch.Tensor, split: TensorSplit | None) -> torch.Tensor:
 
 
 def required_slots(model: nn.Module, tied: bool) -> set[ParamSlot]:
+    """Every (tensor, shard) the checkpoint must fill; a quantized Linear asks its method which."""
     slots: set[ParamSlot] = set()
     modules = dict(model.named_modules())
+    for module_name, module in modules.items():
+        if isinstance(module, Linear) and module.quant_method is not None:
+            shards = range(len(module.shard_sizes)) if len(module.shard_sizes) > 1 else [None]
+            suffixes = module.quant_method.required_suffixes
+            slots.update((f"{module_name}.{suffix}", shard) for suffix in suffixes for shard in shards)
     for name, _ in model.named_parameters():
         if tied and name == "lm_head.weight":
             continue
@@ -161,6 +168,9 @@ def load_weights(model: nn.Module, model_dir: Path, config: ModelConfig) -> None
     loaded: set[ParamSlot] = set()
     for name, lazy in iter_checkpoint_slices(weight_files(model_dir)):
         slot = _checkpoint_slot(name, params, tied)
+        if _load_quantized(modules, slot, name, lazy):
+            loaded.add(slot)
+            continue
         if slot not in needed:
             if not partial and not name.endswith(_IGNORED_SUFFIXES) and name != LM_HEAD:
                 log.warning("ignoring unexpected checkpoint tensor %s", name)
@@ -190,6 +200,23 @@ def load_weights(model: nn.Module, model_dir: Path, config: ModelConfig) -> None
         )
 
 
+def _load_quantized(modules: dict[str, nn.Module], slot: ParamSlot, name: str, lazy: Any) -> bool:
+    """Hand a tensor of a quantized Linear to its method (read whole: quantized weights are not split
+    across ranks); False when it is not one of those."""
+    module_name, _, suffix = slot[0].rpartition(".")
+    owner = modules.get(module_name)
+    if not isinstance(owner, Linear) or owner.quant_method is None:
+        return False
+    method = owner.quant_method
+    if suffix not in method.required_suffixes and suffix not in method.optional_suffixes:
+        return False
+    try:
+        method.load(owner, suffix, lazy[:], slot[1])
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"tensor {name}: {exc}") from exc
+    return True
+
+
 def init_dummy_weights(model: nn.Module, seed: int) -> None:
     """Random weights of the right shapes, made on the model's device (benchmarks: shapes are real,
     values are not). Norm weights are 1, everything else N(0, 0.02)."""
@@ -202,6 +229,9 @@ def init_dummy_weights(model: nn.Module, seed: int) -> None:
             param.data.fill_(1.0)
         else:
             param.data.normal_(0.0, 0.02, generator=generator)
+    for module in model.modules():
+        if isinstance(module, Linear) and module.quant_method is not None and generator is not None:
+            module.quant_method.init_dummy(module, generator)
 
 
 LOAD_FORMATS = ("auto", "dummy")
@@ -218,15 +248,21 @@ def load_model(
     load_format: str = "auto",
     seed: int = 0,
     comm: Comm | None = None,
+    quantization: str | None = None,
 ) -> nn.Module:
     """Build the model for `config` directly on `device` in `dtype` and fill it from the checkpoint
     (load_format "auto") or with seeded random values ("dummy": no weight files needed). With `comm`
-    (tensor / pipeline parallel) the model is this rank's part and each rank reads only its slices."""
+    (tensor / pipeline parallel) the model is this rank's part and each rank reads only its slices.
+    Quantized weights: the checkpoint's config.json quantization_config, or `quantization`
+    (--quantization) to quantize a 16-bit checkpoint at load (kvpilot.runtime.quant)."""
     if load_format not in LOAD_FORMATS:
         raise ModelLoadError(f"unknown load_format {load_format!r}; use one of {', '.join(LOAD_FORMATS)}")
     cls = model_class(config.architecture)
+    quant = parse_quant_config(config.quantization_config, quantization)
     with torch.device("meta"):
         model = cls(config, ops, max_positions=max_positions, rope_device=device, comm=comm)
+    if quant is not None:
+        attach_quant_methods(model, quant, dtype=dtype, device=device, backend=ops.name)
     model = model.to(dtype=dtype).to_empty(device=device)
     if config.tie_word_embeddings:
         model.tie_weights()
@@ -234,6 +270,7 @@ def load_model(
         init_dummy_weights(model, seed)
     else:
         load_weights(model, resolve_model_dir(model_dir), config)  # GGUF: its converted copy
+    finish_quant_methods(model)
     model.eval()
     model.requires_grad_(False)
     return model

@@ -47,6 +47,7 @@ class ModelFacts:
     dense_layers: int = 0  # leading layers with a dense MLP in an MoE model
     prequantized: str | None = None  # awq | gptq | fp8 | int8: the checkpoint's own weight format
     quant_group_size: int = 128
+    quant_bits: int = 4  # bits per weight of an AWQ/GPTQ checkpoint
     architectures: tuple[str, ...] = ()  # config.json's Hugging Face class names (the runtime loads by them)
 
 
@@ -82,6 +83,7 @@ def facts_from_config(config: dict[str, Any]) -> ModelFacts:
     )
     qconfig = config.get("quantization_config") or merged.get("quantization_config")
     prequantized, group = _quantization(qconfig)
+    bits = qconfig.get("bits", 4) if isinstance(qconfig, dict) and prequantized == "gptq" else 4
     return ModelFacts(
         model_type=model_type,
         num_layers=layers,
@@ -106,6 +108,7 @@ def facts_from_config(config: dict[str, Any]) -> ModelFacts:
         dense_layers=_optional_int(merged, "first_k_dense_replace") or 0,
         prequantized=prequantized,
         quant_group_size=group,
+        quant_bits=bits if bits in (4, 8) else 4,
         architectures=tuple(str(a) for a in config.get("architectures") or () if isinstance(a, str)),
     )
 
@@ -147,19 +150,20 @@ def _quantization(qconfig: Any) -> tuple[str | None, int]:
     if method in ("awq", "gptq"):
         bits = qconfig.get("bits", qconfig.get("w_bit", 4))
         if bits == 8 and method == "gptq":
-            return "int8", group
+            return "gptq", group
         if bits != 4:
+            supported = "4 or 8" if method == "gptq" else "4"
             raise ModelFactsError(
-                f"{method} checkpoints with {bits}-bit weights are not supported (4-bit only)"
+                f"{method} checkpoints with {bits}-bit weights are not supported ({supported}-bit only)"
             )
         return method, group
-    if method in ("fp8", "fbgemm_fp8"):
+    if method == "fp8":
         return "fp8", group
     if method == "compressed-tensors":
         return _compressed_tensors(qconfig), group
     raise ModelFactsError(
         f"quantization_config.quant_method {method or '(none)'!r} is not supported; "
-        "use an fp8, int8, AWQ or GPTQ checkpoint"
+        "use an fp8, AWQ or GPTQ checkpoint (or a 16-bit one, quantized at load)"
     )
 
 
@@ -167,10 +171,9 @@ def _compressed_tensors(qconfig: dict[str, Any]) -> str:
     for group in (qconfig.get("config_groups") or {}).values():
         weights = (group or {}).get("weights") or {}
         bits, kind = weights.get("num_bits"), weights.get("type")
-        if bits == 8:
-            return "fp8" if kind == "float" else "int8"
-        if bits == 4 and kind == "int":
-            return "gptq"
+        if bits == 8 and kind == "float":
+            return "fp8"
     raise ModelFactsError(
-        "compressed-tensors checkpoint with an unsupported weight scheme (8-bit or int4 only)"
+        "compressed-tensors checkpoint with an unsupported weight scheme (float8 weights only; "
+        "int8/int4 compressed-tensors checkpoints are not served)"
     )

@@ -9,7 +9,10 @@ Every way to run the model (layout x weight format x KV dtype) is sized as a Can
 - with spec.gpu.count absent, the fewest GPUs that fit (one node), then the best quality that reaches the
   target concurrency; with count given (the most a replica may use), the best quality that reaches the
   target, then the fewest GPUs. If nothing reaches the target, the most sequences (an honest shortfall).
-- quality: 16-bit KV before 8-bit KV, then weights none > fp8 > int8 > awq > gptq.
+- weights: a pre-quantized checkpoint runs its own format (awq, gptq, fp8); a 16-bit one may be quantized
+  at load (fp8 where the GPU has it, int8, int4), never planned as AWQ/GPTQ (that needs their checkpoint:
+  the reason names it as the better 4-bit alternative).
+- quality: 16-bit KV before 8-bit KV, then weights none > fp8 > int8 > int4 > awq > gptq.
 - "fits" means the weights, the workspace and the KV of one max-length sequence fit in
   gpu_memory_utilization x memory on every GPU; 0.95 instead of 0.90 only when nothing reaches the
   target at 0.90.
@@ -38,7 +41,9 @@ DEFAULT_MAX_MODEL_LEN = 8192
 DEFAULT_TARGET_SEQS = 32
 DEFAULT_MAX_SEQS = 256
 UTILIZATIONS = (0.90, 0.95)
-WEIGHT_QUALITY = ("none", "fp8", "int8", "awq", "gptq")
+WEIGHT_QUALITY = ("none", "fp8", "int8", "int4", "awq", "gptq")
+LOAD_TIME_FORMATS = ("none", "fp8", "int8", "int4")  # what a 16-bit checkpoint can become at load
+CHECKPOINT_FORMATS = {"awq": "AWQ", "gptq": "GPTQ"}  # need their own pre-quantized checkpoint
 MAX_SUGGESTED_STAGES = reasons.MAX_STAGES_HINT  # one number for the search and its message
 
 
@@ -157,6 +162,9 @@ def runtime_needs(request: PlanRequest, fits: Plan) -> tuple[str, ...]:
         needs.append(f"the {'/'.join(request.facts.architectures)} architecture")
     if fits.quantization not in capabilities.weight_quantizations:
         needs.append(f"{reasons.FORMAT_NAMES.get(fits.quantization, fits.quantization)} weights")
+    elif not runs_split(capabilities, fits.quantization, fits.tensor_parallel, fits.pipeline_parallel):
+        name = reasons.FORMAT_NAMES.get(fits.quantization, fits.quantization)
+        needs.append(f"{name} weights split across {fits.tensor_parallel * fits.pipeline_parallel} GPUs")
     if fits.kv_cache_dtype not in capabilities.kv_cache_dtypes:
         needs.append(f"{reasons.article(fits.kv_cache_dtype)} {fits.kv_cache_dtype} KV cache")
     if fits.tensor_parallel > capabilities.max_tensor_parallel:
@@ -164,6 +172,11 @@ def runtime_needs(request: PlanRequest, fits: Plan) -> tuple[str, ...]:
     if fits.pipeline_parallel > capabilities.max_pipeline_parallel:
         needs.append(f"pipeline parallel {fits.pipeline_parallel}")
     return tuple(needs)
+
+
+def runs_split(capabilities: RuntimeCapabilities, quantization: str, tp: int, pp: int) -> bool:
+    """Whether weights of this format run over tp x pp GPUs (quantized ones may be one-GPU only)."""
+    return capabilities.quantized_parallel or quantization == "none" or tp * pp == 1
 
 
 def plan_within(request: PlanRequest) -> Plan:
@@ -186,6 +199,7 @@ def plan_within(request: PlanRequest) -> Plan:
                 for tp, pp in group
                 for q in quantizations
                 for kv in kv_dtypes
+                if runs_split(request.capabilities, q, tp, pp)
             ]
             evaluated.extend(batch)
             feasible = [c for c in batch if c.feasible]
@@ -242,14 +256,21 @@ def allowed_quantizations(request: PlanRequest) -> list[str]:
                 f"{facts.prequantized}"
             )
         formats = [facts.prequantized]
+    elif pinned in CHECKPOINT_FORMATS:
+        name = CHECKPOINT_FORMATS[pinned]
+        raise PlanningError(
+            f"spec.quantization is {pinned} but the checkpoint holds 16-bit weights (no config.json "
+            f"quantization_config): {name} weights come from a pre-quantized {name} checkpoint of this "
+            f"model; point spec.model at one, or use int4 (quantized at load) or auto"
+        )
     elif pinned == "auto":
-        formats = [q for q in ("none", "fp8", "int8", "awq") if q != "fp8" or profile.fp8]
+        formats = [q for q in LOAD_TIME_FORMATS if q != "fp8" or profile.fp8]
     else:
         formats = [pinned]
     if "fp8" in formats and not profile.fp8:
         raise PlanningError(
             f"fp8 weights need fp8 tensor cores (Ada or Hopper); {profile.name} has none: "
-            "use int8, awq or auto"
+            "use int8, int4 or auto"
         )
     if facts.prequantized and facts.prequantized not in served:
         raise PlanningError(
@@ -449,6 +470,7 @@ def suggest_count(
             for q in quantizations
             for kv in kv_dtypes
             for utilization in UTILIZATIONS
+            if runs_split(caps, q, tp, pp)
         ):
             return tp * pp
     return None

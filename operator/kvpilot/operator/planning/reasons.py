@@ -13,10 +13,21 @@ if TYPE_CHECKING:
     from kvpilot.operator.planning.plan import Plan
     from kvpilot.operator.planning.planner import Candidate, PlanRequest, ResolvedWorkload
 
-NEEDS_CHECKPOINT = {"int8": "an int8 (W8A8)", "awq": "an AWQ", "gptq": "a GPTQ"}
-FORMAT_NAMES = {"none": "16-bit", "fp8": "fp8", "int8": "int8", "awq": "4-bit AWQ", "gptq": "4-bit GPTQ"}
+FORMAT_NAMES = {
+    "none": "16-bit",
+    "fp8": "fp8",
+    "int8": "int8",
+    "int4": "int4",
+    "awq": "4-bit AWQ",
+    "gptq": "GPTQ",
+}
 MAX_STAGES_HINT = 16
-WEIGHT_FORMATS = ("none", "fp8", "int8", "awq", "gptq")
+WEIGHT_FORMATS = ("none", "fp8", "int8", "int4", "awq", "gptq")
+AT_LOAD = {
+    "fp8": "quantized at load (per-channel weight scales, per-token activations)",
+    "int8": "weight-only, quantized at load (per channel)",
+    "int4": "weight-only, round-to-nearest at load (group 128)",
+}
 
 
 def format_name(request: PlanRequest, quantization: str) -> str:
@@ -133,8 +144,13 @@ def quantization(
         served = request.capabilities.weight_quantizations
         if any(q not in served for q in WEIGHT_FORMATS):
             tail += f"; this runtime serves only {weights_served(served)}"
-    if q in NEEDS_CHECKPOINT:
-        tail += f"; needs {NEEDS_CHECKPOINT[q]} checkpoint of this model"
+    if q in AT_LOAD:
+        tail += f"; {AT_LOAD[q]}"
+    if q == "int4":
+        tail += (
+            "; a pre-quantized AWQ or GPTQ checkpoint of this model is the same size and keeps more "
+            "quality: point spec.model at one"
+        )
     return head + tail
 
 

@@ -2,9 +2,11 @@
 
 Pure functions of ModelFacts and plain numbers. Conventions:
 - 16-bit weights: 2 bytes each. Embedding, lm_head, norms and MoE routers always stay 16-bit.
-- fp8 / int8 weights: 1 byte each + one fp32 scale per output channel.
-- AWQ / GPTQ int4 weights: half a byte each + per group of `group_size` weights an fp16 scale and a
-  packed 4-bit zero point; GPTQ also keeps an int32 group index per input channel.
+- fp8 / int8 weights: 1 byte each + 4 bytes per output channel (fp8: an fp32 scale; int8: a 16-bit
+  scale and zero point).
+- int4 (quantized at load), AWQ and GPTQ: `bits` / 8 bytes each (4, or 8 for 8-bit GPTQ, from the
+  checkpoint's config) + per group of `group_size` weights a 16-bit scale and a 16-bit zero point: the
+  runtime's kernel layout, which every integer format is repacked into at load.
 - KV cache: kvpilot.contracts.kv_cache.kv_bytes_per_token, the one formula the runtime allocates by too
   (2 (K and V) x layers x kv_heads x head_dim elements per token; 8-bit KV adds one fp32 scale per
   (token, layer, K/V, kv head)).
@@ -78,24 +80,24 @@ def _moe_layer(facts: ModelFacts) -> tuple[int, int, int]:
     return weights, sum(2 * size + h for size in sizes), sum(2 * h + size for size in sizes)
 
 
-def linear_bytes(params: ParamCounts, quantization: str, group_size: int = 128) -> int:
-    """Bytes of the quantizable matmul weights in the given format."""
+def linear_bytes(params: ParamCounts, quantization: str, group_size: int = 128, bits: int = 4) -> int:
+    """Bytes of the quantizable matmul weights in the given format (bits: of an AWQ/GPTQ checkpoint)."""
     n = params.layer_linear
     if quantization == "none":
         return 2 * n
     if quantization in ("fp8", "int8"):
         return n + SCALE_BYTES * params.out_channels
-    if quantization in ("awq", "gptq"):
-        groups = math.ceil(n / group_size)
-        index = SCALE_BYTES * params.in_channels if quantization == "gptq" else 0
-        return n // 2 + groups * 2 + math.ceil(groups / 2) + index
+    if quantization in ("int4", "awq", "gptq"):
+        bits = 4 if quantization == "int4" else bits
+        groups = math.ceil(n / (group_size if group_size > 0 else 4096))  # -1: one group per row (~4k)
+        return n * bits // 8 + groups * 4
     raise ValueError(f"unknown quantization {quantization!r}")
 
 
 def weight_bytes(facts: ModelFacts, quantization: str) -> int:
     """All weights of the model in the given format (what one replica holds in total)."""
     params = param_counts(facts)
-    return linear_bytes(params, quantization, facts.quant_group_size) + 2 * (
+    return linear_bytes(params, quantization, facts.quant_group_size, facts.quant_bits) + 2 * (
         params.layer_other + params.embedding + params.lm_head
     )
 
@@ -109,7 +111,9 @@ def weight_bytes_per_gpu(facts: ModelFacts, quantization: str, tp: int, pp: int)
     params = param_counts(facts)
     layers = facts.num_layers
     stage_layers = math.ceil(layers / pp)
-    layer_bytes = linear_bytes(params, quantization, facts.quant_group_size) + 2 * params.layer_other
+    layer_bytes = (
+        linear_bytes(params, quantization, facts.quant_group_size, facts.quant_bits) + 2 * params.layer_other
+    )
     vocab = 2 * params.embedding * (1 if pp > 1 else (2 if params.lm_head else 1))
     return math.ceil((layer_bytes * stage_layers / layers + vocab) / tp)
 

@@ -157,6 +157,7 @@ class ModelRunner:
             load_format=args.load_format,
             seed=args.seed,
             comm=self.comm,
+            quantization=args.quantization,
         )
         self.kv_cache_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, self.dtype)
         self.graphs: DecodeGraphs | None = None

@@ -1,13 +1,34 @@
 """Dense projections. A fused projection (q|k|v, gate|up) is one weight made of row shards that the
 loader fills from the checkpoint's separate tensors, so the GPU path runs one GEMM instead of several.
-The GEMM comes from the runner's kernel set (cuBLAS on GPU)."""
+The GEMM comes from the runner's kernel set (cuBLAS on GPU).
+
+Quantized weights plug in through a LinearMethod (kvpilot.runtime.quant): it replaces the float `weight`
+with its own tensors, receives each checkpoint tensor of the layer (`load(layer, suffix, tensor, shard)`,
+suffix = weight/qweight/qzeros/scales/g_idx/weight_scale/...), repacks them into its kernel's layout in
+`finish`, and runs the GEMM in `apply`. Models build the same Linear for every format.
+"""
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import torch
 from kvpilot.runtime.distributed.sharding import TensorSplit
 from kvpilot.runtime.layers.kernel_ops import KernelOps
 from torch import nn
+
+
+class LinearMethod(Protocol):
+    """How a quantized Linear holds, loads and multiplies its weight."""
+
+    required_suffixes: tuple[str, ...]  # checkpoint tensors every shard needs (the bias aside)
+    optional_suffixes: tuple[str, ...]  # tensors read when present (e.g. GPTQ g_idx, fp8 input_scale)
+
+    def create_weights(self, layer: Linear) -> None: ...
+    def load(self, layer: Linear, suffix: str, tensor: torch.Tensor, shard: int | None) -> None: ...
+    def init_dummy(self, layer: Linear, generator: torch.Generator) -> None: ...
+    def finish(self, layer: Linear) -> None: ...
+    def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor: ...
 
 
 class Linear(nn.Module):
@@ -18,6 +39,7 @@ class Linear(nn.Module):
     ) -> None:
         super().__init__()
         self.shard_sizes = (shard_sizes,) if isinstance(shard_sizes, int) else tuple(shard_sizes)
+        self.in_features = in_features
         out_features = sum(self.shard_sizes)
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
@@ -25,6 +47,7 @@ class Linear(nn.Module):
         # the slice of each fused part's checkpoint weight this tensor-parallel rank holds (None: all of
         # it); set by the parallel subclasses in parallel_linear.py
         self.weight_splits: tuple[TensorSplit | None, ...] = (None,) * len(self.shard_sizes)
+        self.quant_method: LinearMethod | None = None  # None: the float weight above
 
     def checkpoint_split(self, param: str, shard: int | None) -> TensorSplit | None:
         """The slice of checkpoint tensor `param` ("weight"/"bias") of part `shard` this rank loads. A
@@ -32,10 +55,18 @@ class Linear(nn.Module):
         split = self.weight_splits[shard or 0]
         return None if param == "bias" and split is not None and split.dim != 0 else split
 
+    def set_quant_method(self, method: LinearMethod) -> None:
+        """Replace the float weight by the method's tensors (before the model is materialised)."""
+        del self.weight
+        self.quant_method = method
+        method.create_weights(self)
+
     def shard_rows(self, shard: int) -> slice:
         """The rows of the fused weight that hold part `shard`."""
         start = sum(self.shard_sizes[:shard])
         return slice(start, start + self.shard_sizes[shard])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._op(x, self.weight, self.bias)
+        if self.quant_method is None:
+            return self._op(x, self.weight, self.bias)
+        return self.quant_method.apply(self, x, self.bias)

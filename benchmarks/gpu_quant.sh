@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Quantized weights on the GPU machine (issue 12), one step or several per call (each under 10 minutes):
+#   bash benchmarks/gpu_quant.sh tests gemm     # GPU tests of the quant kernels + the GEMM micro-bench
+#   bash benchmarks/gpu_quant.sh w3             # W3 (Qwen3-8B, batch 1, in 1024, out 256): none, int4, fp8
+#   bash benchmarks/gpu_quant.sh w2             # W2 (Qwen3-8B, 256 seqs): none vs fp8
+#   bash benchmarks/gpu_quant.sh sizing         # plan kvCacheTokens vs runtime allocation: none, fp8, int4
+# Logs and JSON under $OUT; each step ends with a short table.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source benchmarks/gpu_env.sh
+OUT=${OUT:-/tmp/kvpilot-out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+for step in "$@"; do
+  case "$step" in
+    tests) python -m pytest -q -p no:cacheprovider -o addopts="--import-mode=importlib" -m "gpu or not gpu" \
+             tests/runtime/test_quant_kernels.py tests/runtime/test_quant_load_time.py \
+             tests/runtime/test_quant_checkpoints.py 2>&1 | tee "$OUT/pytest_quant_gpu.log" | tail -15 ;;
+    gemm) python benchmarks/bench_w4a16.py --sweep --out "$OUT/bench_w4a16.json" 2>&1 \
+             | tee "$OUT/bench_w4a16.log" | grep -v '^{' | tail -45 ;;
+    w3) for q in none int4 fp8; do
+          python -m kvpilot.runtime.bench --workloads W3 --quantization "$q" --out "$OUT/bench-W3-$q.json" \
+            2>&1 | tee "$OUT/bench-W3-$q.log" | grep -v '^{' | tail -3
+        done ;;
+    w2) for q in none fp8; do
+          python -m kvpilot.runtime.bench --workloads W2 --quantization "$q" --out "$OUT/bench-W2-$q.json" \
+            2>&1 | tee "$OUT/bench-W2-$q.log" | grep -v '^{' | tail -3
+        done ;;
+    sizing) python benchmarks/kv_sizing_check.py --out "$OUT/kv_sizing.json" 2>&1 \
+             | tee "$OUT/kv_sizing.log" | grep -v '^{' | tail -8 ;;
+    *) echo "unknown step $step (tests, gemm, w3, w2, sizing)"; exit 2 ;;
+  esac
+done

@@ -1,0 +1,93 @@
+"""Plain-PyTorch references for the quantized GEMMs (the oracle for the Triton kernels beside them), and
+the one canonical layout every integer weight format is unpacked into at load time.
+
+Integer weights (int8, int4, AWQ, GPTQ), for a layer y = x W^T with W [N, K] (N outputs, K inputs):
+    qweight  int32 [K * bits / 32, N]  bits/32 values per word along K, value j of word r (bits
+                                       [j*bits, (j+1)*bits)) is row k = r * 32/bits + j; unsigned
+    scales   [K / G, N]  model dtype   one scale per group of G input rows and output column
+    zeros    [K / G, N]  model dtype   the unsigned zero point of that group (integer valued)
+    perm     int64 [K] or None         act-order (GPTQ desc_act): the kernel sees x[:, perm] and rows
+                                       sorted so that each group is contiguous
+    W^T[k, n] = (q[k, n] - zeros[k // G, n]) * scales[k // G, n]
+K-major packing (like GPTQ's, unlike AWQ's N-packed interleaved words) lets a kernel load one word per
+output column and unpack 32/bits consecutive reduction rows in registers.
+
+fp8 weights (W8A8): weight float8_e4m3fn [N, K], weight_scale float32 [N]; activations are quantized per
+token (row) with a dynamic absmax scale, so y = (xq * sx) (wq * sw)^T.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+def pack_rows(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """[K, N] unsigned integer values < 2**bits -> int32 [K * bits / 32, N] (K-major, see module doc)."""
+    per_word = 32 // bits
+    k, n = q.shape
+    rows = q.to(torch.int64).reshape(k // per_word, per_word, n)
+    shifts = (torch.arange(per_word, device=q.device, dtype=torch.int64) * bits).view(1, per_word, 1)
+    words = (rows << shifts).sum(dim=1)  # [K/per_word, N], < 2**32
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def unpack_rows(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """int32 [K * bits / 32, N] -> int32 [K, N] values in [0, 2**bits)."""
+    per_word = 32 // bits
+    shifts = (torch.arange(per_word, device=packed.device, dtype=torch.int32) * bits).view(1, per_word, 1)
+    values = (packed.unsqueeze(1) >> shifts) & ((1 << bits) - 1)  # [K/per_word, per_word, N]
+    return values.reshape(-1, packed.shape[1])
+
+
+def dequantize_int_ref(
+    qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int
+) -> torch.Tensor:
+    """W^T [K, N] in the scales' dtype (rows in the kernel's order: x[:, perm] when act-ordered)."""
+    q = unpack_rows(qweight, bits)
+    group = q.shape[0] // scales.shape[0]
+    s = scales.repeat_interleave(group, dim=0)
+    z = zeros.repeat_interleave(group, dim=0)
+    return ((q.to(s.dtype) - z) * s).to(scales.dtype)
+
+
+def int_gemm_ref(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    bits: int,
+    perm: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [M, K] @ dequantized W^T [K, N] (+ bias) -> [M, N]: dequantize, then one matmul."""
+    if perm is not None:
+        x = x[:, perm]
+    y = x @ dequantize_int_ref(qweight, scales, zeros, bits).to(x.dtype)
+    return y if bias is None else y + bias
+
+
+def quantize_fp8_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row absmax scaling to float8_e4m3fn: (values [R, C] fp8, scales [R, 1] float32)."""
+    absmax = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12)
+    scale = absmax / FP8_MAX
+    values = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return values, scale
+
+
+def fp8_gemm_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    dense: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """W8A8 emulated in float32: x [M, K] quantized per token, weight [N, K] fp8 with scales [N].
+    dense: weight * weight_scale in float32 when the caller keeps it (the same numbers, made once)."""
+    xq, sx = quantize_fp8_rows_ref(x)
+    w = dense if dense is not None else weight.float() * weight_scale.float().view(-1, 1)
+    y = (xq.float() * sx) @ w.t()
+    y = y.to(x.dtype)
+    return y if bias is None else y + bias

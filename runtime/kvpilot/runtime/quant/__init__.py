@@ -1,0 +1,30 @@
+"""Quantized weights: format detection (config), checkpoint unpacking, load-time quantization and the
+per-format linear methods that plug into layers/linear.py."""
+
+from __future__ import annotations
+
+import torch
+from kvpilot.runtime.layers.linear import Linear
+from kvpilot.runtime.quant.config import QuantConfig, parse_quant_config
+from kvpilot.runtime.quant.methods import Fp8Method, IntWeightMethod
+from torch import nn
+
+__all__ = ["QuantConfig", "attach_quant_methods", "finish_quant_methods", "parse_quant_config"]
+
+
+def attach_quant_methods(
+    model: nn.Module, quant: QuantConfig, *, dtype: torch.dtype, device: torch.device, backend: str
+) -> None:
+    """Give every Linear of the (not yet materialised) model its format's method. The LM head and the
+    embedding stay in the model dtype."""
+    method_class = Fp8Method if quant.method == "fp8" else IntWeightMethod
+    for module in model.modules():
+        if isinstance(module, Linear):
+            module.set_quant_method(method_class(quant, dtype, device, backend))
+
+
+def finish_quant_methods(model: nn.Module) -> None:
+    """Repack every quantized layer's collected tensors into its kernel layout (after loading)."""
+    for module in model.modules():
+        if isinstance(module, Linear) and module.quant_method is not None:
+            module.quant_method.finish(module)

@@ -1,0 +1,27 @@
+"""The fp8 W8A8 GEMM on GPUs with fp8 (sm89+): per-token dynamic activation scales (one Triton launch,
+kernels/fp8_quant_triton.py), then torch._scaled_mm with row-wise scales (cuBLASLt) and bf16 output (the
+only output type row-wise scaling allows)."""
+
+from __future__ import annotations
+
+import torch
+from kvpilot.runtime.kernels.fp8_quant_triton import quantize_fp8_rows_triton
+
+
+def fp8_scaled_mm(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """x [M, K] (bf16/fp16), weight [N, K] float8_e4m3fn, weight_scale [N] float32 -> [M, N] in x's dtype."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    xq, x_scale = quantize_fp8_rows_triton(x2 if x2.stride(-1) == 1 else x2.contiguous())  # [M, K], [M, 1]
+    y = torch._scaled_mm(
+        xq,
+        weight.t(),  # [K, N] column-major, as cuBLASLt wants the second operand
+        scale_a=x_scale,
+        scale_b=weight_scale.view(1, -1),
+        out_dtype=torch.bfloat16,
+    )  # bias added after: not every torch build fuses a bias into the row-wise scaled GEMM
+    y = y if x.dtype == torch.bfloat16 else y.to(x.dtype)
+    y = y if bias is None else y + bias
+    return y.reshape(*lead, y.shape[-1])

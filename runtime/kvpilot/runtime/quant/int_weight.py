@@ -1,0 +1,80 @@
+"""Integer weights in the kernels' canonical layout (kernels/quant_reference.py), and round-to-nearest
+quantization of a float weight into it (load-time int8 / int4, and dummy weights of AWQ/GPTQ shapes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from kvpilot.runtime.errors import ModelLoadError
+from kvpilot.runtime.kernels.quant_reference import pack_rows
+
+
+@dataclass
+class IntWeight:
+    """One GEMM's integer weight: qweight int32 [K*bits/32, N], scales/zeros [K/G, N], perm [K] or None."""
+
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+    bits: int
+    perm: torch.Tensor | None = None
+
+    @property
+    def out_features(self) -> int:
+        return int(self.qweight.shape[1])
+
+
+def from_unpacked(
+    q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int, dtype: torch.dtype
+) -> IntWeight:
+    """q [K, N] unsigned values, scales/zeros [K/G, N] -> the canonical packed weight."""
+    return IntWeight(pack_rows(q, bits), scales.to(dtype), zeros.to(dtype), bits)
+
+
+def quantize_rtn(weight: torch.Tensor, bits: int, group_size: int, *, sym: bool) -> IntWeight:
+    """Round-to-nearest of W [N, K] with one scale per group of `group_size` inputs (-1: the whole row).
+
+    sym: scale = absmax / (2**(bits-1) - 1), zero = 2**(bits-1) (int8: q in [1, 255]);
+    else: the group's [min, max] (widened to hold 0) mapped onto [0, 2**bits - 1] with an integer zero.
+    """
+    n, k = weight.shape
+    group = k if group_size == -1 else group_size
+    if k % group or k % (32 // bits):
+        raise ModelLoadError(f"cannot quantize a [{n}, {k}] weight to {bits} bits in groups of {group}")
+    w = weight.float().t().reshape(k // group, group, n)  # [groups, G, N]: W^T grouped along K
+    qmax = (1 << bits) - 1
+    if sym:
+        half = 1 << (bits - 1)
+        scale = w.abs().amax(dim=1).clamp(min=1e-8) / (half - 1)  # [groups, N]
+        zero = torch.full_like(scale, float(half))
+    else:
+        lo = w.amin(dim=1).clamp(max=0.0)
+        hi = w.amax(dim=1).clamp(min=0.0)
+        scale = ((hi - lo) / qmax).clamp(min=1e-8)
+        zero = torch.round(-lo / scale).clamp(0, qmax)
+    q = torch.round(w / scale.unsqueeze(1) + zero.unsqueeze(1)).clamp(0, qmax)
+    return from_unpacked(q.reshape(k, n).to(torch.int32), scale, zero, bits, weight.dtype)
+
+
+def merge_parts(parts: list[IntWeight]) -> list[IntWeight]:
+    """Fused shards side by side along N as one weight, unless their act-order permutations differ
+    (GPTQ desc_act: each of q/k/v has its own), when each shard stays its own GEMM."""
+    first = parts[0]
+    same_perm = all(
+        (p.perm is None and first.perm is None)
+        or (p.perm is not None and first.perm is not None and torch.equal(p.perm, first.perm))
+        for p in parts
+    )
+    same_groups = all(p.scales.shape[0] == first.scales.shape[0] for p in parts)
+    if len(parts) == 1 or not (same_perm and same_groups):
+        return parts
+    return [
+        IntWeight(
+            torch.cat([p.qweight for p in parts], dim=1),
+            torch.cat([p.scales for p in parts], dim=1),
+            torch.cat([p.zeros for p in parts], dim=1),
+            first.bits,
+            first.perm,
+        )
+    ]

@@ -1,0 +1,238 @@
+"""The LinearMethods of each weight format (the seam in layers/linear.py): they check and collect a
+layer's checkpoint tensors, repack them into the kernels' layout once all are in, and run the GEMM.
+
+Integer formats (int8, int4, awq, gptq) end in one layout (kernels/quant_reference.py) and one GEMM:
+the Triton kernel on a GPU with the triton kernel set, the dequantize-then-matmul reference elsewhere.
+fp8 (load-time or checkpoint) ends as an fp8 weight with per-output-channel float32 scales, run by
+torch._scaled_mm with dynamic per-token activation scales (sm89+), or emulated on the CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+from kvpilot.runtime.errors import ModelLoadError, UnsupportedModelError
+from kvpilot.runtime.kernels.quant_reference import FP8_MAX, dequantize_int_ref, fp8_gemm_ref, int_gemm_ref
+from kvpilot.runtime.layers.linear import Linear
+from kvpilot.runtime.quant.checkpoint_formats import unpack_awq, unpack_gptq
+from kvpilot.runtime.quant.config import QuantConfig, int4_group_size
+from kvpilot.runtime.quant.int_weight import IntWeight, merge_parts, quantize_rtn
+
+
+class _Collecting:
+    """Shared by the methods: checkpoint tensors of each (shard, suffix), shape-checked on arrival."""
+
+    required_suffixes: tuple[str, ...] = ("weight",)
+    optional_suffixes: tuple[str, ...] = ()
+
+    def __init__(self, quant: QuantConfig, dtype: torch.dtype, device: torch.device, backend: str) -> None:
+        self.quant, self.dtype, self.device, self.backend = quant, dtype, device, backend
+        self.pending: dict[tuple[int, str], torch.Tensor] = {}
+
+    def create_weights(self, layer: Linear) -> None:
+        self.pending = {}
+
+    def expected_shape(self, layer: Linear, suffix: str, out: int) -> tuple[int, ...] | None:
+        """The shape `suffix` must have for a shard of `out` rows (None: any number of elements)."""
+        return (out, layer.in_features) if suffix == "weight" else None
+
+    def load(self, layer: Linear, suffix: str, tensor: torch.Tensor, shard: int | None) -> None:
+        index = shard or 0
+        expected = self.expected_shape(layer, suffix, layer.shard_sizes[index])
+        if expected is not None and tuple(tensor.shape) != expected:
+            raise ModelLoadError(
+                f"has shape {tuple(tensor.shape)}, expected {expected} for this config.json "
+                f"({self.quant.method}{self._describe()})"
+            )
+        self.pending[(index, suffix)] = tensor
+
+    def _describe(self) -> str:
+        q = self.quant
+        return f", {q.bits}-bit, group_size {q.group_size}" if q.method in ("awq", "gptq") else ""
+
+    def init_dummy(self, layer: Linear, generator: torch.Generator) -> None:
+        """Random float weights quantized like a 16-bit checkpoint at load (benchmarks)."""
+        for shard, rows in enumerate(layer.shard_sizes):
+            weight = torch.empty(rows, layer.in_features, device=self.device, dtype=self.dtype)
+            self.pending[(shard, "weight")] = weight.normal_(0.0, 0.02, generator=generator)
+
+    def shard_tensors(self, layer: Linear) -> list[dict[str, torch.Tensor]]:
+        tensors = [
+            {suffix: t for (s, suffix), t in self.pending.items() if s == shard}
+            for shard in range(len(layer.shard_sizes))
+        ]
+        self.pending = {}
+        return tensors
+
+
+class IntWeightMethod(_Collecting):
+    """int8 / int4 quantized at load, AWQ and GPTQ checkpoints: all W{4,8}A16 in the canonical layout."""
+
+    def __init__(self, quant: QuantConfig, dtype: torch.dtype, device: torch.device, backend: str) -> None:
+        super().__init__(quant, dtype, device, backend)
+        if quant.from_checkpoint:
+            self.required_suffixes = ("qweight", "qzeros", "scales")
+            self.optional_suffixes = ("g_idx",) if quant.method == "gptq" else ()
+        self.quantized: dict[int, IntWeight] = {}  # shard -> quantized at load (16-bit checkpoints)
+        self.parts: list[IntWeight] = []
+        self.dense: list[torch.Tensor] = []
+
+    def expected_shape(self, layer: Linear, suffix: str, out: int) -> tuple[int, ...] | None:
+        if suffix == "weight":
+            return (out, layer.in_features)
+        k, q = layer.in_features, self.quant
+        per_word = 32 // q.bits
+        group = k if q.group_size == -1 else q.group_size
+        if k % group or k % per_word or out % per_word:
+            raise ModelLoadError(
+                f"a layer of {k} inputs and {out} outputs cannot hold {q.method} {q.bits}-bit weights in "
+                f"groups of {q.group_size} (config.json quantization_config.group_size)"
+            )
+        if q.method == "awq":
+            shapes = {"qweight": (k, out // 8), "qzeros": (k // group, out // 8), "scales": (k // group, out)}
+        else:
+            shapes = {
+                "qweight": (k // per_word, out),
+                "qzeros": (k // group, out // per_word),
+                "scales": (k // group, out),
+                "g_idx": (k,),
+            }
+        return shapes[suffix]
+
+    def load(self, layer: Linear, suffix: str, tensor: torch.Tensor, shard: int | None) -> None:
+        """A 16-bit weight is quantized on arrival (on the device), so the float model is never held."""
+        super().load(layer, suffix, tensor, shard)
+        if suffix == "weight":
+            key = (shard or 0, "weight")
+            self.quantized[key[0]] = self._quantize(layer, self.pending.pop(key))
+
+    def init_dummy(self, layer: Linear, generator: torch.Generator) -> None:
+        super().init_dummy(layer, generator)
+        for shard in range(len(layer.shard_sizes)):
+            self.quantized[shard] = self._quantize(layer, self.pending.pop((shard, "weight")))
+
+    def _quantize(self, layer: Linear, weight: torch.Tensor) -> IntWeight:
+        q = self.quant
+        group = int4_group_size(layer.in_features) if q.method == "int4" else q.group_size
+        return _to(quantize_rtn(weight.to(self.device), q.bits, group, sym=q.sym), self.device, self.dtype)
+
+    def finish(self, layer: Linear) -> None:
+        tensors = self.shard_tensors(layer)
+        parts = [self.quantized.pop(i, None) or self._build(t) for i, t in enumerate(tensors)]
+        self.parts = merge_parts(parts)
+        if self.device.type != "cuda":  # CPU: the reference's dequantized W^T, made once (quality runs)
+            self.dense = [dequantize_int_ref(p.qweight, p.scales, p.zeros, p.bits) for p in self.parts]
+
+    def _build(self, t: dict[str, torch.Tensor]) -> IntWeight:
+        q = self.quant
+        if q.method == "awq":
+            weight = unpack_awq(t["qweight"], t["qzeros"], t["scales"], self.dtype)
+        else:
+            weight = unpack_gptq(
+                t["qweight"],
+                t["qzeros"],
+                t["scales"],
+                t.get("g_idx"),
+                bits=q.bits,
+                zeros_v2=q.zeros_v2,
+                dtype=self.dtype,
+            )
+        return _to(weight, self.device, self.dtype)
+
+    def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        outs = [self._gemm(x, part, i) for i, part in enumerate(self.parts)]
+        y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+        return y if bias is None else y + bias
+
+    def _gemm(self, x: torch.Tensor, w: IntWeight, index: int) -> torch.Tensor:
+        if self.dense:  # exactly int_gemm_ref, with W^T dequantized at load
+            return (x if w.perm is None else x[..., w.perm]) @ self.dense[index].to(x.dtype)
+        k, groups = x.shape[-1], w.scales.shape[0]
+        if self.backend == "triton" and x.is_cuda and k % 16 == 0 and (k // groups) % 16 == 0:
+            from kvpilot.runtime.kernels.w4a16_triton import int_gemm
+
+            return int_gemm(x, w.qweight, w.scales, w.zeros, w.bits, w.perm)
+        return int_gemm_ref(x, w.qweight, w.scales, w.zeros, w.bits, w.perm)
+
+
+def _to(w: IntWeight, device: torch.device, dtype: torch.dtype) -> IntWeight:
+    perm = None if w.perm is None else w.perm.to(device)
+    return IntWeight(
+        w.qweight.to(device), w.scales.to(device, dtype), w.zeros.to(device, dtype), w.bits, perm
+    )
+
+
+class Fp8Method(_Collecting):
+    """W8A8 fp8: weight float8_e4m3fn [N, K] with per-output-channel scales [N]; activations per token."""
+
+    def __init__(self, quant: QuantConfig, dtype: torch.dtype, device: torch.device, backend: str) -> None:
+        super().__init__(quant, dtype, device, backend)
+        if quant.from_checkpoint:
+            self.required_suffixes = ("weight", "weight_scale")
+            self.optional_suffixes = ("input_scale",)  # static activation scales: we scale per token
+        self.use_scaled_mm = device.type == "cuda"
+        if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+            major, minor = torch.cuda.get_device_capability(device)
+            raise UnsupportedModelError(
+                f"fp8 weights need a GPU with fp8 (compute capability 8.9+: Ada, Hopper, Blackwell); this "
+                f"GPU is sm{major}{minor}; use --quantization int8 or int4"
+            )
+        self.weight = torch.empty(0)
+        self.weight_scale = torch.empty(0)
+        self.quantized: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # shard -> (fp8 rows, scales)
+        self.dense: torch.Tensor | None = None
+
+    def expected_shape(self, layer: Linear, suffix: str, out: int) -> tuple[int, ...] | None:
+        return (out, layer.in_features) if suffix == "weight" else None
+
+    def load(self, layer: Linear, suffix: str, tensor: torch.Tensor, shard: int | None) -> None:
+        """A 16-bit weight is quantized on arrival (on the device), so the float model is never held."""
+        super().load(layer, suffix, tensor, shard)
+        if suffix == "weight" and not self.quant.from_checkpoint:
+            index = shard or 0
+            self.quantized[index] = _fp8_rows(self.pending.pop((index, "weight")).to(self.device))
+
+    def init_dummy(self, layer: Linear, generator: torch.Generator) -> None:
+        super().init_dummy(layer, generator)
+        for shard in range(len(layer.shard_sizes)):
+            self.quantized[shard] = _fp8_rows(self.pending.pop((shard, "weight")))
+
+    def finish(self, layer: Linear) -> None:
+        weights, scales = [], []
+        for shard, t in enumerate(self.shard_tensors(layer)):
+            if shard in self.quantized:
+                w, s = self.quantized.pop(shard)
+            else:
+                w, s = self._checkpoint_shard(t, layer.shard_sizes[shard])
+            weights.append(w)
+            scales.append(s)
+        self.weight = torch.cat(weights).contiguous()
+        self.weight_scale = torch.cat(scales).contiguous()
+        if not self.use_scaled_mm:  # CPU: the emulation's dequantized weight, made once
+            self.dense = self.weight.float() * self.weight_scale.view(-1, 1)
+
+    def _checkpoint_shard(self, t: dict[str, torch.Tensor], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """An fp8 checkpoint's weight and its per-tensor or per-channel scale, as per-channel scales."""
+        if t["weight"].dtype != torch.float8_e4m3fn:
+            raise ModelLoadError(
+                f"fp8 checkpoint weight has dtype {t['weight'].dtype}; supported: float8_e4m3fn"
+            )
+        s = t["weight_scale"].float().reshape(-1)
+        if s.numel() not in (1, rows):
+            raise ModelLoadError(
+                f"weight_scale has {s.numel()} values; supported: 1 (per tensor) or {rows} (per channel)"
+            )
+        return t["weight"].to(self.device), s.expand(rows).contiguous().to(self.device)
+
+    def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if not self.use_scaled_mm:
+            return fp8_gemm_ref(x, self.weight, self.weight_scale, bias, dense=self.dense)
+        from kvpilot.runtime.quant.fp8_gemm import fp8_scaled_mm
+
+        return fp8_scaled_mm(x, self.weight, self.weight_scale, bias)
+
+
+def _fp8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """W [N, K] -> (float8_e4m3fn [N, K], float32 scales [N]): one absmax scale per output channel."""
+    w = weight.float()
+    scale = w.abs().amax(dim=1).clamp(min=1e-12) / FP8_MAX
+    return (w / scale.view(-1, 1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale

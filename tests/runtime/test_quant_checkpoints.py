@@ -1,0 +1,144 @@
+"""AWQ / GPTQ / fp8 checkpoints packed from a known float model serve exactly the tokens of the model
+whose weights are their dequantized values. The dequantization here is an independent reference written
+bit by bit from the formats (not the runtime's unpacker)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from kvpilot.runtime.config import ModelConfig
+from kvpilot.runtime.fixtures.quantized import make_quantized_checkpoint
+from kvpilot.runtime.layers.kernel_ops import torch_ops
+from kvpilot.runtime.llm import LLM
+from kvpilot.runtime.loader import load_model
+from kvpilot.runtime.sampling_params import SamplingParams
+from safetensors.torch import load_file, save_file
+
+PROMPTS = ["the cat sat on", "a quick brown fox", "hello world"]
+AWQ_NIBBLE_COLUMN = [0, 2, 4, 6, 1, 3, 5, 7]
+
+
+def _field(word: int, index: int, bits: int) -> int:
+    return (word >> (index * bits)) & ((1 << bits) - 1)
+
+
+def _reference_dequant(tensors: dict[str, torch.Tensor], prefix: str, qc: dict) -> torch.Tensor:
+    """W [N, K] float32 from one layer's packed tensors, word by word in Python."""
+    method = qc["quant_method"]
+    if method in ("fp8", "compressed-tensors"):
+        w = tensors[prefix + "weight"].float()
+        scale = tensors[prefix + "weight_scale"].float()
+        return w * (scale.reshape(-1, 1) if scale.numel() > 1 else scale.reshape(()))
+    qweight = tensors[prefix + "qweight"].to(torch.int64) & 0xFFFFFFFF
+    qzeros = tensors[prefix + "qzeros"].to(torch.int64) & 0xFFFFFFFF
+    scales = tensors[prefix + "scales"].float()
+    bits = qc.get("bits", 4)
+    per = 32 // bits
+    groups, n = scales.shape
+    if method == "awq":
+        k = qweight.shape[0]
+        q = torch.empty(k, n)
+        z = torch.empty(groups, n)
+        for c in range(n // 8):
+            for i in range(8):
+                col = 8 * c + AWQ_NIBBLE_COLUMN[i]
+                q[:, col] = torch.tensor([_field(int(v), i, 4) for v in qweight[:, c]], dtype=torch.float32)
+                z[:, col] = torch.tensor([_field(int(v), i, 4) for v in qzeros[:, c]], dtype=torch.float32)
+        g_idx = torch.arange(k) // (k // groups)
+    else:
+        k = qweight.shape[0] * per
+        q = torch.empty(k, n)
+        for r in range(qweight.shape[0]):
+            for j in range(per):
+                q[r * per + j] = ((qweight[r] >> (j * bits)) & ((1 << bits) - 1)).float()
+        z = torch.empty(groups, n)
+        for c in range(qzeros.shape[1]):
+            for j in range(per):
+                z[:, c * per + j] = ((qzeros[:, c] >> (j * bits)) & ((1 << bits) - 1)).float()
+        if qc.get("checkpoint_format", "gptq") == "gptq":
+            z = z + 1
+        g_idx = tensors[prefix + "g_idx"].to(torch.int64)
+    return ((q - z[g_idx]) * scales[g_idx]).t().contiguous()
+
+
+def write_dequantized(quantized: Path, out: Path) -> Path:
+    """The float32 checkpoint whose projection weights are the quantized checkpoint's values."""
+    out.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        (out / name).write_bytes((quantized / name).read_bytes())
+    config = json.loads((quantized / "config.json").read_text())
+    qc = config.pop("quantization_config")
+    config["torch_dtype"] = "float32"
+    (out / "config.json").write_text(json.dumps(config))
+    tensors = load_file(str(quantized / "model.safetensors"))
+    weights: dict[str, torch.Tensor] = {}
+    prefixes = {n[: -len("qweight")] for n in tensors if n.endswith("qweight")}
+    prefixes |= {n[: -len("weight_scale")] for n in tensors if n.endswith("weight_scale")}
+    packed = ("qweight", "qzeros", "scales", "g_idx", "weight", "weight_scale", "input_scale")
+    for name, t in tensors.items():
+        prefix, _, suffix = name.rpartition(".")
+        if prefix + "." not in prefixes or suffix not in packed:
+            weights[name] = t.float()
+    for prefix in prefixes:
+        weights[prefix + "weight"] = _reference_dequant(tensors, prefix, qc)
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def greedy_tokens(model_dir: Path) -> list[list[int]]:
+    llm = LLM(str(model_dir), device="cpu", dtype="float32", max_model_len=128, kernel_backend="torch")
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    return [o.token_ids for o in llm.generate(PROMPTS, params)]
+
+
+CASES = {
+    "awq-g32": ("awq", {"group_size": 32}),
+    "awq-g64-llama": ("awq", {"group_size": 64, "family": "llama3"}),
+    "awq-g128": ("awq", {"group_size": 128, "hidden_size": 128}),
+    "gptq4-sym-g32": ("gptq", {"bits": 4, "group_size": 32, "sym": True}),
+    "gptq4-asym-descact-g64": ("gptq", {"bits": 4, "group_size": 64, "sym": False, "desc_act": True}),
+    "gptq4-v2-asym-g128": (
+        "gptq",
+        {"bits": 4, "group_size": 128, "sym": False, "v2": True, "hidden_size": 128},
+    ),
+    "gptq8-sym-g-1-qwen2": ("gptq", {"bits": 8, "group_size": -1, "family": "qwen2"}),
+    "gptq8-asym-descact-g32": ("gptq", {"bits": 8, "group_size": 32, "sym": False, "desc_act": True}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_packed_checkpoint_serves_the_tokens_of_its_dequantized_model(case: str, tmp_path: Path) -> None:
+    fmt, opts = CASES[case]
+    quantized = make_quantized_checkpoint(tmp_path / "q", fmt, seed=3, **opts)
+    reference = write_dequantized(quantized, tmp_path / "deq")
+    assert greedy_tokens(quantized) == greedy_tokens(reference)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "per_channel"), [("fp8", False), ("compressed-tensors", True), ("compressed-tensors", False)]
+)
+def test_fp8_checkpoint_weights_load_exactly(fmt: str, per_channel: bool, tmp_path: Path) -> None:
+    """fp8 also quantizes activations, so tokens may differ from the dequantized model's: the weights
+    and scales must load exactly, and each layer's output stays within fp8's error of the float one."""
+    quantized = make_quantized_checkpoint(tmp_path / "q", fmt, per_channel=per_channel)
+    reference = write_dequantized(quantized, tmp_path / "deq")
+    cpu = torch.device("cpu")
+    fp8 = load_model(
+        quantized, ModelConfig.from_dir(quantized), device=cpu, dtype=torch.float32, ops=torch_ops()
+    )
+    ref = load_model(
+        reference, ModelConfig.from_dir(reference), device=cpu, dtype=torch.float32, ops=torch_ops()
+    )
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(0))
+    for name in ("self_attn.qkv_proj", "mlp.gate_up_proj"):
+        layer = fp8.get_submodule(f"model.layers.1.{name}")
+        method = layer.quant_method
+        dequantized = method.weight.float() * method.weight_scale.view(-1, 1)
+        want = ref.get_submodule(f"model.layers.1.{name}").weight
+        assert torch.equal(dequantized, want)
+        y, y_ref = layer(x), x @ want.t()
+        assert float((y - y_ref).norm() / y_ref.norm()) < 0.06
+    assert len(greedy_tokens(quantized)[0]) == 8

@@ -1,0 +1,56 @@
+"""The weight-only GEMM kernels lower to Hopper (sm_90) machine code through the real Triton compiler,
+without a GPU, at Qwen3-8B's launch shapes (as test_kernels_compile does for the other kernels). Runs in a
+subprocess: this process may have switched Triton to its interpreter."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+COMPILE = """
+import dataclasses, json
+from kvpilot.runtime.kernels import fp8_quant_triton as f, w4a16_triton as w
+from kvpilot.runtime.kernels.compile_check import KernelSpec, compile_kernel
+
+def gemm(name, bits, group, bm, bn, bk, out):
+    types = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "out_ptr": out}
+    consts = {"GROUP": group, "BITS": bits, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}
+    return KernelSpec(name, w._int_gemm_kernel, types, consts, 4, 3, ("M",))
+
+dequant_types = {"qw_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "out_ptr": "*bf16"}
+specs = [
+    gemm("w4_decode_split", 4, 128, 16, 64, 128, "*fp32"),
+    gemm("w4_prefill", 4, 128, 64, 128, 128, "*bf16"),
+    gemm("w8_decode_split", 8, 4096, 16, 64, 128, "*fp32"),
+    KernelSpec("w4_dequantize", w._dequantize_kernel, dequant_types,
+               {"GROUP": 128, "BITS": 4, "BLOCK_K": 128, "BLOCK_N": 64}, 4, 1),
+    KernelSpec("reduce_splits", w._reduce_splits_kernel, {"part_ptr": "*fp32", "out_ptr": "*bf16"},
+               {"SPLIT_K": 4, "BLOCK": 1024}, 4, 1),
+    KernelSpec("fp8_quantize_rows", f._quantize_rows_kernel,
+               {"x_ptr": "*bf16", "out_ptr": "*fp8e4nv", "scale_ptr": "*fp32"},
+               {"BLOCK": 4096, "QMAX": 448.0}, 4, 1),
+]
+print(json.dumps([dataclasses.asdict(compile_kernel(s, 90)) for s in specs]))
+"""
+
+
+def test_int_gemm_kernels_compile_for_sm90() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-c", COMPILE], capture_output=True, text=True, env=env, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    reports = {r["name"]: r for r in json.loads(done.stdout.strip().splitlines()[-1])}
+    assert set(reports) == {
+        "w4_decode_split",
+        "w4_prefill",
+        "w8_decode_split",
+        "w4_dequantize",
+        "reduce_splits",
+        "fp8_quantize_rows",
+    }
+    for name in ("w4_decode_split", "w4_prefill", "w8_decode_split"):
+        assert reports[name]["async_copies"] > 0, f"{name}: weight loads are no longer pipelined"
+        assert (reports[name]["stack_bytes"] or 0) <= 32, f"{name} spills registers: {reports[name]}"
