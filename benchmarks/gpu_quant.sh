@@ -25,8 +25,8 @@ for step in "$@"; do
           python -m kvpilot.runtime.bench --workloads W2 --quantization "$q" --out "$OUT/bench-W2-$q.json" \
             2>&1 | tee "$OUT/bench-W2-$q.log" | grep -v '^{' | tail -3
         done ;;
-    sizing) python benchmarks/kv_sizing_check.py --out "$OUT/kv_sizing.json" 2>&1 \
-             | tee "$OUT/kv_sizing.log" | grep -v '^{' | tail -8 ;;
+    sizing) python benchmarks/sizing_truth.py --case qwen3-8b:none:bf16 --case qwen3-8b:fp8:bf16 \
+             --case qwen3-8b:int4:bf16 --out "$OUT/kv_sizing.json" 2>&1 | tee "$OUT/kv_sizing.log" | grep '^|' ;;
     *) echo "unknown step $step (tests, gemm, w3, w2, sizing)"; exit 2 ;;
   esac
 done
