@@ -115,7 +115,7 @@ def iter_checkpoint_slices(files: list[Path]) -> Iterator[tuple[str, Any]]:
 def read_split(lazy: Any, split: TensorSplit | None) -> torch.Tensor:
     """The rank's slice of one checkpoint tensor (all of it when split is None)."""
     if split is None:
-        return lazy[:]
+        return lazy[...]
     end = split.start + split.length
     return lazy[split.start : end] if split.dim == 0 else lazy[:, split.start : end]
 
@@ -211,7 +211,7 @@ def _load_quantized(modules: dict[str, nn.Module], slot: ParamSlot, name: str, l
     if suffix not in method.required_suffixes and suffix not in method.optional_suffixes:
         return False
     try:
-        method.load(owner, suffix, lazy[:], slot[1])
+        method.load(owner, suffix, lazy[...], slot[1])
     except ModelLoadError as exc:
         raise ModelLoadError(f"tensor {name}: {exc}") from exc
     return True

@@ -67,6 +67,10 @@ class Linear(nn.Module):
         return slice(start, start + self.shard_sizes[shard])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matmul(x, self.bias)
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x W^T + bias through the float GEMM or the quant method (parallel subclasses pick the bias)."""
         if self.quant_method is None:
-            return self._op(x, self.weight, self.bias)
-        return self.quant_method.apply(self, x, self.bias)
+            return self._op(x, self.weight, bias)
+        return self.quant_method.apply(self, x, bias)

@@ -47,5 +47,5 @@ class RowParallelLinear(Linear):
         self._adds_bias = comm.tp_rank == 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self._op(x, self.weight, self.bias if self._adds_bias else None)  # [T, out], partial sum
+        y = self.matmul(x, self.bias if self._adds_bias else None)  # [T, out], partial sum
         return self._comm.all_reduce(y)
