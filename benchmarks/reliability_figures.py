@@ -185,21 +185,23 @@ def operator_restarts(restarts: int) -> dict[str, Any]:
     async def main() -> dict[str, Any]:
         async with kit.emulated_cluster() as (k, url, api):
             proxy = FaultProxy(url)
-            proxy.add({"POST", "PATCH", "PUT"}, "/namespaces/ml/", *([409, 500, 503] * restarts))
+            proxy.add({"POST", "PATCH", "PUT"}, "/namespaces/ml/", *([409, 500, 503] * restarts), every=2)
             with ServerThread(proxy.app()) as front:
                 await api.create(ISVC_BODY)
-                survived = 0
+                survived, mid_reconcile = 0, 0
                 for _ in range(restarts):
                     seen = len(kit.writes(k))
                     async with kit.running_operator(front.url, None):
-                        await kit.until(lambda s=seen: len(kit.writes(k)) > s or converged(k), timeout=30)
+                        await kit.until(lambda s=seen: len(kit.writes(k)) > s or converged(k), timeout=60)
+                        mid_reconcile += not converged(k)
                     survived += 1
                 async with kit.running_operator(front.url, None):
-                    await kit.until(lambda: converged(k), timeout=60, what="converged")
+                    await kit.until(lambda: converged(k), timeout=120, what="converged")
                     await kit.settle(k)
                 children = kit.children(k, UID)
             return {
                 "restarts": survived,
+                "stopped_before_converged": mid_reconcile,
                 "converged": converged(k),
                 "children_as_expected": children == CHILDREN,
                 "faults_injected": dict(proxy.injected),
@@ -215,6 +217,7 @@ def commit() -> str:
 
 
 def report(results: dict[str, Any]) -> str:
+    results = {"probes": {}, "faults": {}, "disconnect_free_s": {}, **results}
     lines = [
         f"date {results['date']}, commit {results['commit']}, {results['machine']}",
         "",
@@ -236,12 +239,19 @@ def report(results: dict[str, Any]) -> str:
             f"\nKV freed after 12 streams dropped ({name}): median {statistics.median(times):.3f}s, "
             f"max {max(times):.3f}s over {len(times)} rounds"
         )
-    mem = results["memory"]
-    lines += ["", f"| RSS (MiB), {results['streams']} concurrent streams | before | after |", "|---|---|---|"]
-    for name in mem["before_mib"]:
-        lines.append(f"| {name} | {mem['before_mib'][name]:.0f} | {mem['after_mib'][name]:.0f} |")
-    lines.append(f"\nstream outcomes: {mem['outcome']}")
-    lines.append(f"\noperator: {results['operator']}")
+    mem = results.get("memory")
+    if mem:
+        lines += [
+            "",
+            f"| RSS (MiB), {results['streams']} concurrent streams | before | after |",
+            "|---|---|---|",
+        ]
+        for name in mem["before_mib"]:
+            lines.append(f"| {name} | {mem['before_mib'][name]:.0f} | {mem['after_mib'][name]:.0f} |")
+        lines.append(f"\nstream outcomes: {mem['outcome']}")
+    lines.append(f"\noperator: {results.get('operator')}")
+    if results.get("errors"):
+        lines.append(f"\nFAILED sections: {results['errors']}")
     return "\n".join(lines)
 
 
@@ -270,24 +280,39 @@ def main() -> int:
         "machine": f"{os.cpu_count()}-core CPU ({platform.machine()}, {platform.system()}), loopback",
         "streams": args.streams,
     }
-    try:
-        results["probes"] = {
-            "runtime": probe_counts(runtimes[0].url, args.probes),
-            "gateway": probe_counts(gateway.url, args.probes),
-        }
-        results["memory"] = memory_figures(gateway, runtimes[0], args.streams)
-        results["disconnect_free_s"] = {
-            "direct": disconnect_free_seconds(runtimes[1].url, runtimes[1]),
-            "via gateway": disconnect_free_seconds(gateway.url, runtimes[1]),
-        }
-        victim = runtimes[0]
-        results["faults"] = {
-            "SIGSTOP": fault_counts(gateway.url, lambda: os.kill(victim.process.pid, signal.SIGSTOP))
-        }
+    victim = runtimes[0]
+
+    def freeze_then_resume() -> dict[str, int]:
+        counts = fault_counts(gateway.url, lambda: os.kill(victim.process.pid, signal.SIGSTOP))
         os.kill(victim.process.pid, signal.SIGCONT)
         wait_until(lambda: ready(gateway.url) == 2, timeout=60)
-        results["faults"]["SIGKILL"] = fault_counts(gateway.url, victim.kill)
-        results["operator"] = operator_restarts(args.restarts)
+        return counts
+
+    sections = {
+        "operator": lambda: operator_restarts(args.restarts),
+        "probes": lambda: {
+            "runtime": probe_counts(runtimes[1].url, args.probes),
+            "gateway": probe_counts(gateway.url, args.probes),
+        },
+        "memory": lambda: memory_figures(gateway, runtimes[1], args.streams),
+        "disconnect_free_s": lambda: {
+            "direct": disconnect_free_seconds(runtimes[1].url, runtimes[1]),
+            "via gateway": disconnect_free_seconds(gateway.url, runtimes[1]),
+        },
+        "faults": lambda: {
+            "SIGSTOP": freeze_then_resume(),
+            "SIGKILL": fault_counts(gateway.url, victim.kill),
+        },
+    }
+    try:
+        for name, measure in sections.items():
+            try:
+                results[name] = measure()
+            except Exception as exc:  # keep the other figures; say what failed
+                results.setdefault("errors", {})[name] = repr(exc)
+            if args.out:
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps(results, indent=2, default=dict))
     finally:
         gateway.stop()
         for runtime in runtimes:
@@ -295,10 +320,7 @@ def main() -> int:
                 os.kill(runtime.process.pid, signal.SIGCONT)
             runtime.stop()
     print(report(results))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=2, default=dict))
-    return 0
+    return 1 if results.get("errors") else 0
 
 
 if __name__ == "__main__":

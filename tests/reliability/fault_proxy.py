@@ -1,6 +1,6 @@
-"""A fault-injecting HTTP proxy to put in front of kmock (or any API server): chosen requests get a 409, a
-500, a 503 or a delay instead of (or before) being forwarded; everything else, watch streams included, is
-relayed as it comes.
+"""A fault-injecting HTTP proxy to put in front of kmock (or any API server): chosen requests (the next ones
+that match, or every n-th) get a 409, a 500, a 503 or a delay instead of (or before) being forwarded;
+everything else, watch streams included, is relayed as it comes.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ class Fault:
     methods: frozenset[str]
     path: str
     actions: deque[int | float]
+    every: int = 1  # inject into every n-th matching request (the others pass)
+    seen: int = 0
 
 
 @dataclass
@@ -35,13 +37,15 @@ class FaultProxy:
     faults: list[Fault] = field(default_factory=list)
     injected: Counter[str] = field(default_factory=Counter)
 
-    def add(self, methods: set[str], path: str, *actions: int | float) -> None:
-        self.faults.append(Fault(frozenset(methods), path, deque(actions)))
+    def add(self, methods: set[str], path: str, *actions: int | float, every: int = 1) -> None:
+        self.faults.append(Fault(frozenset(methods), path, deque(actions), every))
 
     def _next_action(self, method: str, path: str) -> int | float | None:
         for fault in self.faults:
             if method in fault.methods and fault.path in path and fault.actions:
-                return fault.actions.popleft()
+                fault.seen += 1
+                if fault.seen % fault.every == 0:
+                    return fault.actions.popleft()
         return None
 
     def app(self) -> Starlette:
