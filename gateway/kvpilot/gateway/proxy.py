@@ -29,6 +29,7 @@ from kvpilot.gateway.upstream import (
     AttemptBounds,
     RelayResponse,
     ReplicaUnavailable,
+    ReplicaWentDown,
     forward_headers,
     open_upstream,
     read_rest,
@@ -144,9 +145,10 @@ class _Call:
             except ReplicaUnavailable as exc:
                 log.warning("attempt %d for %s failed before the first byte: %s", attempt + 1, pool.name, exc)
                 pool.report_failure(ticket.url)
-                tried.add(ticket.url)
+                if not isinstance(exc, ReplicaWentDown):
+                    tried.add(ticket.url)
                 metrics.retries.labels(pool.name).inc()
-        raise UpstreamFailed(f"{len(tried)} replica(s) of {pool.name!r} failed this request")
+        raise UpstreamFailed(f"{attempt + 1} attempt(s) on {pool.name!r} failed this request")
 
     async def _forward(self, ticket: Ticket) -> Response:
         """Opens the upstream; owns `ticket` until it returns, then the response owns it (streaming)."""

@@ -40,6 +40,11 @@ class ReplicaUnavailable(Exception):
     """The replica failed before sending a byte we could pass on: safe to try another one."""
 
 
+class ReplicaWentDown(ReplicaUnavailable):
+    """Given up while the replica failed its health checks: it may pass them again (an overloaded replica
+    does), so the retry may come back to it, unlike one that refused or broke the connection."""
+
+
 def forward_headers(headers: Mapping[str, str], request_id: str, drop: frozenset[str] = frozenset()) -> dict:
     """Client -> replica: end-to-end headers only, plus our request id."""
     listed = {h.strip().lower() for h in headers.get("connection", "").split(",") if h.strip()}
@@ -101,8 +106,9 @@ async def open_upstream(
             attempt.cancel()
             await asyncio.gather(attempt, return_exceptions=True)  # closes the upstream connection
     if attempt.cancelled():
-        why = "failed its health checks" if bounds.down.is_set() else "sent no byte in time"
-        raise ReplicaUnavailable(f"{url}: the replica {why} before the first byte")
+        if bounds.down.is_set():
+            raise ReplicaWentDown(f"{url}: the replica failed its health checks before the first byte")
+        raise ReplicaUnavailable(f"{url}: the replica sent no byte in time")
     return attempt.result()
 
 
