@@ -25,6 +25,7 @@ class FakeState:
     abort_after_chunks: int | None = None  # drop the connection mid-stream
     chunks: int = 3
     hold: bool = False  # wait for `release` after the first chunk (streaming) or before answering
+    silent: bool = False  # streaming: wait for `release` before the first byte (a wedged replica)
     release: threading.Event = field(default_factory=threading.Event)
     active: int = 0
     cancelled: int = 0
@@ -95,6 +96,9 @@ def create_fake_app(state: FakeState) -> FastAPI:
     async def _stream(request: Request):
         state.active += 1
         try:
+            if state.silent and not await _released(state, request):
+                state.cancelled += 1
+                return
             for i in range(state.chunks):
                 if state.abort_after_chunks is not None and i == state.abort_after_chunks:
                     raise RuntimeError("injected mid-stream failure")

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 from kvpilot.runtime.engine_core.client import EngineCoreSpec
 from kvpilot.runtime.errors import InvalidRequestError
+from kvpilot.runtime.server.request_body import BodyLimits
 from kvpilot.runtime.server.serve import RuntimeServer
 
 from tests.runtime.fake_engine import EOS, FACTORY, FAIL_MARKER, expected_text
@@ -66,6 +67,7 @@ class InProcessServer:
         served_model_name: str = "fake-model",
         max_waiting_requests: int = 256,
         grace_seconds: float = 10.0,
+        body_limits: BodyLimits | None = None,
     ) -> None:
         self.runtime = RuntimeServer(
             core or fake_engine(),
@@ -76,6 +78,7 @@ class InProcessServer:
             grace_seconds=grace_seconds,
             cache_config={"cache_dtype": "auto"},
             log_level="warning",
+            body_limits=body_limits,
         )
         self.served_model_name = served_model_name
         self.client = self.runtime.client

@@ -230,12 +230,16 @@ def test_bad_input_gets_openai_error_and_server_keeps_serving(
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
     assert error["param"] == param
     assert r.headers["x-request-id"]
-    ok = httpx.post(server.base_url + "/v1/completions", json={"prompt": "ok", "max_tokens": 1})
+    ok = httpx.post(
+        server.base_url + "/v1/completions", json={"model": MODEL, "prompt": "ok", "max_tokens": 1}
+    )
     assert ok.status_code == 200
 
 
 def test_prompt_too_long_message_has_the_numbers(server: InProcessServer) -> None:
-    r = httpx.post(server.base_url + "/v1/completions", json={"prompt": "x" * 40, "max_tokens": 30})
+    r = httpx.post(
+        server.base_url + "/v1/completions", json={"model": MODEL, "prompt": "x" * 40, "max_tokens": 30}
+    )
     message = r.json()["error"]["message"]
     assert "40" in message and "30" in message and "64" in message
 
@@ -248,32 +252,42 @@ def test_unknown_route_and_method_are_openai_errors(server: InProcessServer) -> 
 
 
 def test_engine_failure_is_500_with_request_id_and_loop_survives(server: InProcessServer) -> None:
-    r = httpx.post(server.base_url + "/v1/completions", json={"prompt": "EXPLODE", "max_tokens": 3})
+    r = httpx.post(
+        server.base_url + "/v1/completions", json={"model": MODEL, "prompt": "EXPLODE", "max_tokens": 3}
+    )
     assert r.status_code == 500
     assert r.headers["x-request-id"] in r.json()["error"]["message"]
     with httpx.stream(
         "POST",
         server.base_url + "/v1/completions",
-        json={"prompt": "EXPLODE now", "max_tokens": 3, "stream": True},
+        json={"model": MODEL, "prompt": "EXPLODE now", "max_tokens": 3, "stream": True},
     ) as stream:
         raw = stream.read().decode()
     assert '"type":"server_error"' in raw and raw.endswith("data: [DONE]\n\n")
-    ok = httpx.post(server.base_url + "/v1/completions", json={"prompt": "fine", "max_tokens": 2})
+    ok = httpx.post(
+        server.base_url + "/v1/completions", json={"model": MODEL, "prompt": "fine", "max_tokens": 2}
+    )
     assert ok.status_code == 200 and ok.json()["choices"][0]["text"] == expected_text(4, 2)
 
 
 def test_unexpected_handler_error_is_500_naming_the_request(server: InProcessServer) -> None:
     r = httpx.post(
-        server.base_url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "CRASH"}]}
+        server.base_url + "/v1/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "CRASH"}]},
     )
     assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
     assert r.headers["x-request-id"] in r.json()["error"]["message"]
-    assert httpx.post(server.base_url + "/v1/completions", json={"prompt": "ok"}).status_code == 200
+    assert (
+        httpx.post(server.base_url + "/v1/completions", json={"model": MODEL, "prompt": "ok"}).status_code
+        == 200
+    )
 
 
 def test_metrics_parse_and_counters_move(server: InProcessServer) -> None:
     before = metric_values(server.base_url)
-    httpx.post(server.base_url + "/v1/completions", json={"prompt": "metrics!", "max_tokens": 4})
+    httpx.post(
+        server.base_url + "/v1/completions", json={"model": MODEL, "prompt": "metrics!", "max_tokens": 4}
+    )
     after = metric_values(server.base_url)
     assert sample(after, "vllm:prompt_tokens_total") - sample(before, "vllm:prompt_tokens_total") == 8
     assert sample(after, "vllm:generation_tokens_total") - sample(before, "vllm:generation_tokens_total") == 4
@@ -304,7 +318,7 @@ def running_and_usage(base_url: str) -> tuple[float, float]:
 
 
 def test_stream_disconnect_aborts_engine_request(server: InProcessServer, abort_log: Path) -> None:
-    body = {"prompt": "long", "max_tokens": 50, "stream": True}
+    body = {"model": MODEL, "prompt": "long", "max_tokens": 50, "stream": True}
     aborted_before = aborted(abort_log)
     with (
         httpx.Client(base_url=server.base_url) as http,
@@ -321,7 +335,9 @@ def test_non_streaming_disconnect_aborts_engine_request(server: InProcessServer,
     aborted_before = aborted(abort_log)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(
-            server.base_url + "/v1/completions", json={"prompt": "slow", "max_tokens": 55}, timeout=0.05
+            server.base_url + "/v1/completions",
+            json={"model": MODEL, "prompt": "slow", "max_tokens": 55},
+            timeout=0.05,
         )
     assert wait_for(lambda: aborted(abort_log) > aborted_before, timeout=1.0)
     assert wait_for(lambda: running_and_usage(server.base_url) == (0, 0), timeout=1.0)

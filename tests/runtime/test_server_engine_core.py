@@ -68,7 +68,9 @@ def test_engine_core_is_a_child_process_and_only_it_loads_torch(runtime: Runtime
     pid = core_pid(runtime)
     assert pid != runtime.pid and parent_of(pid) == runtime.pid
     assert maps_torch(pid) and not maps_torch(runtime.pid)
-    r = httpx.post(runtime.base_url + "/v1/completions", json={"prompt": "hi", "max_tokens": 3})
+    r = httpx.post(
+        runtime.base_url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 3}
+    )
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
     assert not maps_torch(runtime.pid)
 
@@ -86,7 +88,13 @@ def test_http_side_imports_no_torch() -> None:
 
 
 def test_killing_the_core_fails_the_stream_turns_health_503_and_exits_3(runtime: RuntimeProcess) -> None:
-    body = {"prompt": "tell me a story", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+    body = {
+        "model": "tiny",
+        "prompt": "tell me a story",
+        "max_tokens": 1000,
+        "ignore_eos": True,
+        "stream": True,
+    }
     with (
         httpx.Client(base_url=runtime.base_url, timeout=30) as http,
         http.stream("POST", "/v1/completions", json=body) as response,
@@ -181,7 +189,7 @@ def test_event_loop_answers_while_the_engine_holds_its_gil() -> None:
     the HTTP process would stall /health for as long; a separate process does not."""
     srv = InProcessServer(fake_engine(gil_hold=0.3, max_model_len=4096)).start()
     try:
-        body = {"prompt": "abc", "max_tokens": 30, "stream": True}
+        body = {"model": "fake-model", "prompt": "abc", "max_tokens": 30, "stream": True}
         with (
             httpx.Client(base_url=srv.base_url, timeout=30) as http,
             httpx.Client(base_url=srv.base_url, timeout=5) as probe,  # one client: no setup per probe
@@ -209,7 +217,7 @@ def test_event_loop_answers_while_the_engine_holds_its_gil() -> None:
 def test_in_process_server_exits_3_when_its_core_dies() -> None:
     srv = InProcessServer(fake_engine(step_delay=0.01, max_model_len=4096)).start()
     try:
-        body = {"prompt": "abc", "max_tokens": 2000, "stream": True}
+        body = {"model": "fake-model", "prompt": "abc", "max_tokens": 2000, "stream": True}
         with (
             httpx.Client(base_url=srv.base_url, timeout=30) as http,
             http.stream("POST", "/v1/completions", json=body) as response,
@@ -220,7 +228,7 @@ def test_in_process_server_exits_3_when_its_core_dies() -> None:
             os.kill(srv.core_pid, signal.SIGKILL)
             events = [line for line in lines if line]
         assert '"type":"server_error"' in events[-2] and events[-1] == "data: [DONE]"
-        r = httpx.post(srv.base_url + "/v1/completions", json={"prompt": "x"})
+        r = httpx.post(srv.base_url + "/v1/completions", json={"model": "fake-model", "prompt": "x"})
         assert r.status_code == 503 and r.json()["error"]["code"] == "engine_dead"
         srv.join(10)
         assert srv.stopped and srv.exit_code == EXIT_ENGINE_DIED

@@ -28,12 +28,17 @@ def test_health_and_requests_are_503_while_loading(tmp_path: Path) -> None:
     srv = InProcessServer(fake_engine(load_gate=str(release))).start(wait_healthy=False)
     try:
         assert wait_for(lambda: _status(srv.base_url + "/health") == 503)
-        r = httpx.post(srv.base_url + "/v1/completions", json={"prompt": "x"})
+        r = httpx.post(srv.base_url + "/v1/completions", json={"model": "fake-model", "prompt": "x"})
         assert r.status_code == 503 and r.json()["error"]["code"] == "model_loading"
         assert r.headers["retry-after"] == "1"
         release.touch()
         assert wait_for(lambda: _status(srv.base_url + "/health") == 200, timeout=10)
-        assert httpx.post(srv.base_url + "/v1/completions", json={"prompt": "x"}).status_code == 200
+        assert (
+            httpx.post(
+                srv.base_url + "/v1/completions", json={"model": "fake-model", "prompt": "x"}
+            ).status_code
+            == 200
+        )
     finally:
         release.touch()
         srv.stop()
@@ -62,7 +67,7 @@ def _status(url: str) -> int:
 
 def test_full_waiting_queue_gets_503_with_retry_after() -> None:
     srv = InProcessServer(fake_engine(max_num_seqs=1, step_delay=0.01), max_waiting_requests=1).start()
-    body = {"prompt": "q", "max_tokens": 40, "stream": True}
+    body = {"model": "fake-model", "prompt": "q", "max_tokens": 40, "stream": True}
     try:
         with (
             httpx.Client(base_url=srv.base_url) as a,
@@ -71,11 +76,15 @@ def test_full_waiting_queue_gets_503_with_retry_after() -> None:
             b.stream("POST", "/v1/completions", json=body) as waiting,
         ):
             assert running.status_code == 200 and waiting.status_code == 200
-            r = httpx.post(srv.base_url + "/v1/completions", json={"prompt": "q", "max_tokens": 1})
+            r = httpx.post(
+                srv.base_url + "/v1/completions", json={"model": "fake-model", "prompt": "q", "max_tokens": 1}
+            )
             assert r.status_code == 503
             assert r.headers["retry-after"] == "1" and r.json()["error"]["code"] == "server_overloaded"
         assert wait_for(lambda: _running_and_waiting(srv.base_url) == (0, 0))
-        r = httpx.post(srv.base_url + "/v1/completions", json={"prompt": "q", "max_tokens": 1})
+        r = httpx.post(
+            srv.base_url + "/v1/completions", json={"model": "fake-model", "prompt": "q", "max_tokens": 1}
+        )
         assert r.status_code == 200
     finally:
         srv.stop()
@@ -96,23 +105,29 @@ def test_chat_without_template_is_400() -> None:
     srv = InProcessServer(tokenizer_factory=lambda: FakeTokenizer(chat_template=None)).start()
     try:
         r = httpx.post(
-            srv.base_url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}
+            srv.base_url + "/v1/chat/completions",
+            json={"model": "fake-model", "messages": [{"role": "user", "content": "x"}]},
         )
         assert r.status_code == 400 and "chat template" in r.json()["error"]["message"]
-        assert httpx.post(srv.base_url + "/v1/completions", json={"prompt": "x"}).status_code == 200
+        assert (
+            httpx.post(
+                srv.base_url + "/v1/completions", json={"model": "fake-model", "prompt": "x"}
+            ).status_code
+            == 200
+        )
     finally:
         srv.stop()
 
 
 def test_drain_lets_running_streams_finish_and_refuses_new_ones() -> None:
     srv = InProcessServer(fake_engine(step_delay=0.01), grace_seconds=10).start()
-    body = {"prompt": "abc", "max_tokens": 30, "stream": True}
+    body = {"model": "fake-model", "prompt": "abc", "max_tokens": 30, "stream": True}
     with httpx.Client(base_url=srv.base_url) as http, http.stream("POST", "/v1/completions", json=body) as r:
         lines = r.iter_lines()
         first = next(lines)
         srv.call(srv.shutdown.request)
         assert wait_for(lambda: _status(srv.base_url + "/health") == 503)
-        refused = httpx.post(srv.base_url + "/v1/completions", json={"prompt": "x"})
+        refused = httpx.post(srv.base_url + "/v1/completions", json={"model": "fake-model", "prompt": "x"})
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"
         rest = [line for line in [first, *lines] if line]
     text = "".join(_sse_text(line) for line in rest)
@@ -123,7 +138,7 @@ def test_drain_lets_running_streams_finish_and_refuses_new_ones() -> None:
 
 def test_drain_aborts_streams_that_outlive_the_grace_period() -> None:
     srv = InProcessServer(fake_engine(step_delay=0.01, max_model_len=4096), grace_seconds=0.2).start()
-    body = {"prompt": "abc", "max_tokens": 2000, "stream": True}
+    body = {"model": "fake-model", "prompt": "abc", "max_tokens": 2000, "stream": True}
     with httpx.Client(base_url=srv.base_url) as http, http.stream("POST", "/v1/completions", json=body) as r:
         srv.call(srv.shutdown.request)
         events = [line for line in r.iter_lines() if line]

@@ -11,12 +11,13 @@ from kvpilot.runtime.server.responses import ChoiceState, usage
 
 
 def completion(**fields: object) -> CompletionRequest:
-    return parse_request(CompletionRequest, json.dumps({"prompt": "x", **fields}).encode())
+    return parse_request(CompletionRequest, json.dumps({"model": "m", "prompt": "x", **fields}).encode())
 
 
 def chat(**fields: object) -> ChatCompletionRequest:
     return parse_request(
-        ChatCompletionRequest, json.dumps({"messages": [{"role": "user", "content": "x"}], **fields}).encode()
+        ChatCompletionRequest,
+        json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}], **fields}).encode(),
     )
 
 
@@ -106,3 +107,82 @@ def test_usage_counts_a_shared_prompt_once() -> None:
     ]
     assert usage(choices)["prompt_tokens"] == 5 and usage(choices)["completion_tokens"] == 7
     assert usage(choices)["total_tokens"] == 12
+
+
+# ---- hostile or sloppy input (issue 17): each is a 400 naming the field, never a 500 downstream
+
+
+def error_of(make: object, **fields: object) -> APIError:
+    with pytest.raises(APIError) as exc:
+        request = make(**fields)  # type: ignore[operator]
+        request.sampling_params()
+    assert exc.value.status == 400
+    return exc.value
+
+
+def test_model_is_required() -> None:
+    with pytest.raises(APIError) as exc:
+        parse_request(CompletionRequest, b'{"prompt": "x"}')
+    assert exc.value.status == 400 and exc.value.param == "model"
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"top_k": 10**400}, "top_k"),
+        ({"top_k": 2**40}, "top_k"),
+        ({"max_tokens": 2**63}, "max_tokens"),
+        ({"seed": 2**64}, "seed"),
+        ({"min_tokens": 2**40}, "min_tokens"),
+        ({"stop_token_ids": [2**40]}, "stop_token_ids"),
+        ({"prompt": [2**40]}, "prompt"),
+    ],
+)
+def test_huge_numbers_are_400(fields: dict, param: str) -> None:
+    assert error_of(completion, **fields).param == param
+
+
+def test_non_finite_floats_are_400() -> None:
+    with pytest.raises(APIError) as exc:
+        parse_request(CompletionRequest, b'{"model": "m", "prompt": "x", "temperature": NaN}')
+    assert exc.value.status == 400 and exc.value.param == "temperature"
+
+
+def test_min_tokens_above_max_tokens_is_400() -> None:
+    assert error_of(completion, min_tokens=10, max_tokens=5).param == "min_tokens"
+    assert error_of(chat, min_tokens=10, max_completion_tokens=5).param == "min_tokens"
+    assert completion(min_tokens=5, max_tokens=5).sampling_params()[0].min_tokens == 5
+
+
+def test_empty_stop_string_is_400() -> None:
+    assert error_of(completion, stop="").param == "stop"
+    assert error_of(completion, stop=["a", ""]).param == "stop"
+
+
+def test_stop_strings_are_bounded_in_count_and_length() -> None:
+    assert error_of(completion, stop=[f"s{i}" for i in range(100_000)]).param == "stop"
+    assert error_of(completion, stop="x" * 10_000).param == "stop"
+    assert error_of(completion, stop_token_ids=list(range(5000))).param == "stop_token_ids"
+    assert len(completion(stop=[f"s{i}" for i in range(64)]).sampling_params()[0].stop) == 64
+
+
+def test_top_logprobs_error_names_top_logprobs() -> None:
+    err = error_of(chat, logprobs=True, top_logprobs=1000)
+    assert err.param == "top_logprobs" and "top_logprobs" in err.message
+
+
+def test_lone_surrogate_gets_a_clear_message() -> None:
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}'
+    with pytest.raises(APIError) as exc:
+        parse_request(ChatCompletionRequest, body)
+    assert exc.value.status == 400 and "surrogate" in exc.value.message
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"[" * 100_000 + b"]" * 100_000, b'{"model": "m", "prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}"],
+)
+def test_deep_nesting_and_huge_integer_literals_are_400(body: bytes) -> None:
+    with pytest.raises(APIError) as exc:
+        parse_request(CompletionRequest, body)
+    assert exc.value.status == 400

@@ -53,6 +53,7 @@ def test_queue_bound_then_sigterm_drains_streams_and_exits_0(model_dir: Path) ->
         ],
     )
     body = {
+        "model": str(model_dir),
         "prompt": "tell me everything",
         "max_tokens": MAX_TOKENS,
         "ignore_eos": True,
@@ -68,7 +69,10 @@ def test_queue_bound_then_sigterm_drains_streams_and_exits_0(model_dir: Path) ->
             streams.append((response, response.iter_lines()))
         for _, lines in streams[:2]:
             assert next(lines).startswith("data: {")
-        overloaded = httpx.post(rt.base_url + "/v1/completions", json={"prompt": "one more", "max_tokens": 1})
+        overloaded = httpx.post(
+            rt.base_url + "/v1/completions",
+            json={"model": str(model_dir), "prompt": "one more", "max_tokens": 1},
+        )
         assert overloaded.status_code == 503 and overloaded.headers["retry-after"] == "1"
         assert overloaded.json()["error"]["code"] == "server_overloaded"
 
@@ -77,7 +81,9 @@ def test_queue_bound_then_sigterm_drains_streams_and_exits_0(model_dir: Path) ->
         while _status(rt.base_url + "/health") != 503 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert _status(rt.base_url + "/health") == 503
-        refused = httpx.post(rt.base_url + "/v1/completions", json={"prompt": "late", "max_tokens": 1})
+        refused = httpx.post(
+            rt.base_url + "/v1/completions", json={"model": str(model_dir), "prompt": "late", "max_tokens": 1}
+        )
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"
 
         results = [_stream_result(list(lines)) for _, lines in streams]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from importlib import import_module
@@ -20,7 +21,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:6s} {help_text}")
         return 0 if args and args[0] in ("-h", "--help") else 2
     entry: Callable[[list[str]], int] = import_module(SUBCOMMANDS[args[0]][0]).main
-    return entry(args[1:])
+    try:
+        code = entry(args[1:])
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`kvpilot plan ... | head`): not an error. Point stdout at /dev/null so
+        # the interpreter's own flush at exit does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    return code
 
 
 if __name__ == "__main__":

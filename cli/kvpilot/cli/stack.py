@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import signal
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import uvicorn
 from kvpilot.gateway.app import create_app
 from kvpilot.gateway.autoscale.local import LocalDriver, LocalModel
 from kvpilot.gateway.config import AutoscalingSpec, GatewayConfig, PoolConfig
+from kvpilot.gateway.http_server import PortInUse, bind_socket, uvicorn_config
 
 log = logging.getLogger("kvpilot.up")
 
@@ -87,20 +89,22 @@ async def serve(
     *,
     host: str,
     port: int,
+    sock: socket.socket | None = None,
     replicas: tuple[int, int, int],
     log_dir: Path,
     autoscaling: dict[str, Any],
 ) -> None:
+    if sock is None:  # before any runtime starts: a busy port fails at once, naming --port
+        sock = bind_socket(host, port)
     log_dir.mkdir(parents=True, exist_ok=True)
     driver = LocalDriver({name: LocalModel(model_dir, runtime_args)}, log_dir=log_dir)
-    app = create_app(stack_config(name, replicas, autoscaling), driver, driver)
-    server = _Server(
-        uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=10)
-    )
+    config = stack_config(name, replicas, autoscaling)
+    app = create_app(config, driver, driver)
+    server = _Server(uvicorn_config(app, config, log_level="warning", timeout_graceful_shutdown=10))
     base = f"http://{host}:{port}"
     bring_up = asyncio.create_task(_bring_up(server, driver, name, replicas[0], base))
     try:
-        await server.serve()
+        await server.serve(sockets=[sock])
     finally:
         bring_up.cancel()
         await driver.aclose()  # idempotent: the lifespan already closed it on a clean shutdown
@@ -109,6 +113,10 @@ async def serve(
 def run_stack(name: str, model_dir: Path, runtime_args: tuple[str, ...], **kwargs: Any) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # health checks and scrapes every 2 s
-    asyncio.run(serve(name, model_dir, runtime_args, **kwargs))
+    try:
+        asyncio.run(serve(name, model_dir, runtime_args, **kwargs))
+    except PortInUse as exc:
+        print(f"kvpilot up: {exc}", flush=True)
+        return 2
     print("kvpilot up: stopped", flush=True)
     return 0

@@ -197,9 +197,17 @@ def replica_bounds(manifest: dict[str, Any], replicas: int | None) -> tuple[int,
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
+    from kvpilot.gateway.http_server import PortInUse, bind_socket
+
+    try:
+        sock = bind_socket(args.host, args.port)  # first: a busy port fails before any model work
+    except PortInUse as exc:
+        print(f"kvpilot up: {exc}", file=sys.stderr)
+        return 2
     try:
         service = resolve_service(args)
     except (OSError, ValueError, KeyError, RuntimeError, yaml.YAMLError) as exc:
+        sock.close()
         print(f"kvpilot up: {exc}", file=sys.stderr)
         return 2
     outcome = print_plan(service, args.gpu)
@@ -213,6 +221,7 @@ def main(argv: list[str]) -> int:
         runtime_args(outcome, device),
         host=args.host,
         port=args.port,
+        sock=sock,
         replicas=(start, low, high),
         log_dir=args.state_dir / "logs",
         autoscaling=service.manifest["spec"].get("autoscaling") or {},

@@ -23,6 +23,7 @@ import uvicorn
 from fastapi import FastAPI
 from kvpilot.gateway.app import create_app
 from kvpilot.gateway.config import GatewayConfig, PolicyName, load_config
+from kvpilot.gateway.http_server import PortInUse, bind_socket, uvicorn_config
 from pydantic import ValidationError
 
 ENV_DEFAULTS = {
@@ -117,7 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     except (ValidationError, ValueError, OSError) as exc:
         print(f"kvpilot-gateway: invalid configuration: {exc}", file=sys.stderr)
         return 2
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=30)
+    try:
+        sock = bind_socket(args.host, args.port)
+    except PortInUse as exc:
+        print(f"kvpilot-gateway: {exc}", file=sys.stderr)
+        return 2
+    server_config = uvicorn_config(
+        app, config, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=30
+    )
+    uvicorn.Server(server_config).run(sockets=[sock])
     return 0
 
 

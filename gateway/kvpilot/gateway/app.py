@@ -24,11 +24,12 @@ from kvpilot.gateway.config import GatewayConfig
 from kvpilot.gateway.discovery import Discovery, StaticDiscovery
 from kvpilot.gateway.health import HealthChecker
 from kvpilot.gateway.metrics import GatewayMetrics
-from kvpilot.gateway.openai_errors import GatewayError, error_response
+from kvpilot.gateway.openai_errors import GatewayError, MethodNotAllowed, RouteNotFound, error_response
 from kvpilot.gateway.pool import PoolRegistry
 from kvpilot.gateway.proxy import GatewayState, handle, request_id_of
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.datastructures import Headers, MutableHeaders
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
@@ -109,11 +110,30 @@ def create_app(
                     if close is not None:
                         await close()
 
-    app = FastAPI(title="kvpilot gateway", lifespan=lifespan)
+    # No /docs, /redoc or /openapi.json: they would load Swagger UI from a CDN and document nothing a
+    # client needs (the API is OpenAI's).
+    app = FastAPI(title="kvpilot gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.metrics = metrics
+    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     _routes(app)
     app.add_middleware(RequestIdMiddleware)
     return app
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    """Unknown routes and methods get OpenAI's error shape too."""
+    if exc.status_code == 405:
+        error: GatewayError = MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}")
+    elif exc.status_code == 404:
+        error = RouteNotFound(f"no route {request.url.path}")
+    else:
+        error = GatewayError(str(exc.detail))
+        error.status = exc.status_code
+        error.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    response = error_response(error, request_id_of(request))
+    if exc.headers:
+        response.headers.update(exc.headers)
+    return response
 
 
 class RequestIdMiddleware:

@@ -104,12 +104,36 @@ class Limits(_Model):
     )
     retry_after_seconds: int = Field(5, ge=1, alias="retryAfterSeconds")
     max_attempts: int = Field(3, ge=1, alias="maxAttempts", description="replicas tried before 1st byte")
+    max_request_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=1,
+        alias="maxRequestBytes",
+        description="413 for a larger request body (checked before it is parsed)",
+    )
 
 
 class Timeouts(_Model):
     connect_seconds: float = Field(5.0, gt=0, alias="connectSeconds")
     read_seconds: float = Field(600.0, gt=0, alias="readSeconds", description="max gap between bytes")
     write_seconds: float = Field(30.0, gt=0, alias="writeSeconds")
+    first_byte_seconds: float = Field(
+        120.0,
+        gt=0,
+        alias="firstByteSeconds",
+        description="a streaming attempt that sends no byte by then is retried on another replica",
+    )
+    stalled_seconds: float = Field(
+        5.0,
+        gt=0,
+        alias="stalledSeconds",
+        description="once a replica fails its health checks, a silent gap this long ends its requests",
+    )
+    request_body_seconds: float = Field(
+        30.0, gt=0, alias="requestBodySeconds", description="408 when a client's body takes longer"
+    )
+    request_head_seconds: float = Field(
+        30.0, gt=0, alias="requestHeadSeconds", description="close a connection whose request head is late"
+    )
 
 
 class HealthSettings(_Model):

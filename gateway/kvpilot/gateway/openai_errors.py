@@ -25,6 +25,22 @@ class InvalidRequest(GatewayError):
     status, type = 400, "invalid_request_error"
 
 
+class RequestTimeout(GatewayError):
+    status, type, code = 408, "invalid_request_error", "request_timeout"
+
+
+class PayloadTooLarge(GatewayError):
+    status, type, code = 413, "invalid_request_error", "request_too_large"
+
+
+class RouteNotFound(GatewayError):
+    status, type = 404, "invalid_request_error"
+
+
+class MethodNotAllowed(GatewayError):
+    status, type = 405, "invalid_request_error"
+
+
 class Unauthorized(GatewayError):
     status, type, code = 401, "invalid_request_error", "invalid_api_key"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvpilot.gateway.block_memory import BlockMemory
 from kvpilot.gateway.config import Limits, PoolConfig, PrefixSettings
@@ -29,6 +29,9 @@ class ReplicaState:
     successes: int = 0
     waiting: float = 0.0  # the runtime's own queue, from its /metrics
     running: float = 0.0
+    # Set when the replica is drained (failed health checks or a request); a fresh one once it is ready
+    # again. Attempts on it watch theirs: a frozen replica does not hold requests (see AttemptBounds).
+    down: asyncio.Event = field(default_factory=asyncio.Event)
 
     def view(self) -> ReplicaView:
         return ReplicaView(self.url, self.inflight, self.inflight_tokens, self.memory)
@@ -90,6 +93,8 @@ class Pool:
             replica.failures, replica.successes = 0, replica.successes + 1
             if not replica.ready and replica.successes >= healthy_threshold:
                 replica.ready = True
+                if replica.down.is_set():
+                    replica.down = asyncio.Event()
                 self.notify()
         else:
             replica.successes, replica.failures = 0, replica.failures + 1
@@ -105,6 +110,7 @@ class Pool:
 
     def _drain(self, replica: ReplicaState) -> None:
         replica.ready = False
+        replica.down.set()
         replica.memory.clear()  # a replica that comes back has most likely restarted with an empty cache
         self.notify()
 

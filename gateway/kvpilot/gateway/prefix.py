@@ -84,9 +84,12 @@ def block_hashes(text: str, block_chars: int, max_blocks: int) -> tuple[int, ...
     return tuple(hashes)
 
 
+_MAX_TOKENS = 2**31 - 1
+
+
 def estimate_tokens(body: dict[str, Any], text: str) -> int:
     """Prompt tokens (~4 characters each) plus the requested output budget: the load a request adds."""
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or _TOKENS_PER_BLOCK
-    if not isinstance(max_tokens, int) or max_tokens < 0:
-        max_tokens = _TOKENS_PER_BLOCK
+    if not isinstance(max_tokens, int) or not 0 <= max_tokens <= _MAX_TOKENS:
+        max_tokens = _TOKENS_PER_BLOCK  # the runtime refuses it; the estimate stays a small number
     return len(text) // 4 + max_tokens

@@ -9,7 +9,6 @@ handled by RelayResponse in the same way.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import uuid
 from dataclasses import dataclass
@@ -21,27 +20,26 @@ from fastapi.responses import Response
 from kvpilot.gateway.auth import ApiKeys
 from kvpilot.gateway.config import GatewayConfig
 from kvpilot.gateway.metrics import GatewayMetrics
-from kvpilot.gateway.openai_errors import (
-    GatewayError,
-    InvalidRequest,
-    ModelNotFound,
-    UpstreamFailed,
-    error_response,
-)
+from kvpilot.gateway.openai_errors import GatewayError, ModelNotFound, UpstreamFailed, error_response
 from kvpilot.gateway.pool import Pool, PoolRegistry, Ticket
 from kvpilot.gateway.prefix import block_hashes, estimate_tokens, prompt_text
+from kvpilot.gateway.request_body import parse_body, read_body
 from kvpilot.gateway.routing import RequestView
 from kvpilot.gateway.upstream import (
+    AttemptBounds,
     RelayResponse,
     ReplicaUnavailable,
+    ReplicaWentDown,
     forward_headers,
     open_upstream,
     read_rest,
     response_headers,
 )
+from starlette.requests import ClientDisconnect
 
 log = logging.getLogger(__name__)
 CLIENT_CLOSED = 499
+UNKNOWN_MODEL = "(unknown)"  # the metrics label of requests for no known pool: label values stay bounded
 
 
 @dataclass
@@ -58,18 +56,6 @@ def request_id_of(request: Request) -> str:
     return given if 0 < len(given) <= 128 and given.isprintable() else uuid.uuid4().hex
 
 
-def parse_body(raw: bytes) -> dict[str, Any]:
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise InvalidRequest("request body must be a JSON object")
-    if not isinstance(body.get("model"), str) or not body["model"]:
-        raise InvalidRequest("'model' is required and must be a string", param="model")
-    return body
-
-
 async def _wait_for_disconnect(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
@@ -77,15 +63,16 @@ async def _wait_for_disconnect(request: Request) -> None:
 
 async def handle(state: GatewayState, request: Request, path: str) -> Response:
     loop = asyncio.get_running_loop()
-    started, rid, model = loop.time(), request_id_of(request), "-"
+    started, rid, model = loop.time(), request_id_of(request), UNKNOWN_MODEL
+    limits, timeouts = state.config.limits, state.config.timeouts
     try:
         state.auth.check(request.headers)
-        raw = await request.body()
+        raw = await read_body(request, limits.max_request_bytes, timeouts.request_body_seconds)
         body = parse_body(raw)
-        model = body["model"]
-        pool = state.registry.get(model)
+        pool = state.registry.get(body["model"])
         if pool is None:
-            raise ModelNotFound(f"the model {model!r} does not exist", param="model")
+            raise ModelNotFound(f"the model {body['model'][:200]!r} does not exist", param="model")
+        model = pool.name
         text = prompt_text(body)
         prefix = state.config.prefix
         hashes = block_hashes(text, prefix.block_chars, prefix.max_blocks)
@@ -105,6 +92,9 @@ async def handle(state: GatewayState, request: Request, path: str) -> Response:
             state.metrics.requests.labels(model, path, str(CLIENT_CLOSED)).inc()
             return Response(status_code=CLIENT_CLOSED)
         return response
+    except ClientDisconnect:  # gone while sending its body: nobody reads an answer, nothing failed here
+        state.metrics.requests.labels(model, path, str(CLIENT_CLOSED)).inc()
+        return Response(status_code=CLIENT_CLOSED)
     except GatewayError as exc:
         if exc.status in (429, 503):
             state.metrics.rejected.labels(model, exc.code or str(exc.status)).inc()
@@ -155,21 +145,29 @@ class _Call:
             except ReplicaUnavailable as exc:
                 log.warning("attempt %d for %s failed before the first byte: %s", attempt + 1, pool.name, exc)
                 pool.report_failure(ticket.url)
-                tried.add(ticket.url)
+                if not isinstance(exc, ReplicaWentDown):
+                    tried.add(ticket.url)
                 metrics.retries.labels(pool.name).inc()
-        raise UpstreamFailed(f"{len(tried)} replica(s) of {pool.name!r} failed this request")
+        raise UpstreamFailed(f"{attempt + 1} attempt(s) on {pool.name!r} failed this request")
 
     async def _forward(self, ticket: Ticket) -> Response:
         """Opens the upstream; owns `ticket` until it returns, then the response owns it (streaming)."""
         handed_over = False
+        timeouts = self.state.config.timeouts
+        bounds = AttemptBounds(
+            ticket.replica.down,
+            timeouts.first_byte_seconds if self.stream else None,
+            timeouts.stalled_seconds,
+        )
         try:
-            upstream = await open_upstream(self.state.client, ticket.url + self.path, self.body, self.headers)
+            url = ticket.url + self.path
+            upstream = await open_upstream(self.state.client, url, self.body, self.headers, bounds)
             elapsed = asyncio.get_running_loop().time() - self.started
             self.state.metrics.ttfb.labels(self.pool.name).observe(elapsed)
             headers = response_headers(upstream.response.headers, self.rid)
             status = upstream.response.status_code
             if self.stream:
-                response = RelayResponse(upstream, headers, lambda ok: self._done(ticket, status, ok))
+                response = RelayResponse(upstream, headers, lambda ok: self._done(ticket, status, ok), bounds)
                 handed_over = True
                 return response
             try:

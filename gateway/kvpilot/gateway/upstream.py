@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -30,11 +31,18 @@ HOP_BY_HOP = frozenset(
         "content-length",
     }
 )
+# Set by our own server on every response: relayed too, a client would see each of them twice.
+OWN_HEADERS = frozenset({"date", "server"})
 RETRYABLE_STATUS = frozenset({502, 503, 504})
 
 
 class ReplicaUnavailable(Exception):
     """The replica failed before sending a byte we could pass on: safe to try another one."""
+
+
+class ReplicaWentDown(ReplicaUnavailable):
+    """Given up while the replica failed its health checks: it may pass them again (an overloaded replica
+    does), so the retry may come back to it, unlike one that refused or broke the connection."""
 
 
 def forward_headers(headers: Mapping[str, str], request_id: str, drop: frozenset[str] = frozenset()) -> dict:
@@ -48,9 +56,25 @@ def forward_headers(headers: Mapping[str, str], request_id: str, drop: frozenset
 def response_headers(headers: httpx.Headers, request_id: str) -> dict[str, str]:
     """Replica -> client: end-to-end headers only (raw bytes are relayed, so content-encoding stays)."""
     listed = {h.strip().lower() for h in headers.get("connection", "").split(",") if h.strip()}
-    out = {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP | listed}
+    out = {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP | OWN_HEADERS | listed}
     out["x-request-id"] = request_id
     return out
+
+
+@dataclass(frozen=True)
+class AttemptBounds:
+    """How long one attempt may wait on its replica.
+
+    down: set when the replica fails its health checks (a frozen or dead process): an attempt still
+      waiting for its first byte gives up at once (and is retried elsewhere); a relay gives up once the
+      replica has also been silent for `stalled_seconds`.
+    first_byte_seconds: the most an attempt waits for its first byte (None: no bound, e.g. non-streaming
+      requests, whose first byte comes with the whole answer).
+    """
+
+    down: asyncio.Event
+    first_byte_seconds: float | None
+    stalled_seconds: float
 
 
 @dataclass
@@ -63,8 +87,32 @@ class OpenedUpstream:
         await self.response.aclose()
 
 
-async def open_upstream(client: httpx.AsyncClient, url: str, body: bytes, headers: dict) -> OpenedUpstream:
-    """Send the request and wait for the first body byte; any failure until then is ReplicaUnavailable."""
+async def open_upstream(
+    client: httpx.AsyncClient, url: str, body: bytes, headers: dict, bounds: AttemptBounds
+) -> OpenedUpstream:
+    """Send the request and wait for the first body byte; any failure until then (including the replica
+    going down, or no byte within the bound) is ReplicaUnavailable."""
+    if bounds.down.is_set():
+        raise ReplicaUnavailable(f"{url}: the replica is down")
+    attempt = asyncio.ensure_future(_first_byte(client, url, body, headers))
+    down = asyncio.ensure_future(bounds.down.wait())
+    try:
+        await asyncio.wait(
+            {attempt, down}, timeout=bounds.first_byte_seconds, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        down.cancel()
+        if not attempt.done():
+            attempt.cancel()
+            await asyncio.gather(attempt, return_exceptions=True)  # closes the upstream connection
+    if attempt.cancelled():
+        if bounds.down.is_set():
+            raise ReplicaWentDown(f"{url}: the replica failed its health checks before the first byte")
+        raise ReplicaUnavailable(f"{url}: the replica sent no byte in time")
+    return attempt.result()
+
+
+async def _first_byte(client: httpx.AsyncClient, url: str, body: bytes, headers: dict) -> OpenedUpstream:
     request = client.build_request("POST", url, content=body, headers=headers)
     try:
         response = await client.send(request, stream=True)
@@ -107,9 +155,13 @@ class RelayResponse(StreamingResponse):
     (client disconnect, upstream failure, cancellation), after the upstream is closed."""
 
     def __init__(
-        self, upstream: OpenedUpstream, headers: dict[str, str], on_done: Callable[[bool], None]
+        self,
+        upstream: OpenedUpstream,
+        headers: dict[str, str],
+        on_done: Callable[[bool], None],
+        bounds: AttemptBounds,
     ) -> None:
-        self.upstream, self.on_done, self.ok = upstream, on_done, True
+        self.upstream, self.on_done, self.ok, self.bounds = upstream, on_done, True, bounds
         is_sse = upstream.response.headers.get("content-type", "").startswith("text/event-stream")
         self.is_sse = is_sse
         super().__init__(self._relay(), status_code=upstream.response.status_code, headers=headers)
@@ -117,16 +169,32 @@ class RelayResponse(StreamingResponse):
     async def _relay(self) -> AsyncIterator[bytes]:
         if self.upstream.first:
             yield self.upstream.first
+        loop = asyncio.get_running_loop()
+        stalled = self.bounds.stalled_seconds
         try:
-            async for chunk in self.upstream.rest:
-                yield chunk
-        except httpx.TransportError as exc:
+            async with asyncio.timeout(None) as deadline:
+                watcher = asyncio.ensure_future(self._watch_down(deadline))
+                try:
+                    async for chunk in self.upstream.rest:
+                        if deadline.when() is not None:  # the replica is down but still talking
+                            deadline.reschedule(loop.time() + stalled)
+                        yield chunk
+                finally:
+                    watcher.cancel()
+        except (httpx.TransportError, TimeoutError) as exc:
             self.ok = False
-            log.warning("upstream %s failed mid-stream: %r", self.upstream.response.url, exc)
+            cause: Exception = exc
+            if isinstance(exc, TimeoutError):
+                cause = ReplicaUnavailable(f"failed its health checks and sent nothing for {stalled:g}s")
+            log.warning("upstream %s failed mid-stream: %r", self.upstream.response.url, cause)
             if not self.is_sse:
                 raise  # the server aborts the connection: the client sees a truncated body, not a hang
             # The OpenAI clients raise on an error event: a clean error, not a hang or a silent cut.
-            yield _stream_error_event(f"the replica serving this request failed mid-stream: {exc!r}")
+            yield _stream_error_event(f"the replica serving this request failed mid-stream: {cause!r}")
+
+    async def _watch_down(self, deadline: asyncio.Timeout) -> None:
+        await self.bounds.down.wait()
+        deadline.reschedule(asyncio.get_running_loop().time() + self.bounds.stalled_seconds)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:

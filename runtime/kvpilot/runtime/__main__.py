@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         grace_seconds=args.shutdown_grace_seconds,
         cache_config=server_args.cache_config_labels(args),
         log_level=args.log_level,
+        body_limits=server_args.body_limits(args),
     )
     return asyncio.run(main_coroutine)
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from kvpilot.runtime.errors import InvalidRequestError
 
 MAX_LOGPROBS = 20
+MAX_INT32 = 2**31 - 1  # counts and top_k beyond this are refused (they overflow the sampler's tensors)
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this sample greedily, as in vLLM
 
 
@@ -53,15 +54,23 @@ class SamplingParams:
 
     def _validate(self) -> None:
         checks: list[tuple[bool, str, str]] = [
-            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens", "must be at least 1"),
+            (
+                self.max_tokens is None or 1 <= self.max_tokens <= MAX_INT32,
+                "max_tokens",
+                f"must be in [1, {MAX_INT32}]",
+            ),
             (0.0 <= self.temperature <= 100.0, "temperature", "must be in [0, 100]"),
             (0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]"),
-            (self.top_k >= -1, "top_k", "must be -1, 0 (disabled) or a positive integer"),
+            (
+                -1 <= self.top_k <= MAX_INT32,
+                "top_k",
+                f"must be -1, 0 (disabled) or a positive integer up to {MAX_INT32}",
+            ),
             (0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]"),
             (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]"),
             (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]"),
             (0.0 < self.repetition_penalty <= 10.0, "repetition_penalty", "must be in (0, 10]"),
-            (self.min_tokens >= 0, "min_tokens", "must be non-negative"),
+            (0 <= self.min_tokens <= MAX_INT32, "min_tokens", f"must be in [0, {MAX_INT32}]"),
             (
                 self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
                 "logprobs",

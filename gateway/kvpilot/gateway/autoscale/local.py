@@ -4,6 +4,11 @@ It is both a discovery source (it publishes the endpoints of the processes that 
 driver (the autoscaler sets how many processes a model runs). Processes get free ports on 127.0.0.1, are
 stopped with SIGTERM then SIGKILL, die with the gateway (PR_SET_PDEATHSIG on Linux) and are all stopped
 by `aclose()`, so no runtime outlives the gateway.
+
+It also supervises them, as a Deployment would: a process that exits (crash, OOM kill, SIGKILL) is reaped,
+logged with its exit code and log file, and replaced, after a back-off that doubles with each failure in a
+row (up to `max_backoff`) and resets once a replacement passes /health. Runtimes are started through the
+current interpreter (`sys.executable -m kvpilot.runtime`), so nothing needs to be on PATH.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from kvpilot.gateway.pool import Pool
 
 log = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
+RUNTIME_COMMAND = (sys.executable, "-m", "kvpilot.runtime")  # this interpreter: no PATH lookup
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,11 @@ class LocalReplica:
         return f"http://127.0.0.1:{self.port}"
 
 
+def backoff_delay(failures: int, base: float, cap: float) -> float:
+    """Seconds before replacing a replica after `failures` exits in a row: base, 2 x base, ... up to cap."""
+    return min(cap, base * 2 ** min(failures - 1, 32))
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -66,22 +77,62 @@ class LocalDriver:
     def __init__(
         self,
         models: dict[str, LocalModel],
-        command: Sequence[str] = ("kvpilot-runtime",),
+        command: Sequence[str] = RUNTIME_COMMAND,
         startup_timeout: float = 180.0,
         stop_timeout: float = 10.0,
         log_dir: Path | None = None,
+        backoff: float = 1.0,
+        max_backoff: float = 30.0,
+        poll_interval: float = 0.5,
     ) -> None:
         self.models, self.command = models, tuple(command)
         self.startup_timeout, self.stop_timeout = startup_timeout, stop_timeout
+        self.backoff, self.max_backoff, self.poll_interval = backoff, max_backoff, poll_interval
         self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix="kvpilot-local-"))
         self.replicas: dict[str, list[LocalReplica]] = {name: [] for name in models}
+        self.desired: dict[str, int] = {name: 0 for name in models}
+        self.restarts: dict[str, int] = {name: 0 for name in models}  # replacements started, ever
+        self._failures: dict[str, int] = {name: 0 for name in models}  # exits since the last ready one
+        self._not_before: dict[str, float] = {name: 0.0 for name in models}
         self._sink: EndpointSink | None = None
 
-    # ---- Discovery ---------------------------------------------------------------------------------
+    # ---- Discovery (and supervision: this coroutine runs for the gateway's lifetime) -------------------
     async def run(self, sink: EndpointSink) -> None:
         self._sink = sink
         for model in self.models:
             self._publish(model)
+        while True:
+            self.supervise()
+            await asyncio.sleep(self.poll_interval)
+
+    def supervise(self) -> None:
+        """Reap exited processes and start replacements whose back-off has passed."""
+        now = asyncio.get_running_loop().time()
+        for model, running in self.replicas.items():
+            for replica in [r for r in running if r.process.poll() is not None]:
+                self._exited(replica, now)
+            if len(running) < self.desired[model] and now >= self._not_before[model]:
+                self.restarts[model] += 1
+                self._start(model)
+
+    def _exited(self, replica: LocalReplica, now: float) -> None:
+        model = replica.model
+        self.replicas[model].remove(replica)
+        if replica.watcher is not None:
+            replica.watcher.cancel()
+        self._failures[model] += 1
+        delay = backoff_delay(self._failures[model], self.backoff, self.max_backoff)
+        self._not_before[model] = now + delay
+        log.warning(
+            "%s replica on port %d (pid %d) exited with code %s (log: %s); replacing it in %.0fs",
+            model,
+            replica.port,
+            replica.process.pid,
+            replica.process.returncode,
+            replica.log_path,
+            delay,
+        )
+        self._publish(model)
 
     def _publish(self, model: str) -> None:
         if self._sink is not None:
@@ -98,6 +149,7 @@ class LocalDriver:
         await self.scale_model(pool.name, replicas)
 
     async def scale_model(self, model: str, replicas: int) -> None:
+        self.desired[model] = replicas
         running = self.replicas[model]
         while len(running) < replicas:
             self._start(model)
@@ -145,19 +197,19 @@ class LocalDriver:
                 with contextlib.suppress(httpx.HTTPError):
                     if (await client.get(f"{replica.url}/health")).status_code == 200:
                         replica.ready = True
+                        self._failures[replica.model] = 0
                         self._publish(replica.model)
                         return
                 await asyncio.sleep(0.2)
-        log.error(
-            "%s replica on port %d never became healthy (exit %s); see %s",
-            replica.model,
-            replica.port,
-            replica.process.poll(),
-            replica.log_path,
-        )
-        if replica in self.replicas[replica.model]:
-            self.replicas[replica.model].remove(replica)
-        await self._stop(replica)
+        if replica.process.poll() is None:  # alive but never healthy: stop it; supervise() replaces it
+            log.error(
+                "%s replica on port %d not healthy after %.0fs; stopping it (log: %s)",
+                replica.model,
+                replica.port,
+                self.startup_timeout,
+                replica.log_path,
+            )
+            replica.process.kill()
 
     async def _stop(self, replica: LocalReplica) -> None:
         if replica.watcher is not None and replica.watcher is not asyncio.current_task():

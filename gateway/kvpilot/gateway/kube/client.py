@@ -60,13 +60,14 @@ class KubeClient:
         token: str | None = None,
         token_file: str | os.PathLike[str] | None = None,
         verify: ssl.SSLContext | bool = True,
+        timeout: float = 30.0,
     ) -> KubeClient:
         """A fixed token, or one re-read from token_file per request (a rotated service-account token)."""
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         auth = BearerTokenFile(token_file) if token_file else None
         return cls(
             httpx.AsyncClient(
-                base_url=url, headers=headers, auth=auth, verify=verify, timeout=30.0, trust_env=False
+                base_url=url, headers=headers, auth=auth, verify=verify, timeout=timeout, trust_env=False
             )
         )
 

@@ -9,10 +9,11 @@ from kvpilot.runtime.server.engine_client import EngineClient, ServerState
 from kvpilot.runtime.server.metrics import ServerMetrics
 from kvpilot.runtime.server.middleware import RequestIdMiddleware
 from kvpilot.runtime.server.openai_errors import APIError, route_not_found, unavailable
-from kvpilot.runtime.server.serving import OpenAIServing
+from kvpilot.runtime.server.request_body import BodyLimits
+from kvpilot.runtime.server.serving import CLIENT_CLOSED_STATUS, OpenAIServing
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 HEALTH_REASONS = {
@@ -22,10 +23,21 @@ HEALTH_REASONS = {
 }
 
 
-def build_app(client: EngineClient, metrics: ServerMetrics, *, model_root: str | None = None) -> FastAPI:
+def build_app(
+    client: EngineClient,
+    metrics: ServerMetrics,
+    *,
+    model_root: str | None = None,
+    limits: BodyLimits | None = None,
+) -> FastAPI:
     app = FastAPI(title="kvpilot runtime", docs_url=None, redoc_url=None, openapi_url=None)
-    serving = OpenAIServing(client)
+    serving = app.state.serving = OpenAIServing(client, limits)
     created = int(time.time())
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(_: Request, __: ClientDisconnect) -> Response:
+        # The client left while sending its body: nobody reads the answer, and nothing went wrong here.
+        return Response(status_code=CLIENT_CLOSED_STATUS)
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, err: APIError) -> JSONResponse:

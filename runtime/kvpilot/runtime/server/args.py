@@ -9,6 +9,7 @@ import argparse
 from typing import Any
 
 from kvpilot.runtime.engine.engine_args import EngineArgs
+from kvpilot.runtime.server.request_body import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyLimits
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,6 +31,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         help="on SIGTERM, how long running requests may take to finish",
     )
+    server.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help="413 for a request body larger than this (checked before anything is parsed)",
+    )
+    server.add_argument(
+        "--request-timeout-seconds",
+        type=float,
+        default=DEFAULT_BODY_TIMEOUT_S,
+        help="408 when a request body has not fully arrived within this time",
+    )
     server.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return p
 
@@ -40,6 +53,10 @@ def server_problems(args: argparse.Namespace) -> list[str]:
         problems.append("--port must be in [0, 65535]")
     if args.max_waiting_requests < 0:
         problems.append("--max-waiting-requests must be non-negative")
+    if args.max_request_bytes < 1:
+        problems.append("--max-request-bytes must be positive")
+    if not args.request_timeout_seconds > 0:
+        problems.append("--request-timeout-seconds must be positive")
     if args.shutdown_grace_seconds < 0:
         problems.append("--shutdown-grace-seconds must be non-negative")
     return problems
@@ -68,3 +85,7 @@ def cache_config_labels(args: argparse.Namespace) -> dict[str, Any]:
         "enable_prefix_caching": args.enable_prefix_caching,
         "gpu_memory_utilization": args.gpu_memory_utilization,
     }
+
+
+def body_limits(args: argparse.Namespace) -> BodyLimits:
+    return BodyLimits(args.max_request_bytes, args.request_timeout_seconds)

@@ -265,12 +265,6 @@ class EngineClient:
                 RETRY_AFTER_SECONDS,
             )
 
-    def tokenize(self, prompt: str | list[int]) -> list[int]:
-        """A completion prompt as token ids (the engine encodes strings the same way)."""
-        if isinstance(prompt, str):
-            return list(self.tokenizer.encode(prompt)) if prompt else []
-        return list(prompt)
-
     def generate(self, inputs: Sequence[GenerationInput]) -> GenerationStream:
         group_id = uuid.uuid4().hex
         request_ids = [engine_request_id(group_id, i) for i in range(len(inputs))]

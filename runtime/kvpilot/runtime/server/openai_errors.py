@@ -79,12 +79,26 @@ def internal_error(request_id: str) -> APIError:
     )
 
 
+def json_error_hint(message: str) -> str:
+    """The JSON parser's message, plus what it means where that is not obvious."""
+    if "hex escape" in message or "surrogate" in message:
+        return (
+            f"{message} (a \\uD800-\\uDFFF escape must be part of a surrogate pair: a lone UTF-16 "
+            "surrogate is not a character)"
+        )
+    if "recursion limit" in message:
+        return f"{message} (the body is nested too deeply)"
+    if "number out of range" in message:
+        return f"{message} (an integer literal is too long)"
+    return message
+
+
 def from_validation_error(err: ValidationError) -> APIError:
     """The first pydantic error, with its field path as `param`."""
     first = err.errors(include_url=False)[0]
     loc = ".".join(str(part) for part in first["loc"])
     if first["type"] == "json_invalid":
-        return invalid_request(f"Request body is not valid JSON: {first['msg']}")
+        return invalid_request(f"Request body is not valid JSON: {json_error_hint(first['msg'])}")
     if not loc:
         return invalid_request(f"Request body: {first['msg']}")
     return invalid_request(f"{loc}: {first['msg']}", param=str(first["loc"][0]))

@@ -8,7 +8,8 @@ per token of Python out of the process that paces the GPU. The price: when a sto
 the core learns it through an Abort, so the request may run a step or two longer there (those tokens
 are dropped, and usage counts only the tokens up to the match).
 
-The rules are the engine's own (RequestState in engine/request_state.py, which the offline LLM still
+Stop strings are matched by server/stop_strings.py (one pass per character, however many strings). The
+rules are the engine's own (RequestState in engine/request_state.py, which the offline LLM still
 uses): a stop token's text is shown only with include_stop_str_in_output; stop strings count only once
 min_tokens tokens exist; the earliest stop string wins, and a stop token beats a stop string found in
 the same token; text held back (an incomplete character, a possible stop-string prefix) is released
@@ -21,9 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpilot.runtime.engine.detokenizer import IncrementalDetokenizer
-from kvpilot.runtime.engine.stop import StopStringMatcher
 from kvpilot.runtime.engine_core.messages import Logprob, TokenOutput
 from kvpilot.runtime.sampling_params import SamplingParams
+from kvpilot.runtime.server.stop_strings import StopStrings
 
 
 @dataclass(slots=True)
@@ -58,7 +59,7 @@ class RequestText:
             else None
         )
         self._matcher = (
-            StopStringMatcher(params.stop, params.include_stop_str_in_output) if any(params.stop) else None
+            StopStrings(params.stop, params.include_stop_str_in_output) if any(params.stop) else None
         )
         self._simple = self._matcher is None and self._detokenizer is not None
 

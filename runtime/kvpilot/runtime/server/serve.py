@@ -7,6 +7,7 @@ it over ZeroMQ. Exit codes:
      requests get `grace_seconds` to finish (the rest are aborted), then the core is shut down. A
      second signal skips the wait.
   1  the model could not be loaded (the reason is logged; the core's traceback precedes it).
+  2  the port is already in use (the message says so and names --port).
   3  the engine-core process died while serving: /health turns 503, requests in flight end with an
      OpenAI error (an SSE error event when streaming), new ones get 503, and the server exits
      within about a second.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import signal
 import socket
@@ -26,14 +28,40 @@ import uvicorn
 from kvpilot.runtime.engine_core.client import EngineCoreSpec
 from kvpilot.runtime.server.app import build_app
 from kvpilot.runtime.server.engine_client import EngineClient
+from kvpilot.runtime.server.header_timeout import header_timeout_protocol
 from kvpilot.runtime.server.metrics import ServerMetrics
+from kvpilot.runtime.server.request_body import BodyLimits
 
 logger = logging.getLogger(__name__)
 ABORTED_DRAIN_SECONDS = 5.0
 CORE_DIED_EXIT_DELAY_S = 1.0  # keep answering 503 this long after the core died (probes see why)
 EXIT_OK = 0
 EXIT_LOAD_FAILED = 1
+EXIT_PORT_IN_USE = 2
 EXIT_ENGINE_DIED = 3
+HEADER_TIMEOUT_S = 30.0  # a connection that has not sent a whole request head by then is closed
+
+
+class PortInUse(Exception):
+    pass
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before anything slow starts; a busy port is a PortInUse naming --port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        if err.errno == errno.EADDRINUSE:
+            raise PortInUse(
+                f"port {port} on {host} is already in use: stop what uses it or pass --port"
+            ) from err
+        raise
+    sock.set_inheritable(True)
+    return sock
 
 
 class _Server(uvicorn.Server):
@@ -108,7 +136,9 @@ class RuntimeServer:
         grace_seconds: float = 30.0,
         cache_config: dict[str, object] | None = None,
         log_level: str = "info",
+        body_limits: BodyLimits | None = None,
     ) -> None:
+        self.host, self.port = host, port
         self.metrics = ServerMetrics(served_model_name, cache_config or {})
         self.client = EngineClient(
             core,
@@ -118,7 +148,7 @@ class RuntimeServer:
             max_waiting_requests=max_waiting_requests,
             log_level=log_level,
         )
-        self.app = build_app(self.client, self.metrics, model_root=model_root)
+        self.app = build_app(self.client, self.metrics, model_root=model_root, limits=body_limits)
         config = uvicorn.Config(
             self.app,
             host=host,
@@ -127,12 +157,19 @@ class RuntimeServer:
             lifespan="off",
             timeout_graceful_shutdown=int(ABORTED_DRAIN_SECONDS),
             access_log=False,
+            http=header_timeout_protocol(HEADER_TIMEOUT_S),
         )
         self.server = _Server(config)
         self.shutdown = GracefulShutdown(self.client, self.server, grace_seconds)
 
     async def run(self, *, sockets: list[socket.socket] | None = None, handle_signals: bool = True) -> int:
         """Serves until a signal, a load failure or the core's death; returns the exit code."""
+        if sockets is None:
+            try:
+                sockets = [bind_socket(self.host, self.port)]
+            except PortInUse as err:
+                logger.error("%s", err)
+                return EXIT_PORT_IN_USE
         loop = asyncio.get_running_loop()
         signals = (signal.SIGTERM, signal.SIGINT) if handle_signals else ()
         for sig in signals:
@@ -144,6 +181,7 @@ class RuntimeServer:
             for sig in signals:
                 loop.remove_signal_handler(sig)
             await self.client.stop()
+            self.app.state.serving.worker.close()
         return self.shutdown.exit_code
 
 
@@ -159,6 +197,7 @@ async def serve(
     grace_seconds: float,
     cache_config: dict[str, object],
     log_level: str = "info",
+    body_limits: BodyLimits | None = None,
 ) -> int:
     """Serves until a signal (exit 0), a load failure (1) or the engine core's death (3)."""
     runtime = RuntimeServer(
@@ -172,5 +211,6 @@ async def serve(
         grace_seconds=grace_seconds,
         cache_config=cache_config,
         log_level=log_level,
+        body_limits=body_limits,
     )
     return await runtime.run()

@@ -32,7 +32,9 @@ from kvpilot.runtime.server.openai_errors import (
     invalid_request,
     model_not_found,
 )
-from kvpilot.runtime.server.protocol import ChatCompletionRequest, CompletionRequest, parse_request
+from kvpilot.runtime.server.prompt_tokens import PromptWorker, encode_bounded, prompt_too_long
+from kvpilot.runtime.server.protocol import ChatCompletionRequest, CompletionRequest, Prompt, parse_request
+from kvpilot.runtime.server.request_body import BodyLimits, read_body
 from kvpilot.runtime.server.responses import (
     SSE_DONE,
     ChatFormat,
@@ -71,35 +73,53 @@ class GuardedStreamingResponse(StreamingResponse):
 
 
 class OpenAIServing:
-    def __init__(self, client: EngineClient) -> None:
+    def __init__(self, client: EngineClient, limits: BodyLimits | None = None) -> None:
         self.client = client
+        self.limits = limits or BodyLimits()
+        self.worker = PromptWorker()
 
     async def completions(self, request: Request) -> Response:
-        body: CompletionRequest = parse_request(CompletionRequest, await request.body())
+        raw = await read_body(request, self.limits)
+        body: CompletionRequest = parse_request(CompletionRequest, raw)
         self._check_model(body.model)
         prompts = body.prompts()
         params = body.sampling_params()
         self.client.check_available(len(prompts) * body.n)
-        prompt_ids = [self.client.tokenize(prompt) for prompt in prompts]
+        prompt_ids = await self.worker.run(self._tokenize_all, prompts)
         return await self._serve(request, body, prompt_ids, params, CompletionFormat(self._token_text))
 
     async def chat(self, request: Request) -> Response:
-        body: ChatCompletionRequest = parse_request(ChatCompletionRequest, await request.body())
+        raw = await read_body(request, self.limits)
+        body: ChatCompletionRequest = parse_request(ChatCompletionRequest, raw)
         self._check_model(body.model)
         params = body.sampling_params()
         self.client.check_available(body.n)
-        prompt = self._render_chat(body)
+        prompt = await self.worker.run(self._render_chat, body)
         return await self._serve(request, body, [prompt], params, ChatFormat(self._token_text))
 
     # ---- steps
-    def _check_model(self, model: str | None) -> None:
-        if model is not None and model != self.client.served_model_name:
+    def _check_model(self, model: str) -> None:
+        if model != self.client.served_model_name:
             raise model_not_found(model)
+
+    def _tokenize_all(self, prompts: list[Prompt]) -> list[list[int]]:
+        """(worker thread) Completion prompts as token ids; the engine encodes strings the same way."""
+        limit = self.client.max_model_len
+        out = []
+        for prompt in prompts:
+            if isinstance(prompt, str):
+                out.append(encode_bounded(self.client.tokenizer, prompt, limit, "prompt") if prompt else [])
+            elif limit is not None and len(prompt) > limit:
+                raise prompt_too_long(len(prompt), limit, "prompt")
+            else:
+                out.append(list(prompt))
+        return out
 
     def _token_text(self, token_id: int) -> str:
         return self.client.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def _render_chat(self, body: ChatCompletionRequest) -> list[int]:
+        """(worker thread) The chat template's text, tokenized."""
         tokenizer = self.client.tokenizer
         try:
             text = tokenizer.apply_chat_template(
@@ -110,7 +130,8 @@ class OpenAIServing:
         except TemplateError as err:
             message = f"The chat template cannot render these messages: {err}"
             raise invalid_request(message, "messages") from err
-        return tokenizer.encode(text, add_special_tokens=False)
+        limit = self.client.max_model_len
+        return encode_bounded(tokenizer, text, limit, "messages", add_special_tokens=False)
 
     async def _serve(
         self, request: Request, body: Any, prompts: list[list[int]], params: list[Any], fmt: EndpointFormat
