@@ -186,8 +186,7 @@ class BlockManager:
         if keep < len(seq.block_table):
             if keep < seq.num_committed_blocks:
                 raise ValueError(f"sequence {seq.seq_id}: cannot trim committed blocks")
-            self.free_blocks(seq.block_table[keep:])
-            del seq.block_table[keep:]
+            self.free_blocks(seq.drop_blocks_after(keep))
 
     def admit(self, seq: Sequence, token_budget: int) -> int:
         """Give a waiting sequence its cached prefix and slots for its first chunk.
