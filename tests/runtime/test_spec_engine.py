@@ -189,3 +189,24 @@ def test_seeded_sampling_is_reproducible(qwen3_checkpoint: Path) -> None:
     second = run(LLM(qwen3_checkpoint, **BASE, speculative_config=NGRAM), params)
     assert [o.token_ids for o in first] == [o.token_ids for o in second]
     assert all(len(o.token_ids) == 16 for o in first)
+
+
+def test_backs_off_when_nothing_is_accepted_and_keeps_probing(qwen3_checkpoint: Path) -> None:
+    """An always-wrong drafter: the engine stops speculating (its decode steps overlap again, as
+    without speculation), probes now and then, and the output is still the plain greedy one."""
+    from kvpilot.runtime.engine.spec_decode.oracle import OracleProposer
+
+    params = greedy(max_tokens=120)
+    prompts = PROMPTS[:1]
+    plain = run(LLM(qwen3_checkpoint, **BASE), params, prompts)
+    llm = LLM(qwen3_checkpoint, **BASE)
+    known = {tuple(o.prompt_token_ids): o.token_ids for o in plain}
+    config = SpeculativeConfig("wrong", 4, backoff_probe_interval=8)
+    wrong = OracleProposer(known, wrong=True, vocab_size=llm.engine._vocab_size)
+    llm.engine.speculator = Speculator(config, wrong)
+    assert_same(plain, run(llm, params, prompts))
+    stats = llm.engine.stats().spec_decode
+    assert stats is not None and stats.num_accepted_tokens == 0
+    assert 15 < stats.num_drafts < 40  # ~15 steps to back off, then a probe every ~9 steps
+    assert llm.engine.num_overlapped_steps > 40
+    assert llm.engine.speculator.state.acceptance_rate < config.min_acceptance_rate

@@ -219,10 +219,12 @@ class LLMEngine:
         """The outputs of one model step. With async scheduling the next step may already be running."""
         outputs, self._pending = self._pending, []
         current, self._in_flight = self._in_flight, None
-        if current is None and self.speculator is not None:
-            spec_outputs = self._speculative_step(self.speculator)
-            if spec_outputs is not None:
-                return outputs + spec_outputs
+        if self.speculator is not None:
+            if current is None:
+                spec_outputs = self._speculative_step(self.speculator)
+                if spec_outputs is not None:
+                    return outputs + spec_outputs
+            self.speculator.plain_step()  # counts the steps backed off, towards the next probe
         if current is None:
             sched = self.scheduler.schedule()
             if sched.is_empty:

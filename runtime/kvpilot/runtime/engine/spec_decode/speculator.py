@@ -60,9 +60,11 @@ class Speculator:
             for seq, draft, limit in zip(seqs, proposals, limits, strict=True)
             if draft
         }
-        if not found:
-            self.state = after_step(self.state, self.policy, 0, 0)
         return found
+
+    def plain_step(self) -> None:
+        """The engine ran a step without drafts (backed off, nothing drafted, or overlapped)."""
+        self.state = after_step(self.state, self.policy, 0, 0)
 
     def record(self, verified: Iterable[tuple[int, int]]) -> None:
         """(drafted, accepted) per sequence of a verification step."""
