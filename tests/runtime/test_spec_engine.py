@@ -210,3 +210,14 @@ def test_backs_off_when_nothing_is_accepted_and_keeps_probing(qwen3_checkpoint: 
     assert 15 < stats.num_drafts < 40  # ~15 steps to back off, then a probe every ~9 steps
     assert llm.engine.num_overlapped_steps > 40
     assert llm.engine.speculator.state.acceptance_rate < config.min_acceptance_rate
+
+
+def test_draft_model_must_share_the_vocabulary(
+    qwen3_checkpoint: Path, tiny_checkpoint_factory: Callable[..., Path]
+) -> None:
+    from kvpilot.runtime.engine.engine_args import EngineArgsError
+
+    other = tiny_checkpoint_factory("qwen3", vocab_size=2048)
+    config = json.dumps({"model": str(other), "num_speculative_tokens": 2})
+    with pytest.raises(EngineArgsError, match=r"vocabulary .* differs from the target's"):
+        LLM(qwen3_checkpoint, **BASE, speculative_config=config)

@@ -13,7 +13,8 @@ from kvpilot.runtime.engine.spec_decode.speculator import Proposer, Speculator
 
 def build_speculator(args: EngineArgs, target_runner: Any) -> Speculator | None:
     """None without --speculative-config. A draft model gets its own runner (and KV cache of as many
-    blocks as the target's) on the target's device."""
+    blocks as the target's) on the target's device, loaded after the target: on CUDA the target's
+    --gpu-memory-utilization must leave room for it (the runtime does not shrink the target's cache)."""
     if not args.speculative_config:
         return None
     config = SpeculativeConfig.from_json(args.speculative_config)
@@ -31,6 +32,7 @@ def build_speculator(args: EngineArgs, target_runner: Any) -> Speculator | None:
 
 
 def _draft_model_proposer(args: EngineArgs, config: SpeculativeConfig, target_runner: Any) -> Proposer:
+    import torch
     from kvpilot.runtime.engine.model_runner import ModelRunner
     from kvpilot.runtime.engine.spec_decode.draft_model import DraftModelProposer
 
@@ -41,7 +43,14 @@ def _draft_model_proposer(args: EngineArgs, config: SpeculativeConfig, target_ru
         max_model_len=target_runner.max_model_len,
         num_kv_blocks=target_runner.num_kv_blocks,
     )
-    runner = ModelRunner(draft_args)
+    try:
+        runner = ModelRunner(draft_args)
+    except torch.OutOfMemoryError as err:
+        raise EngineArgsError(
+            f"--speculative-config: no memory left for the draft model and its KV cache "
+            f"({target_runner.num_kv_blocks} blocks, as many as the target's): lower "
+            f"--gpu-memory-utilization (the target's share) or set --num-kv-blocks ({err})"
+        ) from None
     target_vocab = target_runner.model_config.vocab_size
     if runner.model_config.vocab_size != target_vocab:
         raise EngineArgsError(
