@@ -136,11 +136,8 @@ def run_cpu(args: argparse.Namespace) -> list[dict[str, Any]]:
         {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
     )
     drafted = json.dumps({"model": str(draft), "num_speculative_tokens": args.k})
-    engines = {
-        "none": cpu_engine(model, None),
-        "ngram": cpu_engine(model, ngram),
-        "draft": cpu_engine(model, drafted),
-    }
+    configs = {"none": None, "ngram": ngram, "draft": drafted}
+    engines = {m: cpu_engine(model, configs[m]) for m in ("none", *args.methods)}
     tokenizer = engines["none"].tokenizer
     rows = []
     for name, text in PROMPTS.items():
@@ -302,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=128, help="CPU: tokens generated per prompt")
     parser.add_argument("--draft-layers", type=int, default=8, help="CPU: layers kept in the draft model")
     parser.add_argument("--repeats", type=int, default=2, help="CPU: interleaved runs, best kept")
+    parser.add_argument(
+        "--methods", nargs="+", default=["ngram", "draft"], choices=["ngram", "draft"], help="CPU: methods"
+    )
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64], help="GPU: batch sizes")
     parser.add_argument("--prompt-len", type=int, default=1024, help="GPU: prompt tokens")
     parser.add_argument("--gpu-new-tokens", type=int, default=256, help="GPU: output tokens")
