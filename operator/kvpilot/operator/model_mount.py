@@ -36,23 +36,30 @@ class ModelMount:
 
 
 def model_mount(
-    source: ModelSource, runtime_image: str, env: list[dict[str, Any]], weight_bytes: int
+    source: ModelSource,
+    runtime_image: str,
+    env: list[dict[str, Any]],
+    weight_bytes: int,
+    *,
+    volume_name: str = VOLUME,
+    root: str = MODELS_DIR,
 ) -> ModelMount:
+    """The main model under /models (volume "model"); a draft model passes its own volume name and root."""
     if source.scheme == "pvc":
         claim, _, path = source.location.partition("/")
-        volume = {"name": VOLUME, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        volume = {"name": volume_name, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
         return ModelMount(
-            f"{MODELS_DIR}/{path}".rstrip("/"),
+            f"{root}/{path}".rstrip("/"),
             [volume],
-            {"name": VOLUME, "mountPath": MODELS_DIR, "readOnly": True},
+            {"name": volume_name, "mountPath": root, "readOnly": True},
         )
-    model_dir = f"{MODELS_DIR}/model"
+    model_dir = f"{root}/model"
     size_gib = max(1, math.ceil(weight_bytes * 1.2 / 1024**3))
-    volume = {"name": VOLUME, "emptyDir": {"sizeLimit": f"{size_gib}Gi"}}
-    writable = {"name": VOLUME, "mountPath": MODELS_DIR}
+    volume = {"name": volume_name, "emptyDir": {"sizeLimit": f"{size_gib}Gi"}}
+    writable = {"name": volume_name, "mountPath": root}
     if source.scheme == "hf":
         fetch = {
-            "name": "fetch-model",
+            "name": f"fetch-{volume_name}",
             "image": runtime_image,
             "command": ["python", "-c", HF_DOWNLOAD],
             "env": [
@@ -60,13 +67,13 @@ def model_mount(
                 _env("HF_REVISION", source.revision),
                 _env("MODEL_DIR", model_dir),
                 _env("HF_PATTERNS", HF_PATTERNS),
-                _env("HF_HOME", f"{MODELS_DIR}/.hf"),
+                _env("HF_HOME", f"{root}/.hf"),
                 *env,
             ],
         }
     else:
         command = ["aws", "s3", "sync", source.uri, model_dir, "--only-show-errors"]
-        fetch = {"name": "fetch-model", "image": S3_IMAGE, "command": command, "env": list(env)}
+        fetch = {"name": f"fetch-{volume_name}", "image": S3_IMAGE, "command": command, "env": list(env)}
     fetch["volumeMounts"] = [writable]
     return ModelMount(model_dir, [volume], {**writable, "readOnly": True}, [fetch])
 

@@ -15,6 +15,7 @@ from kvpilot.operator.spec import InferenceServiceSpec
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/kvpilot/runtime:0.1.0"
 PORT = 8000
 DIST_PORT = 29500  # torch.distributed rendezvous on the leader pod (the runtime's default)
+DRAFT_VOLUME, DRAFT_DIR = "draft-model", "/draft-models"  # spec.speculative.draftModel's files
 GPU_RESOURCE = "nvidia.com/gpu"
 STARTUP_PERIOD_S = 10
 STARTUP_BASE_S = 1800  # 30 minutes to download and load, plus 10 s per GiB of weights
@@ -74,13 +75,29 @@ def pod_template(
 ) -> dict[str, Any]:
     """role: server (Deployment pod), leader or worker (LeaderWorkerSet pods)."""
     mount = model_mount(spec.model, image, spec.runtime.env, plan.weight_bytes)
+    mounts = [mount]
+    args = runtime_args(plan, served_model_name(spec, owner), mount.model_dir)
+    if spec.speculative is not None:
+        draft_dir = None
+        if spec.speculative.draft_model is not None:
+            draft = model_mount(
+                spec.speculative.draft_model,
+                image,
+                spec.runtime.env,
+                plan.weight_bytes,
+                volume_name=DRAFT_VOLUME,
+                root=DRAFT_DIR,
+            )
+            mounts.append(draft)
+            draft_dir = draft.model_dir
+        args += ["--speculative-config", spec.speculative.runtime_config(draft_dir)]
     container: dict[str, Any] = {
         "name": "runtime",
         "image": image,
         "command": ["kvpilot-runtime"],
-        "args": [*runtime_args(plan, served_model_name(spec, owner), mount.model_dir), *spec.runtime.args],
+        "args": [*args, *spec.runtime.args],
         "resources": resources(spec.runtime.resources, plan.tensor_parallel),
-        "volumeMounts": [mount.mount, {"name": "dshm", "mountPath": "/dev/shm"}],
+        "volumeMounts": [*(m.mount for m in mounts), {"name": "dshm", "mountPath": "/dev/shm"}],
     }
     env = [*spec.runtime.env, *role_env(role)]
     if env:
@@ -93,11 +110,12 @@ def pod_template(
     shm = {"medium": "Memory", "sizeLimit": f"{2 * plan.tensor_parallel}Gi"}
     pod_spec: dict[str, Any] = {
         "containers": [container],
-        "volumes": [*mount.volumes, {"name": "dshm", "emptyDir": shm}],
+        "volumes": [*(v for m in mounts for v in m.volumes), {"name": "dshm", "emptyDir": shm}],
         "terminationGracePeriodSeconds": 120,
     }
-    if mount.init_containers:
-        pod_spec["initContainers"] = mount.init_containers
+    init_containers = [c for m in mounts for c in m.init_containers]
+    if init_containers:
+        pod_spec["initContainers"] = init_containers
     if profile.node_selector:
         pod_spec["nodeSelector"] = dict(profile.node_selector)
     if profile.tolerations:

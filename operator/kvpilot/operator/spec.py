@@ -6,6 +6,7 @@ API server (`kvpilot plan -f`) and guards the operator against objects that pred
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -123,6 +124,39 @@ class RuntimeOverrides(_Model):
         return env
 
 
+class Speculative(_Model):
+    """Speculative decoding, passed to the runtime as --speculative-config (vLLM's JSON)."""
+
+    method: Literal["ngram", "draftModel"]
+    num_speculative_tokens: int = Field(4, ge=1, le=16)
+    prompt_lookup_max: int = Field(4, ge=1, le=16)
+    prompt_lookup_min: int = Field(1, ge=1, le=16)
+    draft_model: ModelSource | None = None
+
+    @model_validator(mode="after")
+    def _method_fields(self) -> Speculative:
+        # CEL: self.method == 'draftModel' ? has(self.draftModel) : !has(self.draftModel)
+        if (self.method == "draftModel") != (self.draft_model is not None):
+            raise ValueError("speculative.draftModel is required for method draftModel and only for it")
+        # CEL: self.promptLookupMin <= self.promptLookupMax
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError("speculative.promptLookupMin must not exceed speculative.promptLookupMax")
+        return self
+
+    def runtime_config(self, draft_dir: str | None) -> str:
+        """The runtime's --speculative-config JSON (the draft model at `draft_dir` in the pod)."""
+        if self.method == "draftModel":
+            return json.dumps({"model": draft_dir, "num_speculative_tokens": self.num_speculative_tokens})
+        return json.dumps(
+            {
+                "method": "ngram",
+                "num_speculative_tokens": self.num_speculative_tokens,
+                "prompt_lookup_max": self.prompt_lookup_max,
+                "prompt_lookup_min": self.prompt_lookup_min,
+            }
+        )
+
+
 class InferenceServiceSpec(_Model):
     model: ModelSource
     gpu: GpuRequest
@@ -133,6 +167,7 @@ class InferenceServiceSpec(_Model):
     replicas: int = Field(1, ge=0, le=1000)
     autoscaling: Autoscaling | None = None
     runtime: RuntimeOverrides = Field(default_factory=RuntimeOverrides)
+    speculative: Speculative | None = None
 
     @model_validator(mode="after")
     def _replicas_within_autoscaling(self) -> InferenceServiceSpec:

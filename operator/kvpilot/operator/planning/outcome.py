@@ -75,6 +75,13 @@ async def plan_service(
         facts = await model_facts(spec.model, fetch)
     except ModelFactsError as exc:
         return PlanOutcome(NO_MODEL_CONFIG, str(exc), spec=spec, profile=profile)
-    result = plan(PlanRequest.from_spec(spec, facts, profile, capabilities))
+    draft = None
+    if spec.speculative is not None and spec.speculative.draft_model is not None:
+        try:
+            draft = await model_facts(spec.speculative.draft_model, fetch)
+        except ModelFactsError as exc:
+            message = f"spec.speculative.draftModel: {exc}".replace("spec.model.config", "its config")
+            return PlanOutcome(NO_MODEL_CONFIG, message, spec=spec, profile=profile)
+    result = plan(PlanRequest.from_spec(spec, facts, profile, capabilities, draft))
     reason = INFEASIBLE if not result.needs else UNSUPPORTED_BY_RUNTIME
     return PlanOutcome(FEASIBLE if result.feasible else reason, result.reason, spec, profile, facts, result)

@@ -64,6 +64,9 @@ class PlanRequest:
     pipeline: int | str = "auto"
     gpu_count: int | None = None
     capabilities: RuntimeCapabilities = RUNTIME  # what the runtime can run: nothing outside is planned
+    # spec.speculative.draftModel: its 16-bit weights and its KV cache (as many tokens as the target's,
+    # same KV dtype) sit whole on every GPU of the replica, beside the target's share
+    draft: ModelFacts | None = None
 
     @classmethod
     def from_spec(
@@ -72,6 +75,7 @@ class PlanRequest:
         facts: ModelFacts,
         profile: GpuProfile,
         capabilities: RuntimeCapabilities = RUNTIME,
+        draft: ModelFacts | None = None,
     ) -> PlanRequest:
         w = spec.workload
         return cls(
@@ -86,6 +90,7 @@ class PlanRequest:
             spec.parallelism.pipeline,
             spec.gpu.count,
             capabilities,
+            draft,
         )
 
 
@@ -368,9 +373,9 @@ def size(
 ) -> Candidate:
     facts = request.facts
     usable = int(request.profile.memory_bytes * utilization)
-    weights = weight_bytes_per_gpu(facts, quantization, tp, pp)
+    weights = weight_bytes_per_gpu(facts, quantization, tp, pp) + draft_weight_bytes(request)
     workspace = workspace_bytes(facts, tp, pp, workload.batched_tokens, workload.max_seqs)
-    per_token = kv_bytes_per_token(facts, kv_dtype, tp, pp)
+    per_token = kv_bytes_per_token(facts, kv_dtype, tp, pp) + draft_kv_bytes_per_token(request, kv_dtype)
     tokens = kv_cache_tokens(usable - weights - workspace, per_token)
     return Candidate(
         tp,
@@ -386,6 +391,16 @@ def size(
         workload.max_model_len,
         workload.avg_context_len,
     )
+
+
+def draft_weight_bytes(request: PlanRequest) -> int:
+    """The draft model's weights (16-bit, not split: the draft runs whole beside rank 0's share)."""
+    return 0 if request.draft is None else weight_bytes(request.draft, "none")
+
+
+def draft_kv_bytes_per_token(request: PlanRequest, kv_dtype: str) -> int:
+    """The draft model's KV bytes per token: its cache holds as many tokens as the target's."""
+    return 0 if request.draft is None else kv_bytes_per_token(request.draft, kv_dtype)
 
 
 def choose(feasible: list[Candidate], target: int, count_given: bool) -> tuple[Candidate, bool]:
@@ -421,8 +436,9 @@ def build_plan(
         max_num_seqs=seqs,
         max_model_len=workload.max_model_len,
         max_num_batched_tokens=workload.batched_tokens,
-        weight_bytes=weight_bytes(facts, chosen.quantization),
-        kv_bytes_per_token=kv_bytes_per_token(facts, chosen.kv_dtype),
+        weight_bytes=weight_bytes(facts, chosen.quantization) + draft_weight_bytes(request),
+        kv_bytes_per_token=kv_bytes_per_token(facts, chosen.kv_dtype)
+        + draft_kv_bytes_per_token(request, chosen.kv_dtype),
         kv_cache_tokens=chosen.kv_tokens,
         gpu_memory_utilization=chosen.utilization,
     )
@@ -442,8 +458,9 @@ def infeasible_plan(
     return Plan(
         feasible=False,
         gpu_profile=request.profile.name,
-        weight_bytes=weight_bytes(request.facts, closest.quantization),
-        kv_bytes_per_token=kv_bytes_per_token(request.facts, closest.kv_dtype),
+        weight_bytes=weight_bytes(request.facts, closest.quantization) + draft_weight_bytes(request),
+        kv_bytes_per_token=kv_bytes_per_token(request.facts, closest.kv_dtype)
+        + draft_kv_bytes_per_token(request, closest.kv_dtype),
         max_model_len=workload.max_model_len,
         reason=reasons.infeasible(request, workload, closest, suggestion),
     )

@@ -6,8 +6,9 @@ decodes mix freely. For every chunk the runner
      (slot = block_table[pos // block_size] * block_size + pos % block_size, for pos in
      [start_pos, start_pos + len(token_ids))),
   2. lets each new token attend causally to every cached position <= its own,
-  3. returns logits for the chunk's last token when `sample` is True (in chunk order), followed by
-     the logits of the rows named in `prompt_logprob_rows` (in that order; usually none).
+  3. returns logits for the chunk's last 1 + num_spec tokens when `sample` is True (in chunk order;
+     num_spec > 0 only for a speculative verification), followed by the logits of the rows named in
+     `prompt_logprob_rows` (in that order; usually none).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ class SeqChunk(NamedTuple):  # a tuple, not a dataclass: one is built for every 
     sample: bool  # True when the chunk reaches the sequence's last known token: its logits are needed
     # the block table packed as native int32 (None: pack it from block_table); a cache, same values
     block_table_bytes: bytes | None = None
+    # speculative decoding: the last num_spec tokens are drafts to verify; the logits of the chunk's
+    # last num_spec + 1 rows are returned (each draft's and the one before the drafts)
+    num_spec: int = 0
 
     @property
     def context_len(self) -> int:
@@ -73,6 +77,11 @@ class StepBatch:
     @property
     def num_sampled(self) -> int:
         return self._summarise()[2]
+
+    @property
+    def num_sample_rows(self) -> int:
+        """Logits rows returned for sampling: one per sampled chunk plus one per draft token."""
+        return self.num_sampled + sum(c.num_spec for c in self.chunks)
 
     @property
     def is_decode_only(self) -> bool:

@@ -178,6 +178,16 @@ class BlockManager:
             seq.block_table.append(self._take_free_block())
         return True
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Speculative rollback: free the blocks past those covering the first `num_tokens` positions
+        (they held rejected draft tokens; such blocks are never in the prefix cache, since only blocks
+        full of computed, accepted tokens are committed)."""
+        keep = self.blocks_for(num_tokens)
+        if keep < len(seq.block_table):
+            if keep < seq.num_committed_blocks:
+                raise ValueError(f"sequence {seq.seq_id}: cannot trim committed blocks")
+            self.free_blocks(seq.drop_blocks_after(keep))
+
     def admit(self, seq: Sequence, token_budget: int) -> int:
         """Give a waiting sequence its cached prefix and slots for its first chunk.
 

@@ -94,6 +94,14 @@ class EngineArgs:
     async_scheduling: bool = field(
         default=True, metadata=_knob("Plan and launch a decode step before the previous one is read back")
     )
+    speculative_config: str | None = field(
+        default=None,
+        metadata=_knob(
+            "Speculative decoding, vLLM's JSON: "
+            '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}\' or '
+            '\'{"model": DRAFT_DIR, "num_speculative_tokens": 4}\''
+        ),
+    )
     kernel_backend: str = field(
         default="auto",
         metadata=_knob("Kernels: triton on CUDA, else cpu (torch: references)", choices=KERNEL_BACKENDS),
@@ -114,6 +122,13 @@ class EngineArgs:
             value, choices = getattr(self, f.name), f.metadata.get("choices")
             if choices and value is not None and value not in choices:
                 found.append(f"{_flag(f.name)} {value!r} is not one of {', '.join(choices)}")
+        if self.speculative_config is not None:
+            found += _speculative_problems(self.speculative_config)
+            if self.tensor_parallel_size * self.pipeline_parallel_size > 1:
+                found.append(
+                    "--speculative-config runs on one GPU in this build (not yet with --tensor-parallel-size "
+                    "or --pipeline-parallel-size above 1)"
+                )
         for setting, reason in self._unsupported(capabilities).items():
             name = _CAPABILITY_FLAGS[setting]
             found.append(f"{_flag(name)} {getattr(self, name)}: this runtime build cannot run {reason}")
@@ -194,6 +209,16 @@ class EngineArgs:
     def to_dict(self) -> dict[str, Any]:
         """Plain values (for passing the arguments to another process)."""
         return dataclasses.asdict(self)
+
+
+def _speculative_problems(text: str) -> list[str]:
+    from kvpilot.runtime.engine.spec_decode.config import SpeculativeConfig, SpeculativeConfigError
+
+    try:
+        SpeculativeConfig.from_json(text)
+    except SpeculativeConfigError as err:
+        return [str(err)]
+    return []
 
 
 _POSITIVE = (

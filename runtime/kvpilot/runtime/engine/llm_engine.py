@@ -27,10 +27,11 @@ from typing import Any
 from kvpilot.runtime.engine.batch import PromptRows, StepBatch
 from kvpilot.runtime.engine.block_manager import BlockManager
 from kvpilot.runtime.engine.engine_args import EngineArgs
-from kvpilot.runtime.engine.output import EngineStats, RequestOutput
+from kvpilot.runtime.engine.output import EngineStats, RequestOutput, merge_outputs
 from kvpilot.runtime.engine.request_state import RequestState
 from kvpilot.runtime.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
 from kvpilot.runtime.engine.sequence import Sequence, SequenceStatus
+from kvpilot.runtime.engine.spec_decode.rejection import VerifyGroup, verify
 from kvpilot.runtime.errors import InvalidRequestError
 from kvpilot.runtime.sampling_params import SamplingParams
 
@@ -60,6 +61,7 @@ class LLMEngine:
         max_model_len: int | None = None,
         enable_prefix_caching: bool = True,
         async_scheduling: bool = True,
+        speculator: Any = None,
     ) -> None:
         self.runner, self.tokenizer, self.sampler = runner, tokenizer, sampler
         if max_model_len is not None and max_model_len > runner.max_model_len:
@@ -86,6 +88,8 @@ class LLMEngine:
         self.async_scheduling = async_scheduling and hasattr(sampler, "sample_ids")
         self._in_flight: _LaunchedStep | None = None  # launched, outputs not processed yet
         self.num_overlapped_steps = 0  # steps launched before the previous step's tokens were known
+        # speculative decoding (spec_decode.Speculator); its steps are never overlapped (see step())
+        self.speculator = speculator
 
     @classmethod
     def from_args(cls, args: EngineArgs) -> LLMEngine:
@@ -95,6 +99,8 @@ class LLMEngine:
 
         args.validate()
         tokenizer = Tokenizer.from_dir(args.model)
+        from kvpilot.runtime.engine.spec_decode.factory import build_speculator
+
         runner = build_runner(args)  # tensor/pipeline parallel: rank 0's runner over its worker group
         return cls(
             runner,
@@ -105,6 +111,7 @@ class LLMEngine:
             max_model_len=args.max_model_len,
             enable_prefix_caching=args.enable_prefix_caching,
             async_scheduling=args.async_scheduling,
+            speculator=build_speculator(args, runner),
         )
 
     # ---- requests -------------------------------------------------------------------------------
@@ -204,6 +211,7 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             num_kv_blocks=bm.num_blocks,
             block_size=bm.block_size,
+            spec_decode=self.speculator.stats() if self.speculator is not None else None,
         )
 
     # ---- the step -------------------------------------------------------------------------------
@@ -211,6 +219,12 @@ class LLMEngine:
         """The outputs of one model step. With async scheduling the next step may already be running."""
         outputs, self._pending = self._pending, []
         current, self._in_flight = self._in_flight, None
+        if self.speculator is not None:
+            if current is None:
+                spec_outputs = self._speculative_step(self.speculator)
+                if spec_outputs is not None:
+                    return outputs + spec_outputs
+            self.speculator.plain_step()  # counts the steps backed off, towards the next probe
         if current is None:
             sched = self.scheduler.schedule()
             if sched.is_empty:
@@ -229,6 +243,8 @@ class LLMEngine:
         """The next step can be planned and launched before the current step's tokens are read back."""
         if not self.scheduler.can_schedule_decodes_only():
             return False
+        if self.speculator is not None and self.speculator.wants_to_speculate(self.scheduler.num_running):
+            return False  # the next step speculates: its drafts need this step's tokens
         if not self._num_no_overlap:  # nothing waits, so the running sequences are all the requests
             return True
         by_seq = self._by_seq
@@ -286,6 +302,8 @@ class LLMEngine:
         return min(self.max_model_len, self._kv_capacity)
 
     def _forget(self, req: RequestState) -> None:
+        if self.speculator is not None:
+            self.speculator.forget(req.seq.seq_id)
         del self._requests[req.request_id]
         del self._by_seq[req.seq.seq_id]
         self._num_no_overlap -= not req.can_overlap
@@ -322,7 +340,7 @@ class LLMEngine:
         """Record the prompt logprobs of the rows after the sampled ones; returns the sampled rows."""
         from kvpilot.runtime.engine.sampler import prompt_logprobs
 
-        row = batch.num_sampled
+        row = batch.num_sample_rows
         for index, offset, count in batch.prompt_logprob_rows:
             chunk = batch.chunks[index]
             req = self._by_seq[chunk.seq_id]
@@ -331,7 +349,7 @@ class LLMEngine:
             entries = prompt_logprobs(logits[row : row + count], targets, req.seq.params.prompt_logprobs)
             req.add_prompt_logprobs(first, entries)
             row += count
-        return logits[: batch.num_sampled]
+        return logits[: batch.num_sample_rows]
 
     def _execute(self, batch: StepBatch, prev_ids: Any) -> Any:
         """The runner's step; with prompt-logprob requests running, their prompt rows are taken too."""
@@ -340,6 +358,74 @@ class LLMEngine:
         self._plan_prompt_logprobs(batch)
         logits = self._run(batch, prev_ids)
         return self._take_prompt_logprobs(batch, logits) if batch.prompt_logprob_rows else logits
+
+    # ---- speculative decoding -------------------------------------------------------------------
+    # A speculative step is planned only once every token is known (it is never overlapped with the
+    # previous step, and the step after it is not launched before its tokens are read back: the
+    # drafts of the next step depend on them). Steps with no drafts take the ordinary path.
+    def _speculative_step(self, speculator: Any) -> list[RequestOutput] | None:
+        """Draft, schedule the decodes with their drafts, verify in one target forward and emit the
+        accepted tokens. None when nothing was drafted (the caller runs an ordinary step)."""
+        running = self.scheduler.running
+        decoding = [s for s in running if s.num_tokens - s.num_computed_tokens == 1]
+        drafts = speculator.drafts(decoding, self._token_limit) if decoding else {}
+        if not drafts:
+            return None
+        sched = self.scheduler.schedule(drafts)
+        if sched.is_empty:
+            return []
+        sampled = [c for c in sched.scheduled if c.sample]
+        by_seq = self._by_seq
+        groups = [
+            VerifyGroup(
+                by_seq[c.seq.seq_id].verify_rows(drafts[c.seq.seq_id] if c.num_spec else []),
+                drafts[c.seq.seq_id] if c.num_spec else [],
+            )
+            for c in sampled
+        ]
+        try:
+            emitted = verify(self.sampler, self._execute(sched.batch, None), groups)
+        except Exception as exc:  # fail this step's requests, keep the loop
+            logger.exception("speculative step of %d sequences failed", len(sched.scheduled))
+            message = f"model step failed: {type(exc).__name__}: {exc}"
+            return [
+                self._fail(by_seq[c.seq.seq_id], message) for c in sched.scheduled if c.seq.seq_id in by_seq
+            ]
+        verified = [(c.num_spec, len(tokens) - 1) for c, tokens in zip(sampled, emitted, strict=True)]
+        rejected = {
+            c.seq.seq_id: drafted - accepted
+            for c, (drafted, accepted) in zip(sampled, verified, strict=True)
+            if drafted
+        }
+        self.scheduler.update(sched, {}, rejected)
+        speculator.record(verified)
+        outputs: list[RequestOutput] = []
+        for chunk, tokens in zip(sampled, emitted, strict=True):
+            out = self._emit(chunk.seq, tokens)
+            if out is not None:
+                outputs.append(out)
+        return outputs
+
+    def _emit(self, seq: Sequence, tokens: list[Any]) -> RequestOutput | None:
+        """Append the verified tokens one by one, with stop checks after each: a token past a stop is
+        never appended nor emitted. One delta for them all."""
+        req = self._by_seq.get(seq.seq_id)
+        if req is None or seq.status is not SequenceStatus.RUNNING:
+            return None
+        deltas = []
+        for token in tokens:
+            seq.append_token(token.token_id)
+            try:
+                out = req.process_token(token, self._token_limit)
+            except Exception as exc:
+                logger.exception("request %s failed while processing its output", req.request_id)
+                return self._fail(req, f"output processing failed: {exc}")
+            deltas.append(out)
+            if out.finished:
+                self._forget(req)
+                self.scheduler.finish(seq)
+                break
+        return merge_outputs(deltas)
 
     def _launch(self, sched: SchedulerOutput, prev_ids: Any = None) -> _LaunchedStep:
         """Run the batch (placeholders are filled from `prev_ids` on the device) and sample it. If it

@@ -101,12 +101,24 @@ def _host_arrays(chunks: list[SeqChunk], block_size: int) -> _HostArrays:
         input_ids=input_ids,
         positions=positions,
         slots=slots,
-        sample_indices=cu_seqlens[1:][sample] - 1,
+        sample_indices=_sample_indices(chunks, cu_seqlens, sample),
         cu_seqlens=cu_seqlens.astype(np.int32),
         context_lens=context_lens.astype(np.int32),
         block_tables=tables,
         max_q_len=int(q_lens.max()) if n else 0,
     )
+
+
+def _sample_indices(chunks: list[SeqChunk], cu_seqlens: np.ndarray, sample: np.ndarray) -> np.ndarray:
+    """The last row of each sampled chunk; a speculative chunk's last num_spec + 1 rows."""
+    ends = cu_seqlens[1:][sample]
+    spec = [c.num_spec for c in chunks if c.sample]
+    if not any(spec):
+        return ends - 1  # type: ignore[no-any-return]
+    counts = np.asarray(spec, dtype=np.int64) + 1
+    starts = np.repeat(ends - counts, counts)
+    within = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    return starts + within  # type: ignore[no-any-return]
 
 
 def _stage(host: _HostArrays, device: torch.device) -> ModelInputs:

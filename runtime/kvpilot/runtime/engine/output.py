@@ -33,6 +33,41 @@ class RequestOutput:
     prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
+def merge_outputs(outputs: list[RequestOutput]) -> RequestOutput:
+    """One delta for consecutive deltas of one request (a speculative step emits several tokens)."""
+    if len(outputs) == 1:
+        return outputs[0]
+    last = outputs[-1]
+    logprobs = (
+        [e for o in outputs for e in (o.new_logprobs or [])] if outputs[0].new_logprobs is not None else None
+    )
+    prompt_logprobs = next((o.prompt_logprobs for o in outputs if o.prompt_logprobs is not None), None)
+    return RequestOutput(
+        request_id=last.request_id,
+        new_token_ids=[t for o in outputs for t in o.new_token_ids],
+        new_text="".join(o.new_text for o in outputs),
+        new_logprobs=logprobs,
+        finished=last.finished,
+        finish_reason=last.finish_reason,
+        stop_reason=last.stop_reason,
+        num_prompt_tokens=last.num_prompt_tokens,
+        num_output_tokens=last.num_output_tokens,
+        num_cached_tokens=last.num_cached_tokens,
+        error=last.error,
+        prompt_logprobs=prompt_logprobs,
+    )
+
+
+@dataclass(frozen=True)
+class SpecDecodeStats:
+    """Cumulative speculative-decoding counters (vLLM's vllm:spec_decode_* metrics)."""
+
+    num_drafts: int = 0  # sequence-steps that verified at least one draft token
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: tuple[int, ...] = ()  # accepted tokens at draft position 0, 1, ...
+
+
 @dataclass(frozen=True)
 class EngineStats:
     num_running: int
@@ -43,6 +78,7 @@ class EngineStats:
     num_preemptions: int  # cumulative
     num_kv_blocks: int
     block_size: int
+    spec_decode: SpecDecodeStats | None = None  # set when speculative decoding is on
 
 
 @dataclass

@@ -85,6 +85,25 @@ class RequestState:
             self._row = SampleRow(params, seq.prompt_token_ids, seq.output_token_ids)
         return self._row
 
+    def verify_rows(self, draft: list[int]) -> list[SampleRow]:
+        """Speculative verification: the sampler row of each of the len(draft) + 1 logits rows, row j
+        seeing the output extended by draft[:j] (penalties and min_tokens bans as if they were sampled)."""
+        if not draft:
+            return [self.sample_row()]
+        seq, params = self.seq, self.seq.params
+        rows = []
+        for j in range(len(draft) + 1):
+            num_output = seq.num_output_tokens + j
+            banned = banned_token_ids(
+                num_output,
+                params.min_tokens,
+                eos_token_ids=self._eos_token_ids,
+                stop_token_ids=params.stop_token_ids,
+                ignore_eos=params.ignore_eos,
+            )
+            rows.append(SampleRow(params, seq.prompt_token_ids, [*seq.output_token_ids, *draft[:j]], banned))
+        return rows
+
     def process_token(self, sampled: Any, token_limit: int) -> RequestOutput:
         """The delta for the token just appended to the sequence (`sampled` is the SampledToken)."""
         seq = self.seq

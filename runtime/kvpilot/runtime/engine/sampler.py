@@ -180,7 +180,25 @@ class Sampler:
             column("presence_penalty"),
         )
 
+    def probs(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+        """The distribution each random row is sampled from: banned tokens and penalties applied, then
+        temperature, min_p, top_k and top_p. float32 [rows, vocab] (speculative verification's target)."""
+        _check_rows(logits, rows)
+        raw = logits.float().clone()
+        processed = [i for i, r in enumerate(rows) if r.banned_token_ids or needs_penalties(r.params)]
+        if processed:
+            raw[processed] = self._process(raw[processed], [rows[i] for i in processed])
+        return self._random_probs(raw, rows)
+
+    def generator(self, device: torch.device) -> torch.Generator:
+        """The generator of unseeded rows on `device` (speculative verification draws from it too)."""
+        return self._generator(device)
+
     def _sample_random(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+        probs = self._random_probs(logits, rows)
+        return sample_with_noise(probs, self._noise(rows, logits.shape[-1], logits.device))
+
+    def _random_probs(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
         device, vocab = logits.device, logits.shape[-1]
 
         def column(values: list[float]) -> torch.Tensor:
@@ -194,7 +212,7 @@ class Sampler:
         top_p = column([r.params.top_p for r in rows])
         if bool((top_k < vocab).any() or (top_p < 1.0).any()):
             logits = apply_top_k_top_p(logits, top_k, top_p)
-        return sample_with_noise(torch.softmax(logits, dim=-1), self._noise(rows, vocab, device))
+        return torch.softmax(logits, dim=-1)
 
     def _noise(self, rows: list[SampleRow], vocab: int, device: torch.device) -> torch.Tensor:
         """Exp(1) noise per row: from the request's own stream when seeded, else the sampler's."""
@@ -216,6 +234,11 @@ class Sampler:
             self._generators[device] = torch.Generator(device=device)
             self._generators[device].manual_seed(self.seed)
         return self._generators[device]
+
+    @staticmethod
+    def results(raw: torch.Tensor, token_ids: list[int], rows: list[SampleRow]) -> list[SampledToken]:
+        """SampledTokens for chosen `token_ids`, with the logprobs their rows ask for (from raw logits)."""
+        return Sampler._results(raw.float(), token_ids, rows)
 
     @staticmethod
     def _results(raw: torch.Tensor, token_ids: list[int], rows: list[SampleRow]) -> list[SampledToken]:

@@ -29,6 +29,7 @@ class ScheduledChunk(NamedTuple):  # a tuple: built for every sequence in every 
     seq: Sequence
     num_tokens: int
     sample: bool
+    num_spec: int = 0  # draft tokens among num_tokens (speculative decoding)
 
 
 @dataclass
@@ -119,7 +120,9 @@ class Scheduler:
         return need <= self.block_manager.num_free_blocks
 
     # ---- one step -------------------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, drafts: Mapping[int, list[int]] | None = None) -> SchedulerOutput:
+        """The next step. `drafts` (seq id -> draft tokens, speculative decoding) extend the decodes of
+        those sequences when the budget and free blocks allow it without preempting anybody."""
         out = SchedulerOutput(StepBatch([]))
         budget = self.max_num_batched_tokens
         scheduled_ids: set[int] = set()
@@ -129,6 +132,9 @@ class Scheduler:
             if len(decodes) < len(self.running)
             else []
         )
+        if drafts:
+            budget = self._schedule_drafts(decodes, drafts, budget, scheduled_ids, out)
+            decodes = [seq for seq in decodes if seq.seq_id not in scheduled_ids]
         budget = self._schedule_decodes(decodes, budget, scheduled_ids, out)
         for seq in prefills:
             if budget == 0:
@@ -172,6 +178,45 @@ class Scheduler:
             add_scheduled(ScheduledChunk(seq, 1, True))
             add_id(seq_id)
             budget -= 1
+        return budget
+
+    def _schedule_drafts(
+        self,
+        decodes: list[Sequence],
+        drafts: Mapping[int, list[int]],
+        budget: int,
+        scheduled_ids: set[int],
+        out: SchedulerOutput,
+    ) -> int:
+        """A decode with its drafts for each sequence that has some, when its 1 + d tokens fit the budget
+        and the blocks they need leave one free block for every decode still to schedule."""
+        bm, running = self.block_manager, SequenceStatus.RUNNING
+        for index, seq in enumerate(decodes):
+            draft = drafts.get(seq.seq_id)
+            start = seq.num_computed_tokens
+            if not draft or seq.status is not running or seq.num_tokens - start != 1:
+                continue
+            n = 1 + len(draft)
+            needed = bm.blocks_for(start + n) - len(seq.block_table)
+            if n > budget or needed > bm.num_free_blocks - (len(decodes) - index - 1):
+                continue
+            if not bm.append_slots(seq, n):
+                continue
+            token = seq.output_token_ids[-1] if seq.output_token_ids else seq.prompt_token_ids[-1]
+            out.batch.chunks.append(
+                SeqChunk(
+                    seq.seq_id,
+                    [token, *draft],
+                    start,
+                    seq.block_table,
+                    True,
+                    seq.packed_block_table(),
+                    len(draft),
+                )
+            )
+            out.scheduled.append(ScheduledChunk(seq, n, True, len(draft)))
+            scheduled_ids.add(seq.seq_id)
+            budget -= n
         return budget
 
     def _reserve(self, seq: Sequence, want: int, scheduled_ids: set[int], out: SchedulerOutput) -> int:
@@ -222,15 +267,23 @@ class Scheduler:
         scheduled_ids.add(seq.seq_id)
 
     # ---- after the step -------------------------------------------------------------------------
-    def update(self, out: SchedulerOutput, sampled: Mapping[int, int]) -> None:
+    def update(
+        self, out: SchedulerOutput, sampled: Mapping[int, int], rejected: Mapping[int, int] | None = None
+    ) -> None:
         """Record the step: the scheduled tokens now have KV, and each sampled token (by seq id) is
-        appended. Sequences finished meanwhile (failed, aborted) are skipped."""
+        appended. Sequences finished meanwhile (failed, aborted) are skipped. A speculative chunk keeps
+        the KV of its accepted tokens only: `rejected` (seq id -> rejected drafts) are rolled back and
+        the blocks past the accepted tokens freed (its tokens are appended by the engine)."""
         commit, block_size = self.block_manager.commit_computed, self.block_manager.block_size
         running = SequenceStatus.RUNNING
-        for seq, num_tokens, sample in out.scheduled:
+        for seq, num_tokens, sample, num_spec in out.scheduled:
             if seq.status is not running:
                 continue
-            seq.num_computed_tokens += num_tokens
+            if num_spec:
+                seq.num_computed_tokens += num_tokens - (rejected or {}).get(seq.seq_id, num_spec)
+                self.block_manager.trim(seq, seq.num_computed_tokens)
+            else:
+                seq.num_computed_tokens += num_tokens
             if seq.num_computed_tokens >= (seq.num_committed_blocks + 1) * block_size:
                 commit(seq)  # a block filled up since the last commit
             if sample:

@@ -87,7 +87,8 @@ class Sequence:
 
     def packed_block_table(self) -> bytes:
         """block_table as native int32 bytes, cached: repacked only when blocks were appended or the
-        table was replaced (block tables only grow by append, or are replaced by a new list)."""
+        table was replaced (block tables only grow by append, are replaced by a new list, or are cut
+        by drop_blocks_after, which resets this cache)."""
         table = self.block_table
         cached_table, packed = self._packed_table
         if cached_table is table and len(packed) == 4 * len(table):
@@ -99,6 +100,14 @@ class Sequence:
             packed = struct.pack(f"={len(table)}i", *table)
         self._packed_table = (table, packed)
         return packed
+
+    def drop_blocks_after(self, keep: int) -> list[int]:
+        """Speculative rollback: remove (and return) the block ids after the first `keep`. The packed
+        table is repacked at its next use (it only tracks appends by itself)."""
+        dropped = self.block_table[keep:]
+        del self.block_table[keep:]
+        self._packed_table = (self.block_table, b"")
+        return dropped
 
     def reset_for_recompute(self) -> None:
         """Preemption by recompute: the KV is dropped; prompt and output are computed again later."""

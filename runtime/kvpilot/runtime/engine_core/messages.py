@@ -64,6 +64,11 @@ class Stats(msgspec.Struct, array_like=True, frozen=True):
     num_preemptions: int  # cumulative
     num_kv_blocks: int
     block_size: int
+    # speculative decoding, cumulative (vllm:spec_decode_*); zero / empty when it is off
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = []
 
 
 class Logprob(msgspec.Struct, array_like=True, gc=False):

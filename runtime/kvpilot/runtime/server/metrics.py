@@ -94,7 +94,14 @@ E2E_BUCKETS = (
     1920.0,
     7680.0,
 )
-CUMULATIVE_STATS = ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions")
+CUMULATIVE_STATS = (
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "num_preemptions",
+    "spec_num_drafts",
+    "spec_num_draft_tokens",
+    "spec_num_accepted_tokens",
+)
 
 
 class ServerMetrics:
@@ -126,7 +133,23 @@ class ServerMetrics:
                 names.PREFIX_CACHE_HITS, "Prefix-cache hits, in tokens.", labels, registry=r
             ),
             "num_preemptions": Counter(names.NUM_PREEMPTIONS, "Cumulative preemptions.", labels, registry=r),
+            "spec_num_drafts": Counter(
+                names.SPEC_DECODE_NUM_DRAFTS, "Speculative drafts verified.", labels, registry=r
+            ),
+            "spec_num_draft_tokens": Counter(
+                names.SPEC_DECODE_NUM_DRAFT_TOKENS, "Draft tokens verified.", labels, registry=r
+            ),
+            "spec_num_accepted_tokens": Counter(
+                names.SPEC_DECODE_NUM_ACCEPTED_TOKENS, "Draft tokens accepted.", labels, registry=r
+            ),
         }
+        self._accepted_per_pos = Counter(
+            names.SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS,
+            "Draft tokens accepted, per draft position.",
+            [*labels, names.POSITION_LABEL],
+            registry=r,
+        )
+        self._last_per_pos: list[int] = []
         self._last_cumulative = dict.fromkeys(CUMULATIVE_STATS, 0)
         self._prompt_tokens = Counter(names.PROMPT_TOKENS, "Prefill tokens processed.", labels, registry=r)
         self._generation_tokens = Counter(names.GENERATION_TOKENS, "Generated tokens.", labels, registry=r)
@@ -214,11 +237,18 @@ class ServerMetrics:
         self._waiting_now.set(stats.num_waiting)
         self._kv_usage_now.set(stats.kv_cache_usage)
         for name in CUMULATIVE_STATS:
-            value = getattr(stats, name)
+            value = getattr(stats, name, 0)
             delta = value - self._last_cumulative[name]
             if delta > 0:
                 self._cumulative_now[name].inc(delta)
             self._last_cumulative[name] = value
+        per_pos = list(getattr(stats, "spec_accepted_per_pos", None) or [])
+        for pos, value in enumerate(per_pos):
+            delta = value - (self._last_per_pos[pos] if pos < len(self._last_per_pos) else 0)
+            if delta > 0:
+                self._accepted_per_pos.labels(self.model_name, str(pos)).inc(delta)
+        if per_pos:
+            self._last_per_pos = per_pos
 
     def on_delta(self, route: Any, output: Any, now: float, step_start: float) -> None:
         """One choice's delta (`route` holds its arrival and token times; `now` = when it arrived here)."""

@@ -1,0 +1,332 @@
+"""Speculative decoding, measured.
+
+CPU (default): the real SmolLM2-135M-Instruct (kvpilot.runtime.default_model), greedy, batch 1, on a
+summarization prompt, a code-editing prompt (the answer repeats much of the prompt) and plain chat:
+no speculation vs n-gram prompt lookup vs a draft model = SmolLM2 truncated to its first
+--draft-layers layers (written to a temporary directory). Prints mean accepted tokens per verification
+step (1 + accepted / drafts, vLLM's "mean acceptance length"), acceptance rate, tokens per target
+forward, decode tok/s and speed-up, and checks that every run gives exactly the tokens of the plain run.
+
+    python benchmarks/bench_spec_decode.py [--new-tokens 128] [--k 4] [--draft-layers 8] [--repeats 2]
+
+GPU (--gpu): the cost side on the Qwen3-8B shape with random weights (load_format dummy), where no real
+drafter is ever accepted: a drafter replaying the target's own greedy continuation (100% acceptance)
+and one always wrong (0%), with the back-off policy off ("before back-off") and on, at batch 1, 8 and
+64 (prompts of 1024 tokens, 256 out), against no speculation; then the speed-up predicted at the
+acceptance rates given by --acceptance (the CPU table's). Logs go to $OUT (or --out) as JSON.
+
+    . benchmarks/gpu_env.sh && python benchmarks/bench_spec_decode.py --gpu --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SUMMARY_TEXT = (
+    "The city council met on Tuesday to discuss the new public library. The library will be built on the "
+    "site of the old train station, near the river. It will have three floors, a children's reading room, "
+    "a cafe, and a large hall for concerts and lectures. The council expects construction to start next "
+    "spring and to finish within two years. The project will cost about twelve million dollars, most of "
+    "which will come from a state grant. Some residents worry about traffic and parking near the river, "
+    "and the council promised to add a new parking garage and a bus stop. The library director said the "
+    "new building will double the number of books and computers available to the public."
+)
+CODE_TEXT = """def summarize(orders):
+    total = 0
+    count = 0
+    for order in orders:
+        if order.status == "paid":
+            total += order.amount
+            count += 1
+    average = total / count if count else 0
+    return {"total": total, "count": count, "average": average}
+"""
+PROMPTS = {
+    "summarization": f"{SUMMARY_TEXT}\n\nSummarize the text above, reusing its wording.",
+    "code editing": f"{CODE_TEXT}\nRename the variable `total` to `paid_total` in this function and "
+    "print the whole updated function.",
+    "chat": "What are some good habits for staying healthy?",
+}
+
+
+# ---- CPU: the real model ----------------------------------------------------------------------------
+def truncated_copy(model_dir: Path, layers: int, root: Path) -> Path:
+    """A copy of `model_dir` keeping only its first `layers` decoder layers (same embeddings, norm, head)."""
+    from safetensors.torch import load_file, save_file
+
+    out = root / f"draft-{layers}-layers"
+    out.mkdir(parents=True, exist_ok=True)
+    for item in model_dir.iterdir():  # tokenizer and generation files as they are
+        skip = item.suffix == ".safetensors" or item.name in ("config.json", "model.safetensors.index.json")
+        if item.is_file() and not skip:
+            shutil.copy(item, out / item.name)
+    config = json.loads((model_dir / "config.json").read_text())
+    config["num_hidden_layers"] = layers
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    weights: dict[str, Any] = {}
+    for shard in sorted(model_dir.glob("*.safetensors")):
+        for name, tensor in load_file(shard).items():
+            parts = name.split(".")
+            if len(parts) > 2 and parts[1] == "layers" and int(parts[2]) >= layers:
+                continue
+            weights[name] = tensor
+    save_file(weights, out / "model.safetensors")
+    return out
+
+
+def chat_ids(tokenizer: Any, text: str) -> list[int]:
+    ids: list[int] = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": text}]))
+    return ids
+
+
+def timed_generate(engine: Any, prompt: list[int], new_tokens: int) -> dict[str, Any]:
+    from kvpilot.runtime.sampling_params import SamplingParams
+
+    before = engine.stats().spec_decode
+    engine.add_request("r", prompt, SamplingParams(temperature=0.0, max_tokens=new_tokens, detokenize=False))
+    tokens: list[int] = []
+    steps, first = 0, None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens += out.new_token_ids
+            if first is None and out.new_token_ids:
+                first = time.perf_counter()
+        steps += 1
+    end = time.perf_counter()
+    after = engine.stats().spec_decode
+    row: dict[str, Any] = {
+        "tokens": tokens,
+        "decode_s": end - (first or end),
+        "steps": steps,
+        "decode_tok_s": (len(tokens) - 1) / max(end - (first or end), 1e-9),
+    }
+    if before is not None and after is not None:
+        row["drafts"] = after.num_drafts - before.num_drafts
+        row["draft_tokens"] = after.num_draft_tokens - before.num_draft_tokens
+        row["accepted"] = after.num_accepted_tokens - before.num_accepted_tokens
+    return row
+
+
+def cpu_engine(model: Path, spec: str | None) -> Any:
+    from kvpilot.runtime.engine.engine_args import EngineArgs
+    from kvpilot.runtime.engine.llm_engine import LLMEngine
+
+    return LLMEngine.from_args(
+        EngineArgs(model=str(model), max_model_len=2048, device="cpu", speculative_config=spec)
+    )
+
+
+def run_cpu(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from kvpilot.runtime.default_model import smollm2_gguf
+    from kvpilot.runtime.gguf_model import resolve_model_dir
+
+    model = resolve_model_dir(smollm2_gguf())
+    root = Path(tempfile.mkdtemp(prefix="kvpilot-draft-"))
+    draft = truncated_copy(model, args.draft_layers, root)
+    print(f"draft model: {model.name} truncated to {args.draft_layers} layers, written to {draft}")
+    ngram = json.dumps(
+        {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    )
+    drafted = json.dumps({"model": str(draft), "num_speculative_tokens": args.k})
+    configs = {"none": None, "ngram": ngram, "draft": drafted}
+    engines = {m: cpu_engine(model, configs[m]) for m in ("none", *args.methods)}
+    tokenizer = engines["none"].tokenizer
+    rows = []
+    for name, text in PROMPTS.items():
+        prompt = chat_ids(tokenizer, text)
+        best: dict[str, dict[str, Any]] = {}
+        for _ in range(args.repeats):  # interleaved, best of: the machine is shared
+            for method, engine in engines.items():
+                row = timed_generate(engine, prompt, args.new_tokens)
+                if method not in best or row["decode_tok_s"] > best[method]["decode_tok_s"]:
+                    best[method] = row
+        base = best["none"]
+        for method, row in best.items():
+            same = row["tokens"] == base["tokens"]
+            drafts = row.get("drafts", 0)
+            rows.append(
+                {
+                    "prompt": name,
+                    "method": method,
+                    "prompt_tokens": len(prompt),
+                    "output_tokens": len(row["tokens"]),
+                    "mean_accepted_per_step": 1 + row["accepted"] / drafts if drafts else None,
+                    "acceptance_rate": row["accepted"] / row["draft_tokens"]
+                    if row.get("draft_tokens")
+                    else None,
+                    "tokens_per_forward": len(row["tokens"]) / row["steps"],
+                    "decode_tok_s": row["decode_tok_s"],
+                    "speedup": row["decode_tok_s"] / base["decode_tok_s"],
+                    "same_tokens": same,
+                }
+            )
+    shutil.rmtree(root, ignore_errors=True)
+    return rows
+
+
+CPU_HEADER = (
+    "| prompt | method | out tokens | mean accepted / step | acceptance | tokens / forward | decode tok/s "
+    "| speed-up | same tokens |"
+)
+
+
+def print_cpu(rows: list[dict[str, Any]]) -> None:
+    print(CPU_HEADER)
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        mean = f"{r['mean_accepted_per_step']:.2f}" if r["mean_accepted_per_step"] else "—"
+        rate = f"{r['acceptance_rate']:.0%}" if r["acceptance_rate"] is not None else "—"
+        cells = [
+            r["prompt"],
+            r["method"],
+            str(r["output_tokens"]),
+            mean,
+            rate,
+            f"{r['tokens_per_forward']:.2f}",
+            f"{r['decode_tok_s']:.1f}",
+            f"{r['speedup']:.2f}×",
+            str(r["same_tokens"]),
+        ]
+        print("| " + " | ".join(cells) + " |")
+
+
+# ---- GPU: the cost side ----------------------------------------------------------------------------
+def gpu_requests(batch: int, vocab: int, prompt_len: int, out_len: int) -> list[tuple[list[int], int]]:
+    rng = random.Random(batch)
+    low, high = min(1000, vocab // 4), max(vocab - 1000, vocab // 2)
+    return [([rng.randrange(low, high) for _ in range(prompt_len)], out_len) for _ in range(batch)]
+
+
+def gpu_run(engine: Any, reqs: list[tuple[list[int], int]], tag: str) -> dict[str, Any]:
+    from kvpilot.runtime.bench import run_ours
+
+    before = engine.stats().spec_decode
+    result = run_ours(engine, reqs, tag)
+    # decode tokens per second of the batch: prefill excluded (each request's time per output token)
+    result["decode_tok_s"] = len(reqs) / result["tpot_s"] if result["tpot_s"] else float("nan")
+    after = engine.stats().spec_decode
+    if before is not None and after is not None:
+        drafted = after.num_draft_tokens - before.num_draft_tokens
+        result["acceptance"] = (
+            (after.num_accepted_tokens - before.num_accepted_tokens) / drafted if drafted else 0.0
+        )
+    return result
+
+
+def continuations(engine: Any, reqs: list[tuple[list[int], int]]) -> dict[tuple[int, ...], list[int]]:
+    from kvpilot.runtime.sampling_params import SamplingParams
+
+    for i, (prompt, out_len) in enumerate(reqs):
+        engine.add_request(
+            f"c{i}",
+            prompt,
+            SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True, detokenize=False),
+        )
+    outputs: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
+    return {tuple(prompt): outputs[f"c{i}"] for i, (prompt, _) in enumerate(reqs)}
+
+
+def run_gpu(args: argparse.Namespace) -> dict[str, Any]:
+    from kvpilot.runtime.bench import build_engine, write_model_dir
+    from kvpilot.runtime.engine.spec_decode.config import SpeculativeConfig
+    from kvpilot.runtime.engine.spec_decode.oracle import OracleProposer
+    from kvpilot.runtime.engine.spec_decode.policy import expected_tokens_per_step
+    from kvpilot.runtime.engine.spec_decode.speculator import Speculator
+
+    root = Path(tempfile.mkdtemp(prefix="kvpilot-spec-"))
+    model = write_model_dir(root, "qwen3-8b")
+    engine = build_engine(model, argparse.Namespace(max_num_seqs=64, max_num_batched_tokens=8192))
+    vocab = engine.runner.model_config.vocab_size
+    results: dict[str, Any] = {"k": args.k, "batches": {}}
+    for batch in args.batches:
+        reqs = gpu_requests(batch, vocab, args.prompt_len, args.gpu_new_tokens)
+        known = continuations(engine, reqs)
+        engine.speculator = None
+        row = {"none": gpu_run(engine, reqs, f"none{batch}")}
+        variants = {
+            "replay": (False, {}),
+            "wrong, no back-off": (True, {"max_batch_size": 1 << 30, "min_acceptance_rate": 0.0}),
+            "wrong, back-off": (True, {}),
+        }
+        for name, (wrong, knobs) in variants.items():
+            config = SpeculativeConfig.from_dict(
+                {"method": "wrong" if wrong else "replay", "num_speculative_tokens": args.k, **knobs}
+            )
+            engine.speculator = Speculator(config, OracleProposer(known, wrong=wrong, vocab_size=vocab))
+            row[name] = gpu_run(engine, reqs, f"{name}{batch}")
+        engine.speculator = None
+        results["batches"][batch] = row
+        # a verification step's time relative to a plain decode step, from the 100 % run:
+        # decode tokens/s(replay) = B (k + 1) / t_verify, decode tokens/s(none) = B / t_decode
+        ratio = (args.k + 1) * row["none"]["decode_tok_s"] / row["replay"]["decode_tok_s"]
+        row["verify_step_over_decode_step"] = ratio
+        row["predicted_speedup"] = {
+            str(a): expected_tokens_per_step(a, args.k) / ratio for a in args.acceptance
+        }
+        print_gpu_row(batch, row, args)
+    shutil.rmtree(root, ignore_errors=True)
+    return results
+
+
+def print_gpu_row(batch: int, row: dict[str, Any], args: argparse.Namespace) -> None:
+    base = row["none"]["decode_tok_s"]
+    cells = [
+        f"{row[n]['decode_tok_s']:.0f} ({row[n]['decode_tok_s'] / base:.2f}×)"
+        for n in ("replay", "wrong, no back-off", "wrong, back-off")
+    ]
+    predicted = ", ".join(f"a={a}: {v:.2f}×" for a, v in row["predicted_speedup"].items())
+    ratio = row["verify_step_over_decode_step"]
+    print(f"| {batch} | {base:.0f} | {' | '.join(cells)} | {ratio:.2f} | {predicted} |", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--gpu", action="store_true", help="the cost side on the Qwen3-8B shape (CUDA)")
+    parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    parser.add_argument("--new-tokens", type=int, default=128, help="CPU: tokens generated per prompt")
+    parser.add_argument("--draft-layers", type=int, default=8, help="CPU: layers kept in the draft model")
+    parser.add_argument("--repeats", type=int, default=2, help="CPU: interleaved runs, best kept")
+    parser.add_argument(
+        "--methods", nargs="+", default=["ngram", "draft"], choices=["ngram", "draft"], help="CPU: methods"
+    )
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64], help="GPU: batch sizes")
+    parser.add_argument("--prompt-len", type=int, default=1024, help="GPU: prompt tokens")
+    parser.add_argument("--gpu-new-tokens", type=int, default=256, help="GPU: output tokens")
+    parser.add_argument(
+        "--acceptance", type=float, nargs="+", default=[0.3, 0.5, 0.7, 0.9], help="GPU: rates to predict for"
+    )
+    parser.add_argument("--out", default=os.environ.get("OUT"), help="directory for the JSON log")
+    args = parser.parse_args(argv)
+    if args.gpu:
+        print(
+            "| batch | none decode tok/s | 100% (replay) | 0%, no back-off | 0%, back-off "
+            "| verify/decode step "
+            f"| predicted speed-up (k={args.k}) |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        result: Any = run_gpu(args)
+    else:
+        result = run_cpu(args)
+        print_cpu(result)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        name = "spec_decode_gpu.json" if args.gpu else "spec_decode_cpu.json"
+        (Path(args.out) / name).write_text(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

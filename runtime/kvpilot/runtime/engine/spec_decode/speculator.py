@@ -1,0 +1,90 @@
+"""The engine's speculative-decoding state: which sequences draft how many tokens this step (back-off
+policy + proposer), and the counters behind the vllm:spec_decode_* metrics. Torch-free: the proposer
+may run a model, verification (rejection.py) runs in the engine step."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+from kvpilot.runtime.engine.output import SpecDecodeStats
+from kvpilot.runtime.engine.sequence import Sequence
+from kvpilot.runtime.engine.spec_decode.config import SpeculativeConfig
+from kvpilot.runtime.engine.spec_decode.policy import (
+    BackoffPolicy,
+    BackoffState,
+    after_step,
+    tokens_to_speculate,
+)
+
+
+class Proposer(Protocol):
+    def propose(self, seqs: list[Sequence], num_tokens: list[int]) -> list[list[int]]:
+        """Up to num_tokens[i] draft tokens to follow each sequence's tokens (may be fewer, or none)."""
+        ...
+
+    def forget(self, seq_ids: set[int]) -> None:
+        """These sequences are finished: drop what is kept for them."""
+        ...
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer) -> None:
+        self.config, self.proposer = config, proposer
+        self.policy = BackoffPolicy(
+            config.num_speculative_tokens,
+            max_batch_size=config.max_batch_size,
+            min_acceptance_rate=config.min_acceptance_rate,
+            probe_interval=config.backoff_probe_interval,
+        )
+        self.state = BackoffState()
+        self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
+        self.accepted_per_pos = [0] * config.num_speculative_tokens
+
+    def wants_to_speculate(self, batch_size: int) -> bool:
+        return tokens_to_speculate(self.policy, self.state, batch_size) > 0
+
+    def drafts(self, decoding: list[Sequence], token_limit: int) -> dict[int, list[int]]:
+        """seq id -> draft tokens for the sequences about to decode. Never more than the sequence may
+        still emit minus one (the verification step always adds one token of its own)."""
+        k = tokens_to_speculate(self.policy, self.state, len(decoding))
+        seqs, limits = [], []
+        for seq in decoding if k else ():
+            room = min(k, seq.max_tokens - seq.num_output_tokens - 1, token_limit - seq.num_tokens - 1)
+            if room >= 1:
+                seqs.append(seq)
+                limits.append(room)
+        proposals = self.proposer.propose(seqs, limits) if seqs else []
+        found = {
+            seq.seq_id: draft[:limit]
+            for seq, draft, limit in zip(seqs, proposals, limits, strict=True)
+            if draft
+        }
+        return found
+
+    def plain_step(self) -> None:
+        """The engine ran a step without drafts (backed off, nothing drafted, or overlapped)."""
+        self.state = after_step(self.state, self.policy, 0, 0)
+
+    def record(self, verified: Iterable[tuple[int, int]]) -> None:
+        """(drafted, accepted) per sequence of a verification step."""
+        step_drafted = step_accepted = 0
+        for drafted, accepted in verified:
+            if drafted < 1:
+                continue
+            self.num_drafts += 1
+            step_drafted += drafted
+            step_accepted += accepted
+            for pos in range(accepted):
+                self.accepted_per_pos[pos] += 1
+        self.num_draft_tokens += step_drafted
+        self.num_accepted_tokens += step_accepted
+        self.state = after_step(self.state, self.policy, step_drafted, step_accepted)
+
+    def forget(self, seq_id: int) -> None:
+        self.proposer.forget({seq_id})
+
+    def stats(self) -> SpecDecodeStats:
+        return SpecDecodeStats(
+            self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens, tuple(self.accepted_per_pos)
+        )
