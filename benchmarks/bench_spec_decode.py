@@ -238,7 +238,7 @@ def continuations(engine: Any, reqs: list[tuple[list[int], int]]) -> dict[tuple[
 
 
 def run_gpu(args: argparse.Namespace) -> dict[str, Any]:
-    from kvpilot.runtime.bench import build_engine, write_model_dir
+    from kvpilot.runtime.bench import WORKLOADS, build_engine, write_model_dir
     from kvpilot.runtime.engine.spec_decode.config import SpeculativeConfig
     from kvpilot.runtime.engine.spec_decode.oracle import OracleProposer
     from kvpilot.runtime.engine.spec_decode.policy import expected_tokens_per_step
@@ -246,7 +246,10 @@ def run_gpu(args: argparse.Namespace) -> dict[str, Any]:
 
     root = Path(tempfile.mkdtemp(prefix="kvpilot-spec-"))
     model = write_model_dir(root, "qwen3-8b")
-    engine = build_engine(model, argparse.Namespace(max_num_seqs=64, max_num_batched_tokens=8192))
+    settings = argparse.Namespace(
+        max_num_seqs=64, max_num_batched_tokens=8192, engine=[], quantization="none", kv_cache_dtype="auto"
+    )
+    engine = build_engine(model, WORKLOADS["W3"], settings)
     vocab = engine.runner.model_config.vocab_size
     results: dict[str, Any] = {"k": args.k, "batches": {}}
     for batch in args.batches:
