@@ -229,3 +229,22 @@ def test_unexpected_tensors_are_ignored(qwen3_checkpoint: Path, copy_checkpoint:
     save_file(tensors, path / "model.safetensors")
     model = load(path)
     assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_static_kv_cache_scales_are_accepted_without_a_warning(
+    qwen3_checkpoint: Path, copy_checkpoint: Callable, caplog: pytest.LogCaptureFixture
+) -> None:
+    """llm-compressor writes per-layer k_scale/v_scale; the 8-bit cache computes finer per-token-head scales,
+    so they load silently and change nothing. An unknown tensor still gets its warning."""
+    path = copy_checkpoint(qwen3_checkpoint)
+    tensors = load_file(path / "model.safetensors")
+    scales = {f"model.layers.0.self_attn.{n}": torch.tensor(0.02) for n in ("k_scale", "v_scale")}
+    save_file(
+        {**tensors, **scales, "model.layers.0.mystery.weight": torch.zeros(2)}, path / "model.safetensors"
+    )
+    with caplog.at_level("WARNING"):
+        model = load(path)
+    warned = [r.getMessage() for r in caplog.records if "ignoring unexpected" in r.getMessage()]
+    assert warned == ["ignoring unexpected checkpoint tensor model.layers.0.mystery.weight"]
+    reference = load(qwen3_checkpoint)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reference.parameters(), strict=True))

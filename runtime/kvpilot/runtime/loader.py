@@ -39,7 +39,11 @@ PACKED_MODULES: dict[str, tuple[str, int]] = {
 _FUSED_PARTS: dict[str, list[str]] = {}
 for _part, (_fused, _) in PACKED_MODULES.items():
     _FUSED_PARTS.setdefault(_fused, []).append(_part)
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# Static per-layer K/V-cache scales (llm-compressor's k_scale/v_scale, older kv_scale): the 8-bit cache
+# computes per-token-head scales on write, at least as fine as any static per-layer scale, so these are
+# accepted and not used.
+KV_SCALE_SUFFIXES = ("self_attn.k_scale", "self_attn.v_scale", "self_attn.kv_scale")
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq", *KV_SCALE_SUFFIXES)
 EMBEDDING, LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
 ParamSlot = tuple[str, int | None]  # (our parameter name, shard index within a fused weight or None)
