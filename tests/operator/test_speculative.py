@@ -162,3 +162,17 @@ def test_operator_outcome_reads_the_draft_config(model_configs: dict[str, Any]) 
     raw["speculative"]["draftModel"] = {"uri": "hf://Qwen/Qwen3-0.6B"}  # no config, and no Hub access
     unread = asyncio.run(plan_service(raw, ProfileStore(), None))
     assert unread.reason == NO_MODEL_CONFIG and "spec.speculative.draftModel" in unread.message
+
+
+def test_speculation_keeps_the_plan_on_one_gpu_per_replica(model_configs: dict[str, Any]) -> None:
+    """The runtime speculates on one GPU only: a spec that would plan tensor parallel 4 without speculation
+    plans one GPU with it, or says what it would need, instead of launching a pod the runtime refuses."""
+    target = facts_from_config(model_configs["meta-llama/Llama-3.3-70B-Instruct"])
+    profile = ProfileStore().get("h100-80gb")
+    assert profile is not None
+    body = copy.deepcopy(BASE)["spec"]
+    body.update(gpu={"profile": "h100-80gb", "count": 4}, workload={"concurrency": 64, "maxModelLen": 16384})
+    plain = plan(PlanRequest.from_spec(parse_spec(body), target, profile))
+    assert plain.feasible and plain.tensor_parallel == 4
+    speculating = plan(PlanRequest.from_spec(parse_spec({**body, "speculative": NGRAM}), target, profile))
+    assert speculating.tensor_parallel * speculating.pipeline_parallel == 1

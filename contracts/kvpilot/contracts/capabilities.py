@@ -19,6 +19,8 @@ class RuntimeCapabilities:
     architectures: frozenset[str] | None = None
     # whether quantized weights run split across tensor/pipeline-parallel ranks (else on one GPU only)
     quantized_parallel: bool = True
+    # whether speculative decoding runs with tensor/pipeline parallel > 1 (else on one GPU only)
+    speculative_parallel: bool = True
 
     def unsupported(
         self, *, quantization: str, kv_cache_dtype: str, tensor_parallel: int, pipeline_parallel: int
@@ -94,6 +96,7 @@ RUNTIME = RuntimeCapabilities(
     max_pipeline_parallel=8,
     architectures=frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}),
     quantized_parallel=False,
+    speculative_parallel=False,
 )
 # Everything the planner knows how to reason about: its decision table is tested against this one.
 EVERYTHING = RuntimeCapabilities(

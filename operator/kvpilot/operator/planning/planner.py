@@ -78,6 +78,9 @@ class PlanRequest:
         draft: ModelFacts | None = None,
     ) -> PlanRequest:
         w = spec.workload
+        if spec.speculative is not None and not capabilities.speculative_parallel:
+            # the runtime refuses --speculative-config with tp/pp > 1: plan one GPU per replica
+            capabilities = replace(capabilities, max_tensor_parallel=1, max_pipeline_parallel=1)
         return cls(
             facts,
             profile,
