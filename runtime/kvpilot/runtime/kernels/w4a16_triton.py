@@ -72,7 +72,8 @@ def _int_gemm_kernel(
         z = tl.load(z_ptr + (k0 // GROUP) * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         for j in tl.static_range(PER_WORD):
             kj = k0 + j * CHUNK  # rows kj .. kj + CHUNK of W^T, all in group kj // GROUP
-            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + (kj + offs_c)[None, :], mask=m_mask[:, None])
+            x_at = x_ptr + offs_m[:, None] * stride_xm + (kj + offs_c)[None, :]  # [BLOCK_M, CHUNK]
+            x = tl.load(x_at, mask=m_mask[:, None], other=0.0)
             if not ONE_GROUP:
                 z = tl.load(z_ptr + (kj // GROUP) * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
             q = (words >> (j * BITS)) & ((1 << BITS) - 1)  # [CHUNK, BLOCK_N], same layout as words
@@ -112,7 +113,8 @@ def _dequantize_kernel(
     offs_c = tl.arange(0, CHUNK)
     n_mask = offs_n < N
     k0 = pid_k * BLOCK_K
-    words = tl.load(qw_ptr + (k0 // PER_WORD + offs_c)[:, None] * N + offs_n[None, :], mask=n_mask[None, :])
+    words_at = qw_ptr + (k0 // PER_WORD + offs_c)[:, None] * N + offs_n[None, :]  # [CHUNK, BLOCK_N]
+    words = tl.load(words_at, mask=n_mask[None, :], other=0)
     for j in tl.static_range(PER_WORD):
         rows = k0 + j * CHUNK + offs_c  # [CHUNK]: value j of each word row (any group size)
         sz = (rows // GROUP)[:, None] * N + offs_n[None, :]
