@@ -18,6 +18,7 @@ over enough copies of the weight that they stream from HBM rather than L2 (*_gra
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 from pathlib import Path
@@ -79,6 +80,20 @@ def graph_row(x: torch.Tensor, w: torch.Tensor, w4: tuple, w8: tuple) -> dict[st
     return {"bf16_graph_us": bf16, "w4_graph_us": w4_us, "w8_graph_us": w8_us}
 
 
+def sweep_decode(name: str, x: torch.Tensor, w4_sets: list[tuple], default: float) -> dict[str, float]:
+    """The fused kernel's decode launch shapes (BLOCK_N, split-K, warps), graph-timed like the default."""
+    k, times = x.shape[1], {}
+    for block_n, split, warps in itertools.product((32, 64, 128), (1, 2, 4, 8, 16), (4, 8)):
+        if (k // 128) % split == 0:
+            fn = functools.partial(int_gemm_fused, split_k=split, block_n=block_n, num_warps=warps)
+            times[f"w4_bn{block_n}_split{split}_w{warps}_graph_us"] = graph_us(
+                fn, [(x, *t, 4) for t in w4_sets]
+            )
+    best = min((v, key) for key, v in times.items())
+    print(f"# {name} M={x.shape[0]}: best decode launch {best[1]} {best[0]:.1f} µs (default {default:.1f})")
+    return times
+
+
 def dequant_cublas(x: torch.Tensor, qweight: torch.Tensor, s: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     return x @ dequantize_triton(qweight, s, z, 4, x.dtype)
 
@@ -120,15 +135,7 @@ def bench_layer(name: str, n: int, k: int, sweep: bool) -> list[dict[str, Any]]:
         if m <= GRAPH_MAX_M:
             row |= graph_row(x, w, (w4.qweight, s4, z4), (w8.qweight, s8, z8))
         if sweep and m in (1, 16):
-            for block_n, split, warps in itertools.product((32, 64, 128), (1, 2, 4, 8, 16), (2, 4, 8)):
-                if (k // 128) % split == 0:
-                    kw = {"split_k": split, "block_n": block_n, "num_warps": warps}
-                    row[f"w4_bn{block_n}_split{split}_w{warps}_us"] = us(
-                        int_gemm_fused, x, w4.qweight, s4, z4, 4, **kw
-                    )
-            best = min((v, key) for key, v in row.items() if key.startswith("w4_bn"))
-            default = row["w4_fused_us"]
-            print(f"# {name} M={m}: best decode launch {best[1]} {best[0]:.1f} µs (default {default:.1f})")
+            row |= sweep_decode(name, x, copies((w4.qweight, s4, z4)), row["w4_graph_us"])
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
