@@ -201,7 +201,8 @@ def int_gemm_fused(
     group = k // scales.shape[0]
     if not fused_supported(k, group, bits):
         raise ValueError(
-            f"the fused {bits}-bit GEMM needs K % 128 == 0 and groups of >= 16 rows (K {k}, G {group})"
+            f"the fused {bits}-bit GEMM needs dots of >= 16 rows inside one group (K {k} packed in tiles"
+            f" of {pack_tile(k, bits)} rows, groups of {group}); int_gemm dequantizes such layouts instead"
         )
     block_k = pack_tile(k, bits)
     k_steps, sms = k // block_k, num_sms(x.device)
