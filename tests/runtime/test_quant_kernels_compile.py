@@ -14,16 +14,19 @@ import dataclasses, json
 from kvpilot.runtime.kernels import fp8_quant_triton as f, w4a16_triton as w
 from kvpilot.runtime.kernels.compile_check import KernelSpec, compile_kernel
 
-def gemm(name, bits, group, bm, bn, bk, out):
-    types = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "out_ptr": out}
-    consts = {"GROUP": group, "BITS": bits, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}
-    return KernelSpec(name, w._int_gemm_kernel, types, consts, 4, 3, ("M",))
+def gemm(name, bits, group, bm, bn, bk, out, stages, x="*bf16"):
+    types = {"x_ptr": x, "qw_ptr": "*i32", "s_ptr": x, "z_ptr": x, "out_ptr": out}
+    consts = {"GROUP": group, "BITS": bits, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
+              "DOT_IEEE": x == "*fp32"}
+    return KernelSpec(name, w._int_gemm_kernel, types, consts, 4, stages, ("M",))
 
 dequant_types = {"qw_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "out_ptr": "*bf16"}
 specs = [
-    gemm("w4_decode_split", 4, 128, 16, 64, 128, "*fp32"),
-    gemm("w4_prefill", 4, 128, 64, 128, 128, "*bf16"),
-    gemm("w8_decode_split", 8, 4096, 16, 64, 128, "*fp32"),
+    gemm("w4_decode_split", 4, 128, 16, 64, 128, "*fp32", 4),
+    gemm("w4_decode_group32", 4, 32, 16, 64, 128, "*fp32", 4),
+    gemm("w4_prefill", 4, 128, 64, 128, 128, "*bf16", 3),
+    gemm("w8_decode_split", 8, 4096, 16, 64, 128, "*fp32", 4),
+    gemm("w4_decode_fp32_ieee", 4, 128, 16, 64, 128, "*fp32", 4, "*fp32"),
     KernelSpec("w4_dequantize", w._dequantize_kernel, dequant_types,
                {"GROUP": 128, "BITS": 4, "BLOCK_K": 128, "BLOCK_N": 64}, 4, 1),
     KernelSpec("reduce_splits", w._reduce_splits_kernel, {"part_ptr": "*fp32", "out_ptr": "*bf16"},
@@ -45,12 +48,20 @@ def test_int_gemm_kernels_compile_for_sm90() -> None:
     reports = {r["name"]: r for r in json.loads(done.stdout.strip().splitlines()[-1])}
     assert set(reports) == {
         "w4_decode_split",
+        "w4_decode_group32",
         "w4_prefill",
+        "w4_decode_fp32_ieee",
         "w8_decode_split",
         "w4_dequantize",
         "reduce_splits",
         "fp8_quantize_rows",
     }
-    for name in ("w4_decode_split", "w4_prefill", "w8_decode_split"):
+    for name in ("w4_decode_split", "w4_decode_group32", "w4_prefill", "w8_decode_split"):
         assert reports[name]["async_copies"] > 0, f"{name}: weight loads are no longer pipelined"
         assert (reports[name]["stack_bytes"] or 0) <= 32, f"{name} spills registers: {reports[name]}"
+    for name in ("w4_decode_split", "w4_decode_group32", "w8_decode_split"):
+        # the words go from shared memory straight into the mma operand layout and are unpacked there
+        assert reports[name]["loop_conversions"] == 0, f"{name} converts layouts in its K loop"
+    # Hopper's wgmma (BLOCK_M 64) reads B from shared memory: one store per dequantized chunk, no more
+    assert reports["w4_prefill"]["loop_conversions"] <= 8 + 2, reports["w4_prefill"]
+    assert (reports["w4_decode_fp32_ieee"]["stack_bytes"] or 0) <= 32, reports["w4_decode_fp32_ieee"]

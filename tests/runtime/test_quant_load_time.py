@@ -101,6 +101,18 @@ def test_canonical_packing_round_trips(bits: int) -> None:
     assert torch.equal(dequantize_int_ref(packed, scales, zeros, bits), (q - zeros[0]) * 0.5)
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_canonical_packing_interleaves_each_tile_of_128_rows(bits: int) -> None:
+    """Value j of word row t*C + r is row t*128 + j*C + r (C = 128 * bits / 32): the kernel's layout."""
+    per_word, k = 32 // bits, 256
+    q = torch.randint(0, 1 << bits, (k, 3), generator=torch.Generator().manual_seed(7))
+    packed = pack_rows(q, bits)
+    chunk = 128 // per_word
+    for t, r, j in ((0, 0, 1), (1, chunk - 1, per_word - 1), (1, 2, 0)):
+        value = (int(packed[t * chunk + r, 1]) >> (j * bits)) & ((1 << bits) - 1)
+        assert value == int(q[t * 128 + j * chunk + r, 1])
+
+
 def test_quantized_layers_hold_fewer_bytes(tiny_checkpoint_factory: Callable) -> None:
     path = tiny_checkpoint_factory("qwen3")
     config = ModelConfig.from_dir(path)

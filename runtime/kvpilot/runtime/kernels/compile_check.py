@@ -54,6 +54,23 @@ class KernelReport:
     stack_bytes: int | None
     shared_bytes: int
     async_copies: int  # cp.async ops in the final TTGIR: >0 means a pipelined loop
+    loop_conversions: int = (
+        0  # register->shared round trips (convert_layout, local_alloc of a value) in loops
+    )
+
+
+def loop_conversions(ttgir: str) -> int:
+    """Layout conversions inside scf.for bodies of a TTGIR listing: each one costs a trip through shared
+    memory (or shuffles) on every iteration, which a streaming K loop should not pay."""
+    count, depth = 0, 0
+    for line in ttgir.splitlines():
+        if "scf.for" in line:
+            depth += 1
+        elif depth and "scf.yield" in line:
+            depth -= 1
+        elif depth and ("ttg.convert_layout" in line or re.search(r"ttg\.local_alloc %", line)):
+            count += 1
+    return count
 
 
 _ATTN = {
@@ -288,8 +305,11 @@ def compile_kernel(spec: KernelSpec, arch: int = 90) -> KernelReport:
     options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
     compiled = triton.compile(_source(spec), target=GPUTarget("cuda", arch, 32), options=options)
     registers, stack = _resource_usage(compiled.asm["cubin"])
-    async_copies = compiled.asm["ttgir"].count("async_copy_global_to_local")
-    return KernelReport(spec.name, registers, stack, compiled.metadata.shared, async_copies)
+    ttgir = compiled.asm["ttgir"]
+    async_copies = ttgir.count("async_copy_global_to_local")
+    return KernelReport(
+        spec.name, registers, stack, compiled.metadata.shared, async_copies, loop_conversions(ttgir)
+    )
 
 
 def main() -> None:
@@ -303,9 +323,11 @@ def main() -> None:
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in reports]))
         return
-    print("| kernel | registers | spill stack B | shared B | async copies |\n|---|---|---|---|---|")
+    print("| kernel | registers | spill stack B | shared B | async copies | loop conversions |")
+    print("|---|---|---|---|---|---|")
     for r in reports:
-        print(f"| {r.name} | {r.registers} | {r.stack_bytes} | {r.shared_bytes} | {r.async_copies} |")
+        cells = (r.registers, r.stack_bytes, r.shared_bytes, r.async_copies, r.loop_conversions)
+        print(f"| {r.name} | " + " | ".join(str(c) for c in cells) + " |")
 
 
 if __name__ == "__main__":

@@ -2,15 +2,20 @@
 the one canonical layout every integer weight format is unpacked into at load time.
 
 Integer weights (int8, int4, AWQ, GPTQ), for a layer y = x W^T with W [N, K] (N outputs, K inputs):
-    qweight  int32 [K * bits / 32, N]  bits/32 values per word along K, value j of word r (bits
-                                       [j*bits, (j+1)*bits)) is row k = r * 32/bits + j; unsigned
+    qweight  int32 [K * bits / 32, N]  bits/32 values per word along K, interleaved per tile of T rows
+                                       (T = pack_tile(K, bits), 128 for real models; C = T * bits / 32
+                                       word rows per tile): value j (bits [j*bits, (j+1)*bits)) of word
+                                       row t*C + r is row k = t*T + j*C + r; unsigned
     scales   [K / G, N]  model dtype   one scale per group of G input rows and output column
     zeros    [K / G, N]  model dtype   the unsigned zero point of that group (integer valued)
     perm     int64 [K] or None         act-order (GPTQ desc_act): the kernel sees x[:, perm] and rows
                                        sorted so that each group is contiguous
     W^T[k, n] = (q[k, n] - zeros[k // G, n]) * scales[k // G, n]
-K-major packing (like GPTQ's, unlike AWQ's N-packed interleaved words) lets a kernel load one word per
-output column and unpack 32/bits consecutive reduction rows in registers.
+K-major packing lets a kernel load one word per output column; the interleave within a tile lets it take
+value j of a [C, BLOCK_N] tile of words with one shift and mask, giving rows t*T + j*C .. + C of W^T as a
+[C, BLOCK_N] tile already in the order of x's columns (no reshape, no register shuffle through shared
+memory), so a K step of T rows is 32/bits dots of C rows each. The checkpoint layouts (GPTQ's row r*8+j,
+AWQ's N-packed words) are only input: quant/checkpoint_formats.py unpacks them and pack_rows repacks.
 
 fp8 weights (W8A8): weight float8_e4m3fn [N, K], weight_scale float32 [N]; activations are quantized per
 token (row) with a dynamic absmax scale, so y = (xq * sx) (wq * sw)^T.
@@ -23,22 +28,35 @@ import torch
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
 
+def pack_tile(k: int, bits: int) -> int:
+    """T, the rows of K one interleaved tile spans: the largest of 128, 64, ... dividing K, a whole number
+    of words per column (the fused kernel's K step is exactly one tile)."""
+    per_word = 32 // bits
+    for tile in (128, 64, 32, 16, 8, 4):
+        if tile % per_word == 0 and k % tile == 0:
+            return tile
+    raise ValueError(f"cannot pack K={k} rows into {bits}-bit words")
+
+
 def pack_rows(q: torch.Tensor, bits: int) -> torch.Tensor:
-    """[K, N] unsigned integer values < 2**bits -> int32 [K * bits / 32, N] (K-major, see module doc)."""
+    """[K, N] unsigned integer values < 2**bits -> int32 [K * bits / 32, N] (interleaved, see module doc)."""
     per_word = 32 // bits
     k, n = q.shape
-    rows = q.to(torch.int64).reshape(k // per_word, per_word, n)
-    shifts = (torch.arange(per_word, device=q.device, dtype=torch.int64) * bits).view(1, per_word, 1)
-    words = (rows << shifts).sum(dim=1)  # [K/per_word, N], < 2**32
+    tile = pack_tile(k, bits)
+    rows = q.to(torch.int64).reshape(k // tile, per_word, tile // per_word, n)  # [K/T, j, r, N]
+    shifts = (torch.arange(per_word, device=q.device, dtype=torch.int64) * bits).view(1, per_word, 1, 1)
+    words = (rows << shifts).sum(dim=1).reshape(k // per_word, n)  # word row t*C + r, < 2**32
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
 def unpack_rows(packed: torch.Tensor, bits: int) -> torch.Tensor:
     """int32 [K * bits / 32, N] -> int32 [K, N] values in [0, 2**bits)."""
     per_word = 32 // bits
-    shifts = (torch.arange(per_word, device=packed.device, dtype=torch.int32) * bits).view(1, per_word, 1)
-    values = (packed.unsqueeze(1) >> shifts) & ((1 << bits) - 1)  # [K/per_word, per_word, N]
-    return values.reshape(-1, packed.shape[1])
+    k, n = packed.shape[0] * per_word, packed.shape[1]
+    tile = pack_tile(k, bits)
+    words = packed.reshape(k // tile, 1, tile // per_word, n)  # [K/T, 1, C, N]
+    shifts = (torch.arange(per_word, device=packed.device, dtype=torch.int32) * bits).view(1, per_word, 1, 1)
+    return ((words >> shifts) & ((1 << bits) - 1)).reshape(k, n)  # [K/T, j, C, N]: row t*T + j*C + r
 
 
 def dequantize_int_ref(

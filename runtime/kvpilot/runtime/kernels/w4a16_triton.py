@@ -4,15 +4,21 @@ of G input rows). The torch reference beside it is quant_reference.int_gemm_ref.
 
 One kernel, three launch shapes chosen by M (the number of tokens):
   decode   M <= 16: BLOCK_M = 16 and split-K (each program reduces K / SPLIT_K rows of W for one tile of
-           BLOCK_N outputs, float32 partials summed by a second small kernel), so a batch-1 GEMM still puts a
-           few programs on every SM; the weight is read once, at a quarter (int4) of bf16's bytes.
+           BLOCK_N outputs, float32 partials summed by a second small kernel), so a batch-1 GEMM puts about
+           four programs with short K loops on every SM (decode_launch); the weight is read once, at a
+           quarter (int4) of bf16's bytes.
   prefill  16 < M < DEQUANT_CUBLAS_MIN_M: larger M tiles, split-K only while the tiles alone would
            leave SMs idle.
   large M  M >= DEQUANT_CUBLAS_MIN_M: compute-bound; dequantize the weight once (a Triton kernel writing
            W^T in x's dtype) and let cuBLAS run the GEMM, whose tensor-core efficiency the fused kernel
            does not beat there. The threshold is set from benchmarks/bench_w4a16.py.
-Inside a BLOCK_K step every row shares one group (BLOCK_K divides G), so the kernel multiplies x by the
-exact small integers (q - z) and scales the partial product once per column: acc += (x @ (q - z)) * s.
+A K step is one interleaved tile of BLOCK_K = pack_tile(K) rows (128 for real models): its
+[BLOCK_K / PER_WORD, BLOCK_N] words hold, in value j, the W^T rows j*CHUNK .. (j+1)*CHUNK of the tile,
+so value j is one shift and mask of the loaded words (no reshape: the words stay in the layout they were
+loaded in) and the step is PER_WORD dots of CHUNK rows against the matching x columns. Each dot's rows
+share one group, so the kernel multiplies x by the exact small integers (q - z) and scales the partial
+product once per column: acc += (x @ (q - z)) * s (once per tile when the group spans it). Float32
+activations get IEEE float32 dots (tf32 would round x), 16-bit ones the tensor cores' native dots.
 """
 
 from __future__ import annotations
@@ -20,17 +26,19 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from kvpilot.runtime.kernels.quant_reference import pack_tile
 from kvpilot.runtime.kernels.triton_utils import num_sms
 
 DECODE_MAX_M = 16
 DEQUANT_CUBLAS_MIN_M = 256
-_BLOCK_KS = (128, 64, 32, 16)
+DECODE_PROGRAMS_PER_SM = 4
+DECODE_MIN_STEPS = 4
 
 
 @triton.jit
 def _int_gemm_kernel(
     x_ptr,  # [M, K] activations (rows stride_xm apart)
-    qw_ptr,  # int32 [K / PER_WORD, N]
+    qw_ptr,  # int32 [K / PER_WORD, N], interleaved per tile of BLOCK_K rows (quant_reference.pack_rows)
     s_ptr,  # [K / GROUP, N]
     z_ptr,  # [K / GROUP, N]
     out_ptr,  # [SPLIT_K, M, N] (float32 partials) or [M, N]
@@ -44,60 +52,78 @@ def _int_gemm_kernel(
     BITS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BLOCK_K: tl.constexpr,  # = pack_tile(K, BITS): one interleaved tile per K step
+    DOT_IEEE: tl.constexpr,  # float32 activations: exact float32 dots, not tf32
 ):
     PER_WORD: tl.constexpr = 32 // BITS
+    CHUNK: tl.constexpr = BLOCK_K // PER_WORD  # word rows per tile; value j of them = rows j*CHUNK..
+    ONE_GROUP: tl.constexpr = GROUP % BLOCK_K == 0  # the whole tile shares one scale row
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_c = tl.arange(0, CHUNK)
     m_mask, n_mask = offs_m < M, offs_n < N
-    shifts = tl.arange(0, PER_WORD) * BITS  # [PER_WORD]: value j of a word sits at bits j*BITS
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_start = pid_k * K_PER_SPLIT
     for k0 in range(k_start, k_start + K_PER_SPLIT, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=m_mask[:, None], other=0.0)
-        offs_w = k0 // PER_WORD + tl.arange(0, BLOCK_K // PER_WORD)
+        offs_w = k0 // PER_WORD + offs_c
         words = tl.load(qw_ptr + offs_w[:, None] * N + offs_n[None, :], mask=n_mask[None, :], other=0)
-        q = (words[:, None, :] >> shifts[None, :, None]) & ((1 << BITS) - 1)  # [BK/PW, PW, BN]
-        q = tl.reshape(q, (BLOCK_K, BLOCK_N))  # row k = word row * PER_WORD + j, as packed
-        group = k0 // GROUP
-        s = tl.load(s_ptr + group * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-        z = tl.load(z_ptr + group * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-        w = (q.to(tl.float32) - z[None, :]).to(x.dtype)  # integers of at most 9 bits: exact in bf16
-        acc += tl.dot(x, w, out_dtype=tl.float32) * s[None, :]
+        part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # this tile's sum, one group (ONE_GROUP)
+        z = tl.load(z_ptr + (k0 // GROUP) * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        for j in tl.static_range(PER_WORD):
+            kj = k0 + j * CHUNK  # rows kj .. kj + CHUNK of W^T, all in group kj // GROUP
+            x_at = x_ptr + offs_m[:, None] * stride_xm + (kj + offs_c)[None, :]  # [BLOCK_M, CHUNK]
+            x = tl.load(x_at, mask=m_mask[:, None], other=0.0)
+            if not ONE_GROUP:
+                z = tl.load(z_ptr + (kj // GROUP) * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+            q = (words >> (j * BITS)) & ((1 << BITS) - 1)  # [CHUNK, BLOCK_N], same layout as words
+            w = (q.to(tl.float32) - z[None, :]).to(x.dtype)  # integers of at most 9 bits: exact in bf16
+            if DOT_IEEE:
+                d = tl.dot(x, w, input_precision="ieee", out_dtype=tl.float32)
+            else:
+                d = tl.dot(x, w, out_dtype=tl.float32)
+            if ONE_GROUP:
+                part += d
+            else:
+                s = tl.load(s_ptr + (kj // GROUP) * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+                acc += d * s[None, :]
+        if ONE_GROUP:
+            s = tl.load(s_ptr + (k0 // GROUP) * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+            acc += part * s[None, :]
     out = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
 @triton.jit
 def _dequantize_kernel(
-    qw_ptr,  # int32 [K / PER_WORD, N]
+    qw_ptr,  # int32 [K / PER_WORD, N], interleaved per tile of BLOCK_K rows
     s_ptr,
     z_ptr,
     out_ptr,  # [K, N] in the activations' dtype
     N,
     GROUP: tl.constexpr,
     BITS: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BLOCK_K: tl.constexpr,  # = pack_tile(K, BITS)
     BLOCK_N: tl.constexpr,
 ):
     PER_WORD: tl.constexpr = 32 // BITS
+    CHUNK: tl.constexpr = BLOCK_K // PER_WORD
     pid_k, pid_n = tl.program_id(0), tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_c = tl.arange(0, CHUNK)
     n_mask = offs_n < N
     k0 = pid_k * BLOCK_K
-    offs_w = k0 // PER_WORD + tl.arange(0, BLOCK_K // PER_WORD)
-    words = tl.load(qw_ptr + offs_w[:, None] * N + offs_n[None, :], mask=n_mask[None, :], other=0)
-    shifts = tl.arange(0, PER_WORD) * BITS
-    q = tl.reshape((words[:, None, :] >> shifts[None, :, None]) & ((1 << BITS) - 1), (BLOCK_K, BLOCK_N))
-    s = tl.load(s_ptr + (k0 // GROUP) * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    z = tl.load(z_ptr + (k0 // GROUP) * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    w = (q.to(tl.float32) - z[None, :]) * s[None, :]
-    offs_k = k0 + tl.arange(0, BLOCK_K)
-    tl.store(
-        out_ptr + offs_k[:, None] * N + offs_n[None, :], w.to(out_ptr.dtype.element_ty), mask=n_mask[None, :]
-    )
+    words_at = qw_ptr + (k0 // PER_WORD + offs_c)[:, None] * N + offs_n[None, :]  # [CHUNK, BLOCK_N]
+    words = tl.load(words_at, mask=n_mask[None, :], other=0)
+    for j in tl.static_range(PER_WORD):
+        rows = k0 + j * CHUNK + offs_c  # [CHUNK]: value j of each word row (any group size)
+        sz = (rows // GROUP)[:, None] * N + offs_n[None, :]
+        s = tl.load(s_ptr + sz, mask=n_mask[None, :], other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + sz, mask=n_mask[None, :], other=0.0).to(tl.float32)
+        q = (words >> (j * BITS)) & ((1 << BITS) - 1)
+        w = (q.to(tl.float32) - z) * s
+        out = out_ptr + rows[:, None] * N + offs_n[None, :]
+        tl.store(out, w.to(out_ptr.dtype.element_ty), mask=n_mask[None, :])
 
 
 @triton.jit
@@ -117,17 +143,28 @@ def _reduce_splits_kernel(
     tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def block_k_for(k: int, group: int) -> int:
-    """The largest BLOCK_K in 128/64/32/16 dividing both K and the group (one group per K step)."""
-    for block in _BLOCK_KS:
-        if k % block == 0 and group % block == 0:
-            return block
-    raise ValueError(f"the integer GEMM needs K ({k}) and the group size ({group}) divisible by 16")
+def fused_supported(k: int, group: int, bits: int) -> bool:
+    """Whether the fused kernel takes this layout: each of a tile's 32/bits dots spans >= 16 rows (the
+    smallest tl.dot) inside one group. Real models (K % 128 == 0, int4 groups >= 16, int8 groups >= 32)
+    always qualify; tiny shapes dequantize and use the dense GEMM instead."""
+    chunk = pack_tile(k, bits) // (32 // bits)
+    return chunk >= 16 and group % chunk == 0
 
 
-def _split_k(n_tiles: int, k_steps: int, device: torch.device) -> int:
+def decode_launch(n: int, k_steps: int, sms: int) -> tuple[int, int]:
+    """(BLOCK_N, SPLIT_K) for M <= DECODE_MAX_M, a memory-bound weight stream: about DECODE_PROGRAMS_PER_SM
+    programs on every SM, each K loop at least DECODE_MIN_STEPS tiles (the pipeline's depth), SPLIT_K
+    dividing the K steps. E.g. Qwen3-8B qkv (N 6144, 32 steps): 96 tiles x 4 splits of 8 steps."""
+    block_n = 64
+    tiles = -(-n // block_n)
+    want = -(-DECODE_PROGRAMS_PER_SM * sms // tiles)
+    most = max(1, min(want, k_steps // DECODE_MIN_STEPS))
+    return block_n, max(d for d in range(1, most + 1) if k_steps % d == 0)
+
+
+def prefill_split(tiles: int, k_steps: int, sms: int) -> int:
     """Enough K splits for about two programs per SM, dividing the K steps evenly."""
-    want = max(1, (2 * num_sms(device)) // max(n_tiles, 1))
+    want = max(1, (2 * sms) // max(tiles, 1))
     return max(d for d in range(1, min(want, k_steps) + 1) if k_steps % d == 0)
 
 
@@ -137,7 +174,7 @@ def dequantize_triton(
     """W^T [K, N] in `dtype` (the large-M path hands it to cuBLAS)."""
     k, n = qweight.shape[0] * (32 // bits), qweight.shape[1]
     group = k // scales.shape[0]
-    block_k, block_n = block_k_for(k, group), 64
+    block_k, block_n = pack_tile(k, bits), 64
     out = torch.empty(k, n, device=qweight.device, dtype=dtype)
     grid = (k // block_k, triton.cdiv(n, block_n))
     _dequantize_kernel[grid](
@@ -162,22 +199,30 @@ def int_gemm_fused(
     m, k = x.shape
     n = qweight.shape[1]
     group = k // scales.shape[0]
-    block_k = block_k_for(k, group)
-    decode = m <= DECODE_MAX_M
-    block_m = 16 if decode else (32 if m <= 32 else 64)
-    block_n = block_n or (64 if decode else 128)
-    n_tiles = triton.cdiv(n, block_n)
-    # few output tiles (small M, N ~ 4k): split K until every SM has about two programs
-    split = split_k or _split_k(n_tiles * triton.cdiv(m, block_m), k // block_k, x.device)
-    if (k // block_k) % split:
-        raise ValueError(f"split_k {split} must divide the {k // block_k} K steps")
+    if not fused_supported(k, group, bits):
+        raise ValueError(
+            f"the fused {bits}-bit GEMM needs dots of >= 16 rows inside one group (K {k} packed in tiles"
+            f" of {pack_tile(k, bits)} rows, groups of {group}); int_gemm dequantizes such layouts instead"
+        )
+    block_k = pack_tile(k, bits)
+    k_steps, sms = k // block_k, num_sms(x.device)
+    if m <= DECODE_MAX_M:
+        block_m, (default_n, default_split) = 16, decode_launch(n, k_steps, sms)
+        block_n = block_n or default_n
+        split = split_k or default_split
+    else:
+        block_m, block_n = (32 if m <= 32 else 64), block_n or 128
+        tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
+        split = split_k or prefill_split(tiles, k_steps, sms)
+    if k_steps % split:
+        raise ValueError(f"split_k {split} must divide the {k_steps} K steps")
     if split == 1:
         out = torch.empty(m, n, device=x.device, dtype=x.dtype)
         stride_os = 0
     else:
         out = torch.empty(split, m, n, device=x.device, dtype=torch.float32)
         stride_os = out.stride(0)
-    grid = (n_tiles, triton.cdiv(m, block_m), split)
+    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), split)
     _int_gemm_kernel[grid](
         x,
         qweight,
@@ -195,8 +240,9 @@ def int_gemm_fused(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
+        DOT_IEEE=x.dtype == torch.float32,
         num_warps=num_warps,
-        num_stages=3,
+        num_stages=4 if m <= DECODE_MAX_M else 3,
     )
     if split == 1:
         return out
@@ -218,7 +264,8 @@ def int_gemm(
     lead = x.shape[:-1]
     x = x.reshape(-1, x.shape[-1])
     x = x[:, perm] if perm is not None else (x if x.stride(-1) == 1 else x.contiguous())
-    if x.shape[0] >= DEQUANT_CUBLAS_MIN_M:
+    group = x.shape[1] // scales.shape[0]
+    if x.shape[0] >= DEQUANT_CUBLAS_MIN_M or not fused_supported(x.shape[1], group, bits):
         y = x @ dequantize_triton(qweight, scales, zeros, bits, x.dtype)
     else:
         y = int_gemm_fused(x, qweight, scales, zeros, bits)
