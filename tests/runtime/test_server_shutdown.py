@@ -92,10 +92,10 @@ def test_queue_bound_then_sigterm_drains_streams_and_exits_0(model_dir: Path) ->
 
 
 def test_unsupported_flag_is_refused_before_loading(model_dir: Path) -> None:
-    cmd = runtime_command(model_dir, 1, ["--tensor-parallel-size", "2"])
+    cmd = runtime_command(model_dir, 1, ["--tensor-parallel-size", "16"])
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
-    assert "--tensor-parallel-size 2: this runtime build cannot run tensor parallel 2" in done.stderr
+    assert "--tensor-parallel-size 16: this runtime build cannot run tensor parallel 16" in done.stderr
 
 
 def test_unloadable_model_exits_1_with_the_reason(tmp_path: Path) -> None:
