@@ -153,7 +153,7 @@ def test_an_unfinished_request_head_is_closed() -> None:
     import asyncio
 
     import uvicorn
-    from kvpilot.gateway.http_server import header_timeout_protocol
+    from kvpilot.contracts.http_serving import header_timeout_protocol
     from uvicorn.server import ServerState
 
     async def app(scope: dict, receive: object, send: object) -> None:

@@ -104,11 +104,11 @@ def test_a_body_shorter_than_its_content_length_is_408(server: InProcessServer) 
 
 
 def test_an_unfinished_request_head_is_closed() -> None:
-    from kvpilot.runtime.server import header_timeout
+    from kvpilot.contracts import http_serving
 
     async def main() -> bytes:
         server = await asyncio.get_running_loop().create_server(
-            lambda: _protocol(header_timeout.header_timeout_protocol(0.2)), "127.0.0.1", 0
+            lambda: _protocol(http_serving.header_timeout_protocol(0.2)), "127.0.0.1", 0
         )
         port = server.sockets[0].getsockname()[1]
         reader, writer = await asyncio.open_connection("127.0.0.1", port)

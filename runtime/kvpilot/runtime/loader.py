@@ -89,19 +89,6 @@ def weight_files(model_dir: Path) -> list[Path]:
     )
 
 
-def iter_checkpoint(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) for every tensor of every file, on CPU; corrupt files raise ModelLoadError."""
-    for path in files:
-        try:
-            with safe_open(str(path), framework="pt", device="cpu") as handle:
-                for name in handle.keys():  # noqa: SIM118 (safe_open handles are not mappings)
-                    yield name, handle.get_tensor(name)
-        except ModelLoadError:
-            raise
-        except Exception as exc:  # safetensors raises its own error types and OSError/RuntimeError
-            raise ModelLoadError(f"cannot read weights file {path.name}: {exc}") from exc
-
-
 def iter_checkpoint_slices(files: list[Path]) -> Iterator[tuple[str, Any]]:
     """(name, lazy slice) for every tensor: reading `slice[...]` reads only those rows/columns from disk
     (each tensor-parallel rank reads its own slices, read_split)."""

@@ -73,21 +73,11 @@ def resolve_factory(spec: str) -> Callable[..., EngineLike]:
 
 def stats_message(stats: Any) -> Stats:
     spec = getattr(stats, "spec_decode", None)
-    if spec is not None:
-        return Stats(
-            stats.num_running,
-            stats.num_waiting,
-            float(stats.kv_cache_usage),
-            stats.prefix_cache_queries,
-            stats.prefix_cache_hits,
-            stats.num_preemptions,
-            stats.num_kv_blocks,
-            stats.block_size,
-            spec.num_drafts,
-            spec.num_draft_tokens,
-            spec.num_accepted_tokens,
-            list(spec.accepted_per_pos),
-        )
+    counters = (
+        ()
+        if spec is None
+        else (spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens, list(spec.accepted_per_pos))
+    )
     return Stats(
         stats.num_running,
         stats.num_waiting,
@@ -97,6 +87,7 @@ def stats_message(stats: Any) -> Stats:
         stats.num_preemptions,
         stats.num_kv_blocks,
         stats.block_size,
+        *counters,
     )
 
 

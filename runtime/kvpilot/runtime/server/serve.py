@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import signal
 import socket
@@ -25,10 +24,11 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 import uvicorn
+from kvpilot.contracts.http_serving import PortInUse, header_timeout_protocol
+from kvpilot.contracts.http_serving import bind_socket as bind_listening_socket
 from kvpilot.runtime.engine_core.client import EngineCoreSpec
 from kvpilot.runtime.server.app import build_app
 from kvpilot.runtime.server.engine_client import EngineClient
-from kvpilot.runtime.server.header_timeout import header_timeout_protocol
 from kvpilot.runtime.server.metrics import ServerMetrics
 from kvpilot.runtime.server.request_body import BodyLimits
 
@@ -42,24 +42,9 @@ EXIT_ENGINE_DIED = 3
 HEADER_TIMEOUT_S = 30.0  # a connection that has not sent a whole request head by then is closed
 
 
-class PortInUse(Exception):
-    pass
-
-
 def bind_socket(host: str, port: int) -> socket.socket:
-    """The listening socket, bound before anything slow starts; a busy port is a PortInUse naming --port."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as err:
-        sock.close()
-        if err.errno == errno.EADDRINUSE:
-            raise PortInUse(
-                f"port {port} on {host} is already in use: stop what uses it or pass --port"
-            ) from err
-        raise
+    """The listening socket, inheritable by the engine-core process this server starts."""
+    sock = bind_listening_socket(host, port)
     sock.set_inheritable(True)
     return sock
 
