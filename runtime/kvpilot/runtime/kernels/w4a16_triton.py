@@ -270,25 +270,3 @@ def int_gemm(
     else:
         y = int_gemm_fused(x, qweight, scales, zeros, bits)
     return y.reshape(*lead, y.shape[-1])
-
-
-def w4a16_gemm(
-    x: torch.Tensor,
-    qweight: torch.Tensor,
-    scales: torch.Tensor,
-    zeros: torch.Tensor,
-    perm: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """int4 weights (AWQ, GPTQ 4-bit, load-time int4)."""
-    return int_gemm(x, qweight, scales, zeros, 4, perm)
-
-
-def w8a16_gemm(
-    x: torch.Tensor,
-    qweight: torch.Tensor,
-    scales: torch.Tensor,
-    zeros: torch.Tensor,
-    perm: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """int8 weight-only (load-time int8 per channel: one group of K; GPTQ 8-bit)."""
-    return int_gemm(x, qweight, scales, zeros, 8, perm)
