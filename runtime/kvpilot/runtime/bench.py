@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpilot.contracts.kv_cache import kv_bytes_per_token
+from kvpilot.runtime.bench_timeline import StepTimeline, format_summary, summarise
 
 HBM_BYTES_PER_S = 4.25e12  # device-to-device copy measured on the H200 (DESIGN.md)
 # Bytes per decoder-layer weight as the runtime holds it (--quantization); embedding and LM head stay 16-bit.
@@ -252,7 +253,15 @@ def run_workload(w: Workload, root: Path, args: argparse.Namespace) -> dict[str,
         profile_engine(engine, reqs, w.name, args.profile_dir)
         if args.profile_only:
             return {"workload": asdict(w), "profiled": str(args.profile_dir)}
+    timeline = StepTimeline()
+    detach = timeline.attach(engine.runner)
     result: dict[str, Any] = {"workload": asdict(w), "ours": run_ours(engine, reqs, w.name)}
+    end = time.perf_counter()  # run_ours returns as its last step's outputs arrive
+    detach()
+    result["timeline"] = summarise(timeline.records, end)
+    print(
+        f"{w.name} step timeline (launch to next launch):\n{format_summary(result['timeline'])}", flush=True
+    )
     result["quantization"], result["kv_cache_dtype"] = args.quantization, args.kv_cache_dtype
     if w.measure == "ttft":  # one step is a noisy sample: report the median of several
         ttfts = sorted(run_ours(engine, reqs, f"{w.name}-{i}")["ttft_s"] for i in range(7))
