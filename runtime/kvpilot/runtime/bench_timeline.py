@@ -49,27 +49,32 @@ def summarise(records: list[StepRecord], end: float) -> dict[str, dict[str, floa
     """Per step kind: steps, seconds (launch to next launch; the last step to `end`), prefill tokens,
     decode rows, and the mean period in ms."""
     out: dict[str, dict[str, float]] = {}
+    periods: dict[str, list[float]] = {}
     ends = [r.t for r in records[1:]] + [end]
     for rec, stop in zip(records, ends, strict=True):
-        row = out.setdefault(
-            step_kind(rec), {"steps": 0, "seconds": 0.0, "prefill_tokens": 0, "decode_rows": 0}
-        )
+        kind = step_kind(rec)
+        row = out.setdefault(kind, {"steps": 0, "seconds": 0.0, "prefill_tokens": 0, "decode_rows": 0})
         row["steps"] += 1
         row["seconds"] += stop - rec.t
         row["prefill_tokens"] += rec.prefill_tokens
         row["decode_rows"] += rec.decode_seqs
-    for row in out.values():
+        periods.setdefault(kind, []).append(stop - rec.t)
+    for kind, row in out.items():
+        ordered = sorted(periods[kind])
         row["mean_ms"] = row["seconds"] / row["steps"] * 1e3
+        row["median_ms"] = ordered[len(ordered) // 2] * 1e3
+        row["max_ms"] = ordered[-1] * 1e3
     return out
 
 
 def format_summary(summary: dict[str, dict[str, float]]) -> str:
-    lines = ["kind     steps  seconds  mean ms  prefill tok  decode rows"]
+    lines = ["kind     steps  seconds  mean ms  median ms   max ms  prefill tok  decode rows"]
     for kind in ("prefill", "mixed", "decode"):
         if kind in summary:
             r = summary[kind]
             lines.append(
                 f"{kind:<8} {r['steps']:>5.0f} {r['seconds']:>8.2f} {r['mean_ms']:>8.2f} "
+                f"{r['median_ms']:>10.2f} {r['max_ms']:>8.2f} "
                 f"{r['prefill_tokens']:>12.0f} {r['decode_rows']:>12.0f}"
             )
     return "\n".join(lines)
