@@ -250,7 +250,7 @@ def run_workload(w: Workload, root: Path, args: argparse.Namespace) -> dict[str,
     run_ours(engine, make_requests(Workload("warm", w.shape, 4, (64, 128), (8, 8), "x"), 150000, 1), "warm")
     run_ours(engine, [(reqs[0][0], 4)], "warm-shape")  # the workload's own shapes: JIT and cuBLAS choices
     if args.profile_dir is not None:
-        profile_engine(engine, reqs, w.name, args.profile_dir)
+        profile_engine(engine, reqs, w.name, args.profile_dir, args.profile_skip, args.profile_steps)
         if args.profile_only:
             return {"workload": asdict(w), "profiled": str(args.profile_dir)}
     timeline = StepTimeline()
@@ -389,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--profile-dir", type=Path, default=None, help="write host/device profiles here")
     p.add_argument("--profile-only", action="store_true", help="with --profile-dir: skip the measurement")
+    p.add_argument("--profile-skip", type=int, default=60, help="steps run before the profiled ones")
+    p.add_argument("--profile-steps", type=int, default=20, help="steps profiled")
     p.add_argument("--hf", action="store_true", help="also time transformers' generate_batch side by side")
     p.add_argument("--hf-seqs", type=int, default=64)
     p.add_argument("--hf-output", type=int, default=256)
