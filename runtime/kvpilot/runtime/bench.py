@@ -12,6 +12,7 @@ import argparse
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -154,9 +155,12 @@ def engine_overrides(pairs: list[str]) -> dict[str, Any]:
         if not sep or name not in fields:
             raise SystemExit(f"--engine {pair!r}: expected NAME=VALUE with NAME an EngineArgs field")
         kind = str(fields[name].type).split("|")[0].strip()
-        out[name] = {"int": int, "float": float, "bool": lambda v: v.lower() in ("1", "true", "yes")}.get(
-            kind, str
-        )(value)
+        parsers: dict[str, Callable[[str], Any]] = {
+            "int": int,
+            "float": float,
+            "bool": lambda v: v.lower() in ("1", "true", "yes"),
+        }
+        out[name] = parsers.get(kind, str)(value)
     return out
 
 
