@@ -1,7 +1,8 @@
 """Tensor and pipeline parallel on CPU (gloo, spawned worker processes) produce exactly the greedy tokens,
 and logprobs within 1e-4, of one process, on tiny checkpoints of every family: GQA with fewer KV heads
 than ranks, tied embeddings, a vocabulary no rank count divides, q/k/v bias and q/k norm, with prefix
-caching, preemption, chunked prefill and overlapped (asynchronous) steps in the run."""
+caching, preemption, chunked prefill and overlapped (asynchronous) steps in the run. Pipeline parallel
+splits the prefill-heavy steps into micro-batches (the stages overlap), with the same results."""
 
 from __future__ import annotations
 
@@ -57,6 +58,10 @@ def _check(group: StepBroadcaster, path: Path, ref: Run) -> None:
     rank = group.comm.rank
     group.load(engine_args(path, rank.tp, rank.pp).to_dict())
     assert_same(generate(group, path), ref)
+    if rank.pp > 1:  # the stages ran micro-batched steps (the prefill-heavy ones), and whole ones
+        stage = group.pipeline
+        assert 0 < stage.split_steps < stage.steps
+        assert stage.micro_batches >= 2 * stage.split_steps
 
 
 @pytest.mark.parametrize("group", [(2, 1), (1, 2)], indirect=True, ids=["tp2", "pp2"])

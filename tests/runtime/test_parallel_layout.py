@@ -32,7 +32,7 @@ def test_kv_heads_split_then_replicated() -> None:
     assert [kv_head_start(8, 4, r) for r in range(4)] == [0, 2, 4, 6]
     assert [kv_head_start(2, 4, r) for r in range(4)] == [0, 0, 1, 1]  # each head on two ranks
     assert [kv_head_start(1, 4, r) for r in range(4)] == [0, 0, 0, 0]
-    assert kv_split(2, 16, 4, 3) == TensorSplit(0, 16, 16)
+    assert kv_split(2, 16, 4, 3) == TensorSplit(0, 16, 16, whole=32)
     assert kv_split(8, 16, 1, 0) is None
 
 
