@@ -83,22 +83,27 @@ def quantized_split(
     `split` of the layer reads; None: all of it."""
     if split is None:
         return None
-    whole = split.whole or 0
     axes = packed_axes(quant, suffix, shape)
+    grouped = quant.method in ("awq", "gptq") and quant.group_size != -1
+    if split.dim == 1 and grouped:  # every tensor of the layer: groups must not straddle two ranks
+        _check_boundary(split, quant.group_size, "inputs", "groups", quant)
     axis, per = (axes.n_axis, axes.n_per_index) if split.dim == 0 else (axes.k_axis, axes.k_per_index)
     if axis is None or per is None:
         return None
-    end = split.start + split.length
-    if split.start % per or split.length % per:
-        tp = whole // split.length if split.length else 0
-        what = "output channels" if split.dim == 0 else "inputs"
-        unit = "groups of" if suffix in ("qzeros", "scales") and split.dim == 1 else "words of"
-        raise ModelLoadError(
-            f"{quant.method} {quant.bits}-bit stores its {what} in {unit} {per}, and tensor "
-            f"parallel {tp} gives this rank {what} [{split.start}, {end}) of {whole}, which does not fall on "
-            f"that boundary; use a tensor parallel size that splits the layer into multiples of {per}"
-        )
+    _check_boundary(split, per, "output channels" if split.dim == 0 else "inputs", "words", quant)
     return TensorSplit(axis, split.start // per, split.length // per, whole=shape[axis] if shape else None)
+
+
+def _check_boundary(split: TensorSplit, per: int, what: str, unit: str, quant: QuantConfig) -> None:
+    if split.start % per == 0 and split.length % per == 0:
+        return
+    whole = split.whole or 0
+    tp = whole // split.length if split.length else 0
+    raise ModelLoadError(
+        f"{quant.method} {quant.bits}-bit stores its {what} in {unit} of {per}, and tensor parallel {tp} "
+        f"gives this rank {what} [{split.start}, {split.start + split.length}) of {whole}, which does not "
+        f"fall on that boundary; use a tensor parallel size that splits the layer into multiples of {per}"
+    )
 
 
 def local_g_idx(g_idx: torch.Tensor, split: TensorSplit, quant: QuantConfig) -> torch.Tensor:
