@@ -74,3 +74,24 @@ def test_prompt_logprob_steps_stay_whole() -> None:
     assert len(plan_step(StepBatch(chunks), 2, ridge_tokens=1)) == 2
     with_prompt_rows = StepBatch(chunks, [PromptRows(0, 0, 3)])
     assert len(plan_step(with_prompt_rows, 2, ridge_tokens=1)) == 1
+
+
+def test_the_memory_profile_runs_steps_whole() -> None:
+    import torch
+    from kvpilot.runtime.distributed.comm import Comm
+    from kvpilot.runtime.distributed.pipeline import PipelineStage
+    from torch import nn
+
+    stage = PipelineStage(
+        nn.Identity(),
+        Comm.single(torch.device("cpu")),
+        hidden_size=8,
+        vocab_size=16,
+        dtype=torch.float32,
+        ridge_tokens=1,
+    )
+    batch = StepBatch([SeqChunk(i, [1] * 8, 0, [i, i + 4], True) for i in range(4)])
+    assert len(plan_step(batch, 2, stage.ridge_tokens)) == 2
+    with stage.whole_steps():
+        assert len(plan_step(batch, 2, stage.ridge_tokens)) == 1
+    assert stage.ridge_tokens == 1

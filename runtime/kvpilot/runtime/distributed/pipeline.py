@@ -15,6 +15,8 @@ so for pp 2, where ranks 0 and 1 exchange both, each side's operations match the
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -65,6 +67,15 @@ class PipelineStage:
         self.hidden_size, self.vocab_size, self.dtype = hidden_size, vocab_size, dtype
         self.ridge_tokens = ridge_tokens
         self.steps = self.split_steps = self.micro_batches = 0
+
+    @contextmanager
+    def whole_steps(self) -> Iterator[None]:
+        """No micro-batches inside (the memory profile's worst step: a whole step is the largest)."""
+        ridge, self.ridge_tokens = self.ridge_tokens, 1 << 62
+        try:
+            yield
+        finally:
+            self.ridge_tokens = ridge
 
     def logits(
         self, batch: StepBatch, inputs: ModelInputs, kv_caches: list[KVCache], rows: torch.Tensor

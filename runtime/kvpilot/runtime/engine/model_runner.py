@@ -7,6 +7,7 @@ into the paged cache, attends over it and returns the logits of the rows that wi
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 
 import torch
 from kvpilot.contracts.kv_cache import canonical_kv_dtype, kv_bytes_per_token, kv_heads_per_rank
@@ -211,7 +212,11 @@ class ModelRunner:
             return cpu_num_kv_blocks(
                 block_bytes=self._block_bytes(), block_size=self.block_size, max_model_len=self.max_model_len
             )
-        profile = profile_peak(self.device, lambda: self._worst_step(max_num_seqs, max_num_batched_tokens))
+        with self.pipeline.whole_steps() if self.pipeline is not None else nullcontext():
+            # a pipeline stage profiles the step whole: a step that is not split (prompt logprobs) is larger
+            profile = profile_peak(
+                self.device, lambda: self._worst_step(max_num_seqs, max_num_batched_tokens)
+            )
         return kv_cache_blocks(
             profile,
             gpu_memory_utilization=utilization,
