@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from kvpilot.runtime.distributed.sharding import TensorSplit
 from kvpilot.runtime.errors import ModelLoadError
-from kvpilot.runtime.quant.config import QuantConfig
+from kvpilot.runtime.quant.config import QuantConfig, int4_group_size
 
 WHOLE_ROW_SCALE_METHODS = ("int8", "fp8")  # load-time formats with one scale per whole output channel
 
@@ -137,3 +137,19 @@ def whole_rows_at_load(quant: QuantConfig | None, split: TensorSplit | None) -> 
         and split is not None
         and split.dim == 1
     )
+
+
+def int4_group_notes(row_inputs: dict[str, int], tp: int) -> list[str]:
+    """int4 at load picks its group from a layer's inputs: a row-parallel rank sees K / tp of them and may
+    get a finer group than one GPU (more scales, not worse quality). One note per such layer kind."""
+    notes = []
+    for layer, k in row_inputs.items():
+        if tp == 1 or k % tp or (k // tp) % 16:
+            continue  # unsplit, or refused elsewhere with the numbers
+        whole, local = int4_group_size(k), int4_group_size(k // tp)
+        if whole != local:
+            notes.append(
+                f"int4 at load: {layer} ({k} inputs, {k // tp} per tensor-parallel rank) is quantized in "
+                f"groups of {local} per rank, one GPU would use {whole}"
+            )
+    return notes
