@@ -32,6 +32,7 @@ CASES: dict[str, tuple[str | None, str | None, dict[str, Any]]] = {
     "int4": (None, "int4", WIDE),
     "fp8-at-load": (None, "fp8", {}),
     "awq-g32": ("awq", None, {"group_size": 32}),
+    "awq-g32-kv1": ("awq", None, {"group_size": 32, "num_key_value_heads": 1}),  # KV head replicated
     "gptq4-asym-g32": ("gptq", None, {"bits": 4, "group_size": 32, "sym": False}),
     "gptq8-g-1-v2": ("gptq", None, {"bits": 8, "group_size": -1, "v2": True}),
     "fp8-checkpoint": ("fp8", None, {}),
