@@ -38,6 +38,21 @@ def test_summarise_splits_by_kind_with_periods_to_next_launch() -> None:
     assert s["prefill"]["steps"] == 1 and s["prefill"]["seconds"] == 1.0
     assert s["prefill"]["prefill_tokens"] == 100 and s["prefill"]["max_ms"] == 1000.0
     assert s["mixed"]["seconds"] == 0.5 and s["mixed"]["decode_rows"] == 4
-    assert s["decode"]["steps"] == 2 and s["decode"]["seconds"] == 0.5 and s["decode"]["median_ms"] == 250.0
+    assert (
+        s["decode 1-8"]["steps"] == 2
+        and s["decode 1-8"]["seconds"] == 0.5
+        and s["decode 1-8"]["median_ms"] == 250.0
+    )
     text = format_summary(s)
-    assert text.splitlines()[1].startswith("prefill") and "decode" in text.splitlines()[3]
+    assert text.splitlines()[1].startswith("prefill") and text.splitlines()[3].startswith("decode 1-8")
+
+
+def test_decode_steps_are_bucketed_by_batch_size() -> None:
+    records = [StepRecord(0.0, 0, 8), StepRecord(1.0, 0, 9), StepRecord(2.0, 0, 128), StepRecord(3.0, 0, 256)]
+    s = summarise(records, end=4.0)
+    assert [s[k]["decode_rows"] for k in ("decode 1-8", "decode 9-32", "decode 33-128", "decode 129+")] == [
+        8,
+        9,
+        128,
+        256,
+    ]

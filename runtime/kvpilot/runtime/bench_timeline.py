@@ -21,10 +21,17 @@ class StepRecord:
     decode_seqs: int  # one-token chunks
 
 
+# decode steps by batch size: the tail of a run (few sequences left) costs differently from the steady state
+DECODE_BUCKETS = ((8, "decode 1-8"), (32, "decode 9-32"), (128, "decode 33-128"), (1 << 30, "decode 129+"))
+KINDS = ("prefill", "mixed", *(name for _, name in DECODE_BUCKETS))
+
+
 def step_kind(rec: StepRecord) -> str:
     if rec.prefill_tokens and rec.decode_seqs:
         return "mixed"
-    return "prefill" if rec.prefill_tokens else "decode"
+    if rec.prefill_tokens:
+        return "prefill"
+    return next(name for bound, name in DECODE_BUCKETS if rec.decode_seqs <= bound)
 
 
 @dataclass
@@ -68,12 +75,12 @@ def summarise(records: list[StepRecord], end: float) -> dict[str, dict[str, floa
 
 
 def format_summary(summary: dict[str, dict[str, float]]) -> str:
-    lines = ["kind     steps  seconds  mean ms  median ms   max ms  prefill tok  decode rows"]
-    for kind in ("prefill", "mixed", "decode"):
+    lines = ["kind            steps  seconds  mean ms  median ms   max ms  prefill tok  decode rows"]
+    for kind in KINDS:
         if kind in summary:
             r = summary[kind]
             lines.append(
-                f"{kind:<8} {r['steps']:>5.0f} {r['seconds']:>8.2f} {r['mean_ms']:>8.2f} "
+                f"{kind:<15} {r['steps']:>5.0f} {r['seconds']:>8.2f} {r['mean_ms']:>8.2f} "
                 f"{r['median_ms']:>10.2f} {r['max_ms']:>8.2f} "
                 f"{r['prefill_tokens']:>12.0f} {r['decode_rows']:>12.0f}"
             )
