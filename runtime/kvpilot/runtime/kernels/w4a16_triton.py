@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from kvpilot.runtime.kernels.int_gemv_triton import GEMV_MAX_M, _reduce_splits_kernel, int_gemv
 from kvpilot.runtime.kernels.quant_reference import pack_tile
 from kvpilot.runtime.kernels.triton_utils import num_sms
 
@@ -124,23 +125,6 @@ def _dequantize_kernel(
         w = (q.to(tl.float32) - z) * s
         out = out_ptr + rows[:, None] * N + offs_n[None, :]
         tl.store(out, w.to(out_ptr.dtype.element_ty), mask=n_mask[None, :])
-
-
-@triton.jit
-def _reduce_splits_kernel(
-    part_ptr,  # float32 [SPLIT_K, M * N]
-    out_ptr,  # [M * N] in the activations' dtype
-    MN,
-    SPLIT_K: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    """Sum of the split-K partials, cast on store: one launch (torch would take a sum and a cast)."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < MN
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for split in range(SPLIT_K):
-        acc += tl.load(part_ptr + split * MN + offs, mask=mask, other=0.0)
-    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def fused_supported(k: int, group: int, bits: int) -> bool:
@@ -265,8 +249,10 @@ def int_gemm(
     x = x.reshape(-1, x.shape[-1])
     x = x[:, perm] if perm is not None else (x if x.stride(-1) == 1 else x.contiguous())
     group = x.shape[1] // scales.shape[0]
-    if x.shape[0] >= DEQUANT_CUBLAS_MIN_M or not fused_supported(x.shape[1], group, bits):
+    if not fused_supported(x.shape[1], group, bits) or x.shape[0] >= DEQUANT_CUBLAS_MIN_M:
         y = x @ dequantize_triton(qweight, scales, zeros, bits, x.dtype)
+    elif x.shape[0] <= GEMV_MAX_M:
+        y = int_gemv(x, qweight, scales, zeros, bits)
     else:
         y = int_gemm_fused(x, qweight, scales, zeros, bits)
     return y.reshape(*lead, y.shape[-1])

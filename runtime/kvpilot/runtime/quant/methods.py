@@ -3,8 +3,9 @@ layer's checkpoint tensors, repack them into the kernels' layout once all are in
 
 Integer formats (int8, int4, awq, gptq) end in one layout (kernels/quant_reference.py) and one GEMM:
 the Triton kernel on a GPU with the triton kernel set, the dequantize-then-matmul reference elsewhere.
-fp8 (load-time or checkpoint) ends as an fp8 weight with per-output-channel float32 scales, run by
-torch._scaled_mm with dynamic per-token activation scales (sm89+), or emulated on the CPU.
+fp8 (load-time or checkpoint) ends as an fp8 weight with per-output-channel float32 scales, run at decode
+sizes by a weight-only Triton GEMV (x stays 16-bit) and above them by torch._scaled_mm with dynamic
+per-token activation scales (sm89+), or emulated on the CPU.
 """
 
 from __future__ import annotations
@@ -226,9 +227,9 @@ class Fp8Method(_Collecting):
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if not self.use_scaled_mm:
             return fp8_gemm_ref(x, self.weight, self.weight_scale, bias, dense=self.dense)
-        from kvpilot.runtime.quant.fp8_gemm import fp8_scaled_mm
+        from kvpilot.runtime.quant.fp8_gemm import fp8_linear
 
-        return fp8_scaled_mm(x, self.weight, self.weight_scale, bias)
+        return fp8_linear(x, self.weight, self.weight_scale, bias, gemv=self.backend == "triton")
 
 
 def _fp8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,115 @@
+"""Decode-size (M <= FP8_GEMV_MAX_M) weight-only fp8 GEMM: y [M, N] = x [M, K] @ (W * s)^T with W
+float8_e4m3fn [N, K] and one float32 scale per output channel s [N]; the activations stay in their
+dtype (no per-token quantization: at decode the GEMM is a weight stream, and quantizing x costs a launch
+and a rounding). The torch reference is quant_reference.fp8_weight_only_ref. Large M keeps W8A8 through
+torch._scaled_mm (quant/fp8_gemm.py), where the fp8 tensor cores win.
+
+Each program streams BLOCK_N weight rows (contiguous along K) over K / SPLIT_K, converting fp8 to x's
+dtype in registers; the per-channel scale multiplies the float32 sum once at the end. The same two
+multiply paths and split-K reductions as kernels/int_gemv_triton.py (GemvConfig): tensor-core dots of
+x [16 (M padded), BLOCK_K] against W^T [BLOCK_K, BLOCK_N] for M > 1, float32 multiply-adds into a
+[BLOCK_N, BLOCK_K] accumulator for M = 1.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from kvpilot.runtime.kernels.int_gemv_triton import REDUCES, GemvConfig, finish_gemv, gemv_outputs
+from kvpilot.runtime.kernels.triton_utils import num_sms
+
+FP8_GEMV_MAX_M = 16
+FP8_BLOCK_K = 128
+
+
+@triton.jit
+def _fp8_gemv_kernel(
+    x_ptr,  # [M, K] activations (rows stride_xm apart)
+    w_ptr,  # float8_e4m3fn [N, K], dense
+    ws_ptr,  # float32 [N]
+    out_ptr,  # [M, N] (zeroed when ATOMIC) or float32 [SPLIT_K, M, N] partials
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_os,
+    K_PER_SPLIT,
+    BLOCK_M: tl.constexpr,  # dot: 16; fma: 1 (one program row per token)
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    ATOMIC: tl.constexpr,
+    DOT_IEEE: tl.constexpr,
+):
+    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_mask = offs_n < N
+    k_start = pid_k * K_PER_SPLIT
+    scale = tl.load(ws_ptr + offs_n, mask=n_mask, other=0.0)
+    if USE_DOT:
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_mask = offs_m < M
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(k_start, k_start + K_PER_SPLIT, BLOCK_K):
+            ks = k0 + offs_k
+            x_at = x_ptr + offs_m[:, None] * stride_xm + ks[None, :]
+            x = tl.load(x_at, mask=m_mask[:, None] & (ks < K)[None, :], other=0.0)
+            w_at = w_ptr + offs_n[:, None] * K + ks[None, :]  # [BN, BK]: rows of W, K contiguous
+            w = tl.load(w_at, mask=n_mask[:, None] & (ks < K)[None, :], other=0.0).to(x.dtype)
+            if DOT_IEEE:
+                acc += tl.dot(x, tl.trans(w), input_precision="ieee", out_dtype=tl.float32)
+            else:
+                acc += tl.dot(x, tl.trans(w), out_dtype=tl.float32)
+        y = acc * scale[None, :]
+        out = out_ptr + pid_k * stride_os + offs_m[:, None] * N + offs_n[None, :]
+        mask = m_mask[:, None] & n_mask[None, :]
+    else:
+        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)  # reduced over K once, at the end
+        for k0 in range(k_start, k_start + K_PER_SPLIT, BLOCK_K):
+            ks = k0 + offs_k
+            x = tl.load(x_ptr + pid_m * stride_xm + ks, mask=ks < K, other=0.0).to(tl.float32)  # [BK]
+            w_at = w_ptr + offs_n[:, None] * K + ks[None, :]
+            w = tl.load(w_at, mask=n_mask[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
+            acc2 += w * x[None, :]
+        y = tl.sum(acc2, axis=1) * scale
+        out = out_ptr + pid_k * stride_os + pid_m * N + offs_n
+        mask = n_mask
+    if ATOMIC:
+        tl.atomic_add(out, y.to(out_ptr.dtype.element_ty), mask=mask, sem="relaxed")
+    else:
+        tl.store(out, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def default_fp8_gemv_config(m: int, n: int, k: int, sms: int) -> GemvConfig:
+    """About three programs per SM, each streaming >= 4 K blocks; M = 1 multiply-adds, M > 1 dots."""
+    steps = -(-k // FP8_BLOCK_K)
+    block_n = 64 if m > 1 else 32
+    tiles = -(-n // block_n)
+    want = max(1, -(-3 * sms // tiles))
+    split = max(d for d in range(1, min(want, max(1, steps // 4)) + 1) if steps % d == 0)
+    return GemvConfig(use_dot=m > 1, block_n=block_n, split_k=split, num_stages=4 if m > 1 else 1)
+
+
+def fp8_gemv(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, config: GemvConfig | None = None
+) -> torch.Tensor:
+    """x [M, K] (dense rows, M <= FP8_GEMV_MAX_M) @ (weight [N, K] fp8 * weight_scale [N])^T -> [M, N]."""
+    m, k = x.shape
+    n = weight.shape[0]
+    cfg = config or default_fp8_gemv_config(m, n, k, num_sms(x.device))
+    steps = -(-k // FP8_BLOCK_K)
+    if steps % cfg.split_k or cfg.reduce not in REDUCES:
+        raise ValueError(f"fp8 gemv config {cfg} does not fit K {k} (blocks of {FP8_BLOCK_K})")
+    out, partials = gemv_outputs(x, m, n, cfg)
+    block_m = 16 if cfg.use_dot else 1
+    grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, block_m), cfg.split_k)
+    _fp8_gemv_kernel[grid](
+        x, weight, weight_scale, partials, m, n, k, x.stride(0),
+        partials.stride(0) if cfg.reduce == "workspace" else 0, steps // cfg.split_k * FP8_BLOCK_K,
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=FP8_BLOCK_K, USE_DOT=cfg.use_dot,
+        ATOMIC=cfg.split_k > 1 and cfg.reduce != "workspace", DOT_IEEE=x.dtype == torch.float32,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return finish_gemv(out, partials, cfg)
