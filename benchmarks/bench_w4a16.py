@@ -18,9 +18,11 @@ split-K, tiles per step, reduction, warps) at M = 1, 4, 16 and prints the best p
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import itertools
 import json
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -126,25 +128,25 @@ def bench_layer(name: str, n: int, k: int) -> tuple[list[dict[str, Any]], Format
 
 def sweep_configs(m: int, steps: int) -> Iterator[GemvConfig]:
     """The decode launch shapes worth timing at M = m (splits dividing the K steps of 128 rows)."""
-    splits = [s for s in (1, 2, 4, 8, 16) if steps % s == 0]
-    paths = (False, True) if m == 1 else (True,)
-    for use_dot, block_n, split in itertools.product(paths, (32, 64, 128), splits):
-        for tiles in (1, 2, 4) if not use_dot else (1,):
+    splits = [s for s in (1, 2, 4, 8, 12, 16) if steps % s == 0]
+    for block_n, split, warps in itertools.product((64, 128, 256), splits, (4, 8)):
+        if block_n * warps != 256 * 8 or block_n == 128:  # bn 256 only with 8 warps
+            yield GemvConfig(True, block_n, split, 1, "atomic_f32", warps, 4, pair_asm=True)
+    for block_n, split in itertools.product((64, 128), splits):  # the operands without inline PTX
+        yield GemvConfig(True, block_n, split, 1, "atomic_f32", 4, 4)
+    if m == 1:  # float32 multiply-adds
+        for block_n, split, tiles in itertools.product((32, 64, 128), splits, (1, 2)):
             if (steps // split) % tiles == 0:
-                stages = 4 if use_dot else 1
-                yield GemvConfig(use_dot, block_n, split, tiles, "atomic_f32", 4, stages)
-    for use_dot in paths:  # the other reductions and warp counts around the default shape
-        base = GemvConfig(
-            use_dot, 64, max(s for s in splits if s <= 4), 1, "atomic_f32", 4, 4 if use_dot else 1
-        )
-        for reduce in ("atomic", "workspace"):
-            yield GemvConfig(base.use_dot, 64, base.split_k, 1, reduce, 4, base.num_stages)
-        yield GemvConfig(base.use_dot, 64, base.split_k, 1, "atomic_f32", 8, base.num_stages)
-        if use_dot:
-            yield GemvConfig(True, 64, base.split_k, 1, "atomic_f32", 4, 2)
+                yield GemvConfig(False, block_n, split, tiles, "atomic_f32", 4, 1)
+    base = GemvConfig(True, 128, max(s for s in splits if s <= 8), 1, "atomic_f32", 4, 4, pair_asm=True)
+    for reduce in ("atomic", "workspace"):  # the other split-K reductions, and pipeline depths
+        yield dataclasses.replace(base, reduce=reduce)
+    for stages in (2, 3, 5):
+        yield dataclasses.replace(base, num_stages=stages)
+    yield dataclasses.replace(base, split_k=1)
 
 
-def sweep_layer(name: str, fmt: Formats, k: int) -> list[dict[str, Any]]:
+def sweep_layer(name: str, fmt: Formats, k: int, deadline: float) -> list[dict[str, Any]]:
     """Time every sweep config of the int4 and fp8 GEMVs; print the best of each family per M."""
     rows = []
     for m in SWEEP_MS:
@@ -152,8 +154,10 @@ def sweep_layer(name: str, fmt: Formats, k: int) -> list[dict[str, Any]]:
         w4_sets, fp8_sets = copies(fmt.w4), copies(fmt.fp8)
         for kind, sets in (("w4", w4_sets), ("fp8", fp8_sets)):
             for cfg in sweep_configs(m, k // 128):
-                if kind == "fp8" and cfg.tiles > 1:
-                    continue
+                if kind == "fp8" and (cfg.tiles > 1 or (cfg.use_dot and not cfg.pair_asm)):
+                    continue  # fp8 has no pack tiles or PTX operands: these repeat other shapes
+                if time.monotonic() > deadline:
+                    break
                 t = graph_us(functools.partial(_gemv, kind, cfg), [(x, *s) for s in sets])
                 rows.append({"layer": name, "m": m, "kind": kind, "us": t, **cfg.__dict__})
         for kind in ("w4", "fp8"):
@@ -171,7 +175,7 @@ def _gemv(kind: str, cfg: GemvConfig, x: torch.Tensor, *weight: torch.Tensor) ->
 
 
 def _cfg_text(c: dict[str, Any]) -> str:
-    path = "dot" if c["use_dot"] else f"fma t{c['tiles']}"
+    path = ("dot asm" if c["pair_asm"] else "dot") if c["use_dot"] else f"fma t{c['tiles']}"
     return f"{path} bn{c['block_n']} split{c['split_k']} {c['reduce']} w{c['num_warps']} s{c['num_stages']}"
 
 
@@ -215,16 +219,18 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=None, help="write every row as JSON here")
     p.add_argument("--layers", default=",".join(LAYERS))
     p.add_argument("--sweep", action="store_true", help="also time the decode launch shapes at M <= 16")
+    p.add_argument("--sweep-budget-s", type=float, default=300.0, help="stop sweeping after this long")
     args = p.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     rows: list[dict[str, Any]] = []
     sweeps: list[dict[str, Any]] = []
+    start = time.monotonic()
     for name in args.layers.split(","):
         n, k = LAYERS[name]
         layer_rows, fmt = bench_layer(name, n, k)
         rows += layer_rows
         if args.sweep:
-            sweeps += sweep_layer(name, fmt, k)
+            sweeps += sweep_layer(name, fmt, k, start + args.sweep_budget_s)
         if args.out:
             args.out.write_text(json.dumps({"rows": rows, "sweep": sweeps}, indent=1))
         del fmt

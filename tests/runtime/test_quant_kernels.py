@@ -93,11 +93,12 @@ def test_gemv_rejects_a_config_that_does_not_tile_k() -> None:
 
 
 def test_default_gemv_config_fills_the_sms() -> None:
-    # Qwen3-8B on an H200: M = 1 multiply-adds, M > 1 tensor-core dots; about 3 programs per SM
+    # Qwen3-8B on an H200: tensor-core dots, 128 int4 columns per program, about 3 programs per SM
     qkv = default_gemv_config(1, 6144, 4096, 4, 132)
-    assert not qkv.use_dot and qkv.split_k == 4 and qkv.tiles == 2  # 96 tiles x 4 splits of 8 steps
+    assert qkv.use_dot and qkv.block_n == 128 and qkv.split_k == 8  # 48 tiles x 8 splits of 4 steps
     down = default_gemv_config(16, 4096, 12288, 4, 132)
-    assert down.use_dot and down.split_k == 6  # 64 tiles x 6 splits of 16 steps
+    assert down.split_k == 12  # 32 tiles x 12 splits of 8 steps
+    assert default_gemv_config(4, 4096, 4096, 8, 132).block_n == 64  # int8: 64 columns of 4-byte words
     for m, n, k in ((1, 24576, 4096), (4, 4096, 4096), (1, 64, 384)):
         cfg = default_gemv_config(m, n, k, 4, 132)
         steps = k // 128
@@ -182,6 +183,8 @@ def test_qwen3_8b_shapes_bf16(m: int, n: int, k: int) -> None:
 
 
 SWEEP_SAMPLE = [
+    GemvConfig(use_dot=True, block_n=128, split_k=8, pair_asm=True),
+    GemvConfig(use_dot=True, block_n=256, split_k=2, reduce="atomic", pair_asm=True, num_warps=8),
     GemvConfig(use_dot=False, block_n=64, split_k=4, tiles=2),
     GemvConfig(use_dot=False, block_n=128, split_k=8, tiles=1, reduce="atomic"),
     GemvConfig(use_dot=False, block_n=32, split_k=2, tiles=4, reduce="workspace", num_warps=8),

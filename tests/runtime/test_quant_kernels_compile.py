@@ -21,11 +21,11 @@ def gemm(name, bits, group, bm, bn, bk, out, stages, x="*bf16"):
               "DOT_IEEE": x == "*fp32"}
     return KernelSpec(name, w._int_gemm_kernel, types, consts, 4, stages, ("M",))
 
-def gemv(name, bits, group, use_dot, out, magic, bn=64, tiles=1, stages=4):
+def gemv(name, bits, group, use_dot, out, magic, bn=64, tiles=1, stages=4, asm=False):
     types = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "out_ptr": out}
     consts = {"GROUP": group, "BITS": bits, "BLOCK_M": 16 if use_dot else 1, "BLOCK_N": bn, "TILE": 128,
               "TILES": tiles, "USE_DOT": use_dot, "MAGIC16": magic, "OFFSET": 128.0 if magic else 0.0,
-              "ATOMIC": True, "DOT_IEEE": False}
+              "ATOMIC": True, "DOT_IEEE": False, "PAIR_ASM": asm}
     return KernelSpec(name, g._int_gemv_kernel, types, consts, 4, stages, ("M",))
 
 def fp8_gemv(name, use_dot, out):
@@ -42,6 +42,7 @@ specs = [
     gemm("w8_decode_split", 8, 4096, 16, 64, 128, "*fp32", 4),
     gemm("w4_decode_fp32_ieee", 4, 128, 16, 64, 128, "*fp32", 4, "*fp32"),
     gemv("w4_gemv_dot", 4, 128, True, "*fp32", 0x4300),
+    gemv("w4_gemv_dot_pair_asm", 4, 128, True, "*fp32", 0x4300, bn=128, asm=True),
     gemv("w4_gemv_dot_group32", 4, 32, True, "*bf16", 0x4300),
     gemv("w4_gemv_fma", 4, 128, False, "*bf16", 0, tiles=2, stages=1),
     gemv("w8_gemv_dot", 8, 4096, True, "*fp32", 0),
@@ -62,6 +63,7 @@ print(json.dumps([dataclasses.asdict(compile_kernel(s, 90)) for s in specs]))
 
 GEMV = (
     "w4_gemv_dot",
+    "w4_gemv_dot_pair_asm",
     "w4_gemv_dot_group32",
     "w4_gemv_fma",
     "w8_gemv_dot",
@@ -100,7 +102,7 @@ def test_int_gemm_kernels_compile_for_sm90() -> None:
     assert (reports["w4_decode_fp32_ieee"]["stack_bytes"] or 0) <= 32, reports["w4_decode_fp32_ieee"]
     for name in GEMV:  # the decode GEMVs (bf16 atomics included) lower for Hopper without spilling
         assert (reports[name]["stack_bytes"] or 0) <= 32, f"{name} spills registers: {reports[name]}"
-    for name in ("w4_gemv_dot", "w4_gemv_dot_group32", "w8_gemv_dot", "fp8_gemv_dot"):
+    for name in ("w4_gemv_dot", "w4_gemv_dot_pair_asm", "w4_gemv_dot_group32", "w8_gemv_dot", "fp8_gemv_dot"):
         assert reports[name]["async_copies"] > 0, f"{name}: weight loads are no longer pipelined"
     for name in ("w4_gemv_dot", "w8_gemv_dot"):  # magic-number operands built in the mma layout
         assert reports[name]["loop_conversions"] == 0, f"{name} converts layouts in its K loop"

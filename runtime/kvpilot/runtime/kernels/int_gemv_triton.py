@@ -32,6 +32,19 @@ from kvpilot.runtime.kernels.triton_utils import num_sms
 GEMV_MAX_M = 16
 REDUCES = ("atomic", "atomic_f32", "workspace")
 _MAGIC16 = {torch.bfloat16: (0x4300, 128.0), torch.float16: (0x6400, 1024.0)}  # (bits, value offset)
+# int4 -> bf16 for two words at once (GemvConfig.pair_asm, GPU only): the low (or high) halves of both
+# words side by side in one register (prmt), shifted once ($3 = 4 * value index within the half), masked
+# and ORed with the magic number: two bf16 operands per three instructions, the pair already in the
+# 32-bit register a tensor-core operand wants when the two words are K-neighbours (and still right,
+# element for element, when they are not).
+_PAIRS_LOW = tl.constexpr(
+    "{ .reg .b32 t; prmt.b32 t, $1, $2, 0x5410; shr.b32 t, t, $3; "
+    "lop3.b32 $0, t, 0x000F000F, 0x43004300, 0xEA; }"
+)
+_PAIRS_HIGH = tl.constexpr(
+    "{ .reg .b32 t; prmt.b32 t, $1, $2, 0x7632; shr.b32 t, t, $3; "
+    "lop3.b32 $0, t, 0x000F000F, 0x43004300, 0xEA; }"
+)
 
 
 @triton.jit
@@ -62,6 +75,7 @@ class GemvConfig:
     reduce: str = "atomic_f32"
     num_warps: int = 4
     num_stages: int = 4
+    pair_asm: bool = False  # dot, int4, bf16 on a GPU: operands built by inline PTX (_PAIRS_LOW)
 
 
 @triton.jit
@@ -87,6 +101,7 @@ def _int_gemv_kernel(
     OFFSET: tl.constexpr,  # the value MAGIC16 adds (128 / 1024), 0.0 without it
     ATOMIC: tl.constexpr,
     DOT_IEEE: tl.constexpr,  # float32 activations: exact float32 dots, not tf32
+    PAIR_ASM: tl.constexpr,  # int4 + bf16 dots: operands from _PAIRS_LOW / _PAIRS_HIGH
 ):
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -97,7 +112,7 @@ def _int_gemv_kernel(
         m_mask = offs_m < M
         acc = _dot_partial(
             x_ptr, qw_ptr, s_ptr, z_ptr, offs_m, m_mask, offs_n, n_mask, N, stride_xm, k_start,
-            K_PER_SPLIT, GROUP, BITS, BLOCK_M, BLOCK_N, TILE, MAGIC16, OFFSET, DOT_IEEE,
+            K_PER_SPLIT, GROUP, BITS, BLOCK_M, BLOCK_N, TILE, MAGIC16, OFFSET, DOT_IEEE, PAIR_ASM,
         )  # fmt: skip
         out = out_ptr + pid_k * stride_os + offs_m[:, None] * N + offs_n[None, :]
         mask = m_mask[:, None] & n_mask[None, :]
@@ -119,6 +134,7 @@ def _dot_partial(
     x_ptr, qw_ptr, s_ptr, z_ptr, offs_m, m_mask, offs_n, n_mask, N, stride_xm, k_start, K_PER_SPLIT,
     GROUP: tl.constexpr, BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     TILE: tl.constexpr, MAGIC16: tl.constexpr, OFFSET: tl.constexpr, DOT_IEEE: tl.constexpr,
+    PAIR_ASM: tl.constexpr,
 ):  # fmt: skip
     """[BLOCK_M, BLOCK_N] float32 sum over this split's K rows, tensor-core dots of CHUNK rows.
     A tile inside one group subtracts OFFSET + z from the 16-bit operand (packed two per instruction;
@@ -142,7 +158,17 @@ def _dot_partial(
                 x_ptr + offs_m[:, None] * stride_xm + (kj + offs_c)[None, :], mask=m_mask[:, None], other=0.0
             )
             q = (words >> (j * BITS)) & ((1 << BITS) - 1)  # [CHUNK, BN], the words' layout kept
-            if MAGIC16 != 0:  # (MAGIC16 | q) as 16 bits is exactly OFFSET + q in x's dtype
+            if PAIR_ASM:  # 128 + q as bf16, built two at a time (words shifted after pairing)
+                shift = tl.full((CHUNK, BLOCK_N), (j % 4) * 4, tl.int32)
+                if j < 4:
+                    w = tl.inline_asm_elementwise(
+                        _PAIRS_LOW, "=r,r,r,r,r", [words, shift], dtype=tl.bfloat16, is_pure=True, pack=2
+                    )
+                else:
+                    w = tl.inline_asm_elementwise(
+                        _PAIRS_HIGH, "=r,r,r,r,r", [words, shift], dtype=tl.bfloat16, is_pure=True, pack=2
+                    )
+            elif MAGIC16 != 0:  # (MAGIC16 | q) as 16 bits is exactly OFFSET + q in x's dtype
                 w = (q | MAGIC16).to(tl.int16).to(x.dtype, bitcast=True)
             else:  # (2**23 + q) - 2**23: exact, no int -> float conversion; x's dtype holds q exactly
                 w = ((q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0).to(x.dtype)
@@ -219,17 +245,16 @@ def _fma_partial(
 
 
 def default_gemv_config(m: int, n: int, k: int, bits: int, sms: int) -> GemvConfig:
-    """The launch shape of the dispatch: about three programs per SM, each streaming >= 4 pack tiles.
-    M = 1 takes the float32 multiply-add path, M > 1 the tensor-core dots (the sweep checks both)."""
+    """The launch shape of the dispatch: tensor-core dots at every M <= 16 (at M = 1 too: the float32
+    multiply-add path issues about twice the instructions per weight byte on sm_90), int4 operands built
+    by the paired PTX (bf16), 128 columns per int4 program (the loop's fixed cost spread over more
+    values), and split-K for about three programs per SM, each streaming >= 4 pack tiles."""
     steps = k // pack_tile(k, bits)
-    block_n = 64
+    block_n = 128 if bits == 4 else 64
     tiles = -(-n // block_n)
     want = max(1, -(-3 * sms // tiles))
     split = max(d for d in range(1, min(want, max(1, steps // 4)) + 1) if steps % d == 0)
-    if m == 1:
-        unroll = 2 if (steps // split) % 2 == 0 else 1
-        return GemvConfig(use_dot=False, block_n=block_n, split_k=split, tiles=unroll, num_stages=1)
-    return GemvConfig(use_dot=True, block_n=block_n, split_k=split)
+    return GemvConfig(use_dot=True, block_n=block_n, split_k=split, pair_asm=True)
 
 
 def int_gemv(
@@ -255,6 +280,7 @@ def int_gemv(
     if x.dtype == torch.float16 and bits == 8:
         magic, offset = _MAGIC16[torch.float16]  # 1024 + q holds every 8-bit q
     block_m = 16 if cfg.use_dot else 1
+    pair_asm = cfg.pair_asm and cfg.use_dot and bits == 4 and x.dtype == torch.bfloat16 and x.is_cuda
     atomic = cfg.split_k > 1 and cfg.reduce != "workspace"
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, block_m), cfg.split_k)
     _int_gemv_kernel[grid](
@@ -262,7 +288,8 @@ def int_gemv(
         partials.stride(0) if cfg.reduce == "workspace" else 0, k // cfg.split_k,
         GROUP=group, BITS=bits, BLOCK_M=block_m, BLOCK_N=cfg.block_n, TILE=tile, TILES=cfg.tiles,
         USE_DOT=cfg.use_dot, MAGIC16=magic, OFFSET=offset, ATOMIC=atomic,
-        DOT_IEEE=x.dtype == torch.float32, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        DOT_IEEE=x.dtype == torch.float32, PAIR_ASM=pair_asm, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )  # fmt: skip
     return finish_gemv(out, partials, cfg)
 
