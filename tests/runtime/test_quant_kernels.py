@@ -60,10 +60,13 @@ def test_fused_kernel_matches_reference(m: int, bits: int, group: int, split_k: 
 # decode GEMV launch shapes: both multiply paths, every split-K reduction, several pack tiles per step
 GEMV_CONFIGS = [
     GemvConfig(use_dot=False, block_n=32, split_k=1, tiles=2),
+    GemvConfig(use_dot=True, block_n=32, split_k=2, reduce="fixup"),
+    GemvConfig(use_dot=False, block_n=64, split_k=2, reduce="fixup"),
     GemvConfig(use_dot=False, block_n=64, split_k=2, reduce="atomic"),
     GemvConfig(use_dot=False, block_n=16, split_k=2, reduce="workspace"),
     GemvConfig(use_dot=True, block_n=32, split_k=2, reduce="atomic_f32"),
     GemvConfig(use_dot=True, block_n=64, split_k=1),
+    GemvConfig(use_dot=True, block_n=16, split_k=2, block_m=32, reduce="fixup"),
     GemvConfig(use_dot=True, block_n=16, split_k=2, reduce="workspace"),
 ]
 

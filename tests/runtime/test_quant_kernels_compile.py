@@ -21,17 +21,19 @@ def gemm(name, bits, group, bm, bn, bk, out, stages, x="*bf16"):
               "DOT_IEEE": x == "*fp32"}
     return KernelSpec(name, w._int_gemm_kernel, types, consts, 4, stages, ("M",))
 
-def gemv(name, bits, group, use_dot, out, magic, bn=64, tiles=1, stages=4, asm=False):
-    types = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "out_ptr": out}
+def gemv(name, bits, group, use_dot, out, magic, bn=64, tiles=1, stages=4, asm=False, mode=1):
+    types = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "out_ptr": out,
+             "ws_ptr": "*fp32", "counter_ptr": "*i32"}
     consts = {"GROUP": group, "BITS": bits, "BLOCK_M": 16 if use_dot else 1, "BLOCK_N": bn, "TILE": 128,
               "TILES": tiles, "USE_DOT": use_dot, "MAGIC16": magic, "OFFSET": 128.0 if magic else 0.0,
-              "ATOMIC": True, "DOT_IEEE": False, "PAIR_ASM": asm}
+              "SPLIT_MODE": mode, "DOT_IEEE": False, "PAIR_ASM": asm}
     return KernelSpec(name, g._int_gemv_kernel, types, consts, 4, stages, ("M",))
 
 def fp8_gemv(name, use_dot, out):
-    types = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "out_ptr": out}
+    types = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "out_ptr": out,
+             "ws_ptr": "*fp32", "counter_ptr": "*i32"}
     consts = {"BLOCK_M": 16 if use_dot else 1, "BLOCK_N": 64 if use_dot else 32, "BLOCK_K": 128,
-              "USE_DOT": use_dot, "ATOMIC": True, "DOT_IEEE": False}
+              "USE_DOT": use_dot, "SPLIT_MODE": 3, "DOT_IEEE": False}
     return KernelSpec(name, f8._fp8_gemv_kernel, types, consts, 4, 4 if use_dot else 1, ("M",))
 
 dequant_types = {"qw_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "out_ptr": "*bf16"}
@@ -42,7 +44,7 @@ specs = [
     gemm("w8_decode_split", 8, 4096, 16, 64, 128, "*fp32", 4),
     gemm("w4_decode_fp32_ieee", 4, 128, 16, 64, 128, "*fp32", 4, "*fp32"),
     gemv("w4_gemv_dot", 4, 128, True, "*fp32", 0x4300),
-    gemv("w4_gemv_dot_pair_asm", 4, 128, True, "*fp32", 0x4300, bn=128, asm=True),
+    gemv("w4_gemv_dot_pair_asm", 4, 128, True, "*bf16", 0x4300, bn=128, asm=True, mode=3),
     gemv("w4_gemv_dot_group32", 4, 32, True, "*bf16", 0x4300),
     gemv("w4_gemv_fma", 4, 128, False, "*bf16", 0, tiles=2, stages=1),
     gemv("w8_gemv_dot", 8, 4096, True, "*fp32", 0),

@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from kvpilot.runtime.kernels.int_gemv_triton import REDUCES, GemvConfig, finish_gemv, gemv_outputs
+from kvpilot.runtime.kernels.int_gemv_triton import GemvConfig
+from kvpilot.runtime.kernels.split_k_triton import REDUCES, split_output, store_split
 from kvpilot.runtime.kernels.triton_utils import num_sms
 
 FP8_GEMV_MAX_M = 16
@@ -27,19 +28,21 @@ FP8_BLOCK_K = 128
 def _fp8_gemv_kernel(
     x_ptr,  # [M, K] activations (rows stride_xm apart)
     w_ptr,  # float8_e4m3fn [N, K], dense
-    ws_ptr,  # float32 [N]
-    out_ptr,  # [M, N] (zeroed when ATOMIC) or float32 [SPLIT_K, M, N] partials
+    scale_ptr,  # float32 [N]: per output channel
+    out_ptr,  # y [M, N], or the float32 buffer of atomic_f32 (split_k_triton)
+    ws_ptr,  # float32 [SPLIT_K, M, N] (workspace, fixup)
+    counter_ptr,  # int32 [tiles] (fixup)
     M,
     N,
     K,
     stride_xm,
-    stride_os,
     K_PER_SPLIT,
+    split_k,
     BLOCK_M: tl.constexpr,  # dot: 16; fma: 1 (one program row per token)
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     USE_DOT: tl.constexpr,
-    ATOMIC: tl.constexpr,
+    SPLIT_MODE: tl.constexpr,  # split_k_triton._MODES
     DOT_IEEE: tl.constexpr,
 ):
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -47,7 +50,7 @@ def _fp8_gemv_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     n_mask = offs_n < N
     k_start = pid_k * K_PER_SPLIT
-    scale = tl.load(ws_ptr + offs_n, mask=n_mask, other=0.0)
+    scale = tl.load(scale_ptr + offs_n, mask=n_mask, other=0.0)
     if USE_DOT:
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_mask = offs_m < M
@@ -63,7 +66,7 @@ def _fp8_gemv_kernel(
             else:
                 acc += tl.dot(x, tl.trans(w), out_dtype=tl.float32)
         y = acc * scale[None, :]
-        out = out_ptr + pid_k * stride_os + offs_m[:, None] * N + offs_n[None, :]
+        offs = offs_m[:, None] * N + offs_n[None, :]
         mask = m_mask[:, None] & n_mask[None, :]
     else:
         acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)  # reduced over K once, at the end
@@ -74,12 +77,9 @@ def _fp8_gemv_kernel(
             w = tl.load(w_at, mask=n_mask[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
             acc2 += w * x[None, :]
         y = tl.sum(acc2, axis=1) * scale
-        out = out_ptr + pid_k * stride_os + pid_m * N + offs_n
+        offs = pid_m * N + offs_n
         mask = n_mask
-    if ATOMIC:
-        tl.atomic_add(out, y.to(out_ptr.dtype.element_ty), mask=mask, sem="relaxed")
-    else:
-        tl.store(out, y.to(out_ptr.dtype.element_ty), mask=mask)
+    store_split(y, out_ptr, ws_ptr, counter_ptr, offs, mask, pid_k, split_k, M * N, SPLIT_MODE)
 
 
 def default_fp8_gemv_config(m: int, n: int, k: int, sms: int) -> GemvConfig:
@@ -93,23 +93,28 @@ def default_fp8_gemv_config(m: int, n: int, k: int, sms: int) -> GemvConfig:
 
 
 def fp8_gemv(
-    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, config: GemvConfig | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    config: GemvConfig | None = None,
+    counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x [M, K] (dense rows, M <= FP8_GEMV_MAX_M) @ (weight [N, K] fp8 * weight_scale [N])^T -> [M, N]."""
+    """x [M, K] (dense rows, M <= FP8_GEMV_MAX_M) @ (weight [N, K] fp8 * weight_scale [N])^T -> [M, N].
+    counters: this weight's persistent fixup counters (split_k_triton.split_counters)."""
     m, k = x.shape
     n = weight.shape[0]
     cfg = config or default_fp8_gemv_config(m, n, k, num_sms(x.device))
     steps = -(-k // FP8_BLOCK_K)
     if steps % cfg.split_k or cfg.reduce not in REDUCES:
         raise ValueError(f"fp8 gemv config {cfg} does not fit K {k} (blocks of {FP8_BLOCK_K})")
-    out, partials = gemv_outputs(x, m, n, cfg)
-    block_m = 16 if cfg.use_dot else 1
+    block_m = cfg.block_m if cfg.use_dot else 1
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, block_m), cfg.split_k)
+    buf = split_output(x, m, n, cfg.split_k, cfg.reduce, counters, grid[0] * grid[1])
     _fp8_gemv_kernel[grid](
-        x, weight, weight_scale, partials, m, n, k, x.stride(0),
-        partials.stride(0) if cfg.reduce == "workspace" else 0, steps // cfg.split_k * FP8_BLOCK_K,
+        x, weight, weight_scale, buf.target, buf.workspace, buf.counters, m, n, k, x.stride(0),
+        steps // cfg.split_k * FP8_BLOCK_K, cfg.split_k,
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=FP8_BLOCK_K, USE_DOT=cfg.use_dot,
-        ATOMIC=cfg.split_k > 1 and cfg.reduce != "workspace", DOT_IEEE=x.dtype == torch.float32,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        SPLIT_MODE=buf.mode, DOT_IEEE=x.dtype == torch.float32, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )  # fmt: skip
-    return finish_gemv(out, partials, cfg)
+    return buf.finish()

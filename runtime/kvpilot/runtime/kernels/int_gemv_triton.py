@@ -10,7 +10,7 @@ whatever the launch shape. Here no value goes through a conversion instruction:
                  and the zero point are taken out once per group and column after the dot:
                  sum_k x_k (off + q_k - off - z) s = s (dot(x, off + q) - (off + z) sum_k x_k).
   two ways to multiply, chosen per launch (GemvConfig.use_dot):
-    dot  x [BLOCK_M = 16 (M padded), CHUNK] @ (off + q) [CHUNK, BLOCK_N] on the tensor cores (M 2..16);
+    dot  x [BLOCK_M (16, 32 or 64; M padded), CHUNK] @ (q - z) [CHUNK, BLOCK_N] on the tensor cores;
     fma  M = 1: float32 multiply-adds of x against (2**23 + q) - (2**23 + z) into a [TILES, CHUNK,
          BLOCK_N] accumulator, summed over K once at the end (no per-step cross-thread reduction);
          TILES pack tiles per loop step keep many 16-byte loads in flight per program.
@@ -27,10 +27,10 @@ import torch
 import triton
 import triton.language as tl
 from kvpilot.runtime.kernels.quant_reference import pack_tile
+from kvpilot.runtime.kernels.split_k_triton import REDUCES, split_output, store_split
 from kvpilot.runtime.kernels.triton_utils import num_sms
 
-GEMV_MAX_M = 16
-REDUCES = ("atomic", "atomic_f32", "workspace")
+GEMV_MAX_M = 64  # above: w4a16_triton's prefill kernel, then dequantize + cuBLAS
 _MAGIC16 = {torch.bfloat16: (0x4300, 128.0), torch.float16: (0x6400, 1024.0)}  # (bits, value offset)
 # int4 -> bf16 for two words at once (GemvConfig.pair_asm, GPU only): the low (or high) halves of both
 # words side by side in one register (prmt), shifted once ($3 = 4 * value index within the half), masked
@@ -47,23 +47,6 @@ _PAIRS_HIGH = tl.constexpr(
 )
 
 
-@triton.jit
-def _reduce_splits_kernel(
-    part_ptr,  # float32 [SPLIT_K, M * N]
-    out_ptr,  # [M * N] in the activations' dtype
-    MN,
-    SPLIT_K: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    """Sum of the split-K partials, cast on store: one launch (torch would take a sum and a cast)."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < MN
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for split in range(SPLIT_K):
-        acc += tl.load(part_ptr + split * MN + offs, mask=mask, other=0.0)
-    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
-
-
 @dataclass(frozen=True)
 class GemvConfig:
     """One decode launch shape (benchmarks/bench_w4a16.py --sweep times the alternatives)."""
@@ -72,10 +55,11 @@ class GemvConfig:
     block_n: int = 64
     split_k: int = 1
     tiles: int = 1  # fma: pack tiles per K step
-    reduce: str = "atomic_f32"
+    reduce: str = "fixup"  # split_k_triton.REDUCES
     num_warps: int = 4
     num_stages: int = 4
     pair_asm: bool = False  # dot, int4, bf16 on a GPU: operands built by inline PTX (_PAIRS_LOW)
+    block_m: int = 16  # dot: tokens per program (M padded to it; 32 or 64 for 16 < M <= 64)
 
 
 @triton.jit
@@ -84,12 +68,14 @@ def _int_gemv_kernel(
     qw_ptr,  # int32 [K / PER_WORD, N], interleaved per TILE rows (quant_reference.pack_rows)
     s_ptr,  # [K / GROUP, N]
     z_ptr,  # [K / GROUP, N]
-    out_ptr,  # [M, N] (zeroed when ATOMIC) or float32 [SPLIT_K, M, N] partials
+    out_ptr,  # y [M, N], or the float32 buffer of atomic_f32 (split_k_triton)
+    ws_ptr,  # float32 [SPLIT_K, M, N] (workspace, fixup)
+    counter_ptr,  # int32 [tiles] (fixup)
     M,
     N,
     stride_xm,
-    stride_os,
     K_PER_SPLIT,
+    split_k,
     GROUP: tl.constexpr,
     BITS: tl.constexpr,
     BLOCK_M: tl.constexpr,  # dot: 16; fma: 1 (one program row per token)
@@ -99,7 +85,7 @@ def _int_gemv_kernel(
     USE_DOT: tl.constexpr,
     MAGIC16: tl.constexpr,  # dot with 16-bit x: 0x4300 (bf16) / 0x6400 (fp16), 0: float32 magic
     OFFSET: tl.constexpr,  # the value MAGIC16 adds (128 / 1024), 0.0 without it
-    ATOMIC: tl.constexpr,
+    SPLIT_MODE: tl.constexpr,  # split_k_triton._MODES
     DOT_IEEE: tl.constexpr,  # float32 activations: exact float32 dots, not tf32
     PAIR_ASM: tl.constexpr,  # int4 + bf16 dots: operands from _PAIRS_LOW / _PAIRS_HIGH
 ):
@@ -114,19 +100,16 @@ def _int_gemv_kernel(
             x_ptr, qw_ptr, s_ptr, z_ptr, offs_m, m_mask, offs_n, n_mask, N, stride_xm, k_start,
             K_PER_SPLIT, GROUP, BITS, BLOCK_M, BLOCK_N, TILE, MAGIC16, OFFSET, DOT_IEEE, PAIR_ASM,
         )  # fmt: skip
-        out = out_ptr + pid_k * stride_os + offs_m[:, None] * N + offs_n[None, :]
+        offs = offs_m[:, None] * N + offs_n[None, :]
         mask = m_mask[:, None] & n_mask[None, :]
     else:
         acc = _fma_partial(
             x_ptr + pid_m * stride_xm, qw_ptr, s_ptr, z_ptr, offs_n, n_mask, N, k_start, K_PER_SPLIT,
             GROUP, BITS, BLOCK_N, TILE, TILES,
         )  # fmt: skip
-        out = out_ptr + pid_k * stride_os + pid_m * N + offs_n
+        offs = pid_m * N + offs_n
         mask = n_mask
-    if ATOMIC:
-        tl.atomic_add(out, acc.to(out_ptr.dtype.element_ty), mask=mask, sem="relaxed")
-    else:
-        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    store_split(acc, out_ptr, ws_ptr, counter_ptr, offs, mask, pid_k, split_k, M * N, SPLIT_MODE)
 
 
 @triton.jit
@@ -251,10 +234,11 @@ def default_gemv_config(m: int, n: int, k: int, bits: int, sms: int) -> GemvConf
     values), and split-K for about three programs per SM, each streaming >= 4 pack tiles."""
     steps = k // pack_tile(k, bits)
     block_n = 128 if bits == 4 else 64
-    tiles = -(-n // block_n)
+    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
+    tiles = -(-n // block_n) * -(-m // block_m)
     want = max(1, -(-3 * sms // tiles))
     split = max(d for d in range(1, min(want, max(1, steps // 4)) + 1) if steps % d == 0)
-    return GemvConfig(use_dot=True, block_n=block_n, split_k=split, pair_asm=True)
+    return GemvConfig(use_dot=True, block_n=block_n, split_k=split, pair_asm=True, block_m=block_m)
 
 
 def int_gemv(
@@ -264,9 +248,11 @@ def int_gemv(
     zeros: torch.Tensor,
     bits: int,
     config: GemvConfig | None = None,
+    counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [M, K] (dense rows, M <= GEMV_MAX_M) @ W^T -> [M, N] in x's dtype. Every K must be a whole number
-    of pack tiles whose 32/bits dots span >= 16 rows inside one group (w4a16_triton.fused_supported)."""
+    of pack tiles whose 32/bits dots span >= 16 rows inside one group (w4a16_triton.fused_supported).
+    counters: this weight's persistent fixup counters (split_k_triton.split_counters)."""
     m, k = x.shape
     n = qweight.shape[1]
     group = k // scales.shape[0]
@@ -275,43 +261,19 @@ def int_gemv(
     step = tile * (1 if cfg.use_dot else cfg.tiles)
     if k % (cfg.split_k * step) or cfg.reduce not in REDUCES:
         raise ValueError(f"gemv config {cfg} does not fit K {k} (tiles of {tile} rows)")
-    out, partials = gemv_outputs(x, m, n, cfg)
     magic, offset = _MAGIC16.get(x.dtype, (0, 0.0)) if bits == 4 else (0, 0.0)
     if x.dtype == torch.float16 and bits == 8:
         magic, offset = _MAGIC16[torch.float16]  # 1024 + q holds every 8-bit q
-    block_m = 16 if cfg.use_dot else 1
+    block_m = cfg.block_m if cfg.use_dot else 1
     pair_asm = cfg.pair_asm and cfg.use_dot and bits == 4 and x.dtype == torch.bfloat16 and x.is_cuda
-    atomic = cfg.split_k > 1 and cfg.reduce != "workspace"
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, block_m), cfg.split_k)
+    buf = split_output(x, m, n, cfg.split_k, cfg.reduce, counters, grid[0] * grid[1])
     _int_gemv_kernel[grid](
-        x, qweight, scales, zeros, partials, m, n, x.stride(0),
-        partials.stride(0) if cfg.reduce == "workspace" else 0, k // cfg.split_k,
+        x, qweight, scales, zeros, buf.target, buf.workspace, buf.counters, m, n, x.stride(0),
+        k // cfg.split_k, cfg.split_k,
         GROUP=group, BITS=bits, BLOCK_M=block_m, BLOCK_N=cfg.block_n, TILE=tile, TILES=cfg.tiles,
-        USE_DOT=cfg.use_dot, MAGIC16=magic, OFFSET=offset, ATOMIC=atomic,
+        USE_DOT=cfg.use_dot, MAGIC16=magic, OFFSET=offset, SPLIT_MODE=buf.mode,
         DOT_IEEE=x.dtype == torch.float32, PAIR_ASM=pair_asm, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )  # fmt: skip
-    return finish_gemv(out, partials, cfg)
-
-
-def gemv_outputs(x: torch.Tensor, m: int, n: int, cfg: GemvConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the result [M, N] in x's dtype, the buffer the kernel writes): the same tensor unless split-K
-    partials go through float32 first."""
-    out = torch.empty(m, n, device=x.device, dtype=x.dtype)
-    if cfg.split_k == 1:
-        return out, out
-    if cfg.reduce == "workspace":
-        return out, torch.empty(cfg.split_k, m, n, device=x.device, dtype=torch.float32)
-    if cfg.reduce == "atomic_f32" and x.dtype != torch.float32:
-        return out, torch.zeros(m, n, device=x.device, dtype=torch.float32)
-    return out, out.zero_()
-
-
-def finish_gemv(out: torch.Tensor, partials: torch.Tensor, cfg: GemvConfig) -> torch.Tensor:
-    if partials is out:
-        return out
-    if cfg.reduce == "workspace":
-        mn, block = out.numel(), 1024
-        _reduce_splits_kernel[(triton.cdiv(mn, block),)](partials, out, mn, SPLIT_K=cfg.split_k, BLOCK=block)
-        return out
-    return out.copy_(partials)
+    return buf.finish()

@@ -2,13 +2,13 @@
 from the canonical layout (kernels/quant_reference.py: int32 words packed along K, scales/zeros per group
 of G input rows). The torch reference beside it is quant_reference.int_gemm_ref.
 
-One kernel, three launch shapes chosen by M (the number of tokens):
-  decode   M <= 16: BLOCK_M = 16 and split-K (each program reduces K / SPLIT_K rows of W for one tile of
-           BLOCK_N outputs, float32 partials summed by a second small kernel), so a batch-1 GEMM puts about
-           four programs with short K loops on every SM (decode_launch); the weight is read once, at a
-           quarter (int4) of bf16's bytes.
-  prefill  16 < M < DEQUANT_CUBLAS_MIN_M: larger M tiles, split-K only while the tiles alone would
-           leave SMs idle.
+int_gemm picks the path by M (the number of tokens):
+  decode   M <= GEMV_MAX_M (64): kernels/int_gemv_triton.py, a weight stream whose operands are built
+           without conversion instructions (magic numbers), split-K over about three programs per SM.
+  prefill  GEMV_MAX_M < M < DEQUANT_CUBLAS_MIN_M: the fused kernel below with larger M tiles, split-K
+           only while the tiles alone would leave SMs idle. (At M <= 16 it is the previous decode kernel,
+           kept as the benchmark's baseline: BLOCK_M = 16, float32 split-K partials summed by a second
+           kernel; its int -> float -> bf16 conversions cap it near 1.4 TB/s on the H200.)
   large M  M >= DEQUANT_CUBLAS_MIN_M: compute-bound; dequantize the weight once (a Triton kernel writing
            W^T in x's dtype) and let cuBLAS run the GEMM, whose tensor-core efficiency the fused kernel
            does not beat there. The threshold is set from benchmarks/bench_w4a16.py.
@@ -26,8 +26,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from kvpilot.runtime.kernels.int_gemv_triton import GEMV_MAX_M, _reduce_splits_kernel, int_gemv
+from kvpilot.runtime.kernels.int_gemv_triton import GEMV_MAX_M, int_gemv
 from kvpilot.runtime.kernels.quant_reference import pack_tile
+from kvpilot.runtime.kernels.split_k_triton import _reduce_splits_kernel
 from kvpilot.runtime.kernels.triton_utils import num_sms
 
 DECODE_MAX_M = 16
@@ -243,8 +244,11 @@ def int_gemm(
     zeros: torch.Tensor,
     bits: int,
     perm: torch.Tensor | None = None,
+    counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x [..., K] @ W^T -> [..., N] in x's dtype, choosing the launch shape by the token count."""
+    """x [..., K] @ W^T -> [..., N] in x's dtype, choosing the path by the token count (a shape: CUDA
+    graphs capture one choice per batch size). counters: the weight's persistent split-K counters
+    (split_k_triton.split_counters), which let the decode GEMV combine its partials in one launch."""
     lead = x.shape[:-1]
     x = x.reshape(-1, x.shape[-1])
     x = x[:, perm] if perm is not None else (x if x.stride(-1) == 1 else x.contiguous())
@@ -252,7 +256,7 @@ def int_gemm(
     if not fused_supported(x.shape[1], group, bits) or x.shape[0] >= DEQUANT_CUBLAS_MIN_M:
         y = x @ dequantize_triton(qweight, scales, zeros, bits, x.dtype)
     elif x.shape[0] <= GEMV_MAX_M:
-        y = int_gemv(x, qweight, scales, zeros, bits)
+        y = int_gemv(x, qweight, scales, zeros, bits, counters=counters)
     else:
         y = int_gemm_fused(x, qweight, scales, zeros, bits)
     return y.reshape(*lead, y.shape[-1])

@@ -20,13 +20,14 @@ def fp8_linear(
     bias: torch.Tensor | None,
     *,
     gemv: bool = True,
+    counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [..., K] @ (weight [N, K] fp8 * weight_scale [N])^T (+ bias) -> [..., N] in x's dtype; gemv=False
-    keeps W8A8 at every M."""
+    keeps W8A8 at every M. counters: the weight's persistent split-K counters (split_counters)."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     if gemv and x2.shape[0] <= FP8_GEMV_MAX_M:
-        y = fp8_gemv(x2 if x2.stride(-1) == 1 else x2.contiguous(), weight, weight_scale)
+        y = fp8_gemv(x2 if x2.stride(-1) == 1 else x2.contiguous(), weight, weight_scale, counters=counters)
         y = y if bias is None else y + bias
         return y.reshape(*lead, y.shape[-1])
     return fp8_scaled_mm(x, weight, weight_scale, bias)

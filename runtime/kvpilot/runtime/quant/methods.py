@@ -76,6 +76,7 @@ class IntWeightMethod(_Collecting):
         self.quantized: dict[int, IntWeight] = {}  # shard -> quantized at load (16-bit checkpoints)
         self.parts: list[IntWeight] = []
         self.dense: list[torch.Tensor] = []
+        self.counters: list[torch.Tensor] = []  # per part: the decode GEMV's split-K counters (GPU)
 
     def expected_shape(self, layer: Linear, suffix: str, out: int) -> tuple[int, ...] | None:
         if suffix == "weight":
@@ -122,6 +123,10 @@ class IntWeightMethod(_Collecting):
         self.parts = merge_parts(parts)
         if self.device.type != "cuda":  # CPU: the reference's dequantized W^T, made once (quality runs)
             self.dense = [dequantize_int_ref(p.qweight, p.scales, p.zeros, p.bits) for p in self.parts]
+        else:
+            from kvpilot.runtime.kernels.split_k_triton import split_counters
+
+            self.counters = [split_counters(p.out_features, self.device) for p in self.parts]
 
     def _build(self, t: dict[str, torch.Tensor]) -> IntWeight:
         q = self.quant
@@ -151,7 +156,7 @@ class IntWeightMethod(_Collecting):
         if self.backend == "triton" and x.is_cuda and k % 16 == 0 and (k // groups) % 16 == 0:
             from kvpilot.runtime.kernels.w4a16_triton import int_gemm
 
-            return int_gemm(x, w.qweight, w.scales, w.zeros, w.bits, w.perm)
+            return int_gemm(x, w.qweight, w.scales, w.zeros, w.bits, w.perm, self.counters[index])
         return int_gemm_ref(x, w.qweight, w.scales, w.zeros, w.bits, w.perm)
 
 
@@ -181,6 +186,7 @@ class Fp8Method(_Collecting):
         self.weight_scale = torch.empty(0)
         self.quantized: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # shard -> (fp8 rows, scales)
         self.dense: torch.Tensor | None = None
+        self.counters = torch.empty(0)  # the decode GEMV's split-K counters (GPU)
 
     def expected_shape(self, layer: Linear, suffix: str, out: int) -> tuple[int, ...] | None:
         return (out, layer.in_features) if suffix == "weight" else None
@@ -210,6 +216,10 @@ class Fp8Method(_Collecting):
         self.weight_scale = torch.cat(scales).contiguous()
         if not self.use_scaled_mm:  # CPU: the emulation's dequantized weight, made once
             self.dense = self.weight.float() * self.weight_scale.view(-1, 1)
+        else:
+            from kvpilot.runtime.kernels.split_k_triton import split_counters
+
+            self.counters = split_counters(self.weight.shape[0], self.device)
 
     def _checkpoint_shard(self, t: dict[str, torch.Tensor], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """An fp8 checkpoint's weight and its per-tensor or per-channel scale, as per-channel scales."""
@@ -229,7 +239,8 @@ class Fp8Method(_Collecting):
             return fp8_gemm_ref(x, self.weight, self.weight_scale, bias, dense=self.dense)
         from kvpilot.runtime.quant.fp8_gemm import fp8_linear
 
-        return fp8_linear(x, self.weight, self.weight_scale, bias, gemv=self.backend == "triton")
+        gemv = self.backend == "triton"
+        return fp8_linear(x, self.weight, self.weight_scale, bias, gemv=gemv, counters=self.counters)
 
 
 def _fp8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
