@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from kvpilot.runtime.kernels.fp8_gemv_triton import fp8_gemv
 from kvpilot.runtime.kernels.int_gemv_triton import GemvConfig, default_gemv_config, int_gemv
 from kvpilot.runtime.kernels.quant_reference import dequantize_int_ref
+from kvpilot.runtime.kernels.split_k_triton import split_counters
 from kvpilot.runtime.kernels.w4a16_triton import dequantize_triton, int_gemm, int_gemm_fused
 from kvpilot.runtime.quant.fp8_gemm import fp8_linear, fp8_scaled_mm
 from kvpilot.runtime.quant.int_weight import quantize_rtn
@@ -39,7 +40,7 @@ from kvpilot.runtime.quant.int_weight import quantize_rtn
 # Qwen3-8B: hidden 4096, 32 x 128 q heads, 8 x 128 kv heads, intermediate 12288.
 LAYERS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
 MS = (1, 4, 16, 64, 256)
-SWEEP_MS = (1, 4, 16)
+SWEEP_MS = (1, 4, 16, 64)
 STREAM_BYTES = 400 * 2**20  # weight copies per graph: well past the H200's 50 MiB L2
 COLUMNS = ("bf16", "w4", "w4_old", "w4_deq", "w8", "fp8_wo", "fp8_mm")
 
@@ -87,6 +88,7 @@ class Formats:
         scale = w.float().abs().amax(dim=1).clamp(min=1e-12) / 448.0
         self.fp8 = ((w.float() / scale.view(-1, 1)).to(torch.float8_e4m3fn), scale)
         self.bf16 = (w,)
+        self.counters = split_counters(n, w.device)  # split-K counters, as a layer's method owns them
         self.dense = {  # [N, K] bf16 of each quantized weight: the error reference
             "w4": dequantize_int_ref(*self.w4, 4).t().contiguous(),
             "w8": dequantize_int_ref(*self.w8, 8).t().contiguous(),
@@ -96,14 +98,14 @@ class Formats:
     def runs(self, m: int) -> Iterator[tuple[str, Callable[..., Any], tuple[torch.Tensor, ...], str]]:
         """(column, fn(x, *weight), weight tensors, reference key) for the columns that apply at M = m."""
         yield "bf16", F.linear, self.bf16, "bf16"
-        yield "w4", lambda x, *t: int_gemm(x, *t, 4), self.w4, "w4"
+        yield "w4", lambda x, *t: int_gemm(x, *t, 4, counters=self.counters), self.w4, "w4"
         if m <= 64:
             yield "w4_old", lambda x, *t: int_gemm_fused(x, *t, 4), self.w4, "w4"
         if m >= 16:
             yield "w4_deq", lambda x, q, s, z: x @ dequantize_triton(q, s, z, 4, x.dtype), self.w4, "w4"
-        yield "w8", lambda x, *t: int_gemm(x, *t, 8), self.w8, "w8"
+        yield "w8", lambda x, *t: int_gemm(x, *t, 8, counters=self.counters), self.w8, "w8"
         if m <= 16:
-            yield "fp8_wo", lambda x, w, s: fp8_linear(x, w, s, None), self.fp8, "fp8"
+            yield "fp8_wo", lambda x, w, s: fp8_linear(x, w, s, None, counters=self.counters), self.fp8, "fp8"
         yield "fp8_mm", lambda x, w, s: fp8_scaled_mm(x, w, s, None), self.fp8, "fp8"
 
 
@@ -118,8 +120,13 @@ def bench_layer(name: str, n: int, k: int) -> tuple[list[dict[str, Any]], Format
         row: dict[str, Any] = {"layer": name, "n": n, "k": k, "m": m}
         for col, fn, tensors, ref in fmt.runs(m):
             want = F.linear(x, fmt.bf16[0] if ref == "bf16" else fmt.dense[ref])
-            row[f"err_{col}"] = rel_err(fn(x, *tensors), want)
-            row[f"{col}_us"] = graph_us(fn, [(x, *t) for t in copies(tensors)])
+            try:  # one failing column (a compile error on this Triton) must not lose the others
+                row[f"err_{col}"] = rel_err(fn(x, *tensors), want)
+                row[f"{col}_us"] = graph_us(fn, [(x, *t) for t in copies(tensors)])
+            except Exception as e:  # reported in the row and the log
+                row[f"fail_{col}"] = repr(e)[:300]
+                print(f"# {name} M={m} {col} failed: {e!r}"[:400], flush=True)
+                continue
             row[f"{col}_gbs"] = nbytes(tensors) / (row[f"{col}_us"] * 1e3)
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -129,17 +136,21 @@ def bench_layer(name: str, n: int, k: int) -> tuple[list[dict[str, Any]], Format
 def sweep_configs(m: int, steps: int) -> Iterator[GemvConfig]:
     """The decode launch shapes worth timing at M = m (splits dividing the K steps of 128 rows)."""
     splits = [s for s in (1, 2, 4, 8, 12, 16) if steps % s == 0]
+    if m > 16:  # tokens per program (M = 64 in 1, 2 or 4 row blocks)
+        for block_m, block_n, split in itertools.product((16, 32, 64), (64, 128), splits):
+            yield GemvConfig(True, block_n, split, 1, "fixup", 4, 3, pair_asm=True, block_m=block_m)
+        return
     for block_n, split, warps in itertools.product((64, 128, 256), splits, (4, 8)):
         if block_n * warps != 256 * 8 or block_n == 128:  # bn 256 only with 8 warps
-            yield GemvConfig(True, block_n, split, 1, "atomic_f32", warps, 4, pair_asm=True)
+            yield GemvConfig(True, block_n, split, 1, "fixup", warps, 4, pair_asm=True)
     for block_n, split in itertools.product((64, 128), splits):  # the operands without inline PTX
-        yield GemvConfig(True, block_n, split, 1, "atomic_f32", 4, 4)
+        yield GemvConfig(True, block_n, split, 1, "fixup", 4, 4)
     if m == 1:  # float32 multiply-adds
         for block_n, split, tiles in itertools.product((32, 64, 128), splits, (1, 2)):
             if (steps // split) % tiles == 0:
-                yield GemvConfig(False, block_n, split, tiles, "atomic_f32", 4, 1)
-    base = GemvConfig(True, 128, max(s for s in splits if s <= 8), 1, "atomic_f32", 4, 4, pair_asm=True)
-    for reduce in ("atomic", "workspace"):  # the other split-K reductions, and pipeline depths
+                yield GemvConfig(False, block_n, split, tiles, "fixup", 4, 1)
+    base = GemvConfig(True, 128, max(s for s in splits if s <= 8), 1, "fixup", 4, 4, pair_asm=True)
+    for reduce in ("atomic", "atomic_f32", "workspace"):  # the other split-K reductions, and pipeline depths
         yield dataclasses.replace(base, reduce=reduce)
     for stages in (2, 3, 5):
         yield dataclasses.replace(base, num_stages=stages)
@@ -158,7 +169,11 @@ def sweep_layer(name: str, fmt: Formats, k: int, deadline: float) -> list[dict[s
                     continue  # fp8 has no pack tiles or PTX operands: these repeat other shapes
                 if time.monotonic() > deadline:
                     break
-                t = graph_us(functools.partial(_gemv, kind, cfg), [(x, *s) for s in sets])
+                try:
+                    t = graph_us(functools.partial(_gemv, kind, cfg, fmt.counters), [(x, *s) for s in sets])
+                except Exception as e:  # a shape this Triton cannot build
+                    print(f"# sweep {name} M={m} {kind} {_cfg_text(cfg.__dict__)} failed: {e!r}"[:300])
+                    continue
                 rows.append({"layer": name, "m": m, "kind": kind, "us": t, **cfg.__dict__})
         for kind in ("w4", "fp8"):
             for use_dot in (False, True):
@@ -170,12 +185,15 @@ def sweep_layer(name: str, fmt: Formats, k: int, deadline: float) -> list[dict[s
     return rows
 
 
-def _gemv(kind: str, cfg: GemvConfig, x: torch.Tensor, *weight: torch.Tensor) -> torch.Tensor:
-    return int_gemv(x, *weight, 4, cfg) if kind == "w4" else fp8_gemv(x, *weight, cfg)
+def _gemv(
+    kind: str, cfg: GemvConfig, counters: torch.Tensor, x: torch.Tensor, *w: torch.Tensor
+) -> torch.Tensor:
+    return int_gemv(x, *w, 4, cfg, counters) if kind == "w4" else fp8_gemv(x, *w, cfg, counters)
 
 
 def _cfg_text(c: dict[str, Any]) -> str:
     path = ("dot asm" if c["pair_asm"] else "dot") if c["use_dot"] else f"fma t{c['tiles']}"
+    path += f" bm{c['block_m']}" if c.get("block_m", 16) != 16 else ""
     return f"{path} bn{c['block_n']} split{c['split_k']} {c['reduce']} w{c['num_warps']} s{c['num_stages']}"
 
 
@@ -186,10 +204,12 @@ def table(rows: list[dict[str, Any]]) -> str:
         + " | W4 ×bf16 | W8 ×bf16 | fp8 ×bf16 |"
     )
     lines = [head, "|" + "---|" * (len(COLUMNS) + 5)]
+    nan = float("nan")
     for r in rows:
         cells = [f"{r[c + '_us']:.1f} ({r[c + '_gbs']:.0f})" if c + "_us" in r else "—" for c in COLUMNS]
-        fp8 = min(r.get("fp8_wo_us", 1e9), r["fp8_mm_us"])
-        ratios = [r["bf16_us"] / r["w4_us"], r["bf16_us"] / r["w8_us"], r["bf16_us"] / fp8]
+        fp8 = min(r.get("fp8_wo_us", 1e9), r.get("fp8_mm_us", 1e9))
+        bf16 = r.get("bf16_us", nan)
+        ratios = [bf16 / r.get("w4_us", nan), bf16 / r.get("w8_us", nan), bf16 / fp8]
         lines.append(
             f"| {r['layer']} | {r['m']} | "
             + " | ".join(cells)
@@ -200,8 +220,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     for m in MS:  # one decoder layer: the four GEMMs together
         sel = [r for r in rows if r["m"] == m]
         if len(sel) == len(LAYERS):
-            bf16, w4, w8 = (sum(r[f"{c}_us"] for r in sel) for c in ("bf16", "w4", "w8"))
-            fp8 = sum(min(r.get("fp8_wo_us", 1e9), r["fp8_mm_us"]) for r in sel)
+            bf16, w4, w8 = (sum(r.get(f"{c}_us", nan) for r in sel) for c in ("bf16", "w4", "w8"))
+            fp8 = sum(min(r.get("fp8_wo_us", 1e9), r.get("fp8_mm_us", 1e9)) for r in sel)
             lines.append(
                 f"| all 4 | {m} | bf16 {bf16:.1f} µs | W4 {w4:.1f} µs {bf16 / w4:.2f}× | W8 {w8:.1f} µs "
                 f"{bf16 / w8:.2f}× | fp8 {fp8:.1f} µs {bf16 / fp8:.2f}× |"
@@ -219,24 +239,40 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=None, help="write every row as JSON here")
     p.add_argument("--layers", default=",".join(LAYERS))
     p.add_argument("--sweep", action="store_true", help="also time the decode launch shapes at M <= 16")
-    p.add_argument("--sweep-budget-s", type=float, default=300.0, help="stop sweeping after this long")
+    p.add_argument("--sweep-budget-s", type=float, default=300.0, help="sweep time, shared by the layers")
     args = p.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     rows: list[dict[str, Any]] = []
     sweeps: list[dict[str, Any]] = []
-    start = time.monotonic()
-    for name in args.layers.split(","):
+    layers = args.layers.split(",")
+    for name in layers:
         n, k = LAYERS[name]
         layer_rows, fmt = bench_layer(name, n, k)
         rows += layer_rows
         if args.sweep:
-            sweeps += sweep_layer(name, fmt, k, start + args.sweep_budget_s)
+            sweeps += sweep_layer(name, fmt, k, time.monotonic() + args.sweep_budget_s / len(layers))
         if args.out:
             args.out.write_text(json.dumps({"rows": rows, "sweep": sweeps}, indent=1))
         del fmt
         torch.cuda.empty_cache()
     print(table(rows))
+    if sweeps:
+        print(sweep_summary(sweeps, rows))
     return 0
+
+
+def sweep_summary(sweeps: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
+    """The best swept shape per (layer, M, kind) against what the dispatch ran in the table."""
+    lines = ["| layer | M | kind | dispatch µs | best µs | best shape |", "|---|---|---|---|---|---|"]
+    keys = sorted({(r["layer"], r["m"], r["kind"]) for r in sweeps}, key=lambda t: (t[0], t[1], t[2]))
+    for layer, m, kind in keys:
+        best = min(
+            (r for r in sweeps if (r["layer"], r["m"], r["kind"]) == (layer, m, kind)), key=lambda r: r["us"]
+        )
+        table_row = next((r for r in rows if (r["layer"], r["m"]) == (layer, m)), {})
+        dispatch = table_row.get("w4_us" if kind == "w4" else "fp8_wo_us", float("nan"))
+        lines.append(f"| {layer} | {m} | {kind} | {dispatch:.1f} | {best['us']:.1f} | {_cfg_text(best)} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
