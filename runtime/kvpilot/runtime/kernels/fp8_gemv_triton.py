@@ -83,13 +83,17 @@ def _fp8_gemv_kernel(
 
 
 def default_fp8_gemv_config(m: int, n: int, k: int, sms: int) -> GemvConfig:
-    """About three programs per SM, each streaming >= 4 K blocks; M = 1 multiply-adds, M > 1 dots."""
+    """About three programs per SM, each streaming >= 4 K blocks; M = 1 multiply-adds, M > 1 dots of
+    16, 32 or 64 tokens per program."""
     steps = -(-k // FP8_BLOCK_K)
     block_n = 64 if m > 1 else 32
-    tiles = -(-n // block_n)
+    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
+    tiles = -(-n // block_n) * -(-m // block_m)
     want = max(1, -(-3 * sms // tiles))
     split = max(d for d in range(1, min(want, max(1, steps // 4)) + 1) if steps % d == 0)
-    return GemvConfig(use_dot=m > 1, block_n=block_n, split_k=split, num_stages=4 if m > 1 else 1)
+    return GemvConfig(
+        use_dot=m > 1, block_n=block_n, split_k=split, num_stages=4 if m > 1 else 1, block_m=block_m
+    )
 
 
 def fp8_gemv(
