@@ -4,10 +4,10 @@
 
 Every time is a CUDA-graph replay (as the engine runs decode: no Python or launch overhead in the number)
 over enough copies of the weight that each call streams it from HBM, not the 50 MiB L2. Columns per
-(layer, M): bf16 cuBLAS (F.linear); W4A16 as dispatched (int_gemm: the decode GEMV at M <= 64), the
+(layer, M): bf16 cuBLAS (F.linear); W4A16 as dispatched (int_gemm: the GEMV below M = 256), the
 previous split-K tensor-core kernel (int_gemm_fused), dequantize + cuBLAS; W8A16 int8 per channel as
 dispatched; fp8 weight-only GEMV (dispatched at M <= 16; timed up to 256) and fp8 W8A8 torch._scaled_mm with
-per-token activation scales; at M > 64 also the int4 GEMV at 64 tokens per program (w4_gemv64, not
+per-token activation scales; at M >= 256 also the int4 GEMV at 64 tokens per program (w4_gemv64, not
 dispatched there).
 GB/s counts the weight bytes each format streams (scales included). Each kernel's output is checked against
 the bf16 GEMM of the same dequantized weight first (max relative error printed at the end).
@@ -110,7 +110,7 @@ class Formats:
             yield "fp8_wo", lambda x, w, s: fp8_linear(x, w, s, None, counters=self.counters), self.fp8, "fp8"
         elif m <= 256:  # not dispatched above 16 tokens: is the weight-only GEMV still ahead of W8A8?
             yield "fp8_wo", lambda x, w, s: fp8_gemv(x, w, s, counters=self.counters), self.fp8, "fp8"
-        if m > 64:  # not dispatched above GEMV_MAX_M: the decode GEMV at 64 tokens per program
+        if m >= 256:  # dispatched to dequantize + cuBLAS: would the GEMV (64 tokens per program) win?
             cfg = default_gemv_config(64, self.w4[0].shape[1], self.w4[0].shape[0] * 8, 4, 132)
             yield "w4_gemv64", lambda x, *t: int_gemv(x, *t, 4, cfg, self.counters), self.w4, "w4"
         yield "fp8_mm", lambda x, w, s: fp8_scaled_mm(x, w, s, None), self.fp8, "fp8"

@@ -2,6 +2,7 @@
 # Quantized weights on the GPU machine (issue 12), one step or several per call (each under 10 minutes):
 #   bash benchmarks/gpu_quant.sh tests gemm     # GPU tests of the quant kernels + the GEMM micro-bench
 #   bash benchmarks/gpu_quant.sh kernels gemm   # the kernel tests only (no checkpoint/load tests) + bench
+#   bash benchmarks/gpu_quant.sh recompile      # quantized engines compile no Triton variant after start
 #   bash benchmarks/gpu_quant.sh w3             # W3 (Qwen3-8B, batch 1, in 1024, out 256): none, int4, fp8
 #                                               # (W3_QUANT="int4 fp8" for a subset)
 #   bash benchmarks/gpu_quant.sh w2             # W2 (Qwen3-8B, 256 seqs): none vs fp8
@@ -19,6 +20,9 @@ for step in "$@"; do
              tests/runtime/test_quant_checkpoints.py 2>&1 | tee "$OUT/pytest_quant_gpu.log" | tail -15 ;;
     kernels) python -m pytest -q -p no:cacheprovider -o addopts="--import-mode=importlib" -m "gpu or not gpu" \
              tests/runtime/test_quant_kernels.py 2>&1 | tee "$OUT/pytest_quant_kernels_gpu.log" | tail -15 ;;
+    recompile) python -m pytest -q -p no:cacheprovider -o addopts="--import-mode=importlib" -m "gpu or not gpu" \
+             tests/runtime/test_no_recompile_gpu.py -k "int4 or int8 or auto-fp8" 2>&1 \
+             | tee "$OUT/pytest_no_recompile_quant.log" | tail -8 ;;
     gemm) python benchmarks/bench_w4a16.py --sweep --sweep-budget-s "${SWEEP_S:-200}" \
              --out "$OUT/bench_w4a16.json" 2>&1 | tee "$OUT/bench_w4a16.log" | grep -v '^{' | grep -v '^# sweep' \
              | tail -80 ;;
@@ -32,6 +36,6 @@ for step in "$@"; do
         done ;;
     sizing) python benchmarks/sizing_truth.py --case qwen3-8b:none:bf16 --case qwen3-8b:fp8:bf16 \
              --case qwen3-8b:int4:bf16 --out "$OUT/kv_sizing.json" 2>&1 | tee "$OUT/kv_sizing.log" | grep '^|' ;;
-    *) echo "unknown step $step (tests, kernels, gemm, w3, w2, sizing)"; exit 2 ;;
+    *) echo "unknown step $step (tests, kernels, recompile, gemm, w3, w2, sizing)"; exit 2 ;;
   esac
 done

@@ -108,6 +108,23 @@ def test_default_gemv_config_fills_the_sms() -> None:
         assert steps % (cfg.split_k * cfg.tiles) == 0 and steps // cfg.split_k >= min(steps, 4)
 
 
+def test_launch_shapes_depend_on_the_bucket_of_m_only() -> None:
+    """M changes every serving step: a shape (and so a compiled variant) per M would compile mid-serving.
+    The warm-up Ms cover every bucket."""
+    from kvpilot.runtime.kernels.fp8_gemv_triton import default_fp8_gemv_config
+    from kvpilot.runtime.kernels.int_gemv_triton import gemv_block_m, warm_up_m
+
+    buckets = {gemv_block_m(m) for m in range(1, 256)}
+    assert buckets == {gemv_block_m(m) for m in warm_up_m()} == {16, 32, 64}
+    for n, k, bits in ((6144, 4096, 4), (4096, 12288, 8)):
+        shapes: dict[int, GemvConfig] = {}
+        for m in range(1, 256):
+            shape = shapes.setdefault(gemv_block_m(m), default_gemv_config(m, n, k, bits, 132))
+            assert default_gemv_config(m, n, k, bits, 132) == shape, m
+    fp8 = {default_fp8_gemv_config(m, 4096, 4096, 132) for m in range(1, 17)}
+    assert len(fp8) == 2  # M = 1 (multiply-adds) and 2..16 (dots): both warmed up by warm_up_fp8_gemv
+
+
 @pytest.mark.parametrize(
     "config", [None, *GEMV_CONFIGS[1:4]], ids=lambda c: "default" if c is None else c.reduce
 )

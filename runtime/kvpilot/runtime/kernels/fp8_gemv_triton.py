@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from kvpilot.runtime.kernels.int_gemv_triton import GemvConfig
+from kvpilot.runtime.kernels.int_gemv_triton import GemvConfig, gemv_block_m
 from kvpilot.runtime.kernels.split_k_triton import REDUCES, split_output, store_split
 from kvpilot.runtime.kernels.triton_utils import num_sms
 
@@ -24,7 +24,7 @@ FP8_GEMV_MAX_M = 16
 FP8_BLOCK_K = 128
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "split_k"])
 def _fp8_gemv_kernel(
     x_ptr,  # [M, K] activations (rows stride_xm apart)
     w_ptr,  # float8_e4m3fn [N, K], dense
@@ -83,16 +83,16 @@ def _fp8_gemv_kernel(
 
 
 def default_fp8_gemv_config(m: int, n: int, k: int, sms: int) -> GemvConfig:
-    """About three programs per SM, each streaming >= 4 K blocks; M = 1 multiply-adds, M > 1 dots of
-    16, 32 or 64 tokens per program."""
+    """A function of M's bucket (int_gemv_triton.gemv_block_m): M = 1 multiply-adds over 32 rows per
+    program, M > 1 dots; about three programs per SM (one row block), each streaming >= 4 K blocks."""
     steps = -(-k // FP8_BLOCK_K)
     block_n = 64 if m > 1 else 32
-    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
-    tiles = -(-n // block_n) * -(-m // block_m)
+    tiles = -(-n // block_n)
     want = max(1, -(-3 * sms // tiles))
     split = max(d for d in range(1, min(want, max(1, steps // 4)) + 1) if steps % d == 0)
+    stages = 4 if m > 1 else 1
     return GemvConfig(
-        use_dot=m > 1, block_n=block_n, split_k=split, num_stages=4 if m > 1 else 1, block_m=block_m
+        use_dot=m > 1, block_n=block_n, split_k=split, num_stages=stages, block_m=gemv_block_m(m)
     )
 
 

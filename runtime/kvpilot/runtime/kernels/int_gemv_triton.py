@@ -1,4 +1,4 @@
-"""Decode-size (M <= GEMV_MAX_M) weight-only integer GEMMs: y [M, N] = x [M, K] @ W^T, W^T read once from
+"""Decode-size weight-only integer GEMMs: y [M, N] = x [M, K] @ W^T, W^T read once from
 the canonical interleaved layout (kernels/quant_reference.py) and dequantized in registers. The torch
 reference is quant_reference.int_gemm_ref; the prefill path stays in w4a16_triton.py.
 
@@ -30,7 +30,10 @@ from kvpilot.runtime.kernels.quant_reference import pack_tile
 from kvpilot.runtime.kernels.split_k_triton import REDUCES, split_output, store_split
 from kvpilot.runtime.kernels.triton_utils import num_sms
 
-GEMV_MAX_M = 64  # above: w4a16_triton's prefill kernel, then dequantize + cuBLAS
+# Tokens per program by M: 1..16 -> 16, 17..32 -> 32, more -> 64. A launch shape depends on the bucket
+# only (never on M itself, which changes every serving step), so the variants Triton compiles are few and
+# warm_up_m() compiles them all at load time.
+GEMV_BLOCK_M = (16, 32, 64)
 _MAGIC16 = {torch.bfloat16: (0x4300, 128.0), torch.float16: (0x6400, 1024.0)}  # (bits, value offset)
 # int4 -> bf16 for two words at once (GemvConfig.pair_asm, GPU only): the low (or high) halves of both
 # words side by side in one register (prmt), shifted once ($3 = 4 * value index within the half), masked
@@ -62,7 +65,7 @@ class GemvConfig:
     block_m: int = 16  # dot: tokens per program (M padded to it; 32 or 64 for 16 < M <= 64)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "split_k"])
 def _int_gemv_kernel(
     x_ptr,  # [M, K] activations (rows stride_xm apart)
     qw_ptr,  # int32 [K / PER_WORD, N], interleaved per TILE rows (quant_reference.pack_rows)
@@ -227,18 +230,28 @@ def _fma_partial(
     return tl.sum(tl.sum(acc, axis=1), axis=0)
 
 
+def gemv_block_m(m: int) -> int:
+    """The bucket of M: the tokens per program (GEMV_BLOCK_M)."""
+    return next((b for b in GEMV_BLOCK_M if m <= b), GEMV_BLOCK_M[-1])
+
+
+def warm_up_m() -> tuple[int, ...]:
+    """One M per launch shape the dispatch uses: running each once compiles every variant at load."""
+    return (1, *(b + 1 for b in GEMV_BLOCK_M[:-1]))
+
+
 def default_gemv_config(m: int, n: int, k: int, bits: int, sms: int) -> GemvConfig:
-    """The launch shape of the dispatch: tensor-core dots at every M <= 16 (at M = 1 too: the float32
-    multiply-add path issues about twice the instructions per weight byte on sm_90), int4 operands built
-    by the paired PTX (bf16), 128 columns per int4 program (the loop's fixed cost spread over more
-    values), and split-K for about three programs per SM, each streaming >= 4 pack tiles."""
+    """The launch shape of the dispatch, a function of M's bucket: tensor-core dots at every M (at M = 1
+    too: the float32 multiply-add path issues about twice the instructions per weight byte on sm_90),
+    int4 operands built by the paired PTX (bf16), 128 columns per int4 program (the loop's fixed cost
+    spread over more values), and split-K for about three programs per SM (counting one row block),
+    each streaming >= 4 pack tiles; partials combined by the one-launch fixup."""
     steps = k // pack_tile(k, bits)
     block_n = 128 if bits == 4 else 64
-    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
-    tiles = -(-n // block_n) * -(-m // block_m)
+    tiles = -(-n // block_n)
     want = max(1, -(-3 * sms // tiles))
     split = max(d for d in range(1, min(want, max(1, steps // 4)) + 1) if steps % d == 0)
-    return GemvConfig(use_dot=True, block_n=block_n, split_k=split, pair_asm=True, block_m=block_m)
+    return GemvConfig(use_dot=True, block_n=block_n, split_k=split, pair_asm=True, block_m=gemv_block_m(m))
 
 
 def int_gemv(
@@ -250,8 +263,9 @@ def int_gemv(
     config: GemvConfig | None = None,
     counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x [M, K] (dense rows, M <= GEMV_MAX_M) @ W^T -> [M, N] in x's dtype. Every K must be a whole number
-    of pack tiles whose 32/bits dots span >= 16 rows inside one group (w4a16_triton.fused_supported).
+    """x [M, K] (dense rows) @ W^T -> [M, N] in x's dtype (a weight stream: for M below a few hundred).
+    Every K must be a whole number of pack tiles whose 32/bits dots span >= 16 rows inside one group
+    (w4a16_triton.fused_supported).
     counters: this weight's persistent fixup counters (split_k_triton.split_counters)."""
     m, k = x.shape
     n = qweight.shape[1]

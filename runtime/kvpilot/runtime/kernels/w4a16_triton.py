@@ -3,15 +3,15 @@ from the canonical layout (kernels/quant_reference.py: int32 words packed along 
 of G input rows). The torch reference beside it is quant_reference.int_gemm_ref.
 
 int_gemm picks the path by M (the number of tokens):
-  decode   M <= GEMV_MAX_M (64): kernels/int_gemv_triton.py, a weight stream whose operands are built
-           without conversion instructions (magic numbers), split-K over about three programs per SM.
-  prefill  GEMV_MAX_M < M < DEQUANT_CUBLAS_MIN_M: the fused kernel below with larger M tiles, split-K
-           only while the tiles alone would leave SMs idle. (At M <= 16 it is the previous decode kernel,
-           kept as the benchmark's baseline: BLOCK_M = 16, float32 split-K partials summed by a second
-           kernel; its int -> float -> bf16 conversions cap it near 1.4 TB/s on the H200.)
-  large M  M >= DEQUANT_CUBLAS_MIN_M: compute-bound; dequantize the weight once (a Triton kernel writing
-           W^T in x's dtype) and let cuBLAS run the GEMM, whose tensor-core efficiency the fused kernel
-           does not beat there. The threshold is set from benchmarks/bench_w4a16.py.
+  M < DEQUANT_CUBLAS_MIN_M: kernels/int_gemv_triton.py, a weight stream whose operands are built without
+           conversion instructions (magic numbers), split-K over about three programs per SM, its launch
+           shape a function of M's bucket (16 / 32 / 64 tokens per program).
+  M >= DEQUANT_CUBLAS_MIN_M: compute-bound; dequantize the weight once (a Triton kernel writing W^T in
+           x's dtype) and let cuBLAS run the GEMM, whose tensor-core efficiency the fused kernels do
+           not beat there. The threshold is set from benchmarks/bench_w4a16.py.
+The fused kernel below (int_gemm_fused) was the decode and prefill path before the GEMV: BLOCK_M = 16 to
+64, float32 split-K partials summed by a second kernel; its int -> float -> bf16 conversions cap it near
+1.4 TB/s on the H200. It stays as the benchmark's baseline.
 A K step is one interleaved tile of BLOCK_K = pack_tile(K) rows (128 for real models): its
 [BLOCK_K / PER_WORD, BLOCK_N] words hold, in value j, the W^T rows j*CHUNK .. (j+1)*CHUNK of the tile,
 so value j is one shift and mask of the loaded words (no reshape: the words stay in the layout they were
@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from kvpilot.runtime.kernels.int_gemv_triton import GEMV_MAX_M, int_gemv
+from kvpilot.runtime.kernels.int_gemv_triton import int_gemv, warm_up_m
 from kvpilot.runtime.kernels.quant_reference import pack_tile
 from kvpilot.runtime.kernels.split_k_triton import _reduce_splits_kernel
 from kvpilot.runtime.kernels.triton_utils import num_sms
@@ -37,7 +37,7 @@ DECODE_PROGRAMS_PER_SM = 4
 DECODE_MIN_STEPS = 4
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _int_gemm_kernel(
     x_ptr,  # [M, K] activations (rows stride_xm apart)
     qw_ptr,  # int32 [K / PER_WORD, N], interleaved per tile of BLOCK_K rows (quant_reference.pack_rows)
@@ -255,8 +255,29 @@ def int_gemm(
     group = x.shape[1] // scales.shape[0]
     if not fused_supported(x.shape[1], group, bits) or x.shape[0] >= DEQUANT_CUBLAS_MIN_M:
         y = x @ dequantize_triton(qweight, scales, zeros, bits, x.dtype)
-    elif x.shape[0] <= GEMV_MAX_M:
-        y = int_gemv(x, qweight, scales, zeros, bits, counters=counters)
     else:
-        y = int_gemm_fused(x, qweight, scales, zeros, bits)
+        y = int_gemv(x, qweight, scales, zeros, bits, counters=counters)
     return y.reshape(*lead, y.shape[-1])
+
+
+def warm_up_int_gemm(
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    bits: int,
+    dtype: torch.dtype,
+    counters: torch.Tensor | None = None,
+) -> None:
+    """Run the dispatch once per launch shape it uses below DEQUANT_CUBLAS_MIN_M (zeros in, result
+    dropped), so Triton compiles them while the model loads, never in the middle of serving."""
+    k = qweight.shape[0] * (32 // bits)
+    for m in warm_up_m():
+        int_gemm(
+            torch.zeros(m, k, device=qweight.device, dtype=dtype),
+            qweight,
+            scales,
+            zeros,
+            bits,
+            None,
+            counters,
+        )

@@ -33,6 +33,21 @@ def fp8_linear(
     return fp8_scaled_mm(x, weight, weight_scale, bias)
 
 
+def warm_up_fp8_gemv(
+    weight: torch.Tensor, weight_scale: torch.Tensor, dtype: torch.dtype, counters: torch.Tensor
+) -> None:
+    """Run the GEMV once per launch shape it uses (M = 1 multiply-adds, M > 1 dots), so Triton compiles
+    them while the model loads."""
+    for m in (1, 2):
+        fp8_gemv(
+            torch.zeros(m, weight.shape[1], device=weight.device, dtype=dtype),
+            weight,
+            weight_scale,
+            None,
+            counters,
+        )
+
+
 def fp8_scaled_mm(
     x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:

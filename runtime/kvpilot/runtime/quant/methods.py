@@ -127,6 +127,18 @@ class IntWeightMethod(_Collecting):
             from kvpilot.runtime.kernels.split_k_triton import split_counters
 
             self.counters = [split_counters(p.out_features, self.device) for p in self.parts]
+            self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Compile the GEMM's launch shapes now, not on the first request of a new size."""
+        if self.backend != "triton":
+            return
+        from kvpilot.runtime.kernels.w4a16_triton import fused_supported, warm_up_int_gemm
+
+        for p, counters in zip(self.parts, self.counters, strict=True):
+            k = p.qweight.shape[0] * (32 // p.bits)
+            if fused_supported(k, k // p.scales.shape[0], p.bits) and k % 16 == 0:
+                warm_up_int_gemm(p.qweight, p.scales, p.zeros, p.bits, self.dtype, counters)
 
     def _build(self, t: dict[str, torch.Tensor]) -> IntWeight:
         q = self.quant
@@ -220,6 +232,10 @@ class Fp8Method(_Collecting):
             from kvpilot.runtime.kernels.split_k_triton import split_counters
 
             self.counters = split_counters(self.weight.shape[0], self.device)
+            if self.backend == "triton":  # compile the GEMV's launch shapes now, not mid-serving
+                from kvpilot.runtime.quant.fp8_gemm import warm_up_fp8_gemv
+
+                warm_up_fp8_gemv(self.weight, self.weight_scale, self.dtype, self.counters)
 
     def _checkpoint_shard(self, t: dict[str, torch.Tensor], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """An fp8 checkpoint's weight and its per-tensor or per-channel scale, as per-channel scales."""
