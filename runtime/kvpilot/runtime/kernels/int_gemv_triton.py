@@ -1,22 +1,26 @@
-"""Decode-size weight-only integer GEMMs: y [M, N] = x [M, K] @ W^T, W^T read once from
-the canonical interleaved layout (kernels/quant_reference.py) and dequantized in registers. The torch
-reference is quant_reference.int_gemm_ref; the prefill path stays in w4a16_triton.py.
+"""Weight-only integer GEMMs for M below a few hundred tokens (decode, short prefills): y [M, N] =
+x [M, K] @ W^T, W^T streamed once from the canonical interleaved layout (kernels/quant_reference.py) and
+dequantized in registers. The torch reference is quant_reference.int_gemm_ref; w4a16_triton.int_gemm
+dispatches here below DEQUANT_CUBLAS_MIN_M.
 
-Why not the prefill kernel at M = 1: it turns every weight into its dot operand with two conversions
-(int32 -> float32 -> bf16, 16 per clock per SM on Hopper), which caps an int4 stream near 1.4 TB/s
-whatever the launch shape. Here no value goes through a conversion instruction:
+Why a new kernel: the previous one (w4a16_triton._int_gemm_kernel) makes each weight's dot operand with
+two conversions (int32 -> float32 -> bf16, 16 per clock per SM on Hopper), which caps an int4 stream near
+1.4 TB/s whatever the launch shape. Here no value goes through a conversion instruction:
   magic numbers  (q | 0x4300) read as bf16 is 128 + q exactly (q < 128; fp16: 0x6400, 1024 + q), and
-                 (q | 0x4B000000) read as float32 is 2**23 + q: one OR and a bit cast. The constant offset
-                 and the zero point are taken out once per group and column after the dot:
-                 sum_k x_k (off + q_k - off - z) s = s (dot(x, off + q) - (off + z) sum_k x_k).
-  two ways to multiply, chosen per launch (GemvConfig.use_dot):
-    dot  x [BLOCK_M (16, 32 or 64; M padded), CHUNK] @ (q - z) [CHUNK, BLOCK_N] on the tensor cores;
-    fma  M = 1: float32 multiply-adds of x against (2**23 + q) - (2**23 + z) into a [TILES, CHUNK,
-         BLOCK_N] accumulator, summed over K once at the end (no per-step cross-thread reduction);
-         TILES pack tiles per loop step keep many 16-byte loads in flight per program.
-Split-K: SPLIT_K programs share one output tile; their float32 partials meet by atomic adds into a zeroed
-output (REDUCE "atomic": in x's dtype, one launch plus a memset; "atomic_f32": a float32 buffer cast
-after) or in a [SPLIT_K, M, N] workspace summed by a second kernel ("workspace": deterministic order).
+                 (q | 0x4B000000) read as float32 is 2**23 + q: one OR and a bit cast.
+  zero points    a pack tile inside one group subtracts (offset + z) from the 16-bit operand (two per
+                 packed bf16x2 instruction; q - z is a small integer, exact); groups smaller than a tile
+                 take z out after each dot: s (dot(x, off + q) - (off + z) sum_k x_k).
+  pair_asm       int4 + bf16: inline PTX pairs two words' halves first (prmt) and shifts once per pair,
+                 1.5 instructions per value instead of ~2 (GemvConfig.pair_asm; GPU only).
+Two ways to multiply, chosen per launch (GemvConfig.use_dot):
+  dot  x [BLOCK_M (16, 32 or 64 tokens; M padded), CHUNK] @ (q - z) [CHUNK, BLOCK_N] on the tensor cores.
+  fma  M = 1: float32 multiply-adds into a [TILES, CHUNK, BLOCK_N] accumulator summed over K once at the
+       end; values read in place ((word & (15 << 4j)) | 0x4B000000 = 2**23 + q 16**j, x scaled by
+       16**-j), zero points out per tile with sum x. About twice the instructions per byte of `dot` on
+       sm_90 (counted in the SASS): kept for the sweep.
+Split-K (kernels/split_k_triton.py): SPLIT_K programs share each output tile; by default the last of them
+sums the float32 partials in split order (one launch, deterministic).
 """
 
 from __future__ import annotations
