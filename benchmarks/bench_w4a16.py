@@ -14,7 +14,8 @@ the bf16 GEMM of the same dequantized weight first (max relative error printed a
 Targets (issue 12): W4A16 >= 2.5x bf16 at M <= 16, >= 1.0x at M = 64.
 
 --sweep also times the decode launch shapes (kernels/int_gemv_triton.GemvConfig: multiply path, BLOCK_N,
-split-K, tiles per step, reduction, warps) at M = 1, 4, 16 and prints the best per layer and M.
+split-K, tiles per step, reduction, warps, tokens per program) at M = 1, 16, 64 within a time budget and
+prints the best per layer and M.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from kvpilot.runtime.quant.int_weight import quantize_rtn
 # Qwen3-8B: hidden 4096, 32 x 128 q heads, 8 x 128 kv heads, intermediate 12288.
 LAYERS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
 MS = (1, 4, 16, 64, 256)
-SWEEP_MS = (1, 4, 16, 64)
+SWEEP_MS = (1, 16, 64)
 STREAM_BYTES = 400 * 2**20  # weight copies per graph: well past the H200's 50 MiB L2
 COLUMNS = ("bf16", "w4", "w4_old", "w4_deq", "w4_gemv64", "w8", "fp8_wo", "fp8_mm")
 
@@ -141,40 +142,55 @@ def bench_layer(name: str, n: int, k: int) -> tuple[list[dict[str, Any]], Format
 
 
 def sweep_configs(m: int, steps: int) -> Iterator[GemvConfig]:
-    """The decode launch shapes worth timing at M = m (splits dividing the K steps of 128 rows)."""
+    """The launch shapes worth timing at M = m (splits dividing the K steps of 128 rows), most telling
+    first (a sweep cut short by its time budget keeps those)."""
     splits = [s for s in (1, 2, 4, 8, 12, 16) if steps % s == 0]
+    base = GemvConfig(True, 128, max(s for s in splits if s <= 8), 1, "fixup", 4, 4, pair_asm=True)
     if m > 16:  # tokens per program (M = 64 in 1, 2 or 4 row blocks)
-        for block_m, block_n, split in itertools.product((16, 32, 64), (64, 128), splits):
-            yield GemvConfig(True, block_n, split, 1, "fixup", 4, 3, pair_asm=True, block_m=block_m)
+        for block_m, split in itertools.product((64, 32, 16), splits):
+            yield dataclasses.replace(base, split_k=split, block_m=block_m, num_stages=3)
         return
-    for block_n, split, warps in itertools.product((64, 128, 256), splits, (4, 8)):
-        if block_n * warps != 256 * 8 or block_n == 128:  # bn 256 only with 8 warps
-            yield GemvConfig(True, block_n, split, 1, "fixup", warps, 4, pair_asm=True)
-    for block_n, split in itertools.product((64, 128), splits):  # the operands without inline PTX
-        yield GemvConfig(True, block_n, split, 1, "fixup", 4, 4)
+    for split in splits:  # the default's neighbourhood: split-K, then wider/narrower tiles
+        yield dataclasses.replace(base, split_k=split)
+    for (block_n, warps), split in itertools.product(((64, 4), (256, 8), (128, 8)), splits):
+        yield dataclasses.replace(base, block_n=block_n, num_warps=warps, split_k=split)
+    for split in splits:  # the operands without inline PTX
+        yield dataclasses.replace(base, split_k=split, pair_asm=False)
+    for reduce in ("atomic", "atomic_f32", "workspace"):  # the other split-K reductions
+        yield dataclasses.replace(base, reduce=reduce)
+    for stages in (2, 3, 5):  # pipeline depths
+        yield dataclasses.replace(base, num_stages=stages)
     if m == 1:  # float32 multiply-adds
-        for block_n, split, tiles in itertools.product((32, 64, 128), splits, (1, 2)):
+        for block_n, split, tiles in itertools.product((64, 128), splits, (1, 2)):
             if (steps // split) % tiles == 0:
                 yield GemvConfig(False, block_n, split, tiles, "fixup", 4, 1)
-    base = GemvConfig(True, 128, max(s for s in splits if s <= 8), 1, "fixup", 4, 4, pair_asm=True)
-    for reduce in ("atomic", "atomic_f32", "workspace"):  # the other split-K reductions, and pipeline depths
-        yield dataclasses.replace(base, reduce=reduce)
-    for stages in (2, 3, 5):
-        yield dataclasses.replace(base, num_stages=stages)
-    yield dataclasses.replace(base, split_k=1)
 
 
-def sweep_layer(name: str, fmt: Formats, k: int, deadline: float) -> list[dict[str, Any]]:
-    """Time every sweep config of the int4 and fp8 GEMVs; print the best of each family per M."""
+class Budget:
+    """The sweep's time, shared out: each (layer, M, kind) slot gets an equal part of what is left."""
+
+    def __init__(self, seconds: float, slots: int) -> None:
+        self.end, self.left = time.monotonic() + seconds, slots
+
+    def slot_deadline(self) -> float:
+        now = time.monotonic()
+        deadline = now + max(0.0, self.end - now) / max(1, self.left)
+        self.left -= 1
+        return deadline
+
+
+def sweep_layer(name: str, fmt: Formats, k: int, budget: Budget) -> list[dict[str, Any]]:
+    """Time the sweep's launch shapes of the int4 and fp8 GEMVs; print the best of each family per M."""
     rows = []
     for m in SWEEP_MS:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 0.1
-        w4_sets, fp8_sets = copies(fmt.w4), copies(fmt.fp8)
-        for kind, sets in (("w4", w4_sets), ("fp8", fp8_sets)):
+        for kind, sets in (("w4", copies(fmt.w4)), ("fp8", copies(fmt.fp8))):
+            deadline = budget.slot_deadline()
             for cfg in sweep_configs(m, k // 128):
                 if kind == "fp8" and (cfg.tiles > 1 or (cfg.use_dot and not cfg.pair_asm)):
                     continue  # fp8 has no pack tiles or PTX operands: these repeat other shapes
                 if time.monotonic() > deadline:
+                    print(f"# sweep {name} M={m} {kind}: time budget spent", flush=True)
                     break
                 try:
                     t = graph_us(functools.partial(_gemv, kind, cfg, fmt.counters), [(x, *s) for s in sets])
@@ -187,8 +203,6 @@ def sweep_layer(name: str, fmt: Formats, k: int, deadline: float) -> list[dict[s
                 sel = [r for r in rows if (r["m"], r["kind"], r["use_dot"]) == (m, kind, use_dot)]
                 for r in sorted(sel, key=lambda r: r["us"])[:2]:
                     print(f"# sweep {name} M={m} {kind}: {r['us']:.1f} us {_cfg_text(r)}", flush=True)
-    default = {m: default_gemv_config(m, fmt.w4[0].shape[1], k, 4, 132) for m in SWEEP_MS}
-    print(f"# sweep {name}: int4 defaults {[_cfg_text(c.__dict__) for c in default.values()]}", flush=True)
     return rows
 
 
@@ -252,12 +266,13 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     sweeps: list[dict[str, Any]] = []
     layers = args.layers.split(",")
+    budget = Budget(args.sweep_budget_s, len(layers) * len(SWEEP_MS) * 2)
     for name in layers:
         n, k = LAYERS[name]
         layer_rows, fmt = bench_layer(name, n, k)
         rows += layer_rows
         if args.sweep:
-            sweeps += sweep_layer(name, fmt, k, time.monotonic() + args.sweep_budget_s / len(layers))
+            sweeps += sweep_layer(name, fmt, k, budget)
         if args.out:
             args.out.write_text(json.dumps({"rows": rows, "sweep": sweeps}, indent=1))
         del fmt
