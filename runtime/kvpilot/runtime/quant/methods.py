@@ -180,7 +180,8 @@ def _to(w: IntWeight, device: torch.device, dtype: torch.dtype) -> IntWeight:
 
 
 class Fp8Method(_Collecting):
-    """W8A8 fp8: weight float8_e4m3fn [N, K] with per-output-channel scales [N]; activations per token."""
+    """fp8 weights float8_e4m3fn [N, K] with per-output-channel scales [N]: a weight-only GEMV at decode
+    sizes, W8A8 (activations quantized per token) above them (quant/fp8_gemm.py)."""
 
     def __init__(self, quant: QuantConfig, dtype: torch.dtype, device: torch.device, backend: str) -> None:
         super().__init__(quant, dtype, device, backend)
