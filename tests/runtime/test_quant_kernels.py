@@ -15,7 +15,15 @@ from kvpilot.runtime.kernels.triton_utils import interpret_without_gpu
 INTERPRET = interpret_without_gpu()  # before anything imports triton
 
 from kvpilot.runtime.kernels.fp8_gemv_triton import fp8_gemv  # noqa: E402
-from kvpilot.runtime.kernels.int_gemv_triton import GemvConfig, default_gemv_config, int_gemv  # noqa: E402
+from kvpilot.runtime.kernels.int_gemv_triton import (  # noqa: E402
+    GEMV_MAX_M,
+    GemvConfig,
+    default_gemv_config,
+    default_split_k,
+    gemv_bucket,
+    int_gemv,
+    warm_up_m,
+)
 from kvpilot.runtime.kernels.quant_reference import (  # noqa: E402
     fp8_weight_only_ref,
     int_gemm_ref,
@@ -57,6 +65,7 @@ def test_fused_kernel_matches_reference(m: int, bits: int, group: int, split_k: 
     torch.testing.assert_close(got, want, **TOL)
 
 
+QWEN3_8B_LAYERS = [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288)]  # (N, K): qkv, o, gate_up, down
 # decode GEMV launch shapes: both multiply paths, every split-K reduction, several pack tiles per step
 GEMV_CONFIGS = [
     GemvConfig(use_dot=False, block_n=32, split_k=1, tiles=2),
@@ -95,14 +104,22 @@ def test_gemv_rejects_a_config_that_does_not_tile_k() -> None:
         int_gemv(torch.ones(1, 256, device=DEVICE), qweight, scales, zeros, 4, GemvConfig(reduce="sum"))
 
 
-def test_default_gemv_config_fills_the_sms() -> None:
-    # Qwen3-8B on an H200: tensor-core dots, 128 int4 columns per program, about 3 programs per SM
-    qkv = default_gemv_config(1, 6144, 4096, 4, 132)
-    assert qkv.use_dot and qkv.block_n == 128 and qkv.split_k == 8  # 48 tiles x 8 splits of 4 steps
-    down = default_gemv_config(16, 4096, 12288, 4, 132)
-    assert down.split_k == 12  # 32 tiles x 12 splits of 8 steps
-    assert default_gemv_config(4, 4096, 4096, 8, 132).block_n == 64  # int8: 64 columns of 4-byte words
-    for m, n, k in ((1, 24576, 4096), (4, 4096, 4096), (1, 64, 384)):
+def test_default_gemv_config_takes_the_h200_sweeps_best_splits() -> None:
+    # Qwen3-8B on an H200 (132 SMs): the split-K the sweep measured fastest for each layer, at M = 1/16
+    # (64 columns per program) and at M = 64 (two row blocks of 32 tokens, 128 columns)
+    for m in (1, 16):
+        splits = [default_gemv_config(m, n, k, 4, 132).split_k for n, k in QWEN3_8B_LAYERS]
+        assert splits == [4, 8, 1, 8]  # qkv, o, gate_up, down (o: 4 and 8 within 1%)
+    cfg = default_gemv_config(1, 6144, 4096, 4, 132)
+    assert cfg.use_dot and cfg.pair_asm and (cfg.block_m, cfg.block_n, cfg.reduce) == (16, 64, "fixup")
+    cfg = default_gemv_config(64, 24576, 4096, 4, 132)
+    assert (cfg.block_m, cfg.block_n, cfg.split_k) == (32, 128, 1)
+    assert default_split_k(64, 96, 132) == 8 and default_split_k(64, 3, 132) == 1  # short K: no split
+    from kvpilot.runtime.kernels.fp8_gemv_triton import default_fp8_gemv_config
+
+    fp8 = [default_fp8_gemv_config(1, n, k, 132) for n, k in QWEN3_8B_LAYERS]
+    assert [c.split_k for c in fp8] == [4, 8, 1, 8] and not any(c.use_dot for c in fp8)  # fp8 M=1: FMAs
+    for m, n, k in ((1, 24576, 4096), (4, 4096, 4096), (1, 64, 384), (40, 1024, 3072)):
         cfg = default_gemv_config(m, n, k, 4, 132)
         steps = k // 128
         assert steps % (cfg.split_k * cfg.tiles) == 0 and steps // cfg.split_k >= min(steps, 4)
@@ -112,14 +129,13 @@ def test_launch_shapes_depend_on_the_bucket_of_m_only() -> None:
     """M changes every serving step: a shape (and so a compiled variant) per M would compile mid-serving.
     The warm-up Ms cover every bucket."""
     from kvpilot.runtime.kernels.fp8_gemv_triton import default_fp8_gemv_config
-    from kvpilot.runtime.kernels.int_gemv_triton import gemv_block_m, warm_up_m
 
-    buckets = {gemv_block_m(m) for m in range(1, 256)}
-    assert buckets == {gemv_block_m(m) for m in warm_up_m()} == {16, 32, 64}
+    buckets = {gemv_bucket(m) for m in range(1, GEMV_MAX_M + 1)}
+    assert buckets == {gemv_bucket(m) for m in warm_up_m()} and len(buckets) == 3
     for n, k, bits in ((6144, 4096, 4), (4096, 12288, 8)):
-        shapes: dict[int, GemvConfig] = {}
-        for m in range(1, 256):
-            shape = shapes.setdefault(gemv_block_m(m), default_gemv_config(m, n, k, bits, 132))
+        shapes: dict[tuple[int, int, int], GemvConfig] = {}
+        for m in range(1, GEMV_MAX_M + 1):
+            shape = shapes.setdefault(gemv_bucket(m), default_gemv_config(m, n, k, bits, 132))
             assert default_gemv_config(m, n, k, bits, 132) == shape, m
     fp8 = {default_fp8_gemv_config(m, 4096, 4096, 132) for m in range(1, 17)}
     assert len(fp8) == 2  # M = 1 (multiply-adds) and 2..16 (dots): both warmed up by warm_up_fp8_gemv

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from kvpilot.runtime.kernels.int_gemv_triton import GemvConfig, gemv_block_m
+from kvpilot.runtime.kernels.int_gemv_triton import GemvConfig, default_split_k, gemv_bucket
 from kvpilot.runtime.kernels.split_k_triton import REDUCES, split_output, store_split
 from kvpilot.runtime.kernels.triton_utils import num_sms
 
@@ -83,17 +83,14 @@ def _fp8_gemv_kernel(
 
 
 def default_fp8_gemv_config(m: int, n: int, k: int, sms: int) -> GemvConfig:
-    """A function of M's bucket (int_gemv_triton.gemv_block_m): M = 1 multiply-adds over 32 rows per
-    program, M > 1 dots; about three programs per SM (one row block), each streaming >= 4 K blocks."""
-    steps = -(-k // FP8_BLOCK_K)
-    block_n = 64 if m > 1 else 32
-    tiles = -(-n // block_n)
-    want = max(1, -(-3 * sms // tiles))
-    split = max(d for d in range(1, min(want, max(1, steps // 4)) + 1) if steps % d == 0)
+    """A function of M's bucket (int_gemv_triton.gemv_bucket): 64 columns per program, M = 1 float32
+    multiply-adds (fastest on the H200 for o, gate_up and down), M > 1 dots; split-K by
+    int_gemv_triton.default_split_k."""
+    top, block_m, _ = gemv_bucket(m)
+    tiles = -(-n // 64) * -(-top // block_m)
+    split = default_split_k(tiles, -(-k // FP8_BLOCK_K), sms)
     stages = 4 if m > 1 else 1
-    return GemvConfig(
-        use_dot=m > 1, block_n=block_n, split_k=split, num_stages=stages, block_m=gemv_block_m(m)
-    )
+    return GemvConfig(use_dot=m > 1, block_n=64, split_k=split, num_stages=stages, block_m=block_m)
 
 
 def fp8_gemv(

@@ -34,10 +34,13 @@ from kvpilot.runtime.kernels.quant_reference import pack_tile
 from kvpilot.runtime.kernels.split_k_triton import REDUCES, split_output, store_split
 from kvpilot.runtime.kernels.triton_utils import num_sms
 
-# Tokens per program by M: 1..16 -> 16, 17..32 -> 32, more -> 64. A launch shape depends on the bucket
-# only (never on M itself, which changes every serving step), so the variants Triton compiles are few and
-# warm_up_m() compiles them all at load time.
-GEMV_BLOCK_M = (16, 32, 64)
+# The dispatch's launch shapes by bucket of M: (largest M, tokens per program, columns per program).
+# A shape depends on the bucket only (never on M itself, which changes every serving step), so Triton
+# compiles few variants and warm_up_m() compiles them all at load. From the H200 sweep (BENCHMARKS.md):
+# 64 columns at M <= 16 (qkv 11.1 µs vs 13.2 at 128), two row blocks of 32 at M = 64.
+GEMV_BUCKETS = ((16, 16, 64), (32, 32, 128), (64, 32, 128))
+GEMV_MAX_M = GEMV_BUCKETS[-1][0]  # above: dequantize + cuBLAS (w4a16_triton.int_gemm)
+SPLITS = (1, 2, 4, 8, 12, 16)  # the split-K counts the sweep measured
 _MAGIC16 = {torch.bfloat16: (0x4300, 128.0), torch.float16: (0x6400, 1024.0)}  # (bits, value offset)
 # int4 -> bf16 for two words at once (GemvConfig.pair_asm, GPU only): the low (or high) halves of both
 # words side by side in one register (prmt), shifted once ($3 = 4 * value index within the half), masked
@@ -234,28 +237,34 @@ def _fma_partial(
     return tl.sum(tl.sum(acc, axis=1), axis=0)
 
 
-def gemv_block_m(m: int) -> int:
-    """The bucket of M: the tokens per program (GEMV_BLOCK_M)."""
-    return next((b for b in GEMV_BLOCK_M if m <= b), GEMV_BLOCK_M[-1])
+def gemv_bucket(m: int) -> tuple[int, int, int]:
+    """(largest M, tokens per program, columns per program) of M's bucket (GEMV_BUCKETS)."""
+    return next((b for b in GEMV_BUCKETS if m <= b[0]), GEMV_BUCKETS[-1])
 
 
 def warm_up_m() -> tuple[int, ...]:
     """One M per launch shape the dispatch uses: running each once compiles every variant at load."""
-    return (1, *(b + 1 for b in GEMV_BLOCK_M[:-1]))
+    return (1, *(b[0] + 1 for b in GEMV_BUCKETS[:-1]))
+
+
+def default_split_k(tiles: int, steps: int, sms: int) -> int:
+    """Split-K for `tiles` output tiles over `steps` K blocks: the most splits (of SPLITS, dividing the
+    steps) that keep the programs within 4 per SM and each program >= 4 K blocks long. On the H200 sweep
+    this picked the best measured split of every Qwen3-8B layer at M = 1, 16 and 64 (qkv 4, o 4-8,
+    gate_up 1, down 8)."""
+    fits = [s for s in SPLITS if steps % s == 0 and tiles * s <= 4 * sms and steps // s >= 4]
+    return max(fits, default=1)
 
 
 def default_gemv_config(m: int, n: int, k: int, bits: int, sms: int) -> GemvConfig:
     """The launch shape of the dispatch, a function of M's bucket: tensor-core dots at every M (at M = 1
-    too: the float32 multiply-add path issues about twice the instructions per weight byte on sm_90),
-    int4 operands built by the paired PTX (bf16), 128 columns per int4 program (the loop's fixed cost
-    spread over more values), and split-K for about three programs per SM (counting one row block),
-    each streaming >= 4 pack tiles; partials combined by the one-launch fixup."""
-    steps = k // pack_tile(k, bits)
-    block_n = 128 if bits == 4 else 64
-    tiles = -(-n // block_n)
-    want = max(1, -(-3 * sms // tiles))
-    split = max(d for d in range(1, min(want, max(1, steps // 4)) + 1) if steps % d == 0)
-    return GemvConfig(use_dot=True, block_n=block_n, split_k=split, pair_asm=True, block_m=gemv_block_m(m))
+    too: the float32 multiply-add path was slower on the H200 and issues about twice the instructions per
+    weight byte), int4 operands built by the paired PTX (bf16), split-K by default_split_k counting every
+    row block, partials combined by the one-launch fixup."""
+    top, block_m, block_n = gemv_bucket(m)
+    tiles = -(-n // block_n) * -(-top // block_m)
+    split = default_split_k(tiles, k // pack_tile(k, bits), sms)
+    return GemvConfig(use_dot=True, block_n=block_n, split_k=split, pair_asm=True, block_m=block_m)
 
 
 def int_gemv(

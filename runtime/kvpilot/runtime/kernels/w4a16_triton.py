@@ -3,15 +3,14 @@ from the canonical layout (kernels/quant_reference.py: int32 words packed along 
 of G input rows). The torch reference beside it is quant_reference.int_gemm_ref.
 
 int_gemm picks the path by M (the number of tokens):
-  M < DEQUANT_CUBLAS_MIN_M: kernels/int_gemv_triton.py, a weight stream whose operands are built without
-           conversion instructions (magic numbers), split-K over about three programs per SM, its launch
-           shape a function of M's bucket (16 / 32 / 64 tokens per program).
-  M >= DEQUANT_CUBLAS_MIN_M: compute-bound; dequantize the weight once (a Triton kernel writing W^T in
-           x's dtype) and let cuBLAS run the GEMM, whose tensor-core efficiency the fused kernels do
-           not beat there. The threshold is set from benchmarks/bench_w4a16.py.
+  M <= GEMV_MAX_M (64): kernels/int_gemv_triton.py, a weight stream whose operands are built without
+           conversion instructions (magic numbers), split-K, its launch shape a function of M's bucket.
+  M > GEMV_MAX_M: dequantize the weight once (a Triton kernel writing W^T in x's dtype) and let cuBLAS
+           run the GEMM. On the H200 (BENCHMARKS.md) the GEMV beats this at M = 64 (qkv tie) and loses
+           at M = 256 (2-3x); the crossover between was not measured.
 The fused kernel below (int_gemm_fused) was the decode and prefill path before the GEMV: BLOCK_M = 16 to
 64, float32 split-K partials summed by a second kernel; its int -> float -> bf16 conversions cap it near
-1.4 TB/s on the H200. It stays as the benchmark's baseline.
+1.4 TB/s on the H200. It is no longer dispatched and stays as the benchmark's baseline.
 A K step is one interleaved tile of BLOCK_K = pack_tile(K) rows (128 for real models): its
 [BLOCK_K / PER_WORD, BLOCK_N] words hold, in value j, the W^T rows j*CHUNK .. (j+1)*CHUNK of the tile,
 so value j is one shift and mask of the loaded words (no reshape: the words stay in the layout they were
@@ -26,13 +25,13 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from kvpilot.runtime.kernels.int_gemv_triton import int_gemv, warm_up_m
+from kvpilot.runtime.kernels.int_gemv_triton import GEMV_MAX_M, int_gemv, warm_up_m
 from kvpilot.runtime.kernels.quant_reference import pack_tile
 from kvpilot.runtime.kernels.split_k_triton import _reduce_splits_kernel
 from kvpilot.runtime.kernels.triton_utils import num_sms
 
 DECODE_MAX_M = 16
-DEQUANT_CUBLAS_MIN_M = 256
+DEQUANT_CUBLAS_MIN_M = GEMV_MAX_M + 1  # the H200 sweep: the GEMV loses to it by M = 256
 DECODE_PROGRAMS_PER_SM = 4
 DECODE_MIN_STEPS = 4
 
