@@ -264,7 +264,8 @@ def default_gemv_config(m: int, n: int, k: int, bits: int, sms: int) -> GemvConf
     top, block_m, block_n = gemv_bucket(m)
     tiles = -(-n // block_n) * -(-top // block_m)
     split = default_split_k(tiles, k // pack_tile(k, bits), sms)
-    return GemvConfig(use_dot=True, block_n=block_n, split_k=split, pair_asm=True, block_m=block_m)
+    stages = 4 if block_m == 16 else 3  # as swept: 4 at M <= 16, 3 at M = 64
+    return GemvConfig(True, block_n, split, num_stages=stages, pair_asm=True, block_m=block_m)
 
 
 def int_gemv(
