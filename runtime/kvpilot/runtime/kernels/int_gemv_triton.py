@@ -277,7 +277,7 @@ def int_gemv(
     config: GemvConfig | None = None,
     counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x [M, K] (dense rows) @ W^T -> [M, N] in x's dtype (a weight stream: for M below a few hundred).
+    """x [M, K] (dense rows) @ W^T -> [M, N] in x's dtype; int_gemm sends M <= GEMV_MAX_M here.
     Every K must be a whole number of pack tiles whose 32/bits dots span >= 16 rows inside one group
     (w4a16_triton.fused_supported).
     counters: this weight's persistent fixup counters (split_k_triton.split_counters)."""
