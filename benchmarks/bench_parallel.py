@@ -4,6 +4,12 @@ broadcasting each step's inputs from rank 0. One command; a table at the end; JS
 
     source benchmarks/gpu_env.sh && python benchmarks/bench_parallel.py --out $OUT
 
+More cases (--cases, --no-allreduce): pipeline parallel 2 with and without micro-batches (W2 shape on
+Qwen3-8B: the split steps and micro-batches are reported), and int4 weights at tp 2 vs tp 1 (W3):
+
+    python benchmarks/bench_parallel.py --out $OUT --no-allreduce \
+        --cases W2-8B-pp2-micro,W2-8B-pp2-whole,W3-8B-int4-tp2,W3-8B-int4-tp1
+
 Each engine runs in its own subprocess (a clean GPU and a fresh process group). The all-reduce cost is
 timed two ways: a standalone NCCL all-reduce of one step's activation size, inside a CUDA graph of as
 many all-reduces as a decode step holds (2 per layer + the LM head's all-gather), and from a torch
@@ -61,7 +67,21 @@ CASES: dict[str, tuple[str, int, int, tuple[int, int], int, str, str]] = {
     "W3-70B-tp2": ("llama-70b", 2, 1, (1024, 1024), 256, "tpot", "<= 20 ms (floor ~16.5)"),
     "W2-70B-tp2": ("llama-70b", 2, 256, (100, 1024), 256, "throughput", ">= 1,800 tok/s (floor ~3,400)"),
     "W3-8B-tp1": ("qwen3-8b", 1, 1, (1024, 1024), 256, "tpot", "5.0 ms (before)"),
+    # pipeline parallel 2 (issue 14 item 3): micro-batched steps vs whole steps (never split)
+    "W2-8B-pp2-micro": ("qwen3-8b", 1, 256, (100, 1024), 256, "throughput", "> W2-8B-pp2-whole"),
+    "W2-8B-pp2-whole": ("qwen3-8b", 1, 256, (100, 1024), 256, "throughput", "(no micro-batches)"),
+    # quantized weights split across ranks: int4 at load, tp 2 vs tp 1
+    "W3-8B-int4-tp2": ("qwen3-8b", 2, 1, (1024, 1024), 256, "tpot", "< W3-8B-int4-tp1"),
+    "W3-8B-int4-tp1": ("qwen3-8b", 1, 1, (1024, 1024), 256, "tpot", "(one GPU)"),
 }
+# more EngineArgs of a case (pipeline size, quantization, micro-batching off)
+CASE_ARGS: dict[str, dict[str, Any]] = {
+    "W2-8B-pp2-micro": {"pipeline_parallel_size": 2},
+    "W2-8B-pp2-whole": {"pipeline_parallel_size": 2, "pipeline_ridge_tokens": 1 << 30},
+    "W3-8B-int4-tp2": {"quantization": "int4"},
+    "W3-8B-int4-tp1": {"quantization": "int4"},
+}
+DEFAULT_CASES = ("W3-8B-tp2", "W3-70B-tp2", "W2-70B-tp2", "W3-8B-tp1")
 # (label, hidden, all-reduces + all-gathers per decode step, batch rows)
 COLLECTIVES = [
     ("qwen3-8b b1", 4096, 2 * 36 + 1, 1),
@@ -123,6 +143,8 @@ def run_case(name: str, root: Path, out: Path) -> None:
     from kvpilot.runtime.engine.llm_engine import LLMEngine
 
     shape, tp, num_seqs, lens, out_len, measure, _ = CASES[name]
+    extra = CASE_ARGS.get(name, {})
+    ranks = tp * extra.get("pipeline_parallel_size", 1)
     start = time.perf_counter()
     engine = LLMEngine.from_args(
         EngineArgs(
@@ -137,6 +159,7 @@ def run_case(name: str, root: Path, out: Path) -> None:
             load_format="dummy",
             enable_prefix_caching=False,
             enforce_eager=ENFORCE_EAGER,
+            **extra,
         )
     )
     load_s = time.perf_counter() - start
@@ -144,13 +167,18 @@ def run_case(name: str, root: Path, out: Path) -> None:
     run_ours(engine, requests(4, (64, 128), 8, seed=1), "warm")
     run_ours(engine, [(reqs[0][0], 4)], "warm-shape")
     runner = engine.runner
-    if tp > 1:
+    if ranks > 1:
         runner.broadcast_seconds, runner.broadcast_steps = 0.0, 0
+    stage = getattr(runner, "pipeline", None)
+    before = (stage.steps, stage.split_steps, stage.micro_batches) if stage is not None else None
     result: dict[str, Any] = {"case": name, "load_s": load_s, **run_ours(engine, reqs, name)}
     result["kv_tokens_per_rank"] = runner.num_kv_blocks * runner.block_size
-    if tp > 1:
+    if stage is not None and before is not None:  # steps / split steps / their micro-batches in the run
+        result["pipeline_steps"] = [stage.steps - before[0], stage.split_steps - before[1]]
+        result["pipeline_micro_batches"] = stage.micro_batches - before[2]
+    if ranks > 1:
         result["broadcast_us_per_step"] = runner.broadcast_seconds / max(1, runner.broadcast_steps) * 1e6
-        if measure == "tpot":
+        if measure == "tpot" and tp > 1:
             result["nccl_s_per_step"] = nccl_time_per_step(engine, reqs[:1])
         runner.shutdown()
     out.write_text(json.dumps(result))
@@ -227,6 +255,9 @@ def table(results: dict[str, Any], collectives: list[dict[str, Any]]) -> str:
             else f"{r['output_tok_s']:,.0f} out tok/s"
         )
         bcast = f"{r['broadcast_us_per_step']:.0f} µs" if "broadcast_us_per_step" in r else "-"
+        if "pipeline_steps" in r:  # split steps / steps (micro-batches)
+            steps, split = r["pipeline_steps"]
+            got += f", {split}/{steps} steps split ({r['pipeline_micro_batches']} micro-batches)"
         nccl = f"{r['nccl_s_per_step'] * 1e3:.3f} ms" if r.get("nccl_s_per_step") else "-"
         lines.append(
             f"| {name} | {got} | {target} | {bcast} | {nccl} | {r['kv_tokens_per_rank']:,} | "
@@ -249,7 +280,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/kvpilot-out")))
     p.add_argument("--root", type=Path, default=Path("/tmp/kvpilot-bench"))
-    p.add_argument("--cases", default=",".join(CASES))
+    p.add_argument("--cases", default=",".join(DEFAULT_CASES), help=f"of {', '.join(CASES)}")
+    p.add_argument("--no-allreduce", action="store_true", help="skip the standalone all-reduce timing")
     p.add_argument("--case", help=argparse.SUPPRESS)  # internal: run one case in this process
     p.add_argument("--allreduce", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--budget", type=int, default=540, help="seconds for everything (10-minute device cap)")
@@ -264,7 +296,11 @@ def main() -> int:
         os._exit(0)  # no NCCL teardown after CUDA-graph capture (it can hang: pytorch/pytorch#115388)
     env = {**os.environ, **NO_MULTICAST}
     results: dict[str, Any] = {}
-    jobs = [("allreduce", ["--allreduce"])] + [(c, ["--case", c]) for c in args.cases.split(",")]
+    unknown = [c for c in args.cases.split(",") if c not in CASES]
+    if unknown:
+        p.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")
+    jobs = [] if args.no_allreduce else [("allreduce", ["--allreduce"])]
+    jobs += [(c, ["--case", c]) for c in args.cases.split(",")]
     deadline = time.monotonic() + args.budget
     for name, flags in jobs:
         log = args.out / f"parallel-{name}.log"

@@ -23,10 +23,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_parallel import LLAMA_70B, NO_MULTICAST, model_dir
 
 PROFILE, GPUS, TOLERANCE = "h200-141gb", 2, 0.05
-SHAPES = ("qwen3-8b", "llama-70b")
+# case: (model shape, weight quantization pinned in the spec; "auto": the planner's choice)
+CASES = {
+    "qwen3-8b": ("qwen3-8b", "auto"),
+    "llama-70b": ("llama-70b", "auto"),
+    "llama-70b-int4": ("llama-70b", "int4"),  # quantized weights split across the ranks (int4 at load)
+}
 
 
-def plan_for(shape: str, root: Path) -> tuple[Any, int]:
+def plan_for(shape: str, root: Path, quantization: str = "auto") -> tuple[Any, int]:
     """The plan, and the KV bytes per token per GPU it sized with."""
     from kvpilot.operator.planning.model_facts import facts_from_config
     from kvpilot.operator.planning.planner import PlanRequest, plan
@@ -35,19 +40,23 @@ def plan_for(shape: str, root: Path) -> tuple[Any, int]:
 
     path = model_dir(root, shape) / "config.json"
     facts = facts_from_config(LLAMA_70B if shape == "llama-70b" else json.loads(path.read_text()))
-    p = plan(PlanRequest(facts, builtin_profiles()[PROFILE], tensor=GPUS, gpu_count=GPUS))
+    request = PlanRequest(
+        facts, builtin_profiles()[PROFILE], quantization=quantization, tensor=GPUS, gpu_count=GPUS
+    )
+    p = plan(request)
     kv_dtype = p.kv_cache_dtype if p.kv_cache_dtype != "auto" else "bf16"
     return p, kv_bytes_per_token(facts, kv_dtype, p.tensor_parallel or 1, p.pipeline_parallel or 1)
 
 
-def run_shape(shape: str, root: Path, out: Path) -> None:
+def run_shape(case: str, root: Path, out: Path) -> None:
     from kvpilot.operator.planning.sizing import BLOCK_SIZE
     from kvpilot.runtime.distributed.group import build_runner
     from kvpilot.runtime.engine.engine_args import EngineArgs
 
-    p, per_gpu = plan_for(shape, root)
+    shape, quantization = CASES[case]
+    p, per_gpu = plan_for(shape, root, quantization)
     if not p.feasible:
-        out.write_text(json.dumps({"shape": shape, "error": p.reason}))
+        out.write_text(json.dumps({"shape": case, "error": p.reason}))
         return
     args = EngineArgs(
         model=str(model_dir(root, shape)),
@@ -62,11 +71,12 @@ def run_shape(shape: str, root: Path, out: Path) -> None:
         device="cuda",
         dtype="bfloat16",
         load_format="dummy",
+        quantization=None if p.quantization == "none" else p.quantization,
     )
     runner = build_runner(args)
     allocated = runner.num_kv_blocks * runner.block_size
     result = {
-        "shape": shape,
+        "shape": case,
         "plan": p.summary,
         "planned_kv_tokens": p.kv_cache_tokens,
         "allocated_kv_tokens_per_rank": allocated,
@@ -90,7 +100,7 @@ def main() -> int:
         sys.stdout.flush()
         os._exit(0)  # no NCCL teardown after CUDA-graph capture (it can hang: pytorch/pytorch#115388)
     rows, ok = [], True
-    for shape in SHAPES:
+    for shape in CASES:
         log = args.out / f"sizing-{shape}.log"
         cmd = [sys.executable, __file__, "--out", str(args.out), "--root", str(args.root), "--shape", shape]
         with log.open("w") as handle:

@@ -29,7 +29,7 @@ MUST_PLAN = {
     "qwen3-8b-int8-kv",
     "qwen3-8b-tp2",
     "qwen2.5-72b-awq-checkpoint",
-    "qwen2.5-72b-2x4090",  # on one GPU of 48 GiB or more; on its own 2 x RTX 4090 it needs AWQ split at tp 2
+    "qwen2.5-72b-2x4090",  # on one GPU of 48 GiB or more, and on its own 2 x RTX 4090 (AWQ split at tp 2)
 }
 MUST_REFUSE = {
     "qwen3-8b-awq": "4-bit AWQ weights",  # a 16-bit checkpoint pinned to AWQ: a spec error
@@ -113,7 +113,13 @@ def test_examples_on_their_own_profiles(capsys: pytest.CaptureFixture[str]) -> N
     for case in cases:
         check_case(case, capsys)
     planned = {case.name.partition("@")[0] for case in cases if case.outcome.planned}
-    assert planned == {"small-model-l4", "qwen3-8b-h100", "scale-to-zero", "llama-70b-4xh100"}
+    assert planned == {
+        "small-model-l4",
+        "qwen3-8b-h100",
+        "scale-to-zero",
+        "llama-70b-4xh100",
+        "qwen2.5-72b-2x4090",
+    }
 
 
 def test_what_must_plan_plans_somewhere_and_what_must_not_never_does() -> None:

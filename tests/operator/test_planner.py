@@ -307,7 +307,10 @@ def test_workload_defaults_and_overrides(plan_for: PlanFor) -> None:
 # --- Within what this runtime runs (capabilities.RUNTIME, the operator's default) ----------------------
 # The refusals of tensor/pipeline-parallel layouts are checked against a one-GPU build (the runtime before
 # tensor parallelism), so the planner's reasons for a runtime without them stay covered.
-SINGLE_GPU = dataclasses.replace(RUNTIME, max_tensor_parallel=1, max_pipeline_parallel=1)
+# the single-GPU build (before tensor/pipeline parallel and quantized weights split across ranks)
+SINGLE_GPU = dataclasses.replace(
+    RUNTIME, max_tensor_parallel=1, max_pipeline_parallel=1, quantized_parallel=False
+)
 
 
 def test_this_runtime_runs_the_70b_on_four_h100s(plan_for: PlanFor) -> None:
@@ -372,10 +375,14 @@ def test_runtime_72b_on_two_4090s_needs_tensor_parallel(plan_for: PlanFor) -> No
     p = plan_for("Qwen/Qwen2.5-72B-Instruct-AWQ", "rtx4090", capabilities=SINGLE_GPU)
     assert not p.feasible and p.needs == ("4-bit AWQ weights split across 2 GPUs", "tensor parallel 2")
     assert p.reason.startswith("needs 4-bit AWQ weights split across 2 GPUs and tensor parallel 2, which")
-    # this runtime runs tensor parallel 2, but not with quantized weights split across the ranks
-    p = plan_for("Qwen/Qwen2.5-72B-Instruct-AWQ", "rtx4090", capabilities=RUNTIME)
+    # a runtime that runs tensor parallel 2, but not with quantized weights split across the ranks
+    no_split = dataclasses.replace(RUNTIME, quantized_parallel=False)
+    p = plan_for("Qwen/Qwen2.5-72B-Instruct-AWQ", "rtx4090", capabilities=no_split)
     assert not p.feasible and p.needs == ("4-bit AWQ weights split across 2 GPUs",)
     assert "the plan that would fit: 2 x rtx4090 (tp2), 4-bit AWQ weights, fp8 KV" in p.reason
+    # this runtime splits them: the AWQ checkpoint runs at tensor parallel 2
+    p = plan_for("Qwen/Qwen2.5-72B-Instruct-AWQ", "rtx4090", capabilities=RUNTIME)
+    assert p.feasible and shape(p) == (2, 1, "awq", "fp8") and not p.needs
 
 
 def test_runtime_70b_on_four_h100s_needs_tensor_parallel_4(plan_for: PlanFor) -> None:

@@ -28,7 +28,7 @@ SHARED_PREFIX = list(range(40, 52))  # 3 full blocks every prompt shares: prefix
 PROMPTS = [[*SHARED_PREFIX, 100 + i, 7 * i + 3, 200 + 5 * i, 11 + i] for i in range(5)]
 
 
-def engine_args(model: Path, tp: int = 1, pp: int = 1) -> EngineArgs:
+def engine_args(model: Path, tp: int = 1, pp: int = 1, quantization: str | None = None) -> EngineArgs:
     return EngineArgs(
         model=str(model),
         device="cpu",
@@ -40,6 +40,7 @@ def engine_args(model: Path, tp: int = 1, pp: int = 1) -> EngineArgs:
         enable_prefix_caching=True,
         tensor_parallel_size=tp,
         pipeline_parallel_size=pp,
+        quantization=quantization,
     )
 
 
@@ -77,9 +78,9 @@ def generate(runner: Any, model: Path) -> Run:
     )
 
 
-def reference(model: Path) -> Run:
+def reference(model: Path, quantization: str | None = None) -> Run:
     """tp 1, pp 1 in this process."""
-    return generate(ModelRunner(engine_args(model)), model)
+    return generate(ModelRunner(engine_args(model, quantization=quantization)), model)
 
 
 def _fail_fast(rank: int, code: int) -> None:

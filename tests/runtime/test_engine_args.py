@@ -81,13 +81,19 @@ def test_validate_names_every_problem() -> None:
     [
         ({"tensor_parallel_size": 16}, "--tensor-parallel-size"),
         ({"pipeline_parallel_size": 16}, "--pipeline-parallel-size"),
-        ({"quantization": "awq", "tensor_parallel_size": 2}, "--quantization"),
     ],
 )
 def test_what_the_runtime_refuses_comes_from_the_capability_table(changes: dict, setting: str) -> None:
     args = EngineArgs(model="/m", **changes)
     assert any(p.startswith(setting) for p in args.problems(RUNTIME))
     assert args.problems(EVERYTHING) == []
+
+
+def test_quantized_weights_split_across_ranks_follow_the_capability_table() -> None:
+    args = EngineArgs(model="/m", quantization="awq", tensor_parallel_size=2)
+    assert args.problems(RUNTIME) == []  # this build splits them
+    no_split = dataclasses.replace(RUNTIME, quantized_parallel=False)
+    assert any(p.startswith("--quantization") for p in args.problems(no_split))
 
 
 def test_kv_dtype_aliases_and_cpu_types_are_servable() -> None:

@@ -2,7 +2,9 @@
 Qwen3-0.6B-shaped checkpoint in bf16: 64 decode steps of 4 sequences, teacher-forced with the one-GPU greedy
 tokens so every step's logits are comparable (tp 2's decode steps replay CUDA graphs that hold the
 all-reduces). bf16 sums in another order differ a little: the test reports the largest logit difference and
-requires the same greedy token wherever the one-GPU top-2 margin exceeds it."""
+requires the same greedy token wherever the one-GPU top-2 margin exceeds it. Also: pp 2 with every step
+split into micro-batches (ridge 1 token), and int4 weights (quantized at load) at tp 2 against int4 on one
+GPU."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +41,9 @@ def _checkpoint(root: Path) -> Path:
     return root
 
 
-def _args(model: Path, tp: int, pp: int = 1) -> EngineArgs:
+def _args(
+    model: Path, tp: int, pp: int = 1, *, ridge: int | None = None, quantization: str | None = None
+) -> EngineArgs:
     return EngineArgs(
         model=str(model),
         device="cuda",
@@ -50,6 +55,8 @@ def _args(model: Path, tp: int, pp: int = 1) -> EngineArgs:
         max_model_len=1024,
         max_num_seqs=8,
         max_num_batched_tokens=1024,
+        pipeline_ridge_tokens=ridge,
+        quantization=quantization,
     )
 
 
@@ -70,39 +77,65 @@ def _run(runner: Any, forced: list[list[int]] | None) -> tuple[list[torch.Tensor
     return logits_per_step, fed
 
 
-def _parallel_main(model: Path, tokens_path: Path, out: Path, tp: int, pp: int) -> None:
-    """`python test_parallel_gpu.py MODEL TOKENS OUT TP PP`: the parallel run, teacher-forced, logits to
+def _parallel_main(model: Path, tokens_path: Path, out: Path, case: str) -> None:
+    """`python test_parallel_gpu.py MODEL TOKENS OUT CASE`: the parallel run, teacher-forced, logits to
     OUT. Tensor parallel alone replays the decode graphs (holding the all-reduces); pipeline stages run
     eagerly."""
-    leader = start_leader(_args(model, tp, pp), on_death=lambda rank, code: os._exit(3))
-    leader.load(_args(model, tp, pp).to_dict())
+    tp, pp, ridge, quantization = CASES[case]
+    args = _args(model, tp, pp, ridge=ridge, quantization=quantization)
+    leader = start_leader(args, on_death=lambda rank, code: os._exit(3))
+    leader.load(args.to_dict())
     if leader.device.type == "cuda" and pp == 1 and leader.graphs is None:
         os._exit(4)
     logits, _ = _run(leader, json.loads(tokens_path.read_text()))
+    if ridge is not None and leader.pipeline.split_steps != STEPS + 1:  # every step micro-batched
+        os._exit(5)
     torch.save(torch.stack(logits), out)
     leader.shutdown()
     os._exit(0)  # no NCCL teardown after CUDA-graph capture (it can hang: pytorch/pytorch#115388)
 
 
+Reference = tuple[Path, list[torch.Tensor], Path]
+
+
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[torch.Tensor], Path]:
-    """The checkpoint, one GPU's logits per step, and the greedy tokens it fed (a JSON file)."""
+def references(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str | None], Reference]:
+    """For a quantization (None: bf16): the checkpoint, one GPU's logits per step, and the greedy tokens
+    it fed (a JSON file); each made once."""
     root = tmp_path_factory.mktemp("tp-gpu")
     model = _checkpoint(root / "qwen3-0.6b")
-    ref_logits, tokens = _run(ModelRunner(_args(model, 1)), None)
-    (root / "tokens.json").write_text(json.dumps(tokens))
-    return model, ref_logits, root / "tokens.json"
+    made: dict[str | None, Reference] = {}
+
+    def get(quantization: str | None) -> Reference:
+        if quantization not in made:
+            ref_logits, tokens = _run(ModelRunner(_args(model, 1, quantization=quantization)), None)
+            path = root / f"tokens-{quantization or 'bf16'}.json"
+            path.write_text(json.dumps(tokens))
+            made[quantization] = (model, ref_logits, path)
+        return made[quantization]
+
+    return get
+
+
+# case: (tp, pp, pipeline_ridge_tokens (None: the default), quantization)
+CASES: dict[str, tuple[int, int, int | None, str | None]] = {
+    "tp2": (2, 1, None, None),
+    "pp2": (1, 2, None, None),
+    "pp2-micro": (1, 2, 1, None),
+    "tp2-int4": (2, 1, None, "int4"),
+}
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
-@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)], ids=["tp2", "pp2"])
+@pytest.mark.parametrize("case", list(CASES))
 def test_two_gpus_match_one_within_the_logit_margin(
-    reference: tuple[Path, list[torch.Tensor], Path], tmp_path: Path, tp: int, pp: int
+    references: Callable[[str | None], Reference], tmp_path: Path, case: str
 ) -> None:
-    model, ref_logits, tokens_path = reference
+    quantization = CASES[case][3]
+    model, ref_logits, tokens_path = references(quantization)
     out = tmp_path / "parallel.pt"
     done = subprocess.run(
-        [sys.executable, __file__, str(model), str(tokens_path), str(out), str(tp), str(pp)],
+        [sys.executable, __file__, str(model), str(tokens_path), str(out), case],
         timeout=TP2_TIMEOUT_S,
         env={
             **os.environ,
@@ -121,7 +154,7 @@ def test_two_gpus_match_one_within_the_logit_margin(
         checked += int(clear.sum())
         mismatched += int((ref.argmax(-1) != got.argmax(-1))[clear].sum())
     print(
-        f"tp{tp} pp{pp} vs one GPU: max |logit diff| {max_diff:.4f} over {STEPS + 1} steps x {SEQS} seqs; "
+        f"{case} vs one GPU: max |logit diff| {max_diff:.4f} over {STEPS + 1} steps x {SEQS} seqs; "
         f"{checked} tokens with a clear top-2 margin, {mismatched} differ"
     )
     assert SHAPES["qwen3-0.6b"]["vocab_size"] == ref_logits[0].shape[-1]
@@ -130,6 +163,4 @@ def test_two_gpus_match_one_within_the_logit_margin(
 
 
 if __name__ == "__main__":
-    _parallel_main(
-        Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-    )
+    _parallel_main(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4])

@@ -32,7 +32,7 @@ def test_kv_heads_split_then_replicated() -> None:
     assert [kv_head_start(8, 4, r) for r in range(4)] == [0, 2, 4, 6]
     assert [kv_head_start(2, 4, r) for r in range(4)] == [0, 0, 1, 1]  # each head on two ranks
     assert [kv_head_start(1, 4, r) for r in range(4)] == [0, 0, 0, 0]
-    assert kv_split(2, 16, 4, 3) == TensorSplit(0, 16, 16)
+    assert kv_split(2, 16, 4, 3) == TensorSplit(0, 16, 16, whole=32)
     assert kv_split(8, 16, 1, 0) is None
 
 
@@ -104,3 +104,40 @@ def test_runner_kv_bytes_are_the_planners_per_gpu_bytes(tp: int, pp: int) -> Non
             pipeline_parallel=pp,
         )
         assert runtime == planned
+
+
+def test_int4_group_notes_name_layers_whose_group_changes() -> None:
+    from kvpilot.runtime.distributed.quant_sharding import int4_group_notes
+
+    notes = int4_group_notes({"o_proj": 576, "down_proj": 1536}, 2)
+    assert notes == [
+        "int4 at load: o_proj (576 inputs, 288 per tensor-parallel rank) is quantized in groups of 32 per "
+        "rank, one GPU would use 64"
+    ]
+    assert int4_group_notes({"o_proj": 4096, "down_proj": 12288}, 2) == []
+
+
+def test_quantized_tensors_split_on_their_packing_axis() -> None:
+    from kvpilot.runtime.distributed.quant_sharding import quantized_split
+    from kvpilot.runtime.errors import ModelLoadError
+    from kvpilot.runtime.quant.config import QuantConfig
+
+    gptq = QuantConfig("gptq", True, bits=4, group_size=32)
+    awq = QuantConfig("awq", True, bits=4, group_size=32, sym=False)
+    outputs = TensorSplit(0, 64, 64, whole=128)  # column parallel: N [64, 128) of 128
+    inputs = TensorSplit(1, 64, 64, whole=128)  # row parallel: K [64, 128) of 128
+    assert quantized_split(gptq, "qweight", (16, 128), outputs) == TensorSplit(1, 64, 64, whole=128)
+    assert quantized_split(gptq, "qweight", (16, 128), inputs) == TensorSplit(0, 8, 8, whole=16)
+    assert quantized_split(gptq, "qzeros", (4, 16), outputs) == TensorSplit(1, 8, 8, whole=16)
+    assert quantized_split(gptq, "scales", (4, 128), inputs) == TensorSplit(0, 2, 2, whole=4)
+    assert quantized_split(gptq, "g_idx", (128,), outputs) is None  # every output column's rows
+    assert quantized_split(awq, "qweight", (128, 16), outputs) == TensorSplit(1, 8, 8, whole=16)
+    assert quantized_split(awq, "qweight", (128, 16), inputs) == TensorSplit(0, 64, 64, whole=128)
+    one_group = QuantConfig("gptq", True, bits=8, group_size=-1)
+    assert quantized_split(one_group, "scales", (1, 128), inputs) is None  # the one group: every rank's
+    fp8 = QuantConfig("fp8", True, bits=8)
+    assert quantized_split(fp8, "weight", (128, 128), inputs) == TensorSplit(1, 64, 64, whole=128)
+    assert quantized_split(fp8, "weight_scale", (128, 1), outputs) == TensorSplit(0, 64, 64, whole=128)
+    assert quantized_split(fp8, "weight_scale", (), outputs) is None  # per tensor
+    with pytest.raises(ModelLoadError, match=r"words of 8, and tensor parallel 4 gives this rank output "):
+        quantized_split(awq, "qweight", (128, 6), TensorSplit(0, 12, 12, whole=48))

@@ -126,13 +126,15 @@ def test_check_parallel_names_every_problem() -> None:
     assert "needs 15 GPUs on this node, but only 8 are visible" in text
 
 
-def test_quantized_weights_with_parallelism_are_refused() -> None:
-    """Through the capability table, so the planner never plans what the runtime refuses."""
+def test_quantized_weights_with_parallelism_follow_the_capability_table() -> None:
+    """Through the capability table, so the planner never plans what the runtime refuses: this build
+    splits quantized weights across ranks; a build that does not refuses them."""
     import dataclasses
 
     from kvpilot.contracts.capabilities import RUNTIME
 
-    caps = dataclasses.replace(RUNTIME, weight_quantizations=frozenset({"none", "fp8"}))
+    assert not EngineArgs(model="m", quantization="awq", tensor_parallel_size=2).problems()  # this build
+    caps = dataclasses.replace(RUNTIME, quantized_parallel=False)
     assert not EngineArgs(model="m", quantization="fp8").problems(caps)
     problems = EngineArgs(model="m", quantization="fp8", tensor_parallel_size=2).problems(caps)
     assert any("fp8 weights split over tensor parallel 2 x pipeline parallel 1" in p for p in problems)

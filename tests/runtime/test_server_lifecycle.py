@@ -182,7 +182,7 @@ def test_serve_returns_1_when_the_model_cannot_load() -> None:
         ["--tensor-parallel-size", "16"],
         ["--pipeline-parallel-size", "16"],
         ["-tp", "16"],
-        ["--quantization", "int8", "-tp", "2"],
+        ["--pipeline-parallel-size", "0"],
         ["--max-num-seqs", "0"],
     ],
 )

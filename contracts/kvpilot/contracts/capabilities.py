@@ -86,16 +86,16 @@ def _names(values: frozenset[str]) -> str:
 
 # This build: Llama/Qwen2/Qwen3-family models; 16-bit weights, or quantized ones (AWQ and GPTQ checkpoints,
 # fp8 checkpoints, or int8/int4/fp8 quantized at load) on one device; a 16-bit KV cache, or an 8-bit one (fp8
-# e4m3 or int8) with per-token-head scales; 16-bit weights also in tensor parallel within a node (up to 8
-# GPUs) and pipeline stages across nodes (a LeaderWorkerSet group). Quantized weights are not yet split
-# across ranks (quantized_parallel).
+# e4m3 or int8) with per-token-head scales; tensor parallel within a node (up to 8 GPUs) and pipeline
+# stages across nodes (a LeaderWorkerSet group), for 16-bit and quantized weights alike (quantized_parallel:
+# each rank loads its slice of the packed tensors).
 RUNTIME = RuntimeCapabilities(
     weight_quantizations=frozenset({"none", "fp8", "int8", "int4", "awq", "gptq"}),
     kv_cache_dtypes=frozenset({"bf16", "fp16", "fp8", "int8"}),
     max_tensor_parallel=8,
     max_pipeline_parallel=8,
     architectures=frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}),
-    quantized_parallel=False,
+    quantized_parallel=True,
     speculative_parallel=False,
 )
 # Everything the planner knows how to reason about: its decision table is tested against this one.

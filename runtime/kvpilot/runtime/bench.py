@@ -12,12 +12,14 @@ import argparse
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from kvpilot.contracts.kv_cache import kv_bytes_per_token
 from kvpilot.runtime.bench_timeline import StepTimeline, format_summary, summarise
+from kvpilot.runtime.engine.gc_heap import freeze_startup_heap
 
 HBM_BYTES_PER_S = 4.25e12  # device-to-device copy measured on the H200 (DESIGN.md)
 # Bytes per decoder-layer weight as the runtime holds it (--quantization); embedding and LM head stay 16-bit.
@@ -153,9 +155,12 @@ def engine_overrides(pairs: list[str]) -> dict[str, Any]:
         if not sep or name not in fields:
             raise SystemExit(f"--engine {pair!r}: expected NAME=VALUE with NAME an EngineArgs field")
         kind = str(fields[name].type).split("|")[0].strip()
-        out[name] = {"int": int, "float": float, "bool": lambda v: v.lower() in ("1", "true", "yes")}.get(
-            kind, str
-        )(value)
+        parsers: dict[str, Callable[[str], Any]] = {
+            "int": int,
+            "float": float,
+            "bool": lambda v: v.lower() in ("1", "true", "yes"),
+        }
+        out[name] = parsers.get(kind, str)(value)
     return out
 
 
@@ -247,6 +252,7 @@ def run_workload(w: Workload, root: Path, args: argparse.Namespace) -> dict[str,
     model_dir = write_model_dir(root, w.shape)
     reqs = make_requests(w, SHAPES[w.shape]["vocab_size"], args.seed)
     engine = build_engine(model_dir, w, args)
+    freeze_startup_heap()  # as the engine-core process does after startup
     run_ours(engine, make_requests(Workload("warm", w.shape, 4, (64, 128), (8, 8), "x"), 150000, 1), "warm")
     run_ours(engine, [(reqs[0][0], 4)], "warm-shape")  # the workload's own shapes: JIT and cuBLAS choices
     if args.profile_dir is not None:
@@ -368,6 +374,7 @@ def release_device_memory() -> None:
 
     import torch
 
+    gc.unfreeze()  # the engine was frozen with the startup heap (freeze_startup_heap)
     gc.collect()  # the engine, its runner and CUDA graphs sit in reference cycles
     torch.cuda.empty_cache()
 

@@ -16,13 +16,14 @@ from typing import Any
 import torch
 from kvpilot.runtime.config import ModelConfig
 from kvpilot.runtime.distributed.comm import Comm
+from kvpilot.runtime.distributed.quant_sharding import local_g_idx, quantized_split, whole_rows_at_load
 from kvpilot.runtime.distributed.sharding import TensorSplit
 from kvpilot.runtime.errors import ModelLoadError
 from kvpilot.runtime.gguf_model import resolve_model_dir
 from kvpilot.runtime.layers.kernel_ops import KernelOps
 from kvpilot.runtime.layers.linear import Linear
 from kvpilot.runtime.models import model_class
-from kvpilot.runtime.quant import attach_quant_methods, finish_quant_methods, parse_quant_config
+from kvpilot.runtime.quant import QuantConfig, attach_quant_methods, finish_quant_methods, parse_quant_config
 from safetensors import safe_open
 from torch import nn
 
@@ -148,9 +149,12 @@ def _checkpoint_slot(name: str, params: dict[str, Any], tied: bool) -> ParamSlot
     return checkpoint_to_param(name)
 
 
-def load_weights(model: nn.Module, model_dir: Path, config: ModelConfig) -> None:
+def load_weights(
+    model: nn.Module, model_dir: Path, config: ModelConfig, quant: QuantConfig | None = None
+) -> None:
     """Copy every checkpoint tensor (this rank's slice of it) into its (possibly fused) parameter,
-    casting to the model's dtype. A pipeline stage ignores the other stages' tensors."""
+    casting to the model's dtype; a quantized layer's tensors go to its method (`quant`: the format). A
+    pipeline stage ignores the other stages' tensors."""
     params = dict(model.named_parameters())
     modules = dict(model.named_modules())
     tied = config.tie_word_embeddings
@@ -159,7 +163,7 @@ def load_weights(model: nn.Module, model_dir: Path, config: ModelConfig) -> None
     loaded: set[ParamSlot] = set()
     for name, lazy in iter_checkpoint_slices(weight_files(model_dir)):
         slot = _checkpoint_slot(name, params, tied)
-        if _load_quantized(modules, slot, name, lazy):
+        if quant is not None and _load_quantized(modules, slot, name, lazy, quant):
             loaded.add(slot)
             continue
         if slot not in needed:
@@ -191,9 +195,11 @@ def load_weights(model: nn.Module, model_dir: Path, config: ModelConfig) -> None
         )
 
 
-def _load_quantized(modules: dict[str, nn.Module], slot: ParamSlot, name: str, lazy: Any) -> bool:
-    """Hand a tensor of a quantized Linear to its method (read whole: quantized weights are not split
-    across ranks); False when it is not one of those."""
+def _load_quantized(
+    modules: dict[str, nn.Module], slot: ParamSlot, name: str, lazy: Any, quant: QuantConfig
+) -> bool:
+    """Hand a tensor of a quantized Linear (this rank's slice of it, distributed/quant_sharding.py) to its
+    method; False when it is not one of those."""
     module_name, _, suffix = slot[0].rpartition(".")
     owner = modules.get(module_name)
     if not isinstance(owner, Linear) or owner.quant_method is None:
@@ -201,8 +207,16 @@ def _load_quantized(modules: dict[str, nn.Module], slot: ParamSlot, name: str, l
     method = owner.quant_method
     if suffix not in method.required_suffixes and suffix not in method.optional_suffixes:
         return False
+    split = owner.weight_splits[slot[1] or 0]
     try:
-        method.load(owner, suffix, lazy[...], slot[1])
+        if suffix == "weight" and whole_rows_at_load(quant, split):
+            method.input_split = split  # quantized over whole rows, then cut (quant/tp_split.py)
+            tensor = lazy[...]
+        else:
+            tensor = read_split(lazy, quantized_split(quant, suffix, tuple(lazy.get_shape()), split))
+            if suffix == "g_idx" and split is not None and split.dim == 1:
+                tensor = local_g_idx(tensor, split, quant)
+        method.load(owner, suffix, tensor, slot[1])
     except ModelLoadError as exc:
         raise ModelLoadError(f"tensor {name}: {exc}") from exc
     return True
@@ -260,7 +274,7 @@ def load_model(
     if load_format == "dummy":
         init_dummy_weights(model, seed)
     else:
-        load_weights(model, resolve_model_dir(model_dir), config)  # GGUF: its converted copy
+        load_weights(model, resolve_model_dir(model_dir), config, quant)  # GGUF: its converted copy
     finish_quant_methods(model)
     model.eval()
     model.requires_grad_(False)

@@ -63,18 +63,14 @@ class Comm:
             dist.all_gather(list(out.unbind(0)), x, group=self.tp_group)
         return out.permute(1, 0, 2).reshape(x.shape[0], tp * x.shape[1])
 
-    # ---- pipeline parallel (eager)
-    def send(self, tensors: list[torch.Tensor], dst: int) -> None:
-        for t in tensors:
-            dist.send(t.contiguous(), dst)
+    # ---- pipeline parallel (eager, asynchronous: wait() on the returned work before using the data)
+    def isend(self, x: torch.Tensor, dst: int) -> Any:
+        """Start sending x (contiguous) to global rank dst; keep x alive until the work's wait()."""
+        return dist.isend(x.contiguous(), dst)
 
-    def recv(self, shapes: list[tuple[int, ...]], dtype: torch.dtype, src: int) -> list[torch.Tensor]:
-        out = []
-        for shape in shapes:
-            t = torch.empty(shape, dtype=dtype, device=self.device)
-            dist.recv(t, src)
-            out.append(t)
-        return out
+    def irecv(self, x: torch.Tensor, src: int) -> Any:
+        """Start receiving into x (contiguous) from global rank src."""
+        return dist.irecv(x, src)
 
     # ---- every rank
     def broadcast_object(self, obj: Any) -> Any:

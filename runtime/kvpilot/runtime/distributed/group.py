@@ -20,6 +20,7 @@ from kvpilot.runtime.distributed.launch import (
     free_port,
     no_multicast_env,
 )
+from kvpilot.runtime.distributed.quant_sharding import int4_group_notes
 from kvpilot.runtime.distributed.topology import DIST_PORT_ENV, NodeLaunch, Rank, node_launch
 from kvpilot.runtime.engine.engine_args import EngineArgs
 
@@ -55,6 +56,13 @@ def check_parallel(args: EngineArgs, launch: NodeLaunch) -> None:
         ranks_per_node=launch.local_ranks,
         gpus_per_node=gpus,
     )
+    if args.quantization == "int4":
+        row_inputs = {
+            "o_proj": config.num_attention_heads * config.head_dim,
+            "down_proj": config.intermediate_size,
+        }
+        for note in int4_group_notes(row_inputs, args.tensor_parallel_size):
+            log.warning(note)
 
 
 def _specs(args: EngineArgs, launch: NodeLaunch, init_method: str, log_level: str) -> list[WorkerSpec]:

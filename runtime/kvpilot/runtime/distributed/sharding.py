@@ -14,12 +14,14 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class TensorSplit:
     """Checkpoint rows (or columns, dim=1) [start, start + length) of one tensor. `padded_to`: the rank's
-    parameter has this many rows along `dim`; the rows past `length` stay zero (vocab padding)."""
+    parameter has this many rows along `dim`; the rows past `length` stay zero (vocab padding). `whole`:
+    the unsplit size along `dim` (error messages; quantized layers quantized over whole rows)."""
 
     dim: int
     start: int
     length: int
     padded_to: int | None = None
+    whole: int | None = None
 
 
 def even_split(size: int, tp: int, tp_rank: int, dim: int = 0) -> TensorSplit | None:
@@ -27,7 +29,7 @@ def even_split(size: int, tp: int, tp_rank: int, dim: int = 0) -> TensorSplit | 
     if tp == 1:
         return None
     part = size // tp
-    return TensorSplit(dim, tp_rank * part, part)
+    return TensorSplit(dim, tp_rank * part, part, whole=size)
 
 
 def kv_heads_per_rank(num_kv_heads: int, tp: int) -> int:
@@ -46,7 +48,8 @@ def kv_split(num_kv_heads: int, head_dim: int, tp: int, tp_rank: int) -> TensorS
     if tp == 1:
         return None
     heads = kv_heads_per_rank(num_kv_heads, tp)
-    return TensorSplit(0, kv_head_start(num_kv_heads, tp, tp_rank) * head_dim, heads * head_dim)
+    start = kv_head_start(num_kv_heads, tp, tp_rank) * head_dim
+    return TensorSplit(0, start, heads * head_dim, whole=num_kv_heads * head_dim)
 
 
 def vocab_rows(vocab_size: int, tp: int) -> int:

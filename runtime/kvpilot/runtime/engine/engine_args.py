@@ -77,6 +77,14 @@ class EngineArgs:
     pipeline_parallel_size: int = field(
         default=1, metadata=_knob("Pipeline stages the layers are split into", aliases=("-pp",))
     )
+    pipeline_ridge_tokens: int | None = field(
+        default=None,
+        metadata=_knob(
+            "Pipeline parallel: a forward pass of fewer tokens costs about as much as this many (weights "
+            "streaming); a step is split into micro-batches only when that shortens it (default: 256 on "
+            "GPU, 8 on CPU; a huge value never splits)"
+        ),
+    )
     enable_prefix_caching: bool = field(
         default=True, metadata=_knob("Reuse the KV of shared prompt prefixes")
     )
@@ -113,7 +121,7 @@ class EngineArgs:
         found = [f"{_flag(n)} must be positive" for n in _POSITIVE if getattr(self, n) < 1]
         found += [
             f"{_flag(n)} must be positive"
-            for n in ("max_model_len", "num_kv_blocks")
+            for n in ("max_model_len", "num_kv_blocks", "pipeline_ridge_tokens")
             if getattr(self, n) is not None and getattr(self, n) < 1
         ]
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

@@ -114,11 +114,11 @@ def _sample_indices(chunks: list[SeqChunk], cu_seqlens: np.ndarray, sample: np.n
     ends = cu_seqlens[1:][sample]
     spec = [c.num_spec for c in chunks if c.sample]
     if not any(spec):
-        return ends - 1  # type: ignore[no-any-return]
+        return ends - 1
     counts = np.asarray(spec, dtype=np.int64) + 1
     starts = np.repeat(ends - counts, counts)
     within = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
-    return starts + within  # type: ignore[no-any-return]
+    return starts + within
 
 
 def _stage(host: _HostArrays, device: torch.device) -> ModelInputs:

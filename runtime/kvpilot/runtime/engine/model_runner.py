@@ -7,12 +7,14 @@ into the paged cache, attends over it and returns the logits of the rows that wi
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 
 import torch
 from kvpilot.contracts.kv_cache import canonical_kv_dtype, kv_bytes_per_token, kv_heads_per_rank
 from kvpilot.runtime.config import ModelConfig
 from kvpilot.runtime.distributed.comm import Comm
-from kvpilot.runtime.distributed.pipeline import pipeline_logits
+from kvpilot.runtime.distributed.micro_batch import RIDGE_TOKENS_CPU, RIDGE_TOKENS_GPU
+from kvpilot.runtime.distributed.pipeline import PipelineStage
 from kvpilot.runtime.distributed.topology import Rank, stage_layers
 from kvpilot.runtime.engine.batch import SeqChunk, StepBatch
 from kvpilot.runtime.engine.cuda_graphs import DecodeGraphs
@@ -161,6 +163,17 @@ class ModelRunner:
         )
         self.kv_cache_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, self.dtype)
         self.graphs: DecodeGraphs | None = None
+        self.pipeline: PipelineStage | None = None
+        if self.comm.rank.pp > 1:
+            default_ridge = RIDGE_TOKENS_GPU if self.device.type == "cuda" else RIDGE_TOKENS_CPU
+            self.pipeline = PipelineStage(
+                self.model,
+                self.comm,
+                hidden_size=self.model_config.hidden_size,
+                vocab_size=self.model_config.vocab_size,
+                dtype=self.dtype,
+                ridge_tokens=args.pipeline_ridge_tokens or default_ridge,
+            )
         self.num_kv_blocks = args.num_kv_blocks or self.comm.min_over_ranks(
             self._size_kv_cache(args.gpu_memory_utilization, args.max_num_seqs, args.max_num_batched_tokens)
         )
@@ -199,7 +212,11 @@ class ModelRunner:
             return cpu_num_kv_blocks(
                 block_bytes=self._block_bytes(), block_size=self.block_size, max_model_len=self.max_model_len
             )
-        profile = profile_peak(self.device, lambda: self._worst_step(max_num_seqs, max_num_batched_tokens))
+        with self.pipeline.whole_steps() if self.pipeline is not None else nullcontext():
+            # a pipeline stage profiles the step whole: a step that is not split (prompt logprobs) is larger
+            profile = profile_peak(
+                self.device, lambda: self._worst_step(max_num_seqs, max_num_batched_tokens)
+            )
         return kv_cache_blocks(
             profile,
             gpu_memory_utilization=utilization,
@@ -262,26 +279,18 @@ class ModelRunner:
             inputs.input_ids = fill_placeholders(inputs.input_ids, prev_sampled.ids)
         if batch.prompt_logprob_rows:  # prompt logprobs too: run eagerly
             rows = torch.cat([inputs.sample_indices, prompt_row_indices(batch, self.device)])
-            return self._eager_logits(inputs, rows)
+            return self._eager_logits(batch, inputs, rows)
         size = self._graph_size(batch)
         if size is not None and self.graphs is not None:
             logits = self.graphs.run(inputs, size)
             return logits if batch.num_sampled == len(batch.chunks) else logits[inputs.sample_indices]
-        return self._eager_logits(inputs, inputs.sample_indices)
+        return self._eager_logits(batch, inputs, inputs.sample_indices)
 
-    def _eager_logits(self, inputs: ModelInputs, rows: torch.Tensor) -> torch.Tensor:
-        """The logits of `rows`; a pipeline stage runs its part and passes the rest on (pipeline.py)."""
-        if self.comm.rank.pp > 1:
-            return pipeline_logits(
-                self.model,
-                self.comm,
-                (inputs.input_ids, inputs.positions, inputs.meta),
-                self.kv_caches,
-                rows,
-                hidden_size=self.model_config.hidden_size,
-                vocab_size=self.model_config.vocab_size,
-                dtype=self.dtype,
-            )
+    def _eager_logits(self, batch: StepBatch, inputs: ModelInputs, rows: torch.Tensor) -> torch.Tensor:
+        """The logits of `rows`; a pipeline stage runs its part in micro-batches and passes the rest on
+        (distributed/pipeline.py)."""
+        if self.pipeline is not None:
+            return self.pipeline.logits(batch, inputs, self.kv_caches, rows)
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
         return self.model.compute_logits(hidden[rows])
 

@@ -23,6 +23,9 @@ class LinearMethod(Protocol):
 
     required_suffixes: tuple[str, ...]  # checkpoint tensors every shard needs (the bias aside)
     optional_suffixes: tuple[str, ...]  # tensors read when present (e.g. GPTQ g_idx, fp8 input_scale)
+    # tensor parallel: a row-parallel rank's input columns when the loader hands it whole rows (int8/fp8
+    # quantized at load: scales over whole rows), else None
+    input_split: TensorSplit | None
 
     def create_weights(self, layer: Linear) -> None: ...
     def load(self, layer: Linear, suffix: str, tensor: torch.Tensor, shard: int | None) -> None: ...

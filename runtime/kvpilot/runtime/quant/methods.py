@@ -11,12 +11,14 @@ per-token activation scales (sm89+), or emulated on the CPU.
 from __future__ import annotations
 
 import torch
+from kvpilot.runtime.distributed.sharding import TensorSplit
 from kvpilot.runtime.errors import ModelLoadError, UnsupportedModelError
 from kvpilot.runtime.kernels.quant_reference import FP8_MAX, dequantize_int_ref, fp8_gemm_ref, int_gemm_ref
 from kvpilot.runtime.layers.linear import Linear
 from kvpilot.runtime.quant.checkpoint_formats import unpack_awq, unpack_gptq
 from kvpilot.runtime.quant.config import QuantConfig, int4_group_size
 from kvpilot.runtime.quant.int_weight import IntWeight, merge_parts, quantize_rtn
+from kvpilot.runtime.quant.tp_split import fp8_columns, int_weight_columns
 
 
 class _Collecting:
@@ -24,6 +26,9 @@ class _Collecting:
 
     required_suffixes: tuple[str, ...] = ("weight",)
     optional_suffixes: tuple[str, ...] = ()
+    # Tensor parallel (set by the loader on a row-parallel int8/fp8-at-load layer): this rank's input
+    # columns; the 16-bit weight arrives with whole rows and is cut after quantizing (quant/tp_split.py)
+    input_split: TensorSplit | None = None
 
     def __init__(self, quant: QuantConfig, dtype: torch.dtype, device: torch.device, backend: str) -> None:
         self.quant, self.dtype, self.device, self.backend = quant, dtype, device, backend
@@ -34,7 +39,12 @@ class _Collecting:
 
     def expected_shape(self, layer: Linear, suffix: str, out: int) -> tuple[int, ...] | None:
         """The shape `suffix` must have for a shard of `out` rows (None: any number of elements)."""
-        return (out, layer.in_features) if suffix == "weight" else None
+        return (out, self.weight_inputs(layer)) if suffix == "weight" else None
+
+    def weight_inputs(self, layer: Linear) -> int:
+        """Columns of an arriving 16-bit weight: the layer's, or the whole rows (input_split)."""
+        split = self.input_split
+        return layer.in_features if split is None or split.whole is None else split.whole
 
     def load(self, layer: Linear, suffix: str, tensor: torch.Tensor, shard: int | None) -> None:
         index = shard or 0
@@ -80,7 +90,7 @@ class IntWeightMethod(_Collecting):
 
     def expected_shape(self, layer: Linear, suffix: str, out: int) -> tuple[int, ...] | None:
         if suffix == "weight":
-            return (out, layer.in_features)
+            return (out, self.weight_inputs(layer))
         k, q = layer.in_features, self.quant
         per_word = 32 // q.bits
         group = k if q.group_size == -1 else q.group_size
@@ -105,7 +115,10 @@ class IntWeightMethod(_Collecting):
         super().load(layer, suffix, tensor, shard)
         if suffix == "weight":
             key = (shard or 0, "weight")
-            self.quantized[key[0]] = self._quantize(layer, self.pending.pop(key))
+            weight = self._quantize(layer, self.pending.pop(key))
+            self.quantized[key[0]] = (
+                weight if self.input_split is None else int_weight_columns(weight, self.input_split)
+            )
 
     def init_dummy(self, layer: Linear, generator: torch.Generator) -> None:
         super().init_dummy(layer, generator)
@@ -202,14 +215,17 @@ class Fp8Method(_Collecting):
         self.counters = torch.empty(0)  # the decode GEMV's split-K counters (GPU)
 
     def expected_shape(self, layer: Linear, suffix: str, out: int) -> tuple[int, ...] | None:
-        return (out, layer.in_features) if suffix == "weight" else None
+        return (out, self.weight_inputs(layer)) if suffix == "weight" else None
 
     def load(self, layer: Linear, suffix: str, tensor: torch.Tensor, shard: int | None) -> None:
         """A 16-bit weight is quantized on arrival (on the device), so the float model is never held."""
         super().load(layer, suffix, tensor, shard)
         if suffix == "weight" and not self.quant.from_checkpoint:
             index = shard or 0
-            self.quantized[index] = _fp8_rows(self.pending.pop((index, "weight")).to(self.device))
+            weight, scale = _fp8_rows(self.pending.pop((index, "weight")).to(self.device))
+            if self.input_split is not None:
+                weight = fp8_columns(weight, self.input_split)
+            self.quantized[index] = (weight, scale)
 
     def init_dummy(self, layer: Linear, generator: torch.Generator) -> None:
         super().init_dummy(layer, generator)
