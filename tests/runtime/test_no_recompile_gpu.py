@@ -63,9 +63,18 @@ def _run(engine: LLMEngine, lens: list[int], max_tokens: int, tag: str) -> None:
         engine.step()
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
-def test_serving_compiles_nothing_after_start(tmp_path: Path, kv_cache_dtype: str) -> None:
-    engine = _engine(write_model_dir(tmp_path, "qwen3-0.6b"), kv_cache_dtype=kv_cache_dtype)
+@pytest.mark.parametrize(
+    ("kv_cache_dtype", "quantization"),
+    [("auto", None), ("fp8", None), ("auto", "int4"), ("auto", "int8"), ("auto", "fp8")],
+)
+def test_serving_compiles_nothing_after_start(
+    tmp_path: Path, kv_cache_dtype: str, quantization: str | None
+) -> None:
+    """Quantized weights too: their GEMVs pick a launch shape per bucket of M and compile all of them
+    while the model loads (quant/methods.py warm-up)."""
+    engine = _engine(
+        write_model_dir(tmp_path, "qwen3-0.6b"), kv_cache_dtype=kv_cache_dtype, quantization=quantization
+    )
     _run(engine, [8], 2, "warm")  # one short request: the sampler's first use
     before = compiled_variants()
     _run(engine, PROMPT_LENS, 24, "a")

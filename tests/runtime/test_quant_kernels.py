@@ -14,7 +14,21 @@ from kvpilot.runtime.kernels.triton_utils import interpret_without_gpu
 
 INTERPRET = interpret_without_gpu()  # before anything imports triton
 
-from kvpilot.runtime.kernels.quant_reference import int_gemm_ref  # noqa: E402
+from kvpilot.runtime.kernels.fp8_gemv_triton import fp8_gemv  # noqa: E402
+from kvpilot.runtime.kernels.int_gemv_triton import (  # noqa: E402
+    GEMV_MAX_M,
+    GemvConfig,
+    default_gemv_config,
+    default_split_k,
+    gemv_bucket,
+    int_gemv,
+    warm_up_m,
+)
+from kvpilot.runtime.kernels.quant_reference import (  # noqa: E402
+    fp8_weight_only_ref,
+    int_gemm_ref,
+    quantize_fp8_rows_ref,
+)
 from kvpilot.runtime.kernels.w4a16_triton import (  # noqa: E402
     decode_launch,
     dequantize_triton,
@@ -49,6 +63,102 @@ def test_fused_kernel_matches_reference(m: int, bits: int, group: int, split_k: 
     got = int_gemm_fused(x, qweight, scales, zeros, bits, split_k=split_k)
     want = int_gemm_ref(x, qweight, scales, zeros, bits)
     torch.testing.assert_close(got, want, **TOL)
+
+
+QWEN3_8B_LAYERS = [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288)]  # (N, K): qkv, o, gate_up, down
+# decode GEMV launch shapes: both multiply paths, every split-K reduction, several pack tiles per step
+GEMV_CONFIGS = [
+    GemvConfig(use_dot=False, block_n=32, split_k=1, tiles=2),
+    GemvConfig(use_dot=True, block_n=32, split_k=2, reduce="fixup"),
+    GemvConfig(use_dot=False, block_n=64, split_k=2, reduce="fixup"),
+    GemvConfig(use_dot=False, block_n=64, split_k=2, reduce="atomic"),
+    GemvConfig(use_dot=False, block_n=16, split_k=2, reduce="workspace"),
+    GemvConfig(use_dot=True, block_n=32, split_k=2, reduce="atomic_f32"),
+    GemvConfig(use_dot=True, block_n=64, split_k=1),
+    GemvConfig(use_dot=True, block_n=16, split_k=2, block_m=32, reduce="fixup"),
+    GemvConfig(use_dot=True, block_n=16, split_k=2, reduce="workspace"),
+]
+
+
+@pytest.mark.parametrize("config", GEMV_CONFIGS, ids=lambda c: f"{'dot' if c.use_dot else 'fma'}-{c.reduce}")
+@pytest.mark.parametrize(("bits", "group"), [(4, 128), (4, 32), (8, -1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gemv_matches_reference(config: GemvConfig, bits: int, group: int, dtype: torch.dtype) -> None:
+    """Every launch shape at M <= 16, one group per tile or several (group 32 < the 128-row tile); fp16
+    activations take the 16-bit magic-number operands (bf16's dots need the GPU: the interpreter cannot)."""
+    n, k = 48, 256
+    qweight, scales, zeros = weights(n, k, bits, group, dtype)
+    m = 1 if not config.use_dot else 5
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(bits)).to(DEVICE, dtype)
+    got = int_gemv(x, qweight, scales, zeros, bits, config).float()
+    want = int_gemm_ref(x.float(), qweight, scales.float(), zeros.float(), bits)
+    tol = TOL if dtype == torch.float32 else {"rtol": 2e-3, "atol": 2e-2}  # fp16 output rounding
+    torch.testing.assert_close(got, want, **tol)
+
+
+def test_gemv_rejects_a_config_that_does_not_tile_k() -> None:
+    qweight, scales, zeros = weights(16, 256, 4, 128, torch.float32)
+    with pytest.raises(ValueError, match="does not fit K"):
+        int_gemv(torch.ones(1, 256, device=DEVICE), qweight, scales, zeros, 4, GemvConfig(split_k=4, tiles=1))
+    with pytest.raises(ValueError, match="does not fit K"):
+        int_gemv(torch.ones(1, 256, device=DEVICE), qweight, scales, zeros, 4, GemvConfig(reduce="sum"))
+
+
+def test_default_gemv_config_takes_the_h200_sweeps_best_splits() -> None:
+    # Qwen3-8B on an H200 (132 SMs): the split-K the sweep measured fastest for each layer, at M = 1/16
+    # (64 columns per program) and at M = 64 (two row blocks of 32 tokens, 128 columns)
+    for m in (1, 16):
+        splits = [default_gemv_config(m, n, k, 4, 132).split_k for n, k in QWEN3_8B_LAYERS]
+        assert splits == [4, 8, 1, 8]  # qkv, o, gate_up, down (o: 4 and 8 within 1%)
+    cfg = default_gemv_config(1, 6144, 4096, 4, 132)
+    assert cfg.use_dot and cfg.pair_asm and (cfg.block_m, cfg.block_n, cfg.reduce) == (16, 64, "fixup")
+    cfg = default_gemv_config(64, 24576, 4096, 4, 132)
+    assert (cfg.block_m, cfg.block_n, cfg.split_k) == (32, 128, 1)
+    assert default_split_k(64, 96, 132) == 8 and default_split_k(64, 3, 132) == 1  # short K: no split
+    from kvpilot.runtime.kernels.fp8_gemv_triton import default_fp8_gemv_config
+
+    fp8 = [default_fp8_gemv_config(1, n, k, 132) for n, k in QWEN3_8B_LAYERS]
+    assert [c.split_k for c in fp8] == [4, 8, 1, 8] and not any(c.use_dot for c in fp8)  # fp8 M=1: FMAs
+    for m, n, k in ((1, 24576, 4096), (4, 4096, 4096), (1, 64, 384), (40, 1024, 3072)):
+        cfg = default_gemv_config(m, n, k, 4, 132)
+        steps = k // 128
+        assert steps % (cfg.split_k * cfg.tiles) == 0 and steps // cfg.split_k >= min(steps, 4)
+
+
+def test_launch_shapes_depend_on_the_bucket_of_m_only() -> None:
+    """M changes every serving step: a shape (and so a compiled variant) per M would compile mid-serving.
+    The warm-up Ms cover every bucket."""
+    from kvpilot.runtime.kernels.fp8_gemv_triton import default_fp8_gemv_config
+
+    buckets = {gemv_bucket(m) for m in range(1, GEMV_MAX_M + 1)}
+    assert buckets == {gemv_bucket(m) for m in warm_up_m()} and len(buckets) == 3
+    for n, k, bits in ((6144, 4096, 4), (4096, 12288, 8)):
+        shapes: dict[tuple[int, int, int], GemvConfig] = {}
+        for m in range(1, GEMV_MAX_M + 1):
+            shape = shapes.setdefault(gemv_bucket(m), default_gemv_config(m, n, k, bits, 132))
+            assert default_gemv_config(m, n, k, bits, 132) == shape, m
+    fp8 = {default_fp8_gemv_config(m, 4096, 4096, 132) for m in range(1, 17)}
+    assert len(fp8) == 2  # M = 1 (multiply-adds) and 2..16 (dots): both warmed up by warm_up_fp8_gemv
+
+
+@pytest.mark.parametrize(
+    "config", [None, *GEMV_CONFIGS[1:4]], ids=lambda c: "default" if c is None else c.reduce
+)
+@pytest.mark.parametrize("k", [256, 320])  # 320: a ragged last K block of 64
+def test_fp8_weight_only_gemv_matches_reference(config: GemvConfig | None, k: int) -> None:
+    gen = torch.Generator().manual_seed(k)
+    weight, scale = quantize_fp8_rows_ref(torch.randn(40, k, generator=gen))
+    weight, scale = weight.to(DEVICE), scale.view(-1).to(DEVICE)
+    if config is not None and k == 320:
+        config = GemvConfig(use_dot=config.use_dot, block_n=config.block_n)  # 3 K blocks: no even split
+    for m, dtype in ((1, torch.float32), (3, torch.float32), (2, torch.float16)):
+        if config is not None and config.use_dot != (m > 1):
+            continue
+        x = torch.randn(m, k, generator=gen).to(DEVICE, dtype)
+        got = fp8_gemv(x, weight, scale, config).float()
+        want = fp8_weight_only_ref(x.float(), weight, scale)
+        tol = TOL if dtype == torch.float32 else {"rtol": 2e-3, "atol": 2e-2}
+        torch.testing.assert_close(got, want, **tol)
 
 
 def test_decode_launch_fills_the_sms_with_short_k_loops() -> None:
@@ -106,6 +216,49 @@ def test_qwen3_8b_shapes_bf16(m: int, n: int, k: int) -> None:
         want = int_gemm_ref(x.float(), qweight, scales.float(), zeros.float(), bits)
         err = (got - want).norm() / want.norm()
         assert float(err) < 1e-2, (bits, m, n, k, float(err))
+
+
+SWEEP_SAMPLE = [
+    GemvConfig(use_dot=True, block_n=128, split_k=8, pair_asm=True),
+    GemvConfig(use_dot=True, block_n=256, split_k=2, reduce="atomic", pair_asm=True, num_warps=8),
+    GemvConfig(use_dot=False, block_n=64, split_k=4, tiles=2),
+    GemvConfig(use_dot=False, block_n=128, split_k=8, tiles=1, reduce="atomic"),
+    GemvConfig(use_dot=False, block_n=32, split_k=2, tiles=4, reduce="workspace", num_warps=8),
+    GemvConfig(use_dot=True, block_n=64, split_k=4),
+    GemvConfig(use_dot=True, block_n=128, split_k=1, num_warps=8),
+    GemvConfig(use_dot=True, block_n=32, split_k=8, reduce="atomic", num_stages=2),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", SWEEP_SAMPLE, ids=lambda c: f"{'dot' if c.use_dot else 'fma'}-{c.reduce}")
+@pytest.mark.parametrize(("bits", "group"), [(4, 128), (4, 64), (8, -1)])
+def test_gemv_bf16_launch_shapes(config: GemvConfig, bits: int, group: int) -> None:
+    """bf16 activations (the 0x4300 magic operands and bf16 atomics, which the CPU interpreter cannot run)
+    at Qwen3-8B's down projection, for launch shapes the benchmark sweep may pick."""
+    n, k = 4096, 12288
+    qweight, scales, zeros = weights(n, k, bits, group, torch.bfloat16)
+    for m in (1, 16) if config.use_dot else (1,):
+        x = (0.1 * torch.randn(m, k)).to(DEVICE, torch.bfloat16)
+        got = int_gemv(x, qweight, scales, zeros, bits, config).float()
+        want = int_gemm_ref(x.float(), qweight, scales.float(), zeros.float(), bits)
+        assert float((got - want).norm() / want.norm()) < 1e-2, (config, m)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 4, 16, 64])
+@pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 12288)])
+def test_fp8_linear_bf16(m: int, n: int, k: int) -> None:
+    """The fp8 dispatch: weight-only GEMV at M <= 16 (against x @ W^T), W8A8 _scaled_mm above."""
+    from kvpilot.runtime.kernels.quant_reference import fp8_gemm_ref
+    from kvpilot.runtime.quant.fp8_gemm import fp8_linear
+
+    w, w_scale = quantize_fp8_rows_ref(0.02 * torch.randn(n, k, device=DEVICE))
+    x = (0.1 * torch.randn(m, k, device=DEVICE)).bfloat16()
+    got = fp8_linear(x, w, w_scale.view(-1), None).float()
+    ref = fp8_weight_only_ref if m <= 16 else fp8_gemm_ref
+    want = ref(x.float(), w, w_scale.view(-1)).float()
+    assert float((got - want).norm() / want.norm()) < 1e-2
 
 
 @pytest.mark.gpu

@@ -12,6 +12,7 @@ import sys
 COMPILE = """
 import dataclasses, json
 from kvpilot.runtime.kernels import fp8_quant_triton as f, w4a16_triton as w
+from kvpilot.runtime.kernels import fp8_gemv_triton as f8, int_gemv_triton as g
 from kvpilot.runtime.kernels.compile_check import KernelSpec, compile_kernel
 
 def gemm(name, bits, group, bm, bn, bk, out, stages, x="*bf16"):
@@ -20,6 +21,21 @@ def gemm(name, bits, group, bm, bn, bk, out, stages, x="*bf16"):
               "DOT_IEEE": x == "*fp32"}
     return KernelSpec(name, w._int_gemm_kernel, types, consts, 4, stages, ("M",))
 
+def gemv(name, bits, group, use_dot, out, magic, bn=64, tiles=1, stages=4, asm=False, mode=1):
+    types = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "out_ptr": out,
+             "ws_ptr": "*fp32", "counter_ptr": "*i32"}
+    consts = {"GROUP": group, "BITS": bits, "BLOCK_M": 16 if use_dot else 1, "BLOCK_N": bn, "TILE": 128,
+              "TILES": tiles, "USE_DOT": use_dot, "MAGIC16": magic, "OFFSET": 128.0 if magic else 0.0,
+              "SPLIT_MODE": mode, "DOT_IEEE": False, "PAIR_ASM": asm}
+    return KernelSpec(name, g._int_gemv_kernel, types, consts, 4, stages, ("M",))
+
+def fp8_gemv(name, use_dot, out):
+    types = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "out_ptr": out,
+             "ws_ptr": "*fp32", "counter_ptr": "*i32"}
+    consts = {"BLOCK_M": 16 if use_dot else 1, "BLOCK_N": 64 if use_dot else 32, "BLOCK_K": 128,
+              "USE_DOT": use_dot, "SPLIT_MODE": 3, "DOT_IEEE": False}
+    return KernelSpec(name, f8._fp8_gemv_kernel, types, consts, 4, 4 if use_dot else 1, ("M",))
+
 dequant_types = {"qw_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "out_ptr": "*bf16"}
 specs = [
     gemm("w4_decode_split", 4, 128, 16, 64, 128, "*fp32", 4),
@@ -27,6 +43,14 @@ specs = [
     gemm("w4_prefill", 4, 128, 64, 128, 128, "*bf16", 3),
     gemm("w8_decode_split", 8, 4096, 16, 64, 128, "*fp32", 4),
     gemm("w4_decode_fp32_ieee", 4, 128, 16, 64, 128, "*fp32", 4, "*fp32"),
+    gemv("w4_gemv_dot", 4, 128, True, "*fp32", 0x4300),
+    gemv("w4_gemv_dot_pair_asm", 4, 128, True, "*bf16", 0x4300, bn=128, asm=True, mode=3),
+    gemv("w4_gemv_dot_group32", 4, 32, True, "*bf16", 0x4300),
+    gemv("w4_gemv_fma", 4, 128, False, "*bf16", 0, tiles=2, stages=1),
+    gemv("w8_gemv_dot", 8, 4096, True, "*fp32", 0),
+    gemv("w8_gemv_fma", 8, 4096, False, "*fp32", 0, stages=1),
+    fp8_gemv("fp8_gemv_dot", True, "*fp32"),
+    fp8_gemv("fp8_gemv_fma", False, "*bf16"),
     KernelSpec("w4_dequantize", w._dequantize_kernel, dequant_types,
                {"GROUP": 128, "BITS": 4, "BLOCK_K": 128, "BLOCK_N": 64}, 4, 1),
     KernelSpec("reduce_splits", w._reduce_splits_kernel, {"part_ptr": "*fp32", "out_ptr": "*bf16"},
@@ -37,6 +61,18 @@ specs = [
 ]
 print(json.dumps([dataclasses.asdict(compile_kernel(s, 90)) for s in specs]))
 """
+
+
+GEMV = (
+    "w4_gemv_dot",
+    "w4_gemv_dot_pair_asm",
+    "w4_gemv_dot_group32",
+    "w4_gemv_fma",
+    "w8_gemv_dot",
+    "w8_gemv_fma",
+    "fp8_gemv_dot",
+    "fp8_gemv_fma",
+)
 
 
 def test_int_gemm_kernels_compile_for_sm90() -> None:
@@ -55,6 +91,7 @@ def test_int_gemm_kernels_compile_for_sm90() -> None:
         "w4_dequantize",
         "reduce_splits",
         "fp8_quantize_rows",
+        *GEMV,
     }
     for name in ("w4_decode_split", "w4_decode_group32", "w4_prefill", "w8_decode_split"):
         assert reports[name]["async_copies"] > 0, f"{name}: weight loads are no longer pipelined"
@@ -65,3 +102,9 @@ def test_int_gemm_kernels_compile_for_sm90() -> None:
     # Hopper's wgmma (BLOCK_M 64) reads B from shared memory: one store per dequantized chunk, no more
     assert reports["w4_prefill"]["loop_conversions"] <= 8 + 2, reports["w4_prefill"]
     assert (reports["w4_decode_fp32_ieee"]["stack_bytes"] or 0) <= 32, reports["w4_decode_fp32_ieee"]
+    for name in GEMV:  # the decode GEMVs (bf16 atomics included) lower for Hopper without spilling
+        assert (reports[name]["stack_bytes"] or 0) <= 32, f"{name} spills registers: {reports[name]}"
+    for name in ("w4_gemv_dot", "w4_gemv_dot_pair_asm", "w4_gemv_dot_group32", "w8_gemv_dot", "fp8_gemv_dot"):
+        assert reports[name]["async_copies"] > 0, f"{name}: weight loads are no longer pipelined"
+    for name in ("w4_gemv_dot", "w8_gemv_dot"):  # magic-number operands built in the mma layout
+        assert reports[name]["loop_conversions"] == 0, f"{name} converts layouts in its K loop"

@@ -109,3 +109,12 @@ def fp8_gemm_ref(
     y = (xq.float() * sx) @ w.t()
     y = y.to(x.dtype)
     return y if bias is None else y + bias
+
+
+def fp8_weight_only_ref(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """W8A16 fp8 (the decode GEMV): x [M, K] unquantized @ (weight [N, K] fp8 * weight_scale [N])^T."""
+    w = weight.float() * weight_scale.float().view(-1, 1)
+    y = (x.float() @ w.t()).to(x.dtype)
+    return y if bias is None else y + bias

@@ -2,16 +2,15 @@
 from the canonical layout (kernels/quant_reference.py: int32 words packed along K, scales/zeros per group
 of G input rows). The torch reference beside it is quant_reference.int_gemm_ref.
 
-One kernel, three launch shapes chosen by M (the number of tokens):
-  decode   M <= 16: BLOCK_M = 16 and split-K (each program reduces K / SPLIT_K rows of W for one tile of
-           BLOCK_N outputs, float32 partials summed by a second small kernel), so a batch-1 GEMM puts about
-           four programs with short K loops on every SM (decode_launch); the weight is read once, at a
-           quarter (int4) of bf16's bytes.
-  prefill  16 < M < DEQUANT_CUBLAS_MIN_M: larger M tiles, split-K only while the tiles alone would
-           leave SMs idle.
-  large M  M >= DEQUANT_CUBLAS_MIN_M: compute-bound; dequantize the weight once (a Triton kernel writing
-           W^T in x's dtype) and let cuBLAS run the GEMM, whose tensor-core efficiency the fused kernel
-           does not beat there. The threshold is set from benchmarks/bench_w4a16.py.
+int_gemm picks the path by M (the number of tokens):
+  M <= GEMV_MAX_M (64): kernels/int_gemv_triton.py, a weight stream whose operands are built without
+           conversion instructions (magic numbers), split-K, its launch shape a function of M's bucket.
+  M > GEMV_MAX_M: dequantize the weight once (a Triton kernel writing W^T in x's dtype) and let cuBLAS
+           run the GEMM. On the H200 (BENCHMARKS.md) the GEMV beats this at M = 64 (qkv tie) and loses
+           at M = 256 (2-3x); the crossover between was not measured.
+The fused kernel below (int_gemm_fused) was the decode and prefill path before the GEMV: BLOCK_M = 16 to
+64, float32 split-K partials summed by a second kernel; its int -> float -> bf16 conversions cap it near
+1.4 TB/s on the H200. It is no longer dispatched and stays as the benchmark's baseline.
 A K step is one interleaved tile of BLOCK_K = pack_tile(K) rows (128 for real models): its
 [BLOCK_K / PER_WORD, BLOCK_N] words hold, in value j, the W^T rows j*CHUNK .. (j+1)*CHUNK of the tile,
 so value j is one shift and mask of the loaded words (no reshape: the words stay in the layout they were
@@ -26,16 +25,18 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from kvpilot.runtime.kernels.int_gemv_triton import GEMV_MAX_M, int_gemv, warm_up_m
 from kvpilot.runtime.kernels.quant_reference import pack_tile
+from kvpilot.runtime.kernels.split_k_triton import _reduce_splits_kernel
 from kvpilot.runtime.kernels.triton_utils import num_sms
 
 DECODE_MAX_M = 16
-DEQUANT_CUBLAS_MIN_M = 256
+DEQUANT_CUBLAS_MIN_M = GEMV_MAX_M + 1  # the H200 sweep: the GEMV loses to it by M = 256
 DECODE_PROGRAMS_PER_SM = 4
 DECODE_MIN_STEPS = 4
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _int_gemm_kernel(
     x_ptr,  # [M, K] activations (rows stride_xm apart)
     qw_ptr,  # int32 [K / PER_WORD, N], interleaved per tile of BLOCK_K rows (quant_reference.pack_rows)
@@ -124,23 +125,6 @@ def _dequantize_kernel(
         w = (q.to(tl.float32) - z) * s
         out = out_ptr + rows[:, None] * N + offs_n[None, :]
         tl.store(out, w.to(out_ptr.dtype.element_ty), mask=n_mask[None, :])
-
-
-@triton.jit
-def _reduce_splits_kernel(
-    part_ptr,  # float32 [SPLIT_K, M * N]
-    out_ptr,  # [M * N] in the activations' dtype
-    MN,
-    SPLIT_K: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    """Sum of the split-K partials, cast on store: one launch (torch would take a sum and a cast)."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < MN
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for split in range(SPLIT_K):
-        acc += tl.load(part_ptr + split * MN + offs, mask=mask, other=0.0)
-    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def fused_supported(k: int, group: int, bits: int) -> bool:
@@ -259,14 +243,40 @@ def int_gemm(
     zeros: torch.Tensor,
     bits: int,
     perm: torch.Tensor | None = None,
+    counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x [..., K] @ W^T -> [..., N] in x's dtype, choosing the launch shape by the token count."""
+    """x [..., K] @ W^T -> [..., N] in x's dtype, choosing the path by the token count (a shape: CUDA
+    graphs capture one choice per batch size). counters: the weight's persistent split-K counters
+    (split_k_triton.split_counters), which let the decode GEMV combine its partials in one launch."""
     lead = x.shape[:-1]
     x = x.reshape(-1, x.shape[-1])
     x = x[:, perm] if perm is not None else (x if x.stride(-1) == 1 else x.contiguous())
     group = x.shape[1] // scales.shape[0]
-    if x.shape[0] >= DEQUANT_CUBLAS_MIN_M or not fused_supported(x.shape[1], group, bits):
+    if not fused_supported(x.shape[1], group, bits) or x.shape[0] >= DEQUANT_CUBLAS_MIN_M:
         y = x @ dequantize_triton(qweight, scales, zeros, bits, x.dtype)
     else:
-        y = int_gemm_fused(x, qweight, scales, zeros, bits)
+        y = int_gemv(x, qweight, scales, zeros, bits, counters=counters)
     return y.reshape(*lead, y.shape[-1])
+
+
+def warm_up_int_gemm(
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    bits: int,
+    dtype: torch.dtype,
+    counters: torch.Tensor | None = None,
+) -> None:
+    """Run the dispatch once per launch shape it uses below DEQUANT_CUBLAS_MIN_M (zeros in, result
+    dropped), so Triton compiles them while the model loads, never in the middle of serving."""
+    k = qweight.shape[0] * (32 // bits)
+    for m in warm_up_m():
+        int_gemm(
+            torch.zeros(m, k, device=qweight.device, dtype=dtype),
+            qweight,
+            scales,
+            zeros,
+            bits,
+            None,
+            counters,
+        )

@@ -3,8 +3,9 @@ layer's checkpoint tensors, repack them into the kernels' layout once all are in
 
 Integer formats (int8, int4, awq, gptq) end in one layout (kernels/quant_reference.py) and one GEMM:
 the Triton kernel on a GPU with the triton kernel set, the dequantize-then-matmul reference elsewhere.
-fp8 (load-time or checkpoint) ends as an fp8 weight with per-output-channel float32 scales, run by
-torch._scaled_mm with dynamic per-token activation scales (sm89+), or emulated on the CPU.
+fp8 (load-time or checkpoint) ends as an fp8 weight with per-output-channel float32 scales, run at decode
+sizes by a weight-only Triton GEMV (x stays 16-bit) and above them by torch._scaled_mm with dynamic
+per-token activation scales (sm89+), or emulated on the CPU.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class IntWeightMethod(_Collecting):
         self.quantized: dict[int, IntWeight] = {}  # shard -> quantized at load (16-bit checkpoints)
         self.parts: list[IntWeight] = []
         self.dense: list[torch.Tensor] = []
+        self.counters: list[torch.Tensor] = []  # per part: the decode GEMV's split-K counters (GPU)
 
     def expected_shape(self, layer: Linear, suffix: str, out: int) -> tuple[int, ...] | None:
         if suffix == "weight":
@@ -134,6 +136,22 @@ class IntWeightMethod(_Collecting):
         self.parts = merge_parts(parts)
         if self.device.type != "cuda":  # CPU: the reference's dequantized W^T, made once (quality runs)
             self.dense = [dequantize_int_ref(p.qweight, p.scales, p.zeros, p.bits) for p in self.parts]
+        else:
+            from kvpilot.runtime.kernels.split_k_triton import split_counters
+
+            self.counters = [split_counters(p.out_features, self.device) for p in self.parts]
+            self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Compile the GEMM's launch shapes now, not on the first request of a new size."""
+        if self.backend != "triton":
+            return
+        from kvpilot.runtime.kernels.w4a16_triton import fused_supported, warm_up_int_gemm
+
+        for p, counters in zip(self.parts, self.counters, strict=True):
+            k = p.qweight.shape[0] * (32 // p.bits)
+            if fused_supported(k, k // p.scales.shape[0], p.bits) and k % 16 == 0:
+                warm_up_int_gemm(p.qweight, p.scales, p.zeros, p.bits, self.dtype, counters)
 
     def _build(self, t: dict[str, torch.Tensor]) -> IntWeight:
         q = self.quant
@@ -163,7 +181,7 @@ class IntWeightMethod(_Collecting):
         if self.backend == "triton" and x.is_cuda and k % 16 == 0 and (k // groups) % 16 == 0:
             from kvpilot.runtime.kernels.w4a16_triton import int_gemm
 
-            return int_gemm(x, w.qweight, w.scales, w.zeros, w.bits, w.perm)
+            return int_gemm(x, w.qweight, w.scales, w.zeros, w.bits, w.perm, self.counters[index])
         return int_gemm_ref(x, w.qweight, w.scales, w.zeros, w.bits, w.perm)
 
 
@@ -175,7 +193,8 @@ def _to(w: IntWeight, device: torch.device, dtype: torch.dtype) -> IntWeight:
 
 
 class Fp8Method(_Collecting):
-    """W8A8 fp8: weight float8_e4m3fn [N, K] with per-output-channel scales [N]; activations per token."""
+    """fp8 weights float8_e4m3fn [N, K] with per-output-channel scales [N]: a weight-only GEMV at decode
+    sizes, W8A8 (activations quantized per token) above them (quant/fp8_gemm.py)."""
 
     def __init__(self, quant: QuantConfig, dtype: torch.dtype, device: torch.device, backend: str) -> None:
         super().__init__(quant, dtype, device, backend)
@@ -193,6 +212,7 @@ class Fp8Method(_Collecting):
         self.weight_scale = torch.empty(0)
         self.quantized: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # shard -> (fp8 rows, scales)
         self.dense: torch.Tensor | None = None
+        self.counters = torch.empty(0)  # the decode GEMV's split-K counters (GPU)
 
     def expected_shape(self, layer: Linear, suffix: str, out: int) -> tuple[int, ...] | None:
         return (out, self.weight_inputs(layer)) if suffix == "weight" else None
@@ -225,6 +245,14 @@ class Fp8Method(_Collecting):
         self.weight_scale = torch.cat(scales).contiguous()
         if not self.use_scaled_mm:  # CPU: the emulation's dequantized weight, made once
             self.dense = self.weight.float() * self.weight_scale.view(-1, 1)
+        else:
+            from kvpilot.runtime.kernels.split_k_triton import split_counters
+
+            self.counters = split_counters(self.weight.shape[0], self.device)
+            if self.backend == "triton":  # compile the GEMV's launch shapes now, not mid-serving
+                from kvpilot.runtime.quant.fp8_gemm import warm_up_fp8_gemv
+
+                warm_up_fp8_gemv(self.weight, self.weight_scale, self.dtype, self.counters)
 
     def _checkpoint_shard(self, t: dict[str, torch.Tensor], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """An fp8 checkpoint's weight and its per-tensor or per-channel scale, as per-channel scales."""
@@ -242,9 +270,10 @@ class Fp8Method(_Collecting):
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if not self.use_scaled_mm:
             return fp8_gemm_ref(x, self.weight, self.weight_scale, bias, dense=self.dense)
-        from kvpilot.runtime.quant.fp8_gemm import fp8_scaled_mm
+        from kvpilot.runtime.quant.fp8_gemm import fp8_linear
 
-        return fp8_scaled_mm(x, self.weight, self.weight_scale, bias)
+        gemv = self.backend == "triton"
+        return fp8_linear(x, self.weight, self.weight_scale, bias, gemv=gemv, counters=self.counters)
 
 
 def _fp8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
