@@ -142,3 +142,47 @@ def test_gpu_verify_qwen3_8b_and_graph_capture(batch: int) -> None:
     b["q"].copy_(torch.randn_like(b["q"]))
     graph.replay()
     torch.testing.assert_close(out, reference(b, 0.088), atol=2e-2, rtol=2e-2)
+
+
+COMPILE = """
+import json
+from kvpilot.runtime.kernels import verify_attention_triton as v
+from kvpilot.runtime.kernels.compile_check import (
+    KernelSpec, compile_kernel, _ATTN, _HEADS, _DEC_NODIV, _scaled
+)
+types = {**_ATTN, "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
+consts = {"Q": 5, "GROUP": 4, "GROUP_PAD": 4, "BLOCK_M": 32, **_HEADS}
+specs = []
+for kv, cfg in (("bf16", v.DecodeConfig()), ("fp8", v.EIGHT_BIT_VERIFY), ("int8", v.EIGHT_BIT_VERIFY)):
+    kernel_types = types if kv == "bf16" else _scaled(types, kv)
+    for split in (False, True):
+        c = {**consts, "BLOCK_N": cfg.block_n, "SCALED": kv != "bf16", "SPLIT": split}
+        launch = (cfg.num_warps, cfg.num_stages, _DEC_NODIV)
+        specs.append(KernelSpec(f"{kv}_{split}", v._verify_kernel, kernel_types, c, *launch))
+reduce_types = {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16"}
+reduce_types["context_lens_ptr"] = "*i32"
+reduce_consts = {"Q": 5, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_S": 64}
+specs.append(KernelSpec("reduce", v._verify_reduce_kernel, reduce_types, reduce_consts, 4, 1, _DEC_NODIV))
+print(json.dumps({s.name: compile_kernel(s).__dict__ for s in specs}))
+"""
+
+
+def test_verify_kernels_compile_for_sm90_without_spills() -> None:
+    """Qwen3-8B heads, k = 4 (Q = 5), bf16 and 8-bit pages, single pass and split: the real compiler
+    (in a subprocess: this one may run the interpreter) accepts them, K/V loads stay pipelined, no spills."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-c", COMPILE], capture_output=True, text=True, env=env, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    reports = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(reports) == 7
+    for name, report in reports.items():
+        assert (report["stack_bytes"] or 0) <= 32, f"{name} spills registers: {report}"
+        if name != "reduce":
+            assert report["async_copies"] > 0, f"{name}: K/V loads are not pipelined"

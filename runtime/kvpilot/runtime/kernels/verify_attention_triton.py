@@ -26,11 +26,19 @@ import triton
 import triton.language as tl
 
 from .attention_tile_triton import attend_tile
-from .decode_attention_triton import DecodeConfig, DecodePlan, default_decode_config, plan_decode
+from .decode_attention_triton import DecodeConfig, DecodePlan, plan_decode
 from .triton_utils import next_power_of_2, num_sms
 from .triton_utils import scale_launch_args as _scale_args
 
 MAX_VERIFY_QUERY_LEN = 16  # Q above this goes to the prefill kernel (tiles of Q x GROUP rows get large)
+# 8-bit pages: the decode kernel's 128-position tiles; with 5 x 4 query rows (32 after padding) that needs
+# 8 warps to stay clear of spills (sm_90 compile: 4 warps spill 80 B for e4m3; 8 warps, 195 registers)
+EIGHT_BIT_VERIFY = DecodeConfig(block_n=128, num_warps=8)
+
+
+def default_verify_config(cache_dtype: torch.dtype) -> DecodeConfig:
+    """Launch defaults for a cache of this dtype: the decode kernel's, with more warps for 8-bit pages."""
+    return EIGHT_BIT_VERIFY if cache_dtype.itemsize == 1 else DecodeConfig()
 
 
 @triton.jit
@@ -194,7 +202,7 @@ def paged_verify_attention_triton(
     k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] fp32: 8-bit caches
     v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_seqs * Q, num_heads, head_dim]
-    cfg = config or default_decode_config(k_cache.dtype)
+    cfg = config or default_verify_config(k_cache.dtype)
     num_tokens, num_heads, head_dim = q.shape
     num_seqs = context_lens.shape[0]
     if num_seqs == 0 or num_tokens % num_seqs:
