@@ -78,6 +78,14 @@ def test_verify_matches_reference(
     torch.testing.assert_close(verify(b, 0.37, config=SMALL, plan=plan), reference(b, 0.37), **TOL)
 
 
+def test_a_plan_whose_partition_is_only_a_minimum_spreads_the_context() -> None:
+    """Plans with run-time adaptive splits give the fewest positions per split: 2 splits of at least 16
+    positions must still cover contexts of 45 (2 x 32)."""
+    b = make_batch([5, 17, 45], 5, 4, 2, 16, 4, seed=8)
+    out = verify(b, 0.37, config=SMALL, plan=DecodePlan(2, 16))
+    torch.testing.assert_close(out, reference(b, 0.37), **TOL)
+
+
 def test_verify_planned_split_and_odd_head_dim() -> None:
     b = make_batch([40, 9], 3, 4, 2, 24, 8, seed=4)  # head_dim 24: padded to 32 inside the kernel
     for sms in (1, 132):  # one pass / split-KV as plan_decode chooses
@@ -161,7 +169,7 @@ for kv, cfg in (("bf16", v.DecodeConfig()), ("fp8", v.EIGHT_BIT_VERIFY), ("int8"
         specs.append(KernelSpec(f"{kv}_{split}", v._verify_kernel, kernel_types, c, *launch))
 reduce_types = {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16"}
 reduce_types["context_lens_ptr"] = "*i32"
-reduce_consts = {"Q": 5, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_S": 64}
+reduce_consts = {"Q": 5, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_S": 64, "BLOCK_N": 64}
 specs.append(KernelSpec("reduce", v._verify_reduce_kernel, reduce_types, reduce_consts, 4, 1, _DEC_NODIV))
 print(json.dumps({s.name: compile_kernel(s).__dict__ for s in specs}))
 """

@@ -42,6 +42,15 @@ def default_verify_config(cache_dtype: torch.dtype) -> DecodeConfig:
 
 
 @triton.jit
+def _partition(ctx, partition_size, num_splits, BLOCK_N: tl.constexpr):
+    """Context positions per split for a sequence of ctx positions: the plan's partition_size, or more
+    when ctx spread over num_splits needs it. A plan that covers the block-table width (every plan
+    before run-time adaptive splits) always gets partition_size; a plan whose partition_size is only the
+    minimum (adaptive splits) gets the context spread over all its splits."""
+    return tl.maximum(partition_size, tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N)
+
+
+@triton.jit
 def _verify_kernel(
     q_ptr,  # [num_seqs * Q, num_heads, head_dim]
     k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -86,6 +95,7 @@ def _verify_kernel(
     kv_head = tl.program_id(1)
     seq = tl.program_id(2)
     ctx = tl.load(context_lens_ptr + seq)
+    partition_size = _partition(ctx, partition_size, num_splits, BLOCK_N)
     start = split * partition_size
     if SPLIT:  # noqa: SIM102 (a constexpr branch around a runtime one)
         if start >= ctx:  # past the sequence's end: the reduce ignores this partition
@@ -163,12 +173,14 @@ def _verify_reduce_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,  # num_splits padded to a power of two
+    BLOCK_N: tl.constexpr,  # the main kernel's tile (partitions are multiples of it)
 ):
     head = tl.program_id(0)
     token = tl.program_id(1)
     ctx = tl.load(context_lens_ptr + token // Q)
     visible = ctx - Q + token % Q + 1  # positions this row sees
-    used = tl.cdiv(visible, partition_size)  # the partitions that hold at least one of them
+    # the partitions that hold at least one of them (sized from ctx, as the main kernel's)
+    used = tl.cdiv(visible, _partition(ctx, partition_size, num_splits, BLOCK_N))
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     s_mask = offs_s < used
@@ -252,6 +264,7 @@ def paged_verify_attention_triton(
             HEAD_DIM=head_dim,
             BLOCK_D=block_d,
             BLOCK_S=next_power_of_2(plan.num_splits),
+            BLOCK_N=cfg.block_n,
             num_warps=4 if block_d * next_power_of_2(plan.num_splits) >= 2048 else 2,
         )  # fmt: skip
     return out
