@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 from kvpilot.runtime.engine.batch import SeqChunk, StepBatch
-from kvpilot.runtime.engine.cuda_graphs import StepGraphs
+from kvpilot.runtime.engine.cuda_graphs import StepGraphs, fits_verify_graph
 from kvpilot.runtime.engine.engine_args import EngineArgs
 from kvpilot.runtime.engine.model_inputs import prepare_inputs, prepare_padded_inputs
-from kvpilot.runtime.engine.model_runner import ModelRunner, fits_verify_graph
+from kvpilot.runtime.engine.model_runner import ModelRunner
 from kvpilot.runtime.llm import LLM
 from kvpilot.runtime.sampling_params import SamplingParams
 

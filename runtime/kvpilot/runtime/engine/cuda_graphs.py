@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
+from kvpilot.runtime.engine.batch import StepBatch
 from kvpilot.runtime.engine.model_inputs import ModelInputs
 from kvpilot.runtime.layers.attention import AttentionMetadata
 
@@ -36,6 +37,17 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     if not sizes or sizes[-1] < max_num_seqs:
         sizes.append(max_num_seqs)
     return sizes
+
+
+def fits_verify_graph(batch: StepBatch, query_len: int) -> bool:
+    """A verification step a graph of query_len rows per sequence can run: some chunk carries drafts,
+    no chunk has more rows than that, and every context is long enough for the front padding."""
+    spec = False
+    for chunk in batch.chunks:
+        if len(chunk.token_ids) > query_len or chunk.context_len < query_len:
+            return False
+        spec = spec or chunk.num_spec > 0
+    return spec
 
 
 class _Replayable(Protocol):

@@ -15,7 +15,7 @@ from kvpilot.runtime.distributed.comm import Comm
 from kvpilot.runtime.distributed.pipeline import pipeline_logits
 from kvpilot.runtime.distributed.topology import Rank, stage_layers
 from kvpilot.runtime.engine.batch import SeqChunk, StepBatch
-from kvpilot.runtime.engine.cuda_graphs import StepGraphs
+from kvpilot.runtime.engine.cuda_graphs import StepGraphs, fits_verify_graph
 from kvpilot.runtime.engine.engine_args import EngineArgs
 from kvpilot.runtime.engine.memory import kv_cache_blocks, profile_peak
 from kvpilot.runtime.engine.model_inputs import (
@@ -321,14 +321,3 @@ class ModelRunner:
             return None, None
         size = graphs.bucket(len(batch.chunks), max(len(c.block_table) for c in batch.chunks))
         return (graphs, size) if size is not None else (None, None)
-
-
-def fits_verify_graph(batch: StepBatch, query_len: int) -> bool:
-    """A verification step a graph of query_len rows per sequence can run: some chunk carries drafts,
-    no chunk has more rows than that, and every context is long enough for the front padding."""
-    spec = False
-    for chunk in batch.chunks:
-        if len(chunk.token_ids) > query_len or chunk.context_len < query_len:
-            return False
-        spec = spec or chunk.num_spec > 0
-    return spec
