@@ -17,6 +17,7 @@ then exercised exactly as on the GPU.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -108,6 +109,9 @@ class StepGraphs:
             max_context_len=self.max_blocks * self.block_size,
         )
 
+    def _run_eagerly(self, size: int) -> torch.Tensor:
+        return self.forward(*self._args(size))
+
     def _args(self, size: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         rows = size * self.query_len
         return self.input_ids[:rows], self.positions[:rows], self._meta(size)
@@ -118,9 +122,7 @@ class StepGraphs:
         every smaller graph reuses the largest one's memory. eager: stand-ins, no CUDA (see EagerGraph)."""
         if eager:
             for size in self.sizes:
-                self.graphs[size] = EagerGraph(
-                    lambda s=size: self.forward(*self._args(s)), self.outputs, size
-                )
+                self.graphs[size] = EagerGraph(functools.partial(self._run_eagerly, size), self.outputs, size)
             return
         for size in reversed(self.sizes):
             args = self._args(size)
