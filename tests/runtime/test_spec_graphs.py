@@ -142,7 +142,7 @@ def test_engine_through_verify_graphs_gives_the_plain_greedy_tokens(
     path = tiny_checkpoint_factory(family)
     prompts = ["the cat sat on the mat. the cat sat on the mat. the cat sat on", "a b c a b c a b", "Hi"]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    base = {"block_size": BLOCK, "max_model_len": 256}
+    base = {"block_size": BLOCK, "max_model_len": 256, "device": "cpu"}  # the stand-ins; gpu tests below
     plain = LLM(path, **base).generate(prompts, params)
     llm = LLM(path, **base, speculative_config=NGRAM)
     llm.engine.runner.capture_verify_graphs(3, 4, eager=True)

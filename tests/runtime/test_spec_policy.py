@@ -131,3 +131,4 @@ def test_cost_ratios_from_observed_step_times() -> None:
     assert costs.ratios(16, K) == (1.5,) * K  # another bucket: its own measurements
     costs.observe(1, 0, 0.020)  # averaged, not replaced
     assert costs.times[(1, 0)] == pytest.approx(0.8 * 0.010 + 0.2 * 0.020)
+    assert costs.mean(1, 0) == pytest.approx(0.040 / 3) and costs.mean(2, 0) is None  # warm-up excluded

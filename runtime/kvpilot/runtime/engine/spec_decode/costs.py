@@ -26,6 +26,8 @@ class StepCosts:
     prior_ratio: float  # verify step / decode step until measured
     # (batch bucket, drafts per sequence) -> averaged seconds; drafts 0 is a plain decode step
     times: dict[tuple[int, int], float] = field(default_factory=dict)
+    # the same keys -> (total seconds, steps) since the warm-up: plain means, for reports
+    totals: dict[tuple[int, int], tuple[float, int]] = field(default_factory=dict)
     _seen: set[tuple[int, int]] = field(default_factory=set)  # keys observed once (warm-up, dropped)
 
     def observe(self, batch_size: int, drafts: int, seconds: float) -> None:
@@ -38,6 +40,13 @@ class StepCosts:
             return
         old = self.times.get(key)
         self.times[key] = seconds if old is None else (1 - COST_EMA_WEIGHT) * old + COST_EMA_WEIGHT * seconds
+        total, steps = self.totals.get(key, (0.0, 0))
+        self.totals[key] = (total + seconds, steps + 1)
+
+    def mean(self, batch_size: int, drafts: int) -> float | None:
+        """Mean seconds of the steps observed for this batch bucket and drafts (None: none yet)."""
+        total, steps = self.totals.get((batch_bucket(batch_size), drafts), (0.0, 0))
+        return total / steps if steps else None
 
     def ratios(self, batch_size: int, k: int) -> tuple[float, ...]:
         """c(j) for j = 1..k at this batch size: the measured verify/decode time ratio (for an unmeasured
