@@ -22,7 +22,7 @@ for step in "${steps[@]}"; do
              | grep -E '^\||Error|error' ;;
     bench) mkdir -p "$OUT/graphs"
            python benchmarks/bench_spec_decode.py --gpu --out "$OUT/graphs" --acceptance 0.12 0.66 0.77 \
-             2>&1 | tee "$OUT/spec-bench.log" | grep -E '^\||captured|Error|error' ;;
+             2>&1 | tee "$OUT/spec-bench.log" | grep -E '^\||^batch|captured|Error|error' ;;
     eager) mkdir -p "$OUT/eager"
            python benchmarks/bench_spec_decode.py --gpu --eager-verify --batches 1 8 --out "$OUT/eager" \
              2>&1 | tee "$OUT/spec-bench-eager.log" | grep -E '^\||Error|error' ;;
