@@ -222,6 +222,7 @@ def gpu_run(engine: Any, reqs: list[tuple[list[int], int]], tag: str) -> dict[st
         drafts = after.num_drafts - before.num_drafts
         result["acceptance"] = accepted / drafted if drafted else 0.0
         result["tokens_per_verify"] = 1 + accepted / drafts if drafts else 1.0  # per sequence and step
+        result["drafts"] = drafts  # sequences x verification steps
     return result
 
 
@@ -352,7 +353,8 @@ def print_gpu_row(batch: int, row: dict[str, Any], args: argparse.Namespace) -> 
     print(
         f"batch {batch}: verify step {1e3 * (wrong['verify_step_s'] or 0):.2f} ms of which the runner "
         f"(to the device's end) {1e3 * wrong['runner_step_s']:.2f} ms; plain decode step "
-        f"{1e3 * row['none']['tpot_s']:.2f} ms",
+        f"{1e3 * row['none']['tpot_s']:.2f} ms; 0% with back-off: {row['wrong, back-off']['drafts']} drafts "
+        f"({batch} per verification step), cost times {row['wrong, back-off']['cost_times_s']}",
         flush=True,
     )
     print(
