@@ -218,6 +218,29 @@ def test_backs_off_when_nothing_is_accepted_and_keeps_probing(qwen3_checkpoint: 
     assert state.acceptance_rate < config.min_acceptance_rate and state.failed_probes >= 1
 
 
+def test_a_proposer_without_drafts_lets_steps_overlap(qwen3_checkpoint: Path) -> None:
+    """Asking for drafts holds a step back from overlapping; when the proposer keeps finding none (an
+    n-gram lookup on text that never repeats), the engine asks ever more rarely and overlaps the rest."""
+
+    class Empty:
+        calls = 0
+
+        def propose(self, seqs: list[Any], num_tokens: list[int]) -> list[list[int]]:
+            Empty.calls += 1
+            return [[] for _ in seqs]
+
+        def forget(self, seq_ids: set[int]) -> None:
+            pass
+
+    params = greedy(max_tokens=120)
+    plain = run(LLM(qwen3_checkpoint, **BASE), params, PROMPTS[:1])
+    llm = LLM(qwen3_checkpoint, **BASE)
+    llm.engine.speculator = Speculator(SpeculativeConfig("ngram", 4), Empty())
+    assert_same(plain, run(llm, params, PROMPTS[:1]))
+    assert 5 <= Empty.calls <= 20  # asks after waits of 1, 2, 4, 8, 8, ... steps
+    assert llm.engine.num_overlapped_steps > 90
+
+
 def test_draft_model_must_share_the_vocabulary(
     qwen3_checkpoint: Path, tiny_checkpoint_factory: Callable[..., Path]
 ) -> None:

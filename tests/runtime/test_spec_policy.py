@@ -9,6 +9,7 @@ from kvpilot.runtime.engine.spec_decode.costs import StepCosts, batch_bucket
 from kvpilot.runtime.engine.spec_decode.policy import (
     BackoffPolicy,
     BackoffState,
+    after_empty_ask,
     after_step,
     best_num_tokens,
     expected_tokens_per_step,
@@ -101,6 +102,19 @@ def test_failed_probes_are_counted_and_plain_steps_keep_the_rate() -> None:
     after_probe = after_step(state, POLICY, K, 0, 1.2)
     assert (after_probe.steps_backed_off, after_probe.failed_probes) == (0, 1)
     assert after_probe.acceptance_rate < 0.1
+
+
+def test_asks_that_find_no_drafts_are_spaced_out() -> None:
+    state, asks = BackoffState(0.9), []
+    for step in range(40):  # the proposer never has a draft
+        if tokens_to_speculate(POLICY, state, 1, CHEAP):
+            asks.append(step)
+            state = after_empty_ask(state)
+        state = after_step(state, POLICY, 0, 0)  # the step runs plain
+    assert asks[:5] == [0, 2, 5, 10, 19]  # waits of 1, 2, 4, 8 steps, then 8 (max_empty_wait)
+    assert state.acceptance_rate == 0.9  # nothing was verified
+    found = after_step(after_empty_ask(state), POLICY, K, K, 1.2)  # drafts again: no more waiting
+    assert found.empty_asks == 0 and tokens_to_speculate(POLICY, found, 1, CHEAP) == K
 
 
 def test_expected_tokens() -> None:

@@ -12,6 +12,11 @@ Backed off, nothing is speculated except one probe step (all k drafts) now and t
 turns repetitive is noticed again. A probe at acceptance 0 wastes c - 1 decode steps, so probes are spaced
 to cost at most `probe_overhead` of the time: every max(probe_interval, (c - 1) / probe_overhead) steps,
 doubled after each probe that did not bring speculation back (up to max_probe_interval).
+
+A step that asks for drafts is held back from overlapping with the step before (its drafts need that
+step's tokens), so asking costs something even when the proposer then finds nothing (an n-gram lookup
+without a match): after e such empty asks in a row, the next min(2^(e-1), max_empty_wait) steps do not
+ask (they overlap), and the acceptance rate is left alone (nothing was verified).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ class BackoffPolicy:
     probe_overhead: float = 0.01  # share of the time probes may waste at acceptance 0
     max_probe_interval: int = 1024
     margin: float = 0.02  # speculate only when the expected gain exceeds 1 + margin
+    max_empty_wait: int = 8  # the most steps without asking after asks that found no drafts
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,7 @@ class BackoffState:
     acceptance_rate: float = 0.7  # smoothed accepted / drafted tokens; optimistic until measured
     steps_backed_off: int = 0  # consecutive steps without drafts
     failed_probes: int = 0  # consecutive probes after which speculation still did not pay
+    empty_asks: int = 0  # consecutive steps that asked for drafts and got none
 
 
 def expected_tokens_per_step(acceptance_rate: float, k: int) -> float:
@@ -75,6 +82,8 @@ def tokens_to_speculate(
         return 0
     if not policy.backoff:
         return k
+    if state.empty_asks and state.steps_backed_off <= min(1 << (state.empty_asks - 1), policy.max_empty_wait):
+        return 0
     if state.acceptance_rate >= policy.min_acceptance_rate:
         tokens = best_num_tokens(state.acceptance_rate, costs[:k], policy.margin)
         if tokens:
@@ -96,3 +105,8 @@ def after_step(
     probed = state.steps_backed_off > 0
     failed = 0 if pays else state.failed_probes + probed
     return BackoffState(rate, 0, failed)
+
+
+def after_empty_ask(state: BackoffState) -> BackoffState:
+    """The state after a step that asked for drafts and got none (it then ran as a plain step)."""
+    return replace(state, steps_backed_off=0, empty_asks=state.empty_asks + 1)

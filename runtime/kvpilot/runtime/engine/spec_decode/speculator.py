@@ -14,6 +14,7 @@ from kvpilot.runtime.engine.spec_decode.costs import StepCosts
 from kvpilot.runtime.engine.spec_decode.policy import (
     BackoffPolicy,
     BackoffState,
+    after_empty_ask,
     after_step,
     tokens_to_speculate,
 )
@@ -75,6 +76,8 @@ class Speculator:
             for seq, draft, limit in zip(seqs, proposals, limits, strict=True)
             if draft
         }
+        if seqs and not found:  # asked for nothing: the back-off waits a little before asking again
+            self.state = after_empty_ask(self.state)
         return found
 
     def plain_step(self) -> None:
