@@ -18,6 +18,8 @@ from kvpilot.runtime.kernels.decode_attention_triton import DecodeConfig, Decode
 from kvpilot.runtime.kernels.kv_cache import quantize_ref  # noqa: E402
 from kvpilot.runtime.kernels.verify_attention_triton import paged_verify_attention_triton  # noqa: E402
 
+from tests.runtime.test_kernels_attention import make_batch as paged_batch  # noqa: E402
+
 DEVICE = "cpu" if INTERPRET else "cuda"
 TOL = {"atol": 1e-4, "rtol": 1e-4} if DEVICE == "cpu" else {"atol": 2e-2, "rtol": 2e-2}
 SMALL = DecodeConfig(block_n=16, min_partition=16)
@@ -34,26 +36,12 @@ def make_batch(
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
 ) -> dict[str, torch.Tensor]:
-    """Random q and paged K/V; pages scattered over the pool, unused table entries -1."""
-    gen = torch.Generator().manual_seed(seed)
-    per_seq = [-(-c // block_size) for c in ctx_lens]
-    num_blocks = sum(per_seq) + 2
-    perm = torch.randperm(num_blocks, generator=gen)
-    tables = torch.full((len(ctx_lens), max(per_seq) + 1), -1, dtype=torch.int32)
-    used = 0
-    for s, n in enumerate(per_seq):
-        tables[s, :n] = perm[used : used + n]
-        used += n
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    tokens = len(ctx_lens) * query_len
-    return {
-        "q": torch.randn(tokens, num_heads, head_dim, generator=gen).to(DEVICE, dtype),
-        "k_cache": torch.randn(shape, generator=gen).to(DEVICE, dtype),
-        "v_cache": torch.randn(shape, generator=gen).to(DEVICE, dtype),
-        "cu_seqlens_q": torch.arange(0, tokens + 1, query_len, dtype=torch.int32, device=DEVICE),
-        "context_lens": torch.tensor(ctx_lens, dtype=torch.int32, device=DEVICE),
-        "block_tables": tables.to(DEVICE),
-    }
+    """test_kernels_attention's random paged batch (pages scattered, unused table entries -1) with
+    query_len query tokens for every sequence."""
+    q_lens = [query_len] * len(ctx_lens)
+    return paged_batch(
+        ctx_lens, q_lens, num_heads, num_kv_heads, head_dim, block_size, seed=seed, dtype=dtype
+    )
 
 
 def reference(b: dict[str, torch.Tensor], scale: float, **kw: torch.Tensor) -> torch.Tensor:
