@@ -223,6 +223,7 @@ def gpu_run(engine: Any, reqs: list[tuple[list[int], int]], tag: str) -> dict[st
         result["acceptance"] = accepted / drafted if drafted else 0.0
         result["tokens_per_verify"] = 1 + accepted / drafts if drafts else 1.0  # per sequence and step
         result["drafts"] = drafts  # sequences x verification steps
+        result["verify_steps"] = engine.speculator.num_verify_steps
     return result
 
 
@@ -346,6 +347,11 @@ def print_gpu_row(batch: int, row: dict[str, Any], args: argparse.Namespace) -> 
     ]
     replay = row["replay"]
     cells[0] += f", a={replay['acceptance']:.2f}, {replay['tokens_per_verify']:.2f} tok/step"
+    # tokens per sequence if every step had verified drafts at this rate, vs what was generated: a replay
+    # that drifted off its continuation (bf16 near-ties) proposes nothing afterwards and runs plain steps
+    per_seq = replay["output_tokens"] / batch
+    verified = replay["verify_steps"] * replay["tokens_per_verify"]
+    cells[0] += f", {replay['verify_steps']} verify steps ({min(verified / per_seq, 1.0):.0%} of the tokens)"
     predicted = ", ".join(f"a={a}: {v:.2f}×" for a, v in row["predicted_speedup"].items())
     ratio = row["verify_step_over_decode_step"]
     engine_c = row["wrong, back-off"]["engine_cost_ratio"]

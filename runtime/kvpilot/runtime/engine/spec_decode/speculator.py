@@ -44,6 +44,7 @@ class Speculator:
         self.state = BackoffState()
         self.costs = StepCosts(config.verify_cost_ratio)
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
+        self.num_verify_steps = 0  # engine steps that verified drafts (num_drafts counts sequences)
         self.accepted_per_pos = [0] * config.num_speculative_tokens
 
     def num_tokens(self, batch_size: int) -> int:
@@ -95,6 +96,7 @@ class Speculator:
             step_accepted += accepted
             for pos in range(accepted):
                 self.accepted_per_pos[pos] += 1
+        self.num_verify_steps += step_drafted > 0
         self.num_draft_tokens += step_drafted
         self.num_accepted_tokens += step_accepted
         cost = self.costs.ratios(len(verified), self.policy.num_speculative_tokens)[-1]
