@@ -13,7 +13,10 @@ GPU (--gpu): the cost side on the Qwen3-8B shape with random weights (load_forma
 drafter is ever accepted: a drafter replaying the target's own greedy continuation (100% acceptance)
 and one always wrong (0%), with the back-off policy off ("before back-off") and on, at batch 1, 8 and
 64 (prompts of 1024 tokens, 256 out), against no speculation; then the speed-up predicted at the
-acceptance rates given by --acceptance (the CPU table's). Logs go to $OUT (or --out) as JSON.
+acceptance rates given by --acceptance (the CPU table's). Verification steps replay CUDA graphs of k + 1
+query rows per sequence (--eager-verify: the eager path, for comparison). The verify/decode step ratio
+is derived from the 100% run; "engine c" is the ratio the back-off's cost model measured itself (host
+step times) in the 0%-with-back-off run. Logs go to $OUT (or --out) as JSON.
 
     . benchmarks/gpu_env.sh && python benchmarks/bench_spec_decode.py --gpu --out $OUT
 """
@@ -215,9 +218,39 @@ def gpu_run(engine: Any, reqs: list[tuple[list[int], int]], tag: str) -> dict[st
     after = engine.stats().spec_decode
     if before is not None and after is not None:
         drafted = after.num_draft_tokens - before.num_draft_tokens
-        result["acceptance"] = (
-            (after.num_accepted_tokens - before.num_accepted_tokens) / drafted if drafted else 0.0
-        )
+        accepted = after.num_accepted_tokens - before.num_accepted_tokens
+        drafts = after.num_drafts - before.num_drafts
+        result["acceptance"] = accepted / drafted if drafted else 0.0
+        result["tokens_per_verify"] = 1 + accepted / drafts if drafts else 1.0  # per sequence and step
+        result["drafts"] = drafts  # sequences x verification steps
+        result["verify_steps"] = engine.speculator.num_verify_steps
+    return result
+
+
+def timed_runner_steps(engine: Any, reqs: list[tuple[list[int], int]], tag: str) -> dict[str, Any]:
+    """gpu_run, with the runner's step timed to its end on the device (a synchronize after each call).
+    Only for runs whose every step is a verification step (the verifier reads the logits back right
+    after the runner call anyway): the rest of the step time is host work around it."""
+    import torch
+
+    runner, calls, spent = engine.runner, [0], [0.0]
+    real = runner.execute
+
+    def execute(*a: Any, **kw: Any) -> Any:
+        started = time.perf_counter()
+        out = real(*a, **kw)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        spent[0] += time.perf_counter() - started
+        calls[0] += 1
+        return out
+
+    runner.execute = execute
+    try:
+        result = gpu_run(engine, reqs, tag)
+    finally:
+        del runner.execute  # the bound method again
+    result["runner_step_s"] = spent[0] / max(calls[0], 1)
     return result
 
 
@@ -250,16 +283,31 @@ def run_gpu(args: argparse.Namespace) -> dict[str, Any]:
         max_num_seqs=64, max_num_batched_tokens=8192, engine=[], quantization="none", kv_cache_dtype="auto"
     )
     engine = build_engine(model, WORKLOADS["W3"], settings)
+    if not args.eager_verify:
+        started = time.perf_counter()
+        engine.runner.capture_verify_graphs(args.k, max(args.batches))
+        print(f"verify graphs (k={args.k}) captured in {time.perf_counter() - started:.1f} s", flush=True)
     vocab = engine.runner.model_config.vocab_size
-    results: dict[str, Any] = {"k": args.k, "batches": {}}
+    results: dict[str, Any] = {"k": args.k, "verify_graphs": not args.eager_verify, "batches": {}}
+    always = {"max_batch_size": 1 << 30, "backoff": False}  # speculate k every step, any batch
     for batch in args.batches:
         reqs = gpu_requests(batch, vocab, args.prompt_len, args.gpu_new_tokens)
         known = continuations(engine, reqs)
+        # In bf16 a verification step's logits differ from a decode step's by rounding, so on random
+        # weights' near-tied logits the speculating engine's greedy tokens drift from the plain run's; a
+        # replay of the plain run then stops matching. Each refine pass replays the previous tokens
+        # through the speculating engine and keeps what it produced: the drift moves later each pass.
+        for _ in range(args.refine):
+            config = SpeculativeConfig.from_dict(
+                {"method": "replay", "num_speculative_tokens": args.k, **always}
+            )
+            engine.speculator = Speculator(config, OracleProposer(known, wrong=False, vocab_size=vocab))
+            known = continuations(engine, reqs)
         engine.speculator = None
         row = {"none": gpu_run(engine, reqs, f"none{batch}")}
         variants = {
-            "replay": (False, {}),
-            "wrong, no back-off": (True, {"max_batch_size": 1 << 30, "min_acceptance_rate": 0.0}),
+            "replay": (False, always),
+            "wrong, no back-off": (True, always),
             "wrong, back-off": (True, {}),
         }
         for name, (wrong, knobs) in variants.items():
@@ -267,15 +315,24 @@ def run_gpu(args: argparse.Namespace) -> dict[str, Any]:
                 {"method": "wrong" if wrong else "replay", "num_speculative_tokens": args.k, **knobs}
             )
             engine.speculator = Speculator(config, OracleProposer(known, wrong=wrong, vocab_size=vocab))
-            row[name] = gpu_run(engine, reqs, f"{name}{batch}")
+            measure = timed_runner_steps if name == "wrong, no back-off" else gpu_run
+            row[name] = measure(engine, reqs, f"{name}{batch}")
+            row[name]["engine_cost_ratio"] = engine.speculator.costs.ratios(batch, args.k)[-1]
+            row[name]["cost_times_s"] = {str(key): t for key, t in engine.speculator.costs.times.items()}
+            row[name]["verify_step_s"] = engine.speculator.costs.mean(batch, args.k)
         engine.speculator = None
         results["batches"][batch] = row
-        # a verification step's time relative to a plain decode step, from the 100 % run:
-        # decode tokens/s(replay) = B (k + 1) / t_verify, decode tokens/s(none) = B / t_decode
-        ratio = (args.k + 1) * row["none"]["decode_tok_s"] / row["replay"]["decode_tok_s"]
+        # a verification step's time relative to a plain decode step: the replay run's mean verify step
+        # (host wall time, drafting and output included) over the plain run's time per token (one step);
+        # without that measurement, from the throughputs as if every draft had been accepted
+        verify_s, decode_s = row["replay"]["verify_step_s"], row["none"]["tpot_s"]
+        if verify_s and decode_s:
+            ratio = verify_s / decode_s
+        else:
+            ratio = (args.k + 1) * row["none"]["decode_tok_s"] / row["replay"]["decode_tok_s"]
         row["verify_step_over_decode_step"] = ratio
         row["predicted_speedup"] = {
-            str(a): expected_tokens_per_step(a, args.k) / ratio for a in args.acceptance
+            str(a): expected_tokens_per_step(a, args.k) / ratio for a in (1.0, *args.acceptance)
         }
         print_gpu_row(batch, row, args)
     shutil.rmtree(root, ignore_errors=True)
@@ -288,9 +345,28 @@ def print_gpu_row(batch: int, row: dict[str, Any], args: argparse.Namespace) -> 
         f"{row[n]['decode_tok_s']:.0f} ({row[n]['decode_tok_s'] / base:.2f}×)"
         for n in ("replay", "wrong, no back-off", "wrong, back-off")
     ]
+    replay = row["replay"]
+    cells[0] += f", a={replay['acceptance']:.2f}, {replay['tokens_per_verify']:.2f} tok/step"
+    # tokens per sequence if every step had verified drafts at this rate, vs what was generated: a replay
+    # that drifted off its continuation (bf16 near-ties) proposes nothing afterwards and runs plain steps
+    per_seq = replay["output_tokens"] / batch
+    verified = replay["verify_steps"] * replay["tokens_per_verify"]
+    cells[0] += f", {replay['verify_steps']} verify steps ({min(verified / per_seq, 1.0):.0%} of the tokens)"
     predicted = ", ".join(f"a={a}: {v:.2f}×" for a, v in row["predicted_speedup"].items())
     ratio = row["verify_step_over_decode_step"]
-    print(f"| {batch} | {base:.0f} | {' | '.join(cells)} | {ratio:.2f} | {predicted} |", flush=True)
+    engine_c = row["wrong, back-off"]["engine_cost_ratio"]
+    wrong = row["wrong, no back-off"]
+    print(
+        f"batch {batch}: verify step {1e3 * (wrong['verify_step_s'] or 0):.2f} ms of which the runner "
+        f"(to the device's end) {1e3 * wrong['runner_step_s']:.2f} ms; plain decode step "
+        f"{1e3 * row['none']['tpot_s']:.2f} ms; 0% with back-off: {row['wrong, back-off']['drafts']} drafts "
+        f"({batch} per verification step), cost times {row['wrong, back-off']['cost_times_s']}",
+        flush=True,
+    )
+    print(
+        f"| {batch} | {base:.0f} | {' | '.join(cells)} | {ratio:.2f} | {engine_c:.2f} | {predicted} |",
+        flush=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -311,15 +387,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--acceptance", type=float, nargs="+", default=[0.3, 0.5, 0.7, 0.9], help="GPU: rates to predict for"
     )
+    parser.add_argument(
+        "--refine",
+        type=int,
+        default=1,
+        help="GPU: replay passes that re-derive the continuation (see run_gpu)",
+    )
+    parser.add_argument(
+        "--eager-verify", action="store_true", help="GPU: verification steps eagerly (no verify graphs)"
+    )
     parser.add_argument("--out", default=os.environ.get("OUT"), help="directory for the JSON log")
     args = parser.parse_args(argv)
     if args.gpu:
         print(
-            "| batch | none decode tok/s | 100% (replay) | 0%, no back-off | 0%, back-off "
-            "| verify/decode step "
+            "| batch | none decode tok/s | replay (100% unless bf16 drift) | 0%, no back-off | 0%, back-off "
+            "| verify/decode step | engine c "
             f"| predicted speed-up (k={args.k}) |"
         )
-        print("|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|")
         result: Any = run_gpu(args)
     else:
         result = run_cpu(args)

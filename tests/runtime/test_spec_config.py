@@ -48,6 +48,22 @@ def test_ngram_and_draft_model_json() -> None:
             "prompt_lookup_min (3) exceeds prompt_lookup_max (2)",
         ),
         ('{"method": "draft_model", "num_speculative_tokens": 2}', 'needs "model"'),
+        (
+            '{"method": "ngram", "num_speculative_tokens": 2, "backoff": "no"}',
+            "backoff must be true or false",
+        ),
+        (
+            '{"method": "ngram", "num_speculative_tokens": 2, "measure_costs": 1}',
+            "measure_costs must be true",
+        ),
+        (
+            '{"method": "ngram", "num_speculative_tokens": 2, "verify_cost_ratio": 0.5}',
+            "verify_cost_ratio must be a number >= 1",
+        ),
+        (
+            '{"method": "ngram", "num_speculative_tokens": 2, "probe_overhead": 0}',
+            "probe_overhead must be in",
+        ),
     ],
 )
 def test_bad_configs_are_refused_with_a_clear_message(text: str, needle: str) -> None:

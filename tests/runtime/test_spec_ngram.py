@@ -32,3 +32,19 @@ def test_proposer_reads_prompt_and_output() -> None:
     seq.append_token(10)
     seq.append_token(11)
     assert NgramProposer(3, 1).propose([seq], [2]) == [[12, 13]]
+
+
+def test_benchmark_oracles_replay_and_stay_wrong_off_track() -> None:
+    from kvpilot.runtime.engine.spec_decode.oracle import OracleProposer
+
+    prompt, known = [1, 2, 3], [10, 11, 12, 13, 14]
+    seq = Sequence(0, prompt, SamplingParams(), max_tokens=8)
+    seq.append_token(10)
+    replay = OracleProposer({tuple(prompt): known}, wrong=False, vocab_size=100)
+    wrong = OracleProposer({tuple(prompt): known}, wrong=True, vocab_size=100)
+    assert replay.propose([seq], [3]) == [[11, 12, 13]]
+    assert wrong.propose([seq], [3]) == [[12, 13, 14]]  # each the known token + 1
+    assert wrong.propose([seq], [6]) == [[12, 13, 14, 15, 15, 16]]  # past the known end: last + 1 + j
+    seq.append_token(99)  # off the known continuation (rounding flipped a near-tie)
+    assert replay.propose([seq], [3]) == [[]]
+    assert wrong.propose([seq], [3]) == [[0, 1, 2]]  # after 99, in id order, wrapping

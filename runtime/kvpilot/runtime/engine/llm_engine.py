@@ -27,11 +27,11 @@ from typing import Any
 from kvpilot.runtime.engine.batch import PromptRows, StepBatch
 from kvpilot.runtime.engine.block_manager import BlockManager
 from kvpilot.runtime.engine.engine_args import EngineArgs
-from kvpilot.runtime.engine.output import EngineStats, RequestOutput, merge_outputs
+from kvpilot.runtime.engine.output import EngineStats, RequestOutput
 from kvpilot.runtime.engine.request_state import RequestState
 from kvpilot.runtime.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
 from kvpilot.runtime.engine.sequence import Sequence, SequenceStatus
-from kvpilot.runtime.engine.spec_decode.rejection import VerifyGroup, verify
+from kvpilot.runtime.engine.spec_decode.step import SpeculativeSteps
 from kvpilot.runtime.errors import InvalidRequestError
 from kvpilot.runtime.sampling_params import SamplingParams
 
@@ -49,7 +49,7 @@ class _LaunchedStep:
     failed: dict[int, str] = field(default_factory=dict)  # seq id -> error
 
 
-class LLMEngine:
+class LLMEngine(SpeculativeSteps):
     def __init__(
         self,
         runner: Any,
@@ -217,6 +217,7 @@ class LLMEngine:
     # ---- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """The outputs of one model step. With async scheduling the next step may already be running."""
+        started = time.perf_counter()
         outputs, self._pending = self._pending, []
         current, self._in_flight = self._in_flight, None
         if self.speculator is not None:
@@ -237,6 +238,8 @@ class LLMEngine:
             self._in_flight = self._launch(self.scheduler.schedule(), current.ids)
             self.num_overlapped_steps += 1
         outputs += self._resolve(current)
+        if self.speculator is not None and current.sched.batch.is_decode_only:  # the back-off's cost model
+            self.speculator.observe_step(len(current.sched.scheduled), 0, time.perf_counter() - started)
         return outputs
 
     def _can_overlap(self) -> bool:
@@ -358,74 +361,6 @@ class LLMEngine:
         self._plan_prompt_logprobs(batch)
         logits = self._run(batch, prev_ids)
         return self._take_prompt_logprobs(batch, logits) if batch.prompt_logprob_rows else logits
-
-    # ---- speculative decoding -------------------------------------------------------------------
-    # A speculative step is planned only once every token is known (it is never overlapped with the
-    # previous step, and the step after it is not launched before its tokens are read back: the
-    # drafts of the next step depend on them). Steps with no drafts take the ordinary path.
-    def _speculative_step(self, speculator: Any) -> list[RequestOutput] | None:
-        """Draft, schedule the decodes with their drafts, verify in one target forward and emit the
-        accepted tokens. None when nothing was drafted (the caller runs an ordinary step)."""
-        running = self.scheduler.running
-        decoding = [s for s in running if s.num_tokens - s.num_computed_tokens == 1]
-        drafts = speculator.drafts(decoding, self._token_limit) if decoding else {}
-        if not drafts:
-            return None
-        sched = self.scheduler.schedule(drafts)
-        if sched.is_empty:
-            return []
-        sampled = [c for c in sched.scheduled if c.sample]
-        by_seq = self._by_seq
-        groups = [
-            VerifyGroup(
-                by_seq[c.seq.seq_id].verify_rows(drafts[c.seq.seq_id] if c.num_spec else []),
-                drafts[c.seq.seq_id] if c.num_spec else [],
-            )
-            for c in sampled
-        ]
-        try:
-            emitted = verify(self.sampler, self._execute(sched.batch, None), groups)
-        except Exception as exc:  # fail this step's requests, keep the loop
-            logger.exception("speculative step of %d sequences failed", len(sched.scheduled))
-            message = f"model step failed: {type(exc).__name__}: {exc}"
-            return [
-                self._fail(by_seq[c.seq.seq_id], message) for c in sched.scheduled if c.seq.seq_id in by_seq
-            ]
-        verified = [(c.num_spec, len(tokens) - 1) for c, tokens in zip(sampled, emitted, strict=True)]
-        rejected = {
-            c.seq.seq_id: drafted - accepted
-            for c, (drafted, accepted) in zip(sampled, verified, strict=True)
-            if drafted
-        }
-        self.scheduler.update(sched, {}, rejected)
-        speculator.record(verified)
-        outputs: list[RequestOutput] = []
-        for chunk, tokens in zip(sampled, emitted, strict=True):
-            out = self._emit(chunk.seq, tokens)
-            if out is not None:
-                outputs.append(out)
-        return outputs
-
-    def _emit(self, seq: Sequence, tokens: list[Any]) -> RequestOutput | None:
-        """Append the verified tokens one by one, with stop checks after each: a token past a stop is
-        never appended nor emitted. One delta for them all."""
-        req = self._by_seq.get(seq.seq_id)
-        if req is None or seq.status is not SequenceStatus.RUNNING:
-            return None
-        deltas = []
-        for token in tokens:
-            seq.append_token(token.token_id)
-            try:
-                out = req.process_token(token, self._token_limit)
-            except Exception as exc:
-                logger.exception("request %s failed while processing its output", req.request_id)
-                return self._fail(req, f"output processing failed: {exc}")
-            deltas.append(out)
-            if out.finished:
-                self._forget(req)
-                self.scheduler.finish(seq)
-                break
-        return merge_outputs(deltas)
 
     def _launch(self, sched: SchedulerOutput, prev_ids: Any = None) -> _LaunchedStep:
         """Run the batch (placeholders are filled from `prev_ids` on the device) and sample it. If it

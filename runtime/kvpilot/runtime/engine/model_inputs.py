@@ -46,6 +46,24 @@ def prepare_inputs(batch: StepBatch, block_size: int, device: torch.device) -> M
     return _stage(host, device)
 
 
+def prepare_padded_inputs(
+    batch: StepBatch, block_size: int, device: torch.device, query_len: int
+) -> ModelInputs:
+    """prepare_inputs for a step graph of `query_len` rows per sequence: each chunk (at most query_len
+    tokens, its context at least query_len) is front-padded with rows that store nothing (slot -1) and sit
+    at the positions just before the chunk's, so the chunk's own rows keep their positions and causal
+    limits. Sample indices point into the padded layout."""
+    pads = [query_len - len(c.token_ids) for c in batch.chunks]
+    padded = [
+        c._replace(token_ids=[0] * pad + c.token_ids, start_pos=c.start_pos - pad)
+        for c, pad in zip(batch.chunks, pads, strict=True)
+    ]
+    host = _host_arrays(padded, block_size)
+    pad_rows = np.arange(query_len)[None, :] < np.asarray(pads)[:, None]  # [n, query_len]
+    host.slots[pad_rows.reshape(-1)] = -1
+    return _stage(host, device)
+
+
 def _block_tables(chunks: list[SeqChunk], table_lens: np.ndarray) -> np.ndarray:
     """[n, max_blocks] int32, each row a chunk's block table padded with 0."""
     n = len(chunks)

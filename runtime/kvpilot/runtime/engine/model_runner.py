@@ -17,10 +17,15 @@ from kvpilot.runtime.distributed.micro_batch import RIDGE_TOKENS_CPU, RIDGE_TOKE
 from kvpilot.runtime.distributed.pipeline import PipelineStage
 from kvpilot.runtime.distributed.topology import Rank, stage_layers
 from kvpilot.runtime.engine.batch import SeqChunk, StepBatch
-from kvpilot.runtime.engine.cuda_graphs import DecodeGraphs
+from kvpilot.runtime.engine.cuda_graphs import StepGraphs, fits_verify_graph
 from kvpilot.runtime.engine.engine_args import EngineArgs
 from kvpilot.runtime.engine.memory import kv_cache_blocks, profile_peak
-from kvpilot.runtime.engine.model_inputs import ModelInputs, prepare_inputs, prompt_row_indices
+from kvpilot.runtime.engine.model_inputs import (
+    ModelInputs,
+    prepare_inputs,
+    prepare_padded_inputs,
+    prompt_row_indices,
+)
 from kvpilot.runtime.engine.sampler import SampledIds
 from kvpilot.runtime.errors import ModelLoadError
 from kvpilot.runtime.kernels.kv_cache import KVCache, is_scaled
@@ -162,7 +167,9 @@ class ModelRunner:
             quantization=args.quantization,
         )
         self.kv_cache_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, self.dtype)
-        self.graphs: DecodeGraphs | None = None
+        self.graphs: StepGraphs | None = None  # decode steps (one query token per sequence)
+        self.verify_graphs: StepGraphs | None = None  # speculative verification (capture_verify_graphs)
+        self.graph_blocks = -(-min(self.max_model_len, GRAPH_MAX_CONTEXT) // self.block_size)
         self.pipeline: PipelineStage | None = None
         if self.comm.rank.pp > 1:
             default_ridge = RIDGE_TOKENS_GPU if self.device.type == "cuda" else RIDGE_TOKENS_CPU
@@ -193,15 +200,29 @@ class ModelRunner:
             and not args.enforce_eager
             and not eager_pipeline
         ):
-            graph_context = min(self.max_model_len, GRAPH_MAX_CONTEXT)
-            self.graphs = DecodeGraphs(
-                self._forward_logits,
-                max_num_seqs=args.max_num_seqs,
-                max_blocks_per_seq=-(-graph_context // self.block_size),
-                block_size=self.block_size,
-                device=self.device,
-            )
+            self.graphs = self._step_graphs(args.max_num_seqs, 1)
             self.graphs.capture()
+
+    def _step_graphs(self, max_num_seqs: int, query_len: int) -> StepGraphs:
+        return StepGraphs(
+            self._forward_logits,
+            max_num_seqs=max_num_seqs,
+            max_blocks_per_seq=self.graph_blocks,
+            block_size=self.block_size,
+            device=self.device,
+            query_len=query_len,
+        )
+
+    def capture_verify_graphs(
+        self, num_speculative_tokens: int, max_num_seqs: int, *, eager: bool = False
+    ) -> None:
+        """Graphs for verification steps of up to max_num_seqs sequences with k + 1 query tokens each
+        (fewer drafts are front-padded), sharing the decode graphs' memory pool. Only where decode steps
+        replay graphs; eager=True builds replay-eagerly stand-ins on any device (tests)."""
+        if self.graphs is None and not eager:
+            return
+        self.verify_graphs = self._step_graphs(max_num_seqs, num_speculative_tokens + 1)
+        self.verify_graphs.capture(eager=eager, pool=None if self.graphs is None else self.graphs.pool)
 
     def _block_bytes(self) -> int:
         return kv_block_bytes(self.model_config, self.block_size, self.kv_cache_dtype, self.comm.rank)
@@ -274,16 +295,20 @@ class ModelRunner:
         step's sampled ids: it is filled on the device, without waiting for that step to end."""
         if not batch.chunks:
             return torch.empty(0, self.model_config.vocab_size, device=self.device)
-        inputs = prepare_inputs(batch, self.block_size, self.device)
+        graphs, size = self._graphs_for(batch)
+        if graphs is not None and graphs.query_len > 1:
+            inputs = prepare_padded_inputs(batch, self.block_size, self.device, graphs.query_len)
+        else:
+            inputs = prepare_inputs(batch, self.block_size, self.device)
         if prev_sampled is not None:
             inputs.input_ids = fill_placeholders(inputs.input_ids, prev_sampled.ids)
         if batch.prompt_logprob_rows:  # prompt logprobs too: run eagerly
             rows = torch.cat([inputs.sample_indices, prompt_row_indices(batch, self.device)])
             return self._eager_logits(batch, inputs, rows)
-        size = self._graph_size(batch)
-        if size is not None and self.graphs is not None:
-            logits = self.graphs.run(inputs, size)
-            return logits if batch.num_sampled == len(batch.chunks) else logits[inputs.sample_indices]
+        if graphs is not None and size is not None:
+            logits = graphs.run(inputs, size)
+            every_row = inputs.sample_indices.shape[0] == logits.shape[0]
+            return logits if every_row else logits[inputs.sample_indices]
         return self._eager_logits(batch, inputs, inputs.sample_indices)
 
     def _eager_logits(self, batch: StepBatch, inputs: ModelInputs, rows: torch.Tensor) -> torch.Tensor:
@@ -294,7 +319,14 @@ class ModelRunner:
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
         return self.model.compute_logits(hidden[rows])
 
-    def _graph_size(self, batch: StepBatch) -> int | None:
-        if self.graphs is None or not batch.is_decode_only:
-            return None
-        return self.graphs.bucket(len(batch.chunks), max(len(c.block_table) for c in batch.chunks))
+    def _graphs_for(self, batch: StepBatch) -> tuple[StepGraphs | None, int | None]:
+        """The graph set and bucket that can run this batch, or (None, None): run it eagerly."""
+        if batch.prompt_logprob_rows:
+            return None, None
+        graphs = self.graphs if batch.is_decode_only else self.verify_graphs
+        if graphs is None or (
+            graphs is self.verify_graphs and not fits_verify_graph(batch, graphs.query_len)
+        ):
+            return None, None
+        size = graphs.bucket(len(batch.chunks), max(len(c.block_table) for c in batch.chunks))
+        return (graphs, size) if size is not None else (None, None)

@@ -1,7 +1,9 @@
 """Triton paged attention with the signature of paged_attention_ref: picks the decode or prefill kernel.
 
-Decode (every sequence has exactly one query token) goes to the split-KV flash-decoding kernel; anything
-else (prefill chunks, extends, mixed prefill + decode batches) to the varlen prefill kernel. Inputs are
+Decode (every sequence has exactly one query token) goes to the split-KV flash-decoding kernel; batches in
+which every sequence has the same few query tokens (speculative verification: k + 1 each) to its
+multi-query variant (verify_attention_triton.py); anything else (prefill chunks, extends, mixed prefill +
+decode batches) to the varlen prefill kernel. Inputs are
 checked here on shapes and dtypes only, so the call never syncs with the device on the decode path.
 """
 
@@ -13,6 +15,7 @@ from .decode_attention_triton import paged_decode_attention_triton
 from .kv_cache import check_scales
 from .prefill_attention_triton import paged_prefill_attention_triton
 from .triton_utils import require_last_dim_contiguous, require_same_device
+from .verify_attention_triton import MAX_VERIFY_QUERY_LEN, paged_verify_attention_triton
 
 _INDEX_DTYPE = torch.int32
 
@@ -95,6 +98,10 @@ def paged_attention_triton(
         return paged_decode_attention_triton(
             q, k_cache, v_cache, context_lens, block_tables, scale, k_scale=k_scale, v_scale=v_scale
         )
+    if _uniform_query_len(q.shape[0], num_seqs, max_q_len):
+        return paged_verify_attention_triton(
+            q, k_cache, v_cache, context_lens, block_tables, scale, k_scale=k_scale, v_scale=v_scale
+        )
     return paged_prefill_attention_triton(
         q,
         k_cache,
@@ -107,3 +114,11 @@ def paged_attention_triton(
         k_scale=k_scale,
         v_scale=v_scale,
     )
+
+
+def _uniform_query_len(num_tokens: int, num_seqs: int, max_q_len: int | None) -> bool:
+    """Every sequence has exactly max_q_len (<= MAX_VERIFY_QUERY_LEN) query tokens: chunks are never
+    empty and none exceeds max_q_len, so num_tokens == num_seqs * max_q_len says it without a sync."""
+    if max_q_len is None or not 1 < max_q_len <= MAX_VERIFY_QUERY_LEN:
+        return False
+    return num_tokens == num_seqs * max_q_len

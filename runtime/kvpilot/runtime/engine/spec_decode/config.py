@@ -34,7 +34,13 @@ class SpeculativeConfig:
     max_batch_size: int = 64
     # ... nor while the smoothed acceptance rate is below this (re-probed every backoff_probe_interval steps)
     min_acceptance_rate: float = 0.2
-    backoff_probe_interval: int = 16
+    backoff_probe_interval: int = 16  # the fewest steps between probes (policy.py spaces them by cost)
+    backoff: bool = True  # false: always speculate num_speculative_tokens (to measure "before back-off")
+    verify_cost_ratio: float = 1.5  # verify step / decode step until the engine has measured it
+    # false: keep verify_cost_ratio, measure nothing: which steps speculate then depends on the tokens
+    # only, so seeded sampled requests repeat exactly run to run (measured costs vary with the timing)
+    measure_costs: bool = True
+    probe_overhead: float = 0.01  # the share of the time probes may waste while backed off
 
     @classmethod
     def from_json(cls, text: str) -> SpeculativeConfig:
@@ -96,6 +102,15 @@ class SpeculativeConfig:
         interval = self.backoff_probe_interval
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
             found.append(f"backoff_probe_interval must be an integer >= 1, got {interval!r}")
+        for name in ("backoff", "measure_costs"):
+            if not isinstance(getattr(self, name), bool):
+                found.append(f"{name} must be true or false, got {getattr(self, name)!r}")
+        ratio = self.verify_cost_ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not ratio >= 1:
+            found.append(f"verify_cost_ratio must be a number >= 1, got {ratio!r}")
+        overhead = self.probe_overhead
+        if isinstance(overhead, bool) or not isinstance(overhead, (int, float)) or not 0 < overhead < 1:
+            found.append(f"probe_overhead must be in (0, 1), got {overhead!r}")
         return found
 
     def to_json(self) -> str:

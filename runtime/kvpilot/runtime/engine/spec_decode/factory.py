@@ -28,6 +28,10 @@ def build_speculator(args: EngineArgs, target_runner: Any) -> Speculator | None:
             f"--speculative-config method {config.method!r} replays a known continuation: only the "
             "benchmark (benchmarks/bench_spec_decode.py) can build it"
         )
+    # verification steps replay CUDA graphs where decode steps do (no-op otherwise)
+    target_runner.capture_verify_graphs(
+        config.num_speculative_tokens, max(1, min(args.max_num_seqs, config.max_batch_size))
+    )
     return Speculator(config, proposer)
 
 

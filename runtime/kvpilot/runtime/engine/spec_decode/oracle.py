@@ -1,7 +1,12 @@
 """Benchmark drafters that know the answer: `replay` proposes the target's own greedy continuation
 (100% acceptance), `wrong` proposes a token that differs from it at every position (0% acceptance).
 With random weights no real drafter is ever accepted; these two bound the cost side of speculative
-decoding (bench_spec_decode.py --gpu). The continuation of each prompt comes from a plain greedy run.
+decoding (bench_spec_decode.py --gpu). The continuation of each prompt comes from a greedy run.
+
+Once a sequence's output has left the known continuation (in bf16 a verification step's logits differ
+from a decode step's by rounding, which flips near-tied greedy choices), `replay` has nothing to propose;
+`wrong` then proposes the tokens after the last one in id order, which a target with random weights picks
+with probability ~1/vocab: still an always-wrong drafter.
 """
 
 from __future__ import annotations
@@ -18,9 +23,12 @@ class OracleProposer:
         for seq, k in zip(seqs, num_tokens, strict=True):
             known = self.continuations.get(tuple(seq.prompt_token_ids), [])
             n = seq.num_output_tokens
-            draft = known[n : n + k] if known[:n] == seq.output_token_ids else []
+            on_track = known[:n] == seq.output_token_ids
+            draft = known[n : n + k] if on_track else []
             if self.wrong:
-                draft = [(t + 1) % self.vocab_size for t in draft]
+                last = seq.output_token_ids[-1] if n else seq.prompt_token_ids[-1]
+                draft = [(t + 1) % self.vocab_size for t in draft] if on_track else []
+                draft += [(last + 1 + j) % self.vocab_size for j in range(len(draft), k)]
             out.append(draft)
         return out
 
