@@ -199,13 +199,15 @@ def test_backs_off_when_nothing_is_accepted_and_keeps_probing(qwen3_checkpoint: 
     again, as without speculation), probes now and then, ever more rarely as probes keep failing, and
     the output is still the plain greedy one."""
     from kvpilot.runtime.engine.spec_decode.oracle import OracleProposer
+    from kvpilot.runtime.engine.spec_decode.policy import expected_tokens_per_step
 
     params = greedy(max_tokens=120)
     prompts = PROMPTS[:1]
     plain = run(LLM(qwen3_checkpoint, **BASE), params, prompts)
     llm = LLM(qwen3_checkpoint, **BASE)
     known = {tuple(o.prompt_token_ids): o.token_ids for o in plain}
-    config = SpeculativeConfig("wrong", 4, backoff_probe_interval=8)
+    # a fixed cost ratio: with measured step times the probe spacing (and so the count) follows the load
+    config = SpeculativeConfig("wrong", 4, backoff_probe_interval=8, measure_costs=False)
     wrong = OracleProposer(known, wrong=True, vocab_size=llm.engine._vocab_size)
     llm.engine.speculator = Speculator(config, wrong)
     assert_same(plain, run(llm, params, prompts))
@@ -215,7 +217,9 @@ def test_backs_off_when_nothing_is_accepted_and_keeps_probing(qwen3_checkpoint: 
     assert 4 <= stats.num_drafts <= 8
     assert llm.engine.num_overlapped_steps > 80
     state = llm.engine.speculator.state
-    assert state.acceptance_rate < config.min_acceptance_rate and state.failed_probes >= 1
+    # backed off because speculating no longer pays at the configured cost ratio, and a probe failed
+    assert expected_tokens_per_step(state.acceptance_rate, 4) < config.verify_cost_ratio
+    assert state.failed_probes >= 1
 
 
 def test_a_proposer_without_drafts_lets_steps_overlap(qwen3_checkpoint: Path) -> None:

@@ -11,7 +11,7 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from kvpilot.runtime.config import ModelConfig
@@ -26,6 +26,9 @@ from kvpilot.runtime.models import model_class
 from kvpilot.runtime.quant import QuantConfig, attach_quant_methods, finish_quant_methods, parse_quant_config
 from safetensors import safe_open
 from torch import nn
+
+if TYPE_CHECKING:  # the model module imports the distributed helpers
+    from kvpilot.runtime.models.llama import LlamaForCausalLM
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +257,7 @@ def load_model(
     seed: int = 0,
     comm: Comm | None = None,
     quantization: str | None = None,
-) -> nn.Module:
+) -> LlamaForCausalLM:
     """Build the model for `config` directly on `device` in `dtype` and fill it from the checkpoint
     (load_format "auto") or with seeded random values ("dummy": no weight files needed). With `comm`
     (tensor / pipeline parallel) the model is this rank's part and each rank reads only its slices.

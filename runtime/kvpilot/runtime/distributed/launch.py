@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import asdict, dataclass
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class WorkerSpec:
     log_level: str = "info"
 
 
-def no_multicast_env(environ: dict[str, str]) -> None:
+def no_multicast_env(environ: MutableMapping[str, str]) -> None:
     """Set the no-multicast variables in this process (before torch.distributed starts NCCL)."""
     environ.update(NO_MULTICAST_ENV)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from kvpilot.runtime.distributed.comm import Comm
@@ -25,7 +25,9 @@ from kvpilot.runtime.distributed.micro_batch import MicroBatch, plan_step, stage
 from kvpilot.runtime.engine.batch import StepBatch
 from kvpilot.runtime.engine.model_inputs import ModelInputs
 from kvpilot.runtime.layers.attention import AttentionMetadata, KVCache
-from torch import nn
+
+if TYPE_CHECKING:  # the model module imports the distributed helpers
+    from kvpilot.runtime.models.llama import LlamaForCausalLM
 
 
 def micro_batch_inputs(
@@ -55,7 +57,7 @@ class PipelineStage:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: LlamaForCausalLM,
         comm: Comm,
         *,
         hidden_size: int,

@@ -42,7 +42,7 @@ class PromptRows(NamedTuple):
 
     chunk: int  # index into StepBatch.chunks
     offset: int  # first token of the chunk
-    count: int
+    num_rows: int
 
 
 @dataclass(frozen=True)

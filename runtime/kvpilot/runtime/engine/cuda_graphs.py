@@ -87,14 +87,14 @@ class StepGraphs:
         self.sizes = graph_batch_sizes(max_num_seqs)
         self.max_blocks = max_blocks_per_seq
         n, q = self.sizes[-1], query_len
-        i32, i64 = {"dtype": torch.int32, "device": device}, {"dtype": torch.int64, "device": device}
+        i32, i64 = torch.int32, torch.int64
         # per query row [n * q]; per sequence [n]; cu_seqlens_q is fixed: sequence s owns rows s*q .. s*q+q-1
-        self.input_ids = torch.zeros(n * q, **i64)
-        self.positions = torch.zeros(n * q, **i64)
-        self.slot_mapping = torch.full((n * q,), -1, **i64)
-        self.context_lens = torch.full((n,), q, **i32)
-        self.block_tables = torch.zeros(n, max_blocks_per_seq, **i32)
-        self.cu_seqlens_q = torch.arange(0, (n + 1) * q, q, **i32)
+        self.input_ids = torch.zeros(n * q, dtype=i64, device=device)
+        self.positions = torch.zeros(n * q, dtype=i64, device=device)
+        self.slot_mapping = torch.full((n * q,), -1, dtype=i64, device=device)
+        self.context_lens = torch.full((n,), q, dtype=i32, device=device)
+        self.block_tables = torch.zeros(n, max_blocks_per_seq, dtype=i32, device=device)
+        self.cu_seqlens_q = torch.arange(0, (n + 1) * q, q, dtype=i32, device=device)
         self.graphs: dict[int, _Replayable] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool: Any = None  # the memory pool the graphs share (another graph set may share it too)

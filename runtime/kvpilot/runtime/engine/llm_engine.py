@@ -349,7 +349,8 @@ class LLMEngine(SpeculativeSteps):
             req = self._by_seq[chunk.seq_id]
             first = chunk.start_pos + offset  # its logits predict prompt token first + 1
             targets = req.seq.prompt_token_ids[first + 1 : first + 1 + count]
-            entries = prompt_logprobs(logits[row : row + count], targets, req.seq.params.prompt_logprobs)
+            top = req.seq.params.prompt_logprobs or 0  # set: only requests asking for them have rows here
+            entries = prompt_logprobs(logits[row : row + count], targets, top)
             req.add_prompt_logprobs(first, entries)
             row += count
         return logits[: batch.num_sample_rows]

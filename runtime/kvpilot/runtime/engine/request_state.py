@@ -129,7 +129,8 @@ class RequestState:
             )
         params = seq.params
         can_stop = seq.num_output_tokens >= params.min_tokens
-        stopped, stop_reason = False, None
+        stopped = False
+        stop_reason: int | str | None = None
         if can_stop and token_id in self._stopping_ids:
             stopped, stop_reason = token_stop_reason(
                 token_id,

@@ -61,7 +61,7 @@ def qkv_prepare_ref(
     has_norm = check_qk_norm(q_norm_weight, k_norm_weight, head_dim)
     num_tokens = qkv.shape[0]
     q, k, v = qkv.view(num_tokens, -1, head_dim).split([num_heads, num_kv_heads, num_kv_heads], dim=1)
-    if has_norm:
+    if has_norm and q_norm_weight is not None and k_norm_weight is not None:
         q = rms_norm_ref(q.reshape(-1, head_dim), q_norm_weight, eps).view(q.shape)  # type: ignore[union-attr]
         k = rms_norm_ref(k.reshape(-1, head_dim), k_norm_weight, eps).view(k.shape)  # type: ignore[union-attr]
     q, k = apply_rotary_ref(positions, q, k, cos_sin_cache)

@@ -228,9 +228,10 @@ def paged_verify_attention_triton(
     out = torch.empty_like(q)
     split = plan.num_splits > 1
     if split:
-        f32 = {"device": q.device, "dtype": torch.float32}
-        part_out = torch.empty(num_tokens, num_heads, plan.num_splits, head_dim, **f32)
-        part_lse = torch.empty(num_tokens, num_heads, plan.num_splits, **f32)
+        part_out = torch.empty(
+            num_tokens, num_heads, plan.num_splits, head_dim, device=q.device, dtype=torch.float32
+        )
+        part_lse = torch.empty(num_tokens, num_heads, plan.num_splits, device=q.device, dtype=torch.float32)
     else:
         part_out = part_lse = out  # unused by the single-pass specialisation
     group_pad = next_power_of_2(group)

@@ -99,6 +99,7 @@ class IntWeightMethod(_Collecting):
                 f"a layer of {k} inputs and {out} outputs cannot hold {q.method} {q.bits}-bit weights in "
                 f"groups of {q.group_size} (config.json quantization_config.group_size)"
             )
+        shapes: dict[str, tuple[int, ...]]
         if q.method == "awq":
             shapes = {"qweight": (k, out // 8), "qzeros": (k // group, out // 8), "scales": (k // group, out)}
         else:
@@ -132,7 +133,9 @@ class IntWeightMethod(_Collecting):
 
     def finish(self, layer: Linear) -> None:
         tensors = self.shard_tensors(layer)
-        parts = [self.quantized.pop(i, None) or self._build(t) for i, t in enumerate(tensors)]
+        parts = [
+            self.quantized.pop(i) if i in self.quantized else self._build(t) for i, t in enumerate(tensors)
+        ]
         self.parts = merge_parts(parts)
         if self.device.type != "cuda":  # CPU: the reference's dequantized W^T, made once (quality runs)
             self.dense = [dequantize_int_ref(p.qweight, p.scales, p.zeros, p.bits) for p in self.parts]

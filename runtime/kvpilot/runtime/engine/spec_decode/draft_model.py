@@ -110,4 +110,4 @@ class DraftModelProposer:
         logits = self.runner.execute(StepBatch(chunks))
         if logits.shape[0] == 0:
             return []
-        return logits.argmax(dim=-1).tolist()  # type: ignore[no-any-return]
+        return logits.argmax(dim=-1).tolist()

@@ -141,7 +141,7 @@ def _generator(sampler: Any, group: VerifyGroup, device: torch.device) -> torch.
     row = group.rows[0]
     seed = row.params.seed
     if seed is None:
-        return sampler.generator(device)  # type: ignore[no-any-return]
+        return sampler.generator(device)
     generator = torch.Generator(device=device)
     generator.manual_seed(stream_seed(seed, len(row.output_token_ids)))
     return generator

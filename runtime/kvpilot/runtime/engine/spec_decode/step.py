@@ -30,7 +30,10 @@ class SpeculativeSteps:
     scheduler: Scheduler
     sampler: Any
     _by_seq: dict[int, RequestState]
-    _token_limit: int
+
+    @property
+    def _token_limit(self) -> int:
+        raise NotImplementedError
 
     def _execute(self, batch: Any, prev_ids: Any) -> Any:
         raise NotImplementedError
