@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from .attention_tile_triton import attend_tile
+from .kv_cache import QUANT_MAX
 from .triton_utils import next_power_of_2, num_sms
 from .triton_utils import scale_launch_args as _scale_args
 
@@ -42,6 +43,25 @@ class DecodeConfig:
     # single pass once num_seqs * num_kv_heads >= single_pass_waves * SMs; else split to ~split_waves * SMs
     single_pass_waves: float = 2.0
     split_waves: float = 4.0
+    # Split partitions adapt at run time to each sequence's real context (ceil(ctx / num_splits) rounded
+    # up to block_n, at least the plan's partition_size): a CUDA graph captured for a wide block table
+    # (GRAPH_MAX_CONTEXT) then spreads a short context over all its splits instead of one. False: the
+    # partition is fixed from the block-table width, as before.
+    adaptive_partitions: bool = True
+    # 8-bit caches only. qk_dot: "widen" converts every K element to the 16-bit dot type; "native" runs
+    # the QK dot on 8-bit operands, q quantized per row in-kernel (a win for int8: int8 tensor-core dots).
+    # v_widen: "tile" widens V in its vectorized load layout (then ldmatrix.trans); "operand" leaves it
+    # to Triton, which gathers the transposed 8-bit operand bytewise (attention_tile_triton.py).
+    qk_dot: str = "widen"
+    v_widen: str = "tile"
+
+    def __post_init__(self) -> None:
+        modes = {"qk_dot": ("widen", "native"), "v_widen": ("tile", "operand")}
+        for name, allowed in modes.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"DecodeConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.block_n < 16 or self.block_n & (self.block_n - 1):
+            raise ValueError(f"DecodeConfig.block_n must be a power of two >= 16, got {self.block_n}")
 
 
 # An 8-bit tile of 128 positions is as many bytes as a 16-bit tile of 64: the same bytes in flight per
@@ -56,8 +76,13 @@ def default_decode_config(cache_dtype: torch.dtype) -> DecodeConfig:
 
 @dataclass(frozen=True)
 class DecodePlan:
+    """num_splits partitions per (sequence, KV head). A sequence with context ctx is cut into partitions
+    of partition_for(ctx) = max(partition_size, ceil(ctx / num_splits) rounded up to block_n) positions
+    (the kernels compute this on the device), so the plan always covers any context; partitions past the
+    context are skipped."""
+
     num_splits: int
-    partition_size: int  # context positions per split, a multiple of block_n
+    partition_size: int  # the fewest context positions per split, a multiple of block_n
 
 
 def plan_decode(
@@ -71,11 +96,34 @@ def plan_decode(
     want = math.ceil(config.split_waves * sms / max(programs, 1))
     splits = max(1, min(want, _cdiv(max_context_len, config.min_partition)))
     partition = _cdiv(_cdiv(max_context_len, splits), bn) * bn  # ceil(ctx / splits) rounded up to bn
-    return DecodePlan(_cdiv(max_context_len, partition), partition)
+    splits = _cdiv(max_context_len, partition)
+    if config.adaptive_partitions:  # the kernels size each sequence's partitions from its own context
+        return DecodePlan(splits, min(partition, _cdiv(config.min_partition, bn) * bn))
+    return DecodePlan(splits, partition)
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+@triton.jit
+def _partition_for(ctx, min_partition, num_splits, BLOCK_N: tl.constexpr):
+    """Context positions per split for a sequence of ctx positions (DecodePlan): its context spread over
+    all num_splits, in whole tiles, and never fewer than min_partition."""
+    return tl.maximum(min_partition, tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N)
+
+
+@triton.jit
+def _quantize_rows(q, qtype: tl.constexpr, QMAX: tl.constexpr):
+    """q [BLOCK_H, BLOCK_D] -> (q8 in qtype, scales [BLOCK_H] fp32): symmetric absmax per row (query head),
+    rounded to nearest (int8: half away from zero, like the KV store)."""
+    qf = q.to(tl.float32)
+    amax = tl.max(tl.abs(qf), 1)  # [BLOCK_H]
+    scale = tl.where(amax > 0.0, amax / QMAX, 1.0)
+    y = qf / scale[:, None]
+    if qtype == tl.int8:
+        y = tl.where(y >= 0.0, y + 0.5, y - 0.5)  # the cast truncates toward zero
+    return y.to(qtype), scale
 
 
 @triton.jit
@@ -116,11 +164,16 @@ def _decode_kernel(
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
     SCALED: tl.constexpr,  # 8-bit cache: q stays in its dtype, scales dequantize the scores/weights
+    QK_NATIVE: tl.constexpr = False,  # 8-bit QK dot (q quantized per row here)
+    V_TILE: tl.constexpr = False,  # 8-bit V widened in its load layout (attention_tile_triton.py)
+    WIDEN_ASM: tl.constexpr = True,  # False under the CPU interpreter
+    QMAX: tl.constexpr = 448.0,  # largest magnitude of the cache's 8-bit type (QK_NATIVE)
 ):
     split = tl.program_id(0)
     kv_head = tl.program_id(1)
     seq = tl.program_id(2)
     ctx = tl.load(context_lens_ptr + seq)
+    partition_size = _partition_for(ctx, partition_size, num_splits, BLOCK_N)
     start = split * partition_size
     if SPLIT:  # noqa: SIM102 (a constexpr branch around a runtime one)
         if start >= ctx:  # this partition lies past the sequence's end: the reduce ignores it
@@ -138,6 +191,10 @@ def _decode_kernel(
         q = q.to(k_cache_ptr.dtype.element_ty)
     elif q.dtype != tl.float32 and k_cache_ptr.dtype.element_ty != tl.int8:
         q = q.to(tl.float16)  # e4m3 pages, 16-bit activations: fp16 dots (attention_tile_triton.py)
+    if QK_NATIVE:
+        q8, q_scale = _quantize_rows(q, k_cache_ptr.dtype.element_ty, QMAX)
+    else:
+        q8, q_scale = q, tl.full([BLOCK_H], 1.0, tl.float32)  # unused
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -178,6 +235,11 @@ def _decode_kernel(
             MASK=False,
             CAUSAL=False,
             SCALED=SCALED,
+            q8=q8,
+            q_scale=q_scale,
+            QK_NATIVE=QK_NATIVE,
+            V_TILE=V_TILE,
+            WIDEN_ASM=WIDEN_ASM,
         )
     if full_end < end:  # the ragged last tile
         acc, l_i, m_i = attend_tile(
@@ -210,6 +272,11 @@ def _decode_kernel(
             MASK=True,
             CAUSAL=False,
             SCALED=SCALED,
+            q8=q8,
+            q_scale=q_scale,
+            QK_NATIVE=QK_NATIVE,
+            V_TILE=V_TILE,
+            WIDEN_ASM=WIDEN_ASM,
         )
 
     out_mask = head_mask[:, None] & d_mask[None, :]
@@ -238,11 +305,13 @@ def _decode_reduce_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,  # num_splits padded to a power of two
+    BLOCK_N: tl.constexpr = 64,  # the decode kernel's tile (partitions are multiples of it)
 ):
     head = tl.program_id(0)
     seq = tl.program_id(1)
     ctx = tl.load(context_lens_ptr + seq)
-    used = tl.cdiv(ctx, partition_size)  # partitions that hold at least one position
+    # partitions that hold at least one position
+    used = tl.cdiv(ctx, _partition_for(ctx, partition_size, num_splits, BLOCK_N))
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     s_mask = offs_s < used
@@ -294,6 +363,7 @@ def paged_decode_attention_triton(
     else:
         part_out = part_lse = out  # unused by the single-pass specialisation
     block_d = next_power_of_2(head_dim)
+    scaled = k_scale is not None
     _decode_kernel[(plan.num_splits, num_kv_heads, num_seqs)](
         q,
         k_cache,
@@ -326,7 +396,11 @@ def paged_decode_attention_triton(
         PAGE=page,
         BLOCK_N=cfg.block_n,
         SPLIT=split,
-        SCALED=k_scale is not None,
+        SCALED=scaled,
+        QK_NATIVE=scaled and cfg.qk_dot == "native",
+        V_TILE=scaled and cfg.v_widen == "tile",
+        WIDEN_ASM=q.device.type == "cuda",
+        QMAX=QUANT_MAX.get(k_cache.dtype, 448.0),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -344,6 +418,7 @@ def paged_decode_attention_triton(
             HEAD_DIM=head_dim,
             BLOCK_D=block_d,
             BLOCK_S=next_power_of_2(plan.num_splits),
+            BLOCK_N=cfg.block_n,
             num_warps=4 if block_d * next_power_of_2(plan.num_splits) >= 2048 else 2,
         )
     return out

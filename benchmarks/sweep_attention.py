@@ -1,0 +1,270 @@
+"""Sweep the attention kernels' launch variants on the GPU, one call, and print compact tables.
+
+    source benchmarks/gpu_env.sh && python benchmarks/sweep_attention.py --out $OUT [--parts kv8,prefill]
+
+- kv8: 8-bit KV decode (fp8 e4m3, int8) variants of DecodeConfig (v_widen tile/operand, qk_dot
+  widen/native, block_n, warps, stages) on 64x4k, 16x8k, 8x4k, 32x512, 1x4k, each beside the bf16 kernel
+  of the same shape in the same run; bytes counted as read (values + fp32 scales). max_err is the largest
+  |out - reference on the dequantized cache| (the precision a variant costs beyond the cache's own).
+- decode: bf16 small-batch decode (8x4k, 32x512, 16x8k, 1x4k, 64x4k): DecodeConfig tiles/stages and forced
+  split counts vs the default plan, beside torch SDPA on contiguous K/V.
+- prefill: PrefillConfig tiles/warps/stages on 1x1024 causal and 512 new tokens on a 4k context, beside
+  torch SDPA (1x1024: causal; 512 on 4k: SDPA's is_causal is top-left aligned, so it runs non-causal
+  there: ~12% more work than the paged kernel's, an upper bound).
+
+Rows print as they finish (a killed run keeps what it measured); the full list goes to $OUT/sweep.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+
+import torch
+from bench_kernels import (  # benchmarks/ is on sys.path when this file runs as a script
+    BF16,
+    COPY_BW,
+    KV8_DTYPES,
+    KVH,
+    PAGE,
+    attn_bytes,
+    attn_flops,
+    bench_sdpa,
+    commit,
+    copy_bandwidth,
+    measure,
+    num_sets,
+    paged_batch,
+    reference,
+)
+from kvpilot.runtime.kernels.decode_attention_triton import (
+    DecodeConfig,
+    DecodePlan,
+    default_decode_config,
+    paged_decode_attention_triton,
+    plan_decode,
+)
+from kvpilot.runtime.kernels.prefill_attention_triton import PrefillConfig, paged_prefill_attention_triton
+from kvpilot.runtime.kernels.triton_utils import num_sms
+
+SCALE = 128**-0.5
+KV8_SHAPES = ((64, 4096), (16, 8192), (8, 4096), (32, 512), (1, 4096))
+DECODE_SHAPES = ((8, 4096), (32, 512), (16, 8192), (1, 4096), (64, 4096))
+PREFILL_SHAPES = ((1024, 1024), (4096, 512))  # (context, new tokens), batch 1
+
+
+@dataclass
+class Row:
+    part: str
+    shape: str
+    kv: str
+    variant: str
+    us: float
+    bytes: float
+    flops: float = 0.0
+    max_err: float = 0.0
+    note: str = ""
+
+    def pct_bw(self) -> float:
+        return 100 * self.bytes / (self.us * 1e-6) / COPY_BW
+
+
+def kv8_variants() -> dict[str, DecodeConfig]:
+    d = DecodeConfig(block_n=128)
+    return {
+        "old:operand bn128 w4 s2": replace(d, v_widen="operand"),
+        "tile bn128 w4 s2": d,
+        "tile bn128 w4 s3": replace(d, num_stages=3),
+        "tile bn64 w4 s2": replace(d, block_n=64),
+        "tile bn64 w4 s3": replace(d, block_n=64, num_stages=3),
+        "tile bn64 w4 s4": replace(d, block_n=64, num_stages=4),
+        "tile bn128 w8 s2": replace(d, num_warps=8),
+        "tile+qk8 bn128 w4 s2": replace(d, qk_dot="native"),
+        "tile+qk8 bn64 w4 s3": replace(d, qk_dot="native", block_n=64, num_stages=3),
+    }
+
+
+def decode_call(b: dict[str, torch.Tensor], cfg: DecodeConfig | None, plan: DecodePlan | None) -> Callable:
+    return lambda: paged_decode_attention_triton(
+        b["q"], b["k"], b["v"], b["ctx"], b["bt"], SCALE, config=cfg, plan=plan, k_scale=b.get("ks"),
+        v_scale=b.get("vs"),
+    )  # fmt: skip
+
+
+def time_decode(
+    sets: list[dict[str, torch.Tensor]], cfg: DecodeConfig | None, plan: DecodePlan | None, replays: int
+) -> tuple[float, float]:
+    """(graph µs per call, max |error| vs the reference on the first set)."""
+    err = (decode_call(sets[0], cfg, plan)().float() - reference(sets[0], SCALE).float()).abs().max()
+    us, _ = measure([decode_call(b, cfg, plan) for b in sets], replays)
+    return us, float(err)
+
+
+def sweep_kv8(replays: int, emit: Callable[[Row], None]) -> None:
+    for batch, ctx in KV8_SHAPES:
+        shape = f"{batch}x{ctx}"
+        base = [paged_batch(batch, ctx, 1) for _ in range(num_sets(attn_bytes(batch, ctx, 1)))]
+        us, err = time_decode(base, None, None, replays)
+        emit(Row("kv8", shape, "bf16", "default", us, attn_bytes(batch, ctx, 1), max_err=err))
+        del base
+        for kv, dtype in KV8_DTYPES.items():
+            nbytes = attn_bytes(batch, ctx, 1, dtype)
+            sets = [paged_batch(batch, ctx, 1, dtype) for _ in range(num_sets(nbytes))]
+            for name, cfg in kv8_variants().items():
+                us, err = time_decode(sets, cfg, None, replays)
+                emit(Row("kv8", shape, kv, name, us, nbytes, max_err=err))
+            del sets
+
+
+def decode_variants(batch: int, ctx: int) -> dict[str, tuple[DecodeConfig, DecodePlan | None]]:
+    out: dict[str, tuple[DecodeConfig, DecodePlan | None]] = {}
+    for bn, warps, stages in ((64, 4, 2), (64, 4, 3), (64, 4, 4), (32, 4, 3), (128, 8, 3)):
+        cfg = DecodeConfig(block_n=bn, num_warps=warps, num_stages=stages)
+        out[f"bn{bn} w{warps} s{stages} plan"] = (cfg, None)
+    d = DecodeConfig()
+    out["default fixed-partition"] = (replace(d, adaptive_partitions=False), None)
+    for waves in (2.0, 8.0):
+        out[f"default split_waves {waves:g}"] = (replace(d, split_waves=waves), None)
+    for splits in (1, 2, 4, 8, 16, 32):
+        if splits * 64 <= ctx:
+            part = _cdiv(_cdiv(ctx, splits), 64) * 64
+            for stages in (2, 3):
+                out[f"splits {splits} s{stages}"] = (replace(d, num_stages=stages), DecodePlan(splits, part))
+    return out
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def sdpa_us(ctx: int, q_len: int, causal: bool, replays: int) -> float:
+    """torch SDPA on contiguous [1, heads, seq, dim] K/V (GQA without repeats), graph-timed."""
+
+    def make() -> tuple[torch.Tensor, ...]:
+        q = torch.randn(1, q_len, 32, 128, device="cuda", dtype=BF16).transpose(1, 2)
+        k, v = (torch.randn(1, ctx, KVH, 128, device="cuda", dtype=BF16).transpose(1, 2) for _ in range(2))
+        return q, k, v
+
+    sets = [make() for _ in range(num_sets(attn_bytes(1, ctx, q_len)))]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    calls = [lambda s=s: sdpa(*s, is_causal=causal, enable_gqa=True) for s in sets]
+    return measure(calls, replays)[0]
+
+
+def sweep_decode(replays: int, emit: Callable[[Row], None]) -> None:
+    sms = num_sms(torch.device("cuda"))
+    for batch, ctx in DECODE_SHAPES:
+        shape = f"{batch}x{ctx}"
+        nbytes = attn_bytes(batch, ctx, 1)
+        sets = [paged_batch(batch, ctx, 1) for _ in range(num_sets(nbytes))]
+        sdpa = bench_sdpa(batch, ctx, 1, replays)
+        emit(Row("decode", shape, "bf16", "torch SDPA (contiguous)", sdpa.us, nbytes))
+        default = plan_decode(batch, KVH, ctx, sms, default_decode_config(BF16))
+        for name, (cfg, plan) in decode_variants(batch, ctx).items():
+            us, err = time_decode(sets, cfg, plan, replays)
+            chosen = plan or plan_decode(batch, KVH, ctx, sms, cfg)
+            note = f"splits={chosen.num_splits} part={chosen.partition_size}"
+            emit(Row("decode", shape, "bf16", name, us, nbytes, max_err=err, note=note))
+        # a CUDA graph captured for an 8k-wide block table replaying a short context (the engine's case)
+        wide = [dict(b, bt=torch.cat([b["bt"], b["bt"].new_zeros(batch, 8192 // PAGE)], 1)) for b in sets]
+        for name, cfg in (("wide table, adaptive", DecodeConfig()),
+                          ("wide table, fixed", DecodeConfig(adaptive_partitions=False))):  # fmt: skip
+            us, err = time_decode(wide, cfg, None, replays)
+            plan = plan_decode(batch, KVH, wide[0]["bt"].shape[1] * PAGE, sms, cfg)
+            note = f"splits={plan.num_splits} part={plan.partition_size} (default plan {default})"
+            emit(Row("decode", shape, "bf16", name, us, nbytes, max_err=err, note=note))
+        del sets, wide
+
+
+def prefill_variants() -> dict[str, PrefillConfig]:
+    out = {"default": PrefillConfig()}
+    for bm, bn, warps, stages in (
+        (128, 64, 4, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (128, 32, 4, 3),
+        (64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2), (64, 32, 4, 4), (256, 64, 8, 2), (256, 128, 8, 2),
+        (128, 64, 4, 4), (64, 64, 4, 4),
+    ):  # fmt: skip
+        out[f"bm{bm} bn{bn} w{warps} s{stages}"] = PrefillConfig(bm, bn, warps, stages)
+    return out
+
+
+def sweep_prefill(replays: int, emit: Callable[[Row], None]) -> None:
+    for ctx, q_len in PREFILL_SHAPES:
+        shape = f"1x{q_len} on {ctx}"
+        nbytes, flops = attn_bytes(1, ctx, q_len), attn_flops(1, ctx, q_len)
+        sets = [paged_batch(1, ctx, q_len) for _ in range(num_sets(nbytes))]
+        us = sdpa_us(ctx, q_len, q_len == ctx, replays)  # causal only when q_len == ctx (see the docstring)
+        label = "torch SDPA causal" if q_len == ctx else "torch SDPA non-causal (upper bound)"
+        emit(Row("prefill", shape, "bf16", label, us, nbytes, flops))
+        ref = reference(sets[0], SCALE).float()
+        for name, cfg in prefill_variants().items():
+
+            def call(b: dict[str, torch.Tensor], cfg: PrefillConfig = cfg, n: int = q_len) -> Callable:
+                args = (b["q"], b["k"], b["v"], b["cu"], b["ctx"], b["bt"], SCALE)
+                return lambda: paged_prefill_attention_triton(*args, max_q_len=n, config=cfg)
+
+            try:
+                err = float((call(sets[0])().float() - ref).abs().max())
+                us, _ = measure([call(b) for b in sets], replays)
+            except Exception as e:  # e.g. out of shared memory for a large tile: report, go on
+                emit(Row("prefill", shape, "bf16", name, float("nan"), nbytes, flops, note=str(e)[:80]))
+                continue
+            emit(Row("prefill", shape, "bf16", name, us, nbytes, flops, max_err=err))
+        del sets
+
+
+def fmt(r: Row) -> str:
+    rate = f"{r.pct_bw():.0f}%" if r.part != "prefill" else f"{r.flops / (r.us * 1e-6) / 1e12:.0f} TFLOP/s"
+    return (
+        f"| {r.part} | {r.shape} | {r.kv} | {r.variant} | {r.us:.1f} | {rate} | {r.max_err:.2e} | {r.note} |"
+    )
+
+
+HEADER = (
+    "| part | shape | kv | variant | µs | % of 4.25 TB/s or TFLOP/s | max_err | note |\n"
+    "|---|---|---|---|---|---|---|---|"
+)
+
+
+def best_table(rows: list[Row]) -> str:
+    """Per (part, shape, kv): the reference rows (default/SDPA/old) and the three fastest variants."""
+    lines = [HEADER]
+    groups: dict[tuple[str, str, str], list[Row]] = {}
+    for r in rows:
+        groups.setdefault((r.part, r.shape, r.kv), []).append(r)
+    for group in groups.values():
+        fixed = [r for r in group if r.variant.startswith(("default", "torch", "old"))]
+        fastest = sorted((r for r in group if r not in fixed and r.us == r.us), key=lambda r: r.us)[:3]
+        lines += [fmt(r) for r in fixed + fastest]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--parts", default="kv8,decode,prefill")
+    parser.add_argument("--replays", type=int, default=10)
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    torch.manual_seed(0)
+    rows: list[Row] = []
+    start = time.time()
+
+    def emit(r: Row) -> None:
+        rows.append(r)
+        print(fmt(r), f"[{time.time() - start:.0f}s]", flush=True)
+        with open(os.path.join(args.out, "sweep.json"), "w") as f:
+            json.dump({"commit": commit(), "rows": [asdict(x) for x in rows]}, f, indent=1)
+
+    print(f"copy bandwidth {copy_bandwidth() / 1e12:.2f} TB/s; {torch.cuda.get_device_name()}\n{HEADER}")
+    parts = {"kv8": sweep_kv8, "decode": sweep_decode, "prefill": sweep_prefill}
+    for part in args.parts.split(","):
+        parts[part](args.replays, emit)
+    print("\nsummary (reference rows + the 3 fastest variants per case):\n" + best_table(rows))
+
+
+if __name__ == "__main__":
+    main()
