@@ -20,6 +20,7 @@ from kvpilot.runtime.kernels.decode_attention_triton import (  # noqa: E402
     DecodeConfig,
     DecodePlan,
     paged_decode_attention_triton,
+    partition_for,
     plan_decode,
 )
 from kvpilot.runtime.kernels.prefill_attention_triton import (  # noqa: E402
@@ -97,14 +98,26 @@ def test_plan_single_pass_when_the_batch_fills_the_gpu() -> None:
 
 
 @pytest.mark.parametrize(("num_seqs", "max_ctx"), [(1, 4096), (1, 4097), (4, 1000), (16, 130)])
-def test_plan_split_partitions_cover_the_context(num_seqs: int, max_ctx: int) -> None:
-    cfg = DecodeConfig()
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_plan_split_partitions_cover_the_context(num_seqs: int, max_ctx: int, adaptive: bool) -> None:
+    cfg = DecodeConfig(adaptive_partitions=adaptive)
     plan = plan_decode(num_seqs, 8, max_ctx, 132, cfg)
     assert plan.partition_size % cfg.block_n == 0
-    assert plan.num_splits * plan.partition_size >= max_ctx > (plan.num_splits - 1) * plan.partition_size
+    part = partition_for(max_ctx, plan, cfg.block_n)
+    assert plan.num_splits * part >= max_ctx > (plan.num_splits - 1) * part  # every split holds positions
     if max_ctx >= 1000:
         assert plan.num_splits > 1
-        assert plan.partition_size >= cfg.min_partition
+        assert part >= cfg.min_partition
+
+
+def test_adaptive_partitions_spread_a_short_context_over_every_split() -> None:
+    """A plan made for a wide block table (a CUDA graph's capture width) with a short real context."""
+    cfg = DecodeConfig()
+    plan = plan_decode(4, 8, 8192, 132, cfg)
+    assert plan.num_splits > 4
+    assert -(-600 // partition_for(600, plan, cfg.block_n)) == -(-600 // cfg.min_partition)  # 5 of 16
+    fixed = plan_decode(4, 8, 8192, 132, DecodeConfig(adaptive_partitions=False))
+    assert -(-600 // partition_for(600, fixed, cfg.block_n)) == 2  # the fixed plan: 2 splits of 512 busy
 
 
 def test_plan_short_context_is_one_pass() -> None:
@@ -134,6 +147,15 @@ def test_decode_odd_head_dim_and_explicit_plan() -> None:
     b = make_batch([9, 50], [1, 1], 4, 2, 24, 8, seed=4)  # head_dim 24: padded to 32 inside the kernel
     out = decode(b, 0.3, config=SMALL_DECODE, plan=DecodePlan(num_splits=4, partition_size=16))
     torch.testing.assert_close(out, reference(b, 0.3), **SMALL_TOL)
+
+
+def test_decode_plan_smaller_than_the_context_still_covers_it() -> None:
+    """Partitions grow at run time to ceil(ctx / num_splits): a plan sized for a shorter table (or a
+    sequence longer than the plan assumed) loses no positions."""
+    b = make_batch([100, 7, 64], [1, 1, 1], 4, 2, 16, 4, seed=8)
+    for splits in (1, 2, 5):
+        out = decode(b, 0.3, config=SMALL_DECODE, plan=DecodePlan(num_splits=splits, partition_size=16))
+        torch.testing.assert_close(out, reference(b, 0.3), **SMALL_TOL)
 
 
 def test_decode_empty_context_gives_zeros() -> None:

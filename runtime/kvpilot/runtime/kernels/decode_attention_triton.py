@@ -102,6 +102,11 @@ def plan_decode(
     return DecodePlan(splits, partition)
 
 
+def partition_for(ctx: int, plan: DecodePlan, block_n: int) -> int:
+    """Host mirror of the kernels' per-sequence partition size (_partition_for)."""
+    return max(plan.partition_size, _cdiv(_cdiv(ctx, plan.num_splits), block_n) * block_n)
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
