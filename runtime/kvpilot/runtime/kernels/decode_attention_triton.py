@@ -402,7 +402,8 @@ def paged_decode_attention_triton(
         BLOCK_N=cfg.block_n,
         SPLIT=split,
         SCALED=scaled,
-        QK_NATIVE=scaled and cfg.qk_dot == "native",
+        # 8-bit tensor-core dots need K >= 32: below that head_dim the QK dot widens
+        QK_NATIVE=scaled and cfg.qk_dot == "native" and block_d >= 32,
         V_TILE=scaled and cfg.v_widen == "tile",
         WIDEN_ASM=q.device.type == "cuda",
         QMAX=QUANT_MAX.get(k_cache.dtype, 448.0),
