@@ -75,15 +75,19 @@ class Row:
 
 def kv8_variants() -> dict[str, DecodeConfig]:
     d = DecodeConfig(block_n=128)
+    # num_stages: the K/V loads hang off a block-table load, so Triton double-buffers K/V only from
+    # num_stages=5 (compile_check: shared memory grows there, not at 3 or 4); below that a program's next
+    # tile is fetched after its current one is computed and only co-resident programs hide the latency.
     return {
         "old:operand bn128 w4 s2": replace(d, v_widen="operand"),
         "tile bn128 w4 s2": d,
-        "tile bn128 w4 s3": replace(d, num_stages=3),
-        "tile bn64 w4 s2": replace(d, block_n=64),
-        "tile bn64 w4 s3": replace(d, block_n=64, num_stages=3),
         "tile bn128 w8 s2": replace(d, num_warps=8),
+        "tile bn128 w4 s5": replace(d, num_stages=5),
+        "tile bn64 w4 s2": replace(d, block_n=64),
+        "tile bn64 w4 s5": replace(d, block_n=64, num_stages=5),
         "tile+qk8 bn128 w4 s2": replace(d, qk_dot="native"),
-        "tile+qk8 bn64 w4 s3": replace(d, qk_dot="native", block_n=64, num_stages=3),
+        "tile+qk8 bn64 w4 s2": replace(d, qk_dot="native", block_n=64),
+        "tile+qk8 bn64 w4 s5": replace(d, qk_dot="native", block_n=64, num_stages=5),
     }
 
 
@@ -126,7 +130,7 @@ def sweep_kv8(replays: int, emit: Callable[[Row], None]) -> None:
 
 def decode_variants(batch: int, ctx: int) -> dict[str, tuple[DecodeConfig, DecodePlan | None]]:
     out: dict[str, tuple[DecodeConfig, DecodePlan | None]] = {}
-    for bn, warps, stages in ((64, 4, 2), (64, 4, 3), (64, 4, 4), (32, 4, 3), (128, 8, 3)):
+    for bn, warps, stages in ((64, 4, 2), (64, 4, 5), (32, 4, 5), (32, 4, 2), (128, 8, 2)):
         cfg = DecodeConfig(block_n=bn, num_warps=warps, num_stages=stages)
         out[f"bn{bn} w{warps} s{stages} plan"] = (cfg, None)
     d = DecodeConfig()
@@ -135,7 +139,9 @@ def decode_variants(batch: int, ctx: int) -> dict[str, tuple[DecodeConfig, Decod
         out[f"default split_waves {waves:g}"] = (replace(d, split_waves=waves), None)
     for splits in (1, 2, 4, 8, 16, 32):
         if splits * 64 <= ctx:
-            out[f"splits {splits}"] = (d, DecodePlan(splits, _cdiv(_cdiv(ctx, splits), 64) * 64))
+            for stages in (2, 5):
+                plan = DecodePlan(splits, _cdiv(_cdiv(ctx, splits), 64) * 64)
+                out[f"splits {splits} s{stages}"] = (replace(d, num_stages=stages), plan)
     return out
 
 
@@ -186,9 +192,8 @@ def sweep_decode(replays: int, emit: Callable[[Row], None]) -> None:
 def prefill_variants() -> dict[str, PrefillConfig]:
     out = {"default": PrefillConfig()}
     for bm, bn, warps, stages in (
-        (128, 64, 4, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (128, 32, 4, 3),
-        (64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2), (64, 32, 4, 4), (256, 64, 8, 2), (256, 128, 8, 2),
-        (128, 64, 4, 4), (64, 64, 4, 4),
+        (128, 64, 8, 5), (64, 64, 4, 2), (64, 64, 4, 5), (64, 32, 4, 2), (64, 32, 4, 5), (128, 128, 8, 2),
+        (64, 128, 4, 2), (128, 32, 8, 2), (128, 32, 8, 5), (256, 64, 8, 2), (32, 64, 4, 2), (32, 64, 4, 5),
     ):  # fmt: skip
         out[f"bm{bm} bn{bn} w{warps} s{stages}"] = PrefillConfig(bm, bn, warps, stages)
     return out
