@@ -169,16 +169,28 @@ async def _burst(base_url: str, reqs: list[tuple[list[int], int]], start_at: flo
         return await asyncio.gather(*(_one_stream(client, url, p, n) for p, n in reqs))
 
 
-def _client_process(base_url: str, reqs: list[tuple[list[int], int]], start_at: float, conn: Any) -> None:
-    conn.send(asyncio.run(_burst(base_url, reqs, start_at)))
+def _burst_with(client: str, base_url: str, reqs: list[tuple[list[int], int]], start_at: float) -> Any:
+    if client == "openai":  # the official openai client (benchmarks/openai_stream.py)
+        from openai_stream import burst
+
+        return burst(base_url, reqs, start_at)
+    return _burst(base_url, reqs, start_at)
+
+
+def _client_process(
+    client: str, base_url: str, reqs: list[tuple[list[int], int]], start_at: float, conn: Any
+) -> None:
+    conn.send(asyncio.run(_burst_with(client, base_url, reqs, start_at)))
     conn.close()
 
 
-def run_burst(base_url: str, reqs: list[tuple[list[int], int]], client_procs: int) -> dict[str, Any]:
+def run_burst(
+    base_url: str, reqs: list[tuple[list[int], int]], client_procs: int, client: str = "ours"
+) -> dict[str, Any]:
     """All requests at one instant, from `client_procs` processes (1: this one)."""
     if client_procs <= 1:
         start = time.monotonic() + 0.2
-        records = asyncio.run(_burst(base_url, reqs, start))
+        records = asyncio.run(_burst_with(client, base_url, reqs, start))
         return summarize(records, start)
     ctx = multiprocessing.get_context("spawn")
     start = time.monotonic() + 3.0  # time for the clients to start and connect their pools
@@ -186,7 +198,7 @@ def run_burst(base_url: str, reqs: list[tuple[list[int], int]], client_procs: in
     pipes, procs = [], []
     for share in shares:
         recv, send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_client_process, args=(base_url, share, start, send))
+        proc = ctx.Process(target=_client_process, args=(client, base_url, share, start, send))
         proc.start()
         pipes.append(recv)
         procs.append(proc)
@@ -255,7 +267,8 @@ def http_mode(args: argparse.Namespace, reqs: list[tuple[list[int], int]], vocab
     try:
         wait_healthy(proc, base_url, log_path, args.startup_timeout)
         warm_up(base_url, reqs, vocab)
-        result = run_burst(base_url, reqs, args.client_procs)
+        result = run_burst(base_url, reqs, args.client_procs, args.client)
+        result["client"] = args.client
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -396,6 +409,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--output-len", type=int, nargs=2, default=(100, 1024), metavar=("MIN", "MAX"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--client-procs", type=int, default=1, help="client processes sharing the burst")
+    p.add_argument(
+        "--client",
+        choices=("ours", "openai"),
+        default="ours",
+        help="the streaming client: ours (httpx + msgspec) or the official openai package",
+    )
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--startup-timeout", type=float, default=STARTUP_TIMEOUT_S)
     p.add_argument("--server-log", default=None, help="the server's log file (default: a temp file)")

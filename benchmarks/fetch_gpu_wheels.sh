@@ -15,6 +15,7 @@ WHEELS=(
   typing-inspection==0.4.5 annotated-doc==0.0.7 opentelemetry-api==1.45.2 typing-extensions==4.16.0
   uvicorn==0.54.0 click==8.5.1 h11==0.16.0 anyio==4.16.0 idna==3.20
   pyzmq==27.3.0 msgspec==0.23.0
+  openai==3.57.0 jiter==0.19.0 sniffio==1.3.1 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5  # the third-party load client (bench_http_burst.py --client openai)
 )
 mkdir -p .whl
 for wheel in "${WHEELS[@]}"; do

@@ -13,6 +13,7 @@
 #    benchmarks/bench_http_burst.py --mode both (engine level on the same requests, then the HTTP burst);
 # 4. prints a short table.
 # Knobs: N=256 CLIENT_PROCS=4 MODE=both SKIP_W1=1 EXTRA_ARGS="--enforce-eager" BURST_ARGS="--input-len 8 16"
+#        BURST_ARGS="--client openai": stream through the official openai package instead of our client
 # A CPU dry run of the flow: SKIP_W1=1 DEVICE=cpu DTYPE=float32 N=4 CLIENT_PROCS=1 \
 #   EXTRA_ARGS="--num-kv-blocks 64" BURST_ARGS="--input-len 8 16 --output-len 4 8" bash benchmarks/gpu_http.sh
 set -uo pipefail

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call: ceilings, GPU tests, kernel and engine benchmarks. Logs and JSON under $OUT.
-#   bash benchmarks/gpu_run.sh [tests] [kernels] [engine W1,W2,...] [parallel] [parallel-sizing] [parallel-test]
+#   bash benchmarks/gpu_run.sh [tests] [kernels] [recompile] [http-openai] [W1 W2 ...] [parallel] [parallel-sizing] [parallel-test]
+# (a workload named twice runs twice: bench-W1-1.json, bench-W1-2.json)
 # (the parallel steps need two GPUs: nvidia-h200-x2)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +20,13 @@ for step in "$@"; do
     parallel-test) python -m pytest -q -p no:cacheprovider -o addopts="--import-mode=importlib" -m gpu \
              tests/runtime/test_parallel_gpu.py -s 2>&1 | tee "$OUT/pytest_parallel_gpu.log" | tail -8 ;;
     kernels) python benchmarks/bench_kernels.py --out "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.log" | tail -30 ;;
-    W*) python -m kvpilot.runtime.bench --workloads "$step" --out "$OUT/bench-$step.json" ${BENCH_ARGS:-} \
-          2>&1 | tee "$OUT/bench-$step.log" | grep -v '^{' | tail -15 ;;
+    W*) n=1; while [ -e "$OUT/bench-$step-$n.json" ]; do n=$((n + 1)); done  # a repeated step keeps each run
+        python -m kvpilot.runtime.bench --workloads "$step" --out "$OUT/bench-$step-$n.json" ${BENCH_ARGS:-} \
+          2>&1 | tee "$OUT/bench-$step-$n.log" | grep -v '^{' | grep -v Warn | tail -8 ;;
+    recompile) python -m pytest -q -p no:cacheprovider -o addopts="--import-mode=importlib" -m gpu \
+             tests/runtime/test_no_recompile_gpu.py 2>&1 | tee "$OUT/pytest_recompile.log" \
+             | grep -E "kernels compiled|passed|failed" | cut -c1-400 ;;
+    http-openai) SKIP_W1=1 MODE=http CLIENT_PROCS=${CLIENT_PROCS:-12} BURST_ARGS="--client openai" \
+             bash benchmarks/gpu_http.sh 2>&1 | tail -4 ;;
   esac
 done

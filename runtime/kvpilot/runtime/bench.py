@@ -12,11 +12,14 @@ import argparse
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from kvpilot.contracts.kv_cache import kv_bytes_per_token
+from kvpilot.runtime.bench_timeline import StepTimeline, format_summary, summarise
+from kvpilot.runtime.engine.gc_heap import freeze_startup_heap
 
 HBM_BYTES_PER_S = 4.25e12  # device-to-device copy measured on the H200 (DESIGN.md)
 # Bytes per decoder-layer weight as the runtime holds it (--quantization); embedding and LM head stay 16-bit.
@@ -152,9 +155,12 @@ def engine_overrides(pairs: list[str]) -> dict[str, Any]:
         if not sep or name not in fields:
             raise SystemExit(f"--engine {pair!r}: expected NAME=VALUE with NAME an EngineArgs field")
         kind = str(fields[name].type).split("|")[0].strip()
-        out[name] = {"int": int, "float": float, "bool": lambda v: v.lower() in ("1", "true", "yes")}.get(
-            kind, str
-        )(value)
+        parsers: dict[str, Callable[[str], Any]] = {
+            "int": int,
+            "float": float,
+            "bool": lambda v: v.lower() in ("1", "true", "yes"),
+        }
+        out[name] = parsers.get(kind, str)(value)
     return out
 
 
@@ -246,13 +252,22 @@ def run_workload(w: Workload, root: Path, args: argparse.Namespace) -> dict[str,
     model_dir = write_model_dir(root, w.shape)
     reqs = make_requests(w, SHAPES[w.shape]["vocab_size"], args.seed)
     engine = build_engine(model_dir, w, args)
+    freeze_startup_heap()  # as the engine-core process does after startup
     run_ours(engine, make_requests(Workload("warm", w.shape, 4, (64, 128), (8, 8), "x"), 150000, 1), "warm")
     run_ours(engine, [(reqs[0][0], 4)], "warm-shape")  # the workload's own shapes: JIT and cuBLAS choices
     if args.profile_dir is not None:
-        profile_engine(engine, reqs, w.name, args.profile_dir)
+        profile_engine(engine, reqs, w.name, args.profile_dir, args.profile_skip, args.profile_steps)
         if args.profile_only:
             return {"workload": asdict(w), "profiled": str(args.profile_dir)}
+    timeline = StepTimeline()
+    detach = timeline.attach(engine.runner)
     result: dict[str, Any] = {"workload": asdict(w), "ours": run_ours(engine, reqs, w.name)}
+    end = time.perf_counter()  # run_ours returns as its last step's outputs arrive
+    detach()
+    result["timeline"] = summarise(timeline.records, end)
+    print(
+        f"{w.name} step timeline (launch to next launch):\n{format_summary(result['timeline'])}", flush=True
+    )
     result["quantization"], result["kv_cache_dtype"] = args.quantization, args.kv_cache_dtype
     if w.measure == "ttft":  # one step is a noisy sample: report the median of several
         ttfts = sorted(run_ours(engine, reqs, f"{w.name}-{i}")["ttft_s"] for i in range(7))
@@ -354,6 +369,16 @@ def summary_row(r: dict[str, Any]) -> str:
     return f"| {name} | {shape} | {got:,.1f} {unit} | {floor:,.1f} | {ratio:.0%} | {vs} |"
 
 
+def release_device_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.unfreeze()  # the engine was frozen with the startup heap (freeze_startup_heap)
+    gc.collect()  # the engine, its runner and CUDA graphs sit in reference cycles
+    torch.cuda.empty_cache()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workloads", default="W1,W2,W3,W4")
@@ -371,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--profile-dir", type=Path, default=None, help="write host/device profiles here")
     p.add_argument("--profile-only", action="store_true", help="with --profile-dir: skip the measurement")
+    p.add_argument("--profile-skip", type=int, default=60, help="steps run before the profiled ones")
+    p.add_argument("--profile-steps", type=int, default=20, help="steps profiled")
     p.add_argument("--hf", action="store_true", help="also time transformers' generate_batch side by side")
     p.add_argument("--hf-seqs", type=int, default=64)
     p.add_argument("--hf-output", type=int, default=256)
@@ -380,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for name in args.workloads.split(","):
         results.append(run_workload(WORKLOADS[name], args.root, args))
+        release_device_memory()  # the next workload's engine sizes its KV cache from the free memory
         print(json.dumps(results[-1]), flush=True)
         if args.out:
             args.out.write_text(json.dumps(results, indent=1))

@@ -315,8 +315,8 @@ def convert_tensors(
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    heads = meta.get(f"{arch}.attention.head_count")
-    kv_heads = meta.get(f"{arch}.attention.head_count_kv") or heads
+    heads = _require_int(meta, f"{arch}.attention.head_count")
+    kv_heads = int(meta.get(f"{arch}.attention.head_count_kv") or heads)
     out: dict[str, Any] = {}
     unknown: list[str] = []
     for tensor in reader.tensors:
@@ -344,9 +344,9 @@ def convert_tensors(
                 "(is the file truncated or corrupted?)"
             ) from exc
         if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
-            values = unpermute_rotary(values, int(heads))
+            values = unpermute_rotary(values, heads)
         elif arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
-            values = unpermute_rotary(values, int(kv_heads))
+            values = unpermute_rotary(values, kv_heads)
         out[name] = torch.from_numpy(np.ascontiguousarray(values)).to(torch_dtype)
     if unknown:
         more = f" (and {len(unknown) - 5} more)" if len(unknown) > 5 else ""
@@ -466,9 +466,9 @@ def build_tokenizer_files(meta: dict[str, Any], gguf_file: Path) -> dict[str, st
     generation: dict[str, Any] = {}
     if eos_ids:
         generation["eos_token_id"] = eos_ids[0] if len(eos_ids) == 1 else eos_ids
-    bos_id = meta.get("tokenizer.ggml.bos_token_id")
-    if isinstance(bos_id, int):
-        generation["bos_token_id"] = bos_id
+    bos_token_id = meta.get("tokenizer.ggml.bos_token_id")
+    if isinstance(bos_token_id, int):
+        generation["bos_token_id"] = bos_token_id
     return {
         "tokenizer.json": tokenizer.to_str(),
         "tokenizer_config.json": json.dumps(config, indent=2, ensure_ascii=False) + "\n",

@@ -43,7 +43,10 @@ class LLM:
         counts as one prompt."""
         batch = _normalize_prompts(prompts)
         all_params = _normalize_params(params, len(batch))
-        prompt_ids = [self.engine.tokenizer.encode(p) if isinstance(p, str) and p else p for p in batch]
+        # an empty string stays "" and is refused per request by the engine
+        prompt_ids: list[Any] = [
+            self.engine.tokenizer.encode(p) if isinstance(p, str) and p else p for p in batch
+        ]
         request_ids = [f"llm-{next(self._ids)}" for _ in batch]
         self._add_all(request_ids, prompt_ids, all_params)
         deltas: dict[str, list[RequestOutput]] = {rid: [] for rid in request_ids}

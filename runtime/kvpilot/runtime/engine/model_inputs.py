@@ -114,29 +114,31 @@ def _sample_indices(chunks: list[SeqChunk], cu_seqlens: np.ndarray, sample: np.n
     ends = cu_seqlens[1:][sample]
     spec = [c.num_spec for c in chunks if c.sample]
     if not any(spec):
-        return ends - 1  # type: ignore[no-any-return]
+        return ends - 1
     counts = np.asarray(spec, dtype=np.int64) + 1
     starts = np.repeat(ends - counts, counts)
     within = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
-    return starts + within  # type: ignore[no-any-return]
+    return starts + within
 
 
 def _stage(host: _HostArrays, device: torch.device) -> ModelInputs:
-    """One int64 buffer: the int64 arrays, then the int32 arrays packed two per element; one copy."""
+    """One int64 buffer: the int64 arrays, then the int32 arrays packed two per element; one copy.
+    Every array starts on a 16-byte boundary: Triton specialises a kernel on whether each pointer is
+    16-byte aligned, so views at offsets that move with the batch would compile new variants mid-serving."""
     int64_parts = [host.input_ids, host.positions, host.slots, host.sample_indices]
     int32_parts = [host.cu_seqlens, host.context_lens, host.block_tables.reshape(-1)]
-    n64 = sum(p.size for p in int64_parts)
-    n32 = sum(p.size for p in int32_parts)
+    offsets64, n64 = _aligned_offsets([p.size for p in int64_parts], _ALIGN_BYTES // 8)
+    offsets32, n32 = _aligned_offsets([p.size for p in int32_parts], _ALIGN_BYTES // 4)
     pin = device.type == "cuda"
     buffer = torch.empty(n64 + (n32 + 1) // 2, dtype=torch.int64, pin_memory=pin)
     view64 = buffer.numpy()
     view32 = view64[n64:].view(np.int32)
-    _fill(view64, int64_parts)
-    _fill(view32, int32_parts)
+    _fill(view64, int64_parts, offsets64)
+    _fill(view32, int32_parts, offsets32)
     if device.type != "cpu":
         buffer = buffer.to(device, non_blocking=pin)
-    i64 = _split(buffer[:n64], [p.size for p in int64_parts])
-    i32 = _split(buffer[n64:].view(torch.int32), [p.size for p in int32_parts])
+    i64 = _split(buffer[:n64], int64_parts, offsets64)
+    i32 = _split(buffer[n64:].view(torch.int32), int32_parts, offsets32)
     num_seqs, width = host.block_tables.shape
     meta = AttentionMetadata(
         slot_mapping=i64[2],
@@ -149,19 +151,25 @@ def _stage(host: _HostArrays, device: torch.device) -> ModelInputs:
     return ModelInputs(i64[0], i64[1], meta, i64[3])
 
 
-def _fill(dest: np.ndarray, parts: list[np.ndarray]) -> None:
-    offset = 0
-    for part in parts:
-        dest[offset : offset + part.size] = part.reshape(-1)
-        offset += part.size
+_ALIGN_BYTES = 16
 
 
-def _split(flat: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
-    out, offset = [], 0
+def _aligned_offsets(sizes: list[int], align: int) -> tuple[list[int], int]:
+    """Start of each part, each a multiple of `align` elements, and the total length (also a multiple)."""
+    offsets, end = [], 0
     for size in sizes:
-        out.append(flat[offset : offset + size])
-        offset += size
-    return out
+        offsets.append(end)
+        end += -(-size // align) * align
+    return offsets, end
+
+
+def _fill(dest: np.ndarray, parts: list[np.ndarray], offsets: list[int]) -> None:
+    for part, offset in zip(parts, offsets, strict=True):
+        dest[offset : offset + part.size] = part.reshape(-1)
+
+
+def _split(flat: torch.Tensor, parts: list[np.ndarray], offsets: list[int]) -> list[torch.Tensor]:
+    return [flat[offset : offset + part.size] for part, offset in zip(parts, offsets, strict=True)]
 
 
 def prompt_row_indices(batch: StepBatch, device: torch.device) -> torch.Tensor:

@@ -122,7 +122,7 @@ class EngineCoreProcess:
         assert self._proc.stdin is not None
         self._proc.stdin.write(msgspec.json.encode(config) + b"\n")
         self._proc.stdin.flush()  # stdin stays open: its EOF tells the core that this process is gone
-        self._loop.add_reader(self._outputs.getsockopt(zmq.FD), self._readable)
+        self._loop.add_reader(self._outputs.fileno(), self._readable)
         threading.Thread(target=self._wait, name="engine-core-watch", daemon=True).start()
         logger.info("engine core process started (pid %d)", self._proc.pid)
 
@@ -193,7 +193,7 @@ class EngineCoreProcess:
         if self._outputs is not None:
             with contextlib.suppress(Exception):
                 assert self._loop is not None
-                self._loop.remove_reader(self._outputs.getsockopt(zmq.FD))
+                self._loop.remove_reader(self._outputs.fileno())
             self._outputs.close(linger=0)
             self._outputs = None
         if self._requests is not None:

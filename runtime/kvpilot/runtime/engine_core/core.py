@@ -68,7 +68,7 @@ def resolve_factory(spec: str) -> Callable[..., EngineLike]:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"engine factory {spec!r} is not of the form 'module:function'")
-    return getattr(importlib.import_module(module_name), attr)  # type: ignore[no-any-return]
+    return getattr(importlib.import_module(module_name), attr)
 
 
 def stats_message(stats: Any) -> Stats:

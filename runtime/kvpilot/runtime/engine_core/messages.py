@@ -128,7 +128,7 @@ def request_encoder() -> msgspec.msgpack.Encoder:
 
 
 def request_decoder() -> msgspec.msgpack.Decoder[CoreRequest]:
-    return msgspec.msgpack.Decoder(CoreRequest)  # type: ignore[arg-type]
+    return msgspec.msgpack.Decoder(CoreRequest)
 
 
 def message_encoder() -> msgspec.msgpack.Encoder:
@@ -136,4 +136,4 @@ def message_encoder() -> msgspec.msgpack.Encoder:
 
 
 def message_decoder() -> msgspec.msgpack.Decoder[CoreMessage]:
-    return msgspec.msgpack.Decoder(CoreMessage)  # type: ignore[arg-type]
+    return msgspec.msgpack.Decoder(CoreMessage)

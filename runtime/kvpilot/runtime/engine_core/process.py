@@ -26,6 +26,7 @@ import threading
 
 import msgspec
 import zmq
+from kvpilot.runtime.engine.gc_heap import freeze_startup_heap
 from kvpilot.runtime.engine_core.client import IPC_DIR_PREFIX
 from kvpilot.runtime.engine_core.core import EngineCore, ready_message, resolve_factory
 from kvpilot.runtime.engine_core.messages import CoreConfig, LoadFailed, message_encoder
@@ -62,6 +63,7 @@ def main() -> int:
         requests.close(linger=0)
         context.term()
         return EXIT_LOAD_FAILED
+    logger.info("froze %d startup objects out of the garbage collector's way", freeze_startup_heap())
     outputs.send(encoder.encode(ready_message(engine)))
     EngineCore(engine, requests, outputs).run()
     logger.info("engine core stopping: shutdown requested")

@@ -126,6 +126,10 @@ def engine_perplexity(
         if out.error or out.prompt_logprobs is None:
             return PerplexityResult("kvpilot", config, device, None, None, 0, 0.0, out.error or "no logprobs")
         for entry in out.prompt_logprobs[1:]:
+            if entry is None:  # only the first prompt token has no logprob
+                return PerplexityResult(
+                    "kvpilot", config, device, None, None, 0, 0.0, "a prompt logprob is missing"
+                )
             total -= entry.logprob
             count += 1
     ppl, nll = _from_nll(total, count)

@@ -131,7 +131,8 @@ def _quantize_rows(q, qtype: tl.constexpr, QMAX: tl.constexpr):
     return y.to(qtype), scale
 
 
-@triton.jit
+# the eager path's block-table width and plan change with the batch: no value specialisation on them
+@triton.jit(do_not_specialize=["partition_size", "num_splits", "stride_bt"])
 def _decode_kernel(
     q_ptr,  # [num_seqs, num_heads, head_dim]
     k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -296,7 +297,7 @@ def _decode_kernel(
         tl.store(o_ptrs, (acc / l_safe[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["partition_size", "num_splits"])
 def _decode_reduce_kernel(
     part_out_ptr,  # [num_seqs, num_heads, num_splits, head_dim] fp32
     part_lse_ptr,  # [num_seqs, num_heads, num_splits] fp32

@@ -32,7 +32,8 @@ class PrefillConfig:
     num_stages: int = 2
 
 
-@triton.jit
+# stride_bt is the step's block-table width: specialising on it (== 1, % 16) would compile mid-serving
+@triton.jit(do_not_specialize=["stride_bt"])
 def _prefill_kernel(
     q_ptr,  # [num_tokens, num_heads, head_dim]
     k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]

@@ -11,6 +11,8 @@ parameter names stay the checkpoint's), the first stage the embedding and the la
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from kvpilot.runtime.config import ModelConfig
 from kvpilot.runtime.distributed.comm import Comm
@@ -69,7 +71,7 @@ class LlamaAttention(nn.Module):
         out = self.attn(q, kv_cache, meta)
         return self.o_proj(out.reshape(hidden.shape[0], self.q_size))  # a view: out is dense
 
-    def _qk_norm_weights(self) -> dict[str, torch.Tensor | float]:
+    def _qk_norm_weights(self) -> dict[str, Any]:
         """Read at call time: the loader may replace the parameters after construction."""
         if not self.qk_norm:
             return {}

@@ -139,14 +139,14 @@ class CompletionRequest(_GenerationRequest):
         if not prompt:
             raise invalid_request("prompt must not be empty", "prompt")
         if isinstance(prompt[0], int):
-            return [list(prompt)]  # type: ignore[arg-type]
+            return [list(prompt)]
         if len(prompt) * self.n > MAX_GENERATIONS:
             raise invalid_request(
                 f"{len(prompt)} prompts x n={self.n} asks for more than {MAX_GENERATIONS} "
                 "generations in one request",
                 "prompt",
             )
-        return list(prompt)  # type: ignore[arg-type]
+        return list(prompt)
 
     def sampling_params(self) -> list[SamplingParams]:
         self._check_common()

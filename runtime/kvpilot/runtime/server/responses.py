@@ -163,7 +163,7 @@ class CompletionFormat:
         return [_chunk(meta, self.chunk_object, [entry])]
 
     def response(self, meta: ResponseMeta, choices: list[ChoiceState]) -> dict[str, Any]:
-        entries = [
+        entries: list[dict[str, Any]] = [
             {
                 "index": c.index,
                 "text": c.text,

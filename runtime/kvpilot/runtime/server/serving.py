@@ -180,7 +180,7 @@ class OpenAIServing:
             if opening:
                 yield opening
             async for batch in stream.batches():
-                events = []
+                events: list[bytes] = []
                 for index, event in batch:
                     choice = choices[index]
                     events.extend(
