@@ -44,7 +44,6 @@ from bench_kernels import (  # benchmarks/ is on sys.path when this file runs as
 from kvpilot.runtime.kernels.decode_attention_triton import (
     DecodeConfig,
     DecodePlan,
-    default_decode_config,
     paged_decode_attention_triton,
     plan_decode,
 )
@@ -52,9 +51,17 @@ from kvpilot.runtime.kernels.prefill_attention_triton import PrefillConfig, page
 from kvpilot.runtime.kernels.triton_utils import num_sms
 
 SCALE = 128**-0.5
-KV8_SHAPES = ((64, 4096), (16, 8192), (8, 4096), (32, 512), (1, 4096))
-DECODE_SHAPES = ((8, 4096), (32, 512), (16, 8192), (1, 4096), (64, 4096))
-PREFILL_SHAPES = ((1024, 1024), (4096, 512))  # (context, new tokens), batch 1
+DEV = "cuda"
+# the default (--quick) run fits a 3.5-minute device call with compilation: the issues' target shapes only
+KV8_SHAPES = {"quick": ((64, 4096),), "full": ((64, 4096), (16, 8192), (8, 4096), (32, 512), (1, 4096))}
+DECODE_SHAPES = {
+    "quick": ((8, 4096), (32, 512)),
+    "full": ((8, 4096), (32, 512), (16, 8192), (1, 4096), (64, 4096)),
+}
+PREFILL_SHAPES = {"quick": ((1024, 1024),), "full": ((1024, 1024), (4096, 512))}  # (context, new), batch 1
+# W1's mixed step (Qwen3-0.6B heads: 16 q, 8 KV): 8 prompt chunks (context = chunk) + 128 decode rows
+W1_CHUNKS = (1024, 1000, 980, 950, 900, 870, 1024, 1010)
+W1_HEADS = (16, 8)
 
 
 @dataclass
@@ -73,22 +80,26 @@ class Row:
         return 100 * self.bytes / (self.us * 1e-6) / COPY_BW
 
 
-def kv8_variants() -> dict[str, DecodeConfig]:
+def kv8_variants(mode: str) -> dict[str, DecodeConfig]:
     d = DecodeConfig(block_n=128)
     # num_stages: the K/V loads hang off a block-table load, so Triton double-buffers K/V only from
     # num_stages=5 (compile_check: shared memory grows there, not at 3 or 4); below that a program's next
     # tile is fetched after its current one is computed and only co-resident programs hide the latency.
-    return {
+    out = {
         "old:operand bn128 w4 s2": replace(d, v_widen="operand"),
         "tile bn128 w4 s2": d,
-        "tile bn128 w8 s2": replace(d, num_warps=8),
-        "tile bn128 w4 s5": replace(d, num_stages=5),
-        "tile bn64 w4 s2": replace(d, block_n=64),
         "tile bn64 w4 s5": replace(d, block_n=64, num_stages=5),
         "tile+qk8 bn128 w4 s2": replace(d, qk_dot="native"),
-        "tile+qk8 bn64 w4 s2": replace(d, qk_dot="native", block_n=64),
         "tile+qk8 bn64 w4 s5": replace(d, qk_dot="native", block_n=64, num_stages=5),
     }
+    if mode == "full":
+        out |= {
+            "tile bn128 w8 s2": replace(d, num_warps=8),
+            "tile bn128 w4 s5": replace(d, num_stages=5),
+            "tile bn64 w4 s2": replace(d, block_n=64),
+            "tile+qk8 bn64 w4 s2": replace(d, qk_dot="native", block_n=64),
+        }
+    return out
 
 
 def decode_call(b: dict[str, torch.Tensor], cfg: DecodeConfig | None, plan: DecodePlan | None) -> Callable:
@@ -111,8 +122,8 @@ def time_decode(
     return us, float(err)
 
 
-def sweep_kv8(replays: int, emit: Callable[[Row], None]) -> None:
-    for batch, ctx in KV8_SHAPES:
+def sweep_kv8(mode: str, replays: int, emit: Callable[[Row], None]) -> None:
+    for batch, ctx in KV8_SHAPES[mode]:
         shape = f"{batch}x{ctx}"
         base = [paged_batch(batch, ctx, 1) for _ in range(num_sets(attn_bytes(batch, ctx, 1)))]
         us, err = time_decode(base, None, None, replays, reference(base[0], SCALE).float())
@@ -122,22 +133,24 @@ def sweep_kv8(replays: int, emit: Callable[[Row], None]) -> None:
             nbytes = attn_bytes(batch, ctx, 1, dtype)
             sets = [paged_batch(batch, ctx, 1, dtype) for _ in range(num_sets(nbytes))]
             ref = reference(sets[0], SCALE).float()
-            for name, cfg in kv8_variants().items():
+            for name, cfg in kv8_variants(mode).items():
+                if kv == "fp8" and "qk8" in name and mode == "quick":
+                    continue  # e4m3 x e4m3 at M = 16 is a widening + fp16 dot in Triton: only q's rounding
                 us, err = time_decode(sets, cfg, None, replays, ref)
                 emit(Row("kv8", shape, kv, name, us, nbytes, max_err=err))
             del sets
 
 
-def decode_variants(batch: int, ctx: int) -> dict[str, tuple[DecodeConfig, DecodePlan | None]]:
-    out: dict[str, tuple[DecodeConfig, DecodePlan | None]] = {}
-    for bn, warps, stages in ((64, 4, 2), (64, 4, 5), (32, 4, 5), (32, 4, 2), (128, 8, 2)):
-        cfg = DecodeConfig(block_n=bn, num_warps=warps, num_stages=stages)
-        out[f"bn{bn} w{warps} s{stages} plan"] = (cfg, None)
+def decode_variants(mode: str, ctx: int) -> dict[str, tuple[DecodeConfig, DecodePlan | None]]:
     d = DecodeConfig()
-    out["default fixed-partition"] = (replace(d, adaptive_partitions=False), None)
-    for waves in (2.0, 8.0):
-        out[f"default split_waves {waves:g}"] = (replace(d, split_waves=waves), None)
-    for splits in (1, 2, 4, 8, 16, 32):
+    out: dict[str, tuple[DecodeConfig, DecodePlan | None]] = {"default plan": (d, None)}
+    configs = (
+        ((64, 4, 5), (32, 4, 5)) if mode == "quick" else ((64, 4, 5), (32, 4, 5), (32, 4, 2), (128, 8, 2))
+    )
+    for bn, warps, stages in configs:
+        out[f"bn{bn} w{warps} s{stages} plan"] = (DecodeConfig(bn, warps, stages), None)
+    out["default split_waves 8"] = (replace(d, split_waves=8.0), None)
+    for splits in (4, 16, 32) if mode == "quick" else (1, 2, 4, 8, 16, 32):
         if splits * 64 <= ctx:
             for stages in (2, 5):
                 plan = DecodePlan(splits, _cdiv(_cdiv(ctx, splits), 64) * 64)
@@ -153,8 +166,8 @@ def sdpa_us(ctx: int, q_len: int, causal: bool, replays: int) -> float:
     """torch SDPA on contiguous [1, heads, seq, dim] K/V (GQA without repeats), graph-timed."""
 
     def make() -> tuple[torch.Tensor, ...]:
-        q = torch.randn(1, q_len, 32, 128, device="cuda", dtype=BF16).transpose(1, 2)
-        k, v = (torch.randn(1, ctx, KVH, 128, device="cuda", dtype=BF16).transpose(1, 2) for _ in range(2))
+        q = torch.randn(1, q_len, 32, 128, device=DEV, dtype=BF16).transpose(1, 2)
+        k, v = (torch.randn(1, ctx, KVH, 128, device=DEV, dtype=BF16).transpose(1, 2) for _ in range(2))
         return q, k, v
 
     sets = [make() for _ in range(num_sets(attn_bytes(1, ctx, q_len)))]
@@ -163,65 +176,113 @@ def sdpa_us(ctx: int, q_len: int, causal: bool, replays: int) -> float:
     return measure(calls, replays)[0]
 
 
-def sweep_decode(replays: int, emit: Callable[[Row], None]) -> None:
+def sweep_decode(mode: str, replays: int, emit: Callable[[Row], None]) -> None:
     sms = num_sms(torch.device("cuda"))
-    for batch, ctx in DECODE_SHAPES:
+    for batch, ctx in DECODE_SHAPES[mode]:
         shape = f"{batch}x{ctx}"
         nbytes = attn_bytes(batch, ctx, 1)
         sets = [paged_batch(batch, ctx, 1) for _ in range(num_sets(nbytes))]
         sdpa = bench_sdpa(batch, ctx, 1, replays)
         emit(Row("decode", shape, "bf16", "torch SDPA (contiguous)", sdpa.us, nbytes))
-        default = plan_decode(batch, KVH, ctx, sms, default_decode_config(BF16))
         ref = reference(sets[0], SCALE).float()
-        for name, (cfg, plan) in decode_variants(batch, ctx).items():
+        for name, (cfg, plan) in decode_variants(mode, ctx).items():
             us, err = time_decode(sets, cfg, plan, replays, ref)
             chosen = plan or plan_decode(batch, KVH, ctx, sms, cfg)
             note = f"splits={chosen.num_splits} part={chosen.partition_size}"
             emit(Row("decode", shape, "bf16", name, us, nbytes, max_err=err, note=note))
-        # a CUDA graph captured for an 8k-wide block table replaying a short context (the engine's case)
-        wide = [dict(b, bt=torch.cat([b["bt"], b["bt"].new_zeros(batch, 8192 // PAGE)], 1)) for b in sets]
-        for name, cfg in (("wide table, adaptive", DecodeConfig()),
-                          ("wide table, fixed", DecodeConfig(adaptive_partitions=False))):  # fmt: skip
-            us, err = time_decode(wide, cfg, None, replays, ref)
-            plan = plan_decode(batch, KVH, wide[0]["bt"].shape[1] * PAGE, sms, cfg)
-            note = f"splits={plan.num_splits} part={plan.partition_size} (default plan {default})"
-            emit(Row("decode", shape, "bf16", name, us, nbytes, max_err=err, note=note))
-        del sets, wide
+        if mode == "full":  # a CUDA graph captured for an 8k-wide block table replaying a short context
+            wide = [dict(b, bt=torch.cat([b["bt"], b["bt"].new_zeros(batch, 8192 // PAGE)], 1)) for b in sets]
+            for name, cfg in (("wide table, adaptive", DecodeConfig()),
+                              ("wide table, fixed", DecodeConfig(adaptive_partitions=False))):  # fmt: skip
+                us, err = time_decode(wide, cfg, None, replays, ref)
+                plan = plan_decode(batch, KVH, wide[0]["bt"].shape[1] * PAGE, sms, cfg)
+                note = f"splits={plan.num_splits} part={plan.partition_size}"
+                emit(Row("decode", shape, "bf16", name, us, nbytes, max_err=err, note=note))
+            del wide
+        del sets
 
 
-def prefill_variants() -> dict[str, PrefillConfig]:
+def prefill_variants(mode: str) -> dict[str, PrefillConfig]:
     out = {"default": PrefillConfig()}
-    for bm, bn, warps, stages in (
-        (128, 64, 8, 5), (64, 64, 4, 2), (64, 64, 4, 5), (64, 32, 4, 2), (64, 32, 4, 5), (128, 128, 8, 2),
-        (64, 128, 4, 2), (128, 32, 8, 2), (128, 32, 8, 5), (256, 64, 8, 2), (32, 64, 4, 2), (32, 64, 4, 5),
-    ):  # fmt: skip
+    quick = ((128, 64, 8, 5), (64, 64, 4, 2), (128, 128, 8, 2), (64, 32, 4, 2))
+    more = (
+        (64, 64, 4, 5), (64, 32, 4, 5), (64, 128, 4, 2), (128, 32, 8, 2), (128, 32, 8, 5), (256, 64, 8, 2),
+        (32, 64, 4, 2), (32, 64, 4, 5),
+    )  # fmt: skip
+    for bm, bn, warps, stages in quick + (more if mode == "full" else ()):
         out[f"bm{bm} bn{bn} w{warps} s{stages}"] = PrefillConfig(bm, bn, warps, stages)
     return out
 
 
-def sweep_prefill(replays: int, emit: Callable[[Row], None]) -> None:
-    for ctx, q_len in PREFILL_SHAPES:
-        shape = f"1x{q_len} on {ctx}"
-        nbytes, flops = attn_bytes(1, ctx, q_len), attn_flops(1, ctx, q_len)
-        sets = [paged_batch(1, ctx, q_len) for _ in range(num_sets(nbytes))]
-        us = sdpa_us(ctx, q_len, q_len == ctx, replays)  # causal only when q_len == ctx (see the docstring)
-        label = "torch SDPA causal" if q_len == ctx else "torch SDPA non-causal (upper bound)"
-        emit(Row("prefill", shape, "bf16", label, us, nbytes, flops))
-        ref = reference(sets[0], SCALE).float()
-        for name, cfg in prefill_variants().items():
+def varlen_batch(
+    ctx_lens: list[int], q_lens: list[int], heads: int, kv_heads: int
+) -> dict[str, torch.Tensor]:
+    """A mixed step's attention inputs: per-sequence contexts and new tokens, pages shuffled over the pool."""
+    per_seq = [_cdiv(c, PAGE) for c in ctx_lens]
+    perm = torch.randperm(sum(per_seq), device=DEV).to(torch.int32)
+    bt = torch.zeros(len(ctx_lens), max(per_seq), dtype=torch.int32, device=DEV)
+    used = 0
+    for i, n in enumerate(per_seq):
+        bt[i, :n] = perm[used : used + n]
+        used += n
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
+    return {
+        "q": torch.randn(sum(q_lens), heads, 128, device=DEV, dtype=BF16),
+        "k": torch.randn(sum(per_seq), PAGE, kv_heads, 128, device=DEV, dtype=BF16),
+        "v": torch.randn(sum(per_seq), PAGE, kv_heads, 128, device=DEV, dtype=BF16),
+        "cu": cu,
+        "ctx": torch.tensor(ctx_lens, dtype=torch.int32, device=DEV),
+        "bt": bt,
+    }
 
-            def call(b: dict[str, torch.Tensor], cfg: PrefillConfig = cfg, n: int = q_len) -> Callable:
-                args = (b["q"], b["k"], b["v"], b["cu"], b["ctx"], b["bt"], SCALE)
-                return lambda: paged_prefill_attention_triton(*args, max_q_len=n, config=cfg)
+
+def w1_step() -> tuple[list[int], list[int]]:
+    """(context lens, new tokens) of a W1-like mixed step: prompt chunks, then 128 decode rows."""
+    gen = torch.Generator().manual_seed(1)
+    decode_ctx = torch.randint(150, 1500, (128,), generator=gen).tolist()
+    return [*W1_CHUNKS, *decode_ctx], [*W1_CHUNKS, *([1] * 128)]
+
+
+def prefill_cases(mode: str) -> list[tuple[str, dict[str, torch.Tensor], float, float]]:
+    """(name, inputs, bytes, flops): 1 x q_len on ctx at Qwen3-8B heads, and W1's mixed step."""
+    cases = []
+    for ctx, q_len in PREFILL_SHAPES[mode]:
+        b = paged_batch(1, ctx, q_len)
+        cases.append((f"1x{q_len} on {ctx}", b, attn_bytes(1, ctx, q_len), attn_flops(1, ctx, q_len)))
+    ctx_lens, q_lens = w1_step()
+    heads, kv_heads = W1_HEADS
+    keys = sum(sum(c - q + i + 1 for i in range(q)) for c, q in zip(ctx_lens, q_lens, strict=True))
+    nbytes = sum(ctx_lens) * kv_heads * 128 * 4 + sum(q_lens) * heads * 128 * 4
+    cases.append(("W1 mixed: 8 chunks + 128 decodes", varlen_batch(ctx_lens, q_lens, heads, kv_heads),
+                  nbytes, 4.0 * heads * 128 * keys))  # fmt: skip
+    return cases
+
+
+def sweep_prefill(mode: str, replays: int, emit: Callable[[Row], None]) -> None:
+    for shape, b, nbytes, flops in prefill_cases(mode):
+        q_len = int((b["cu"][1:] - b["cu"][:-1]).max())
+        if b["q"].shape[1] == 32:  # SDPA beside the Qwen3-8B shapes (causal only when q_len == ctx)
+            ctx = int(b["ctx"][0])
+            label = "torch SDPA causal" if q_len == ctx else "torch SDPA non-causal (upper bound)"
+            emit(
+                Row(
+                    "prefill", shape, "bf16", label, sdpa_us(ctx, q_len, q_len == ctx, replays), nbytes, flops
+                )
+            )
+        ref = reference(b, SCALE).float()
+        for name, cfg in prefill_variants(mode).items():
+
+            def call(cfg: PrefillConfig = cfg, n: int = q_len, x: dict = b) -> torch.Tensor:
+                args = (x["q"], x["k"], x["v"], x["cu"], x["ctx"], x["bt"], SCALE)
+                return paged_prefill_attention_triton(*args, max_q_len=n, config=cfg)
 
             try:
-                err = float((call(sets[0])().float() - ref).abs().max())
-                us, _ = measure([call(b) for b in sets], replays)
+                err = float((call().float() - ref).abs().max())
+                us, _ = measure([call], replays)
             except Exception as e:  # e.g. out of shared memory for a large tile: report, go on
                 emit(Row("prefill", shape, "bf16", name, float("nan"), nbytes, flops, note=str(e)[:80]))
                 continue
             emit(Row("prefill", shape, "bf16", name, us, nbytes, flops, max_err=err))
-        del sets
 
 
 def fmt(r: Row) -> str:
@@ -238,14 +299,14 @@ HEADER = (
 
 
 def best_table(rows: list[Row]) -> str:
-    """Per (part, shape, kv): the reference rows (default/SDPA/old) and the three fastest variants."""
+    """Per (part, shape, kv): the reference rows (default/SDPA/old) and the fastest variant."""
     lines = [HEADER]
     groups: dict[tuple[str, str, str], list[Row]] = {}
     for r in rows:
         groups.setdefault((r.part, r.shape, r.kv), []).append(r)
     for group in groups.values():
         fixed = [r for r in group if r.variant.startswith(("default", "torch", "old"))]
-        fastest = sorted((r for r in group if r not in fixed and r.us == r.us), key=lambda r: r.us)[:3]
+        fastest = sorted((r for r in group if r not in fixed and r.us == r.us), key=lambda r: r.us)[:1]
         lines += [fmt(r) for r in fixed + fastest]
     return "\n".join(lines)
 
@@ -273,7 +334,8 @@ def kv8_speedups(rows: list[Row]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--parts", default="kv8,decode,prefill")
+    parser.add_argument("--parts", default="kv8,prefill,decode")
+    parser.add_argument("--full", action="store_true", help="all shapes and variants (~10 min)")
     parser.add_argument("--replays", type=int, default=10)
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -290,8 +352,8 @@ def main() -> None:
     print(f"copy bandwidth {copy_bandwidth() / 1e12:.2f} TB/s; {torch.cuda.get_device_name()}\n{HEADER}")
     parts = {"kv8": sweep_kv8, "decode": sweep_decode, "prefill": sweep_prefill}
     for part in args.parts.split(","):
-        parts[part](args.replays, emit)
-    print("\nsummary (reference rows + the 3 fastest variants per case):\n" + best_table(rows))
+        parts[part]("full" if args.full else "quick", args.replays, emit)
+    print("\nsummary (reference rows + the fastest variant per case):\n" + best_table(rows))
     if "kv8" in args.parts:
         print("\n8-bit decode speed-ups:\n" + kv8_speedups(rows))
 
