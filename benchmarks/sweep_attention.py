@@ -203,7 +203,7 @@ def sweep_decode(mode: str, replays: int, emit: Callable[[Row], None]) -> None:
 
 
 def prefill_variants(mode: str) -> dict[str, PrefillConfig]:
-    out = {"default": PrefillConfig()}
+    out = {"default": PrefillConfig(), "old: per-sequence grid": PrefillConfig(flat_grid=False)}
     quick = ((128, 64, 8, 5), (64, 64, 4, 2), (128, 128, 8, 2), (64, 32, 4, 2))
     more = (
         (64, 64, 4, 5), (64, 32, 4, 5), (64, 128, 4, 2), (128, 32, 8, 2), (128, 32, 8, 5), (256, 64, 8, 2),

@@ -180,6 +180,19 @@ def test_prefill_mixed_batch_matches_reference(num_heads: int, num_kv_heads: int
     torch.testing.assert_close(out, reference(b, 0.29), **SMALL_TOL)
 
 
+def test_prefill_flat_grid_equals_the_per_sequence_grid() -> None:
+    """A mixed step (chunks beside many single-token rows): the flat grid finds every (sequence, tile)
+    on the device, with and without the max_q_len hint, and matches the per-sequence grid."""
+    ctx_lens = [40, 23, *range(5, 45, 3), 17]
+    q_lens = [40, 9, *([1] * len(range(5, 45, 3))), 17]
+    b = make_batch(ctx_lens, q_lens, 4, 2, 16, 4, seed=9)
+    small = PrefillConfig(block_m=16, block_n=16)
+    flat = prefill(b, 0.3, config=small)
+    torch.testing.assert_close(flat, reference(b, 0.3), **SMALL_TOL)
+    per_seq = prefill(b, 0.3, config=PrefillConfig(block_m=16, block_n=16, flat_grid=False))
+    torch.testing.assert_close(flat, per_seq, atol=0, rtol=0)
+
+
 def test_prefill_default_config_with_max_q_len_hint() -> None:
     b = make_batch([150, 70], [150, 3], 8, 2, 32, 16, seed=20)
     torch.testing.assert_close(prefill(b, 0.2, max_q_len=150), reference(b, 0.2), **SMALL_TOL)

@@ -30,10 +30,30 @@ class PrefillConfig:
     block_n: int = 64  # context positions per tile
     num_warps: int = 8
     num_stages: int = 2
+    # Grid over the (sequence, query tile) pairs that exist, found on the device from cu_seqlens_q, rather
+    # than sequences x the longest chunk's tiles: a mixed step of 8 chunks of ~1k tokens and 128 decode
+    # rows launches ~260 x kv_heads programs instead of 136 x 16 x kv_heads (~15k of them empty).
+    flat_grid: bool = True
+
+
+@triton.jit
+def _flat_tile(cu_seqlens_q_ptr, num_seqs, pid, BLOCK_Q: tl.constexpr, BLOCK_SEQS: tl.constexpr):
+    """Program pid of the flat grid -> (sequence, query tile); sequence >= num_seqs past the last tile.
+    Tiles are numbered sequence by sequence, each sequence's last (longest-context) tile first."""
+    offs = tl.arange(0, BLOCK_SEQS)
+    live = offs < num_seqs
+    lo = tl.load(cu_seqlens_q_ptr + offs, mask=live, other=0)
+    hi = tl.load(cu_seqlens_q_ptr + offs + 1, mask=live, other=0)
+    tiles = tl.cdiv(hi - lo, BLOCK_Q)  # [BLOCK_SEQS] query tiles per sequence, 0 past num_seqs
+    ends = tl.cumsum(tiles, 0)  # one past each sequence's last tile number
+    seq = tl.sum((ends <= pid).to(tl.int32), 0)  # the sequences that end at or before pid
+    first = tl.sum(tl.where(offs == seq, ends - tiles, 0), 0)
+    count = tl.sum(tl.where(offs == seq, tiles, 0), 0)
+    return seq, count - 1 - (pid - first)
 
 
 # stride_bt is the step's block-table width: specialising on it (== 1, % 16) would compile mid-serving
-@triton.jit(do_not_specialize=["stride_bt"])
+@triton.jit(do_not_specialize=["stride_bt", "num_seqs"])
 def _prefill_kernel(
     q_ptr,  # [num_tokens, num_heads, head_dim]
     k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -59,6 +79,7 @@ def _prefill_kernel(
     stride_sb,
     stride_ss,
     stride_sh,
+    num_seqs,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,  # GROUP rounded up to a power of two
     HEAD_DIM: tl.constexpr,
@@ -68,11 +89,18 @@ def _prefill_kernel(
     BLOCK_Q: tl.constexpr,  # query tokens per program, BLOCK_M // GROUP_PAD
     BLOCK_N: tl.constexpr,
     SCALED: tl.constexpr,  # 8-bit cache: q stays in its dtype, scales dequantize the scores/weights
+    FLAT: tl.constexpr = False,  # grid (existing tiles, kv heads), see PrefillConfig.flat_grid
+    BLOCK_SEQS: tl.constexpr = 256,  # num_seqs rounded up to a power of two (FLAT)
 ):
-    # Launch the last (longest, most causal context) query tiles first so short ones fill the tail.
-    tile = tl.num_programs(0) - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
-    seq = tl.program_id(2)
+    if FLAT:
+        seq, tile = _flat_tile(cu_seqlens_q_ptr, num_seqs, tl.program_id(0), BLOCK_Q, BLOCK_SEQS)
+        if seq >= num_seqs:  # the grid is sized for the most tiles num_tokens and num_seqs allow
+            return
+    else:
+        # Launch the last (longest, most causal context) query tiles first so short ones fill the tail.
+        tile = tl.num_programs(0) - 1 - tl.program_id(0)
+        seq = tl.program_id(2)
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
     t0 = tile * BLOCK_Q
@@ -194,7 +222,8 @@ def paged_prefill_attention_triton(
     k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] fp32: 8-bit caches
     v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    """max_q_len sizes the grid; when None it is read from cu_seqlens_q (one host sync)."""
+    """max_q_len sizes the grid when config.flat_grid is off (when None it is read from cu_seqlens_q: one
+    host sync); the flat grid needs no hint."""
     cfg = config or PrefillConfig()
     num_tokens, num_heads, head_dim = q.shape
     page, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -202,13 +231,16 @@ def paged_prefill_attention_triton(
     out = torch.empty_like(q)
     if num_tokens == 0 or num_seqs == 0:
         return out
-    if max_q_len is None:
-        max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max().item())
     group = num_heads // num_kv_heads
     group_pad = next_power_of_2(group)
     block_m = max(cfg.block_m, group_pad, 16)  # at least one whole group, and tl.dot needs M >= 16
     block_q = block_m // group_pad
-    grid = (triton.cdiv(max_q_len, block_q), num_kv_heads, num_seqs)
+    if cfg.flat_grid:  # sum over sequences of ceil(q_len / block_q) <= num_tokens / block_q + num_seqs
+        grid = (triton.cdiv(num_tokens, block_q) + num_seqs, num_kv_heads, 1)
+    else:
+        if max_q_len is None:
+            max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max().item())
+        grid = (triton.cdiv(max_q_len, block_q), num_kv_heads, num_seqs)
     _prefill_kernel[grid](
         q,
         k_cache,
@@ -230,6 +262,7 @@ def paged_prefill_attention_triton(
         v_cache.stride(2),
         block_tables.stride(0),
         *_scale_args(k_cache, k_scale, v_scale),
+        num_seqs,
         GROUP=group,
         GROUP_PAD=group_pad,
         HEAD_DIM=head_dim,
@@ -239,6 +272,8 @@ def paged_prefill_attention_triton(
         BLOCK_Q=block_q,
         BLOCK_N=cfg.block_n,
         SCALED=k_scale is not None,
+        FLAT=cfg.flat_grid,
+        BLOCK_SEQS=max(256, next_power_of_2(num_seqs)),  # one compile up to 256 sequences
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
