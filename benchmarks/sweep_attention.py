@@ -150,6 +150,8 @@ def decode_variants(mode: str, ctx: int) -> dict[str, tuple[DecodeConfig, Decode
     for bn, warps, stages in configs:
         out[f"bn{bn} w{warps} s{stages} plan"] = (DecodeConfig(bn, warps, stages), None)
     out["default split_waves 8"] = (replace(d, split_waves=8.0), None)
+    out["default split s5"] = (replace(d, split_num_stages=5), None)
+    out["default split s5 waves 8"] = (replace(d, split_num_stages=5, split_waves=8.0), None)
     for splits in (4, 16, 32) if mode == "quick" else (1, 2, 4, 8, 16, 32):
         if splits * 64 <= ctx:
             for stages in (2, 5):

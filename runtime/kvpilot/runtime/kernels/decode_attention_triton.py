@@ -39,6 +39,9 @@ class DecodeConfig:
     block_n: int = 64  # context positions per tile; any power of two >= 16 (pages are gathered per position)
     num_warps: int = 4
     num_stages: int = 2
+    # num_stages of split-KV launches (few sequences: few programs per SM, so each program's own tile
+    # prefetch matters); None: num_stages. Triton double-buffers the block-table-indexed K/V from 5 on.
+    split_num_stages: int | None = None
     min_partition: int = 128  # fewest context positions a split-KV program handles
     # single pass once num_seqs * num_kv_heads >= single_pass_waves * SMs; else split to ~split_waves * SMs
     single_pass_waves: float = 2.0
@@ -409,7 +412,7 @@ def paged_decode_attention_triton(
         WIDEN_ASM=q.device.type == "cuda",
         QMAX=QUANT_MAX.get(k_cache.dtype, 448.0),
         num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        num_stages=(cfg.split_num_stages or cfg.num_stages) if split else cfg.num_stages,
     )
     if split:
         _decode_reduce_kernel[(num_heads, num_seqs)](
