@@ -9,6 +9,8 @@ table, i.e. BLOCK_N / block_size pages per tile (page size 16 is too small to be
   whole context and writes the normalised output directly.
 - Split-KV (num_splits > 1): few sequences -> partition the context so that enough programs run; each writes
   a normalised partial output and its log-sum-exp (base 2), and a reduce kernel merges the partitions.
+  The split count comes from the shapes; each sequence's partition size from its own context on the
+  device (DecodePlan), so a graph captured for a wide block table spreads a short context over its splits.
 
 Grid shape depends only on tensor shapes (the context bound is block_tables.shape[1] * block_size), never on
 device values, so the launch is CUDA-graph capturable and needs no host sync.
