@@ -150,8 +150,7 @@ def decode_variants(mode: str, ctx: int) -> dict[str, tuple[DecodeConfig, Decode
     for bn, warps, stages in configs:
         out[f"bn{bn} w{warps} s{stages} plan"] = (DecodeConfig(bn, warps, stages), None)
     out["default split_waves 8"] = (replace(d, split_waves=8.0), None)
-    out["default split s5"] = (replace(d, split_num_stages=5), None)
-    out["default split s5 waves 8"] = (replace(d, split_num_stages=5, split_waves=8.0), None)
+    out["short plans only (before)"] = (replace(d, long_split_waves=0.0), None)
     for splits in (4, 16, 32) if mode == "quick" else (1, 2, 4, 8, 16, 32):
         if splits * 64 <= ctx:
             for stages in (2, 5):
@@ -205,8 +204,13 @@ def sweep_decode(mode: str, replays: int, emit: Callable[[Row], None]) -> None:
 
 
 def prefill_variants(mode: str) -> dict[str, PrefillConfig]:
-    out = {"default": PrefillConfig(), "old: per-sequence grid": PrefillConfig(flat_grid=False)}
-    quick = ((128, 64, 8, 5), (64, 64, 4, 2), (128, 128, 8, 2), (64, 32, 4, 2))
+    out = {
+        "default": PrefillConfig(),
+        "old: bm128 bn64 w8 s2 per-sequence grid": PrefillConfig(128, 64, 8, 2, flat_grid=False),
+        "per-sequence grid": PrefillConfig(flat_grid=False),
+        "flat grid": PrefillConfig(flat_grid=True),
+    }
+    quick = ((128, 64, 8, 5), (128, 128, 8, 2), (64, 32, 4, 2))
     more = (
         (64, 64, 4, 5), (64, 32, 4, 5), (64, 128, 4, 2), (128, 32, 8, 2), (128, 32, 8, 5), (256, 64, 8, 2),
         (32, 64, 4, 2), (32, 64, 4, 5),

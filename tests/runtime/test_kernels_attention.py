@@ -19,6 +19,7 @@ from kvpilot.runtime.kernels.attention import paged_attention_ref  # noqa: E402
 from kvpilot.runtime.kernels.decode_attention_triton import (  # noqa: E402
     DecodeConfig,
     DecodePlan,
+    default_decode_config,
     paged_decode_attention_triton,
     partition_for,
     plan_decode,
@@ -26,6 +27,7 @@ from kvpilot.runtime.kernels.decode_attention_triton import (  # noqa: E402
 from kvpilot.runtime.kernels.prefill_attention_triton import (  # noqa: E402
     PrefillConfig,
     paged_prefill_attention_triton,
+    use_flat_grid,
 )
 from kvpilot.runtime.layers.kernel_ops import kernel_ops  # noqa: E402
 
@@ -115,9 +117,27 @@ def test_adaptive_partitions_spread_a_short_context_over_every_split() -> None:
     cfg = DecodeConfig()
     plan = plan_decode(4, 8, 8192, 132, cfg)
     assert plan.num_splits > 4
-    assert -(-600 // partition_for(600, plan, cfg.block_n)) == -(-600 // cfg.min_partition)  # 5 of 16
+    assert -(-600 // partition_for(600, plan, cfg.block_n)) == -(-600 // cfg.min_partition)  # 5 busy
     fixed = plan_decode(4, 8, 8192, 132, DecodeConfig(adaptive_partitions=False))
-    assert -(-600 // partition_for(600, fixed, cfg.block_n)) == 2  # the fixed plan: 2 splits of 512 busy
+    assert fixed.partition_size >= 1024  # the fixed plan: one split does all 600 positions
+    assert -(-600 // partition_for(600, fixed, cfg.block_n)) == 1
+
+
+@pytest.mark.parametrize(
+    ("num_seqs", "ctx", "splits", "stages"),
+    [(8, 4096, 4, 5), (16, 4096, 2, 5), (32, 512, 3, None), (16, 8192, 5, None), (1, 4096, 32, None)],
+)
+def test_plan_prefers_long_double_buffered_partitions(
+    num_seqs: int, ctx: int, splits: int, stages: int | None
+) -> None:
+    """Where the short plan cuts contexts into < 1024 positions (8 x 4k: 8 x 512), ~2 programs per SM with
+    long partitions at 5 stages (H200: 39.4 vs 47.2 µs); where partitions can't be long (32 x 512) or
+    already are (16 x 8k), the short plan."""
+    plan = plan_decode(num_seqs, 8, ctx, 132, DecodeConfig())
+    assert (plan.num_splits, plan.num_stages) == (splits, stages)
+    assert plan_decode(8, 8, 4096, 132, DecodeConfig(long_split_waves=0.0)).num_splits == 8
+    eight_bit = default_decode_config(torch.int8)  # long plans were measured for 16-bit caches only
+    assert plan_decode(8, 8, 4096, 132, eight_bit).num_stages is None
 
 
 def test_plan_short_context_is_one_pass() -> None:
@@ -186,11 +206,19 @@ def test_prefill_flat_grid_equals_the_per_sequence_grid() -> None:
     ctx_lens = [40, 23, *range(5, 45, 3), 17]
     q_lens = [40, 9, *([1] * len(range(5, 45, 3))), 17]
     b = make_batch(ctx_lens, q_lens, 4, 2, 16, 4, seed=9)
-    small = PrefillConfig(block_m=16, block_n=16)
+    small = PrefillConfig(block_m=16, block_n=16, flat_grid=True)
     flat = prefill(b, 0.3, config=small)
     torch.testing.assert_close(flat, reference(b, 0.3), **SMALL_TOL)
     per_seq = prefill(b, 0.3, config=PrefillConfig(block_m=16, block_n=16, flat_grid=False))
     torch.testing.assert_close(flat, per_seq, atol=0, rtol=0)
+
+
+def test_flat_grid_policy() -> None:
+    cfg = PrefillConfig()
+    assert use_flat_grid(cfg, 1024, 1, None, 16)  # no hint: flat, no host sync
+    assert not use_flat_grid(cfg, 1024, 1, 1024, 16)  # one prompt: the per-sequence grid is as small
+    assert use_flat_grid(cfg, 7886, 136, 1024, 32)  # W1 mixed step: 4352 vs 383 tiles
+    assert not use_flat_grid(PrefillConfig(flat_grid=False), 7886, 136, 1024, 32)
 
 
 def test_prefill_default_config_with_max_q_len_hint() -> None:

@@ -30,7 +30,7 @@ EXPECTED = {
     *(
         f"decode_single_pass_{kv}_{variant}"
         for kv in ("fp8", "int8")
-        for variant in ("v_operand", "qk_native", "bn64")
+        for variant in ("v_tile", "qk_native", "bn64")
     ),
 }
 
@@ -53,10 +53,11 @@ def test_kernels_compile_for_sm90() -> None:
         # Triton 3.9 here reports no stack; 3.6 (the GPU image) a 16-byte frame for the decode kernel.
         assert (reports[name]["stack_bytes"] or 0) <= 32, f"{name} spills registers: {reports[name]}"
     for kv in ("fp8", "int8"):
-        for name in (f"decode_single_pass_{kv}", f"decode_split_{kv}", f"decode_single_pass_{kv}_qk_native"):
-            # the 8-bit V tile reaches the P.V dot through vectorized loads, not byte-wise gathers
+        for name in (f"decode_single_pass_{kv}_v_tile", f"decode_single_pass_{kv}_qk_native"):
+            # v_widen="tile": the 8-bit V tile reaches the P.V dot through vectorized loads
             assert reports[name]["byte_shared_loads"] == 0, f"{name}: {reports[name]}"
-        assert reports[f"decode_single_pass_{kv}_v_operand"]["byte_shared_loads"] > 0  # what the check sees
+        # the default ("operand") gathers the transposed 8-bit V operand bytewise: what the check sees
+        assert reports[f"decode_single_pass_{kv}"]["byte_shared_loads"] > 0
     for name in (
         "qkv_prepare",
         "qkv_prepare_qk_norm",

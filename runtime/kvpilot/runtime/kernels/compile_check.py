@@ -189,8 +189,8 @@ def decode8_variants(kv: str) -> dict[str, decode_attention_triton.DecodeConfig]
     """Named non-default 8-bit decode configurations (the defaults are compiled as decode_*_{kv})."""
     base = decode_attention_triton.EIGHT_BIT_DECODE
     out = {
-        "v_operand": dataclasses.replace(base, v_widen="operand"),
-        "qk_native": dataclasses.replace(base, qk_dot="native"),
+        "v_tile": dataclasses.replace(base, v_widen="tile"),
+        "qk_native": dataclasses.replace(base, qk_dot="native", v_widen="tile"),
         "bn64": dataclasses.replace(base, block_n=64),
     }
     return out
@@ -214,7 +214,7 @@ def _prefill_consts(pre: prefill_attention_triton.PrefillConfig) -> dict[str, An
         "BLOCK_M": pre.block_m,
         "BLOCK_Q": pre.block_m // 4,
         "BLOCK_N": pre.block_n,
-        "FLAT": pre.flat_grid,
+        "FLAT": True,
         "BLOCK_SEQS": 256,
     }
 

@@ -41,24 +41,32 @@ class DecodeConfig:
     block_n: int = 64  # context positions per tile; any power of two >= 16 (pages are gathered per position)
     num_warps: int = 4
     num_stages: int = 2
-    # num_stages of split-KV launches (few sequences: few programs per SM, so each program's own tile
-    # prefetch matters); None: num_stages. Triton double-buffers the block-table-indexed K/V from 5 on.
-    split_num_stages: int | None = None
     min_partition: int = 128  # fewest context positions a split-KV program handles
     # single pass once num_seqs * num_kv_heads >= single_pass_waves * SMs; else split to ~split_waves * SMs
     single_pass_waves: float = 2.0
     split_waves: float = 4.0
+    # When split_waves would cut a context into short partitions (< long_partition positions), prefer
+    # ~long_split_waves programs per SM with long partitions and long_num_stages (Triton double-buffers the
+    # block-table-indexed K/V tiles from 5 stages on): measured on the H200 at 8 x 4k, 39.4 µs (80% of
+    # 4.25 TB/s) vs 47.2 µs for 8 splits of 512 at 2 stages; at 32 x 512 (partitions can't be long) the
+    # short plan stays (26.8 µs; 5 stages were slower there).
+    long_split_waves: float = 2.0
+    long_partition: int = 1024
+    long_num_stages: int = 5
     # Split partitions adapt at run time to each sequence's real context (ceil(ctx / num_splits) rounded
     # up to block_n, at least the plan's partition_size): a CUDA graph captured for a wide block table
     # (GRAPH_MAX_CONTEXT) then spreads a short context over all its splits instead of one. False: the
     # partition is fixed from the block-table width, as before.
     adaptive_partitions: bool = True
     # 8-bit caches only. qk_dot: "widen" converts every K element to the 16-bit dot type; "native" runs
-    # the QK dot on 8-bit operands, q quantized per row in-kernel (a win for int8: int8 tensor-core dots).
-    # v_widen: "tile" widens V in its vectorized load layout (then ldmatrix.trans); "operand" leaves it
-    # to Triton, which gathers the transposed 8-bit operand bytewise (attention_tile_triton.py).
+    # the QK dot on 8-bit operands, q quantized per row in-kernel (int8: int8 tensor-core dots).
+    # v_widen: "operand" leaves the V widening to Triton, which gathers the transposed 8-bit operand
+    # bytewise from shared memory; "tile" widens V in its vectorized load layout by inline PTX, then
+    # ldmatrix.trans (attention_tile_triton.py). On the H200 at 64 x 4k neither alternative was faster:
+    # fp8 251.5 µs (operand) vs 265.5 (tile); int8 226.9 (operand) vs 244.0 (tile), 227.6 (tile + native
+    # QK), so the defaults stay "widen"/"operand" (BENCHMARKS.md, 8-bit decode).
     qk_dot: str = "widen"
-    v_widen: str = "tile"
+    v_widen: str = "operand"
 
     def __post_init__(self) -> None:
         modes = {"qk_dot": ("widen", "native"), "v_widen": ("tile", "operand")}
@@ -70,8 +78,9 @@ class DecodeConfig:
 
 
 # An 8-bit tile of 128 positions is as many bytes as a 16-bit tile of 64: the same bytes in flight per
-# program, half the tiles per sequence.
-EIGHT_BIT_DECODE = DecodeConfig(block_n=128)
+# program, half the tiles per sequence. The long-partition plans were measured for 16-bit caches only
+# (8-bit tiles at 5 stages were slower at 64 x 4k), so 8-bit caches keep the short plans.
+EIGHT_BIT_DECODE = DecodeConfig(block_n=128, long_split_waves=0.0)
 
 
 def default_decode_config(cache_dtype: torch.dtype) -> DecodeConfig:
@@ -88,6 +97,7 @@ class DecodePlan:
 
     num_splits: int
     partition_size: int  # the fewest context positions per split, a multiple of block_n
+    num_stages: int | None = None  # the launch's software-pipeline depth; None: DecodeConfig.num_stages
 
 
 def plan_decode(
@@ -100,11 +110,21 @@ def plan_decode(
         return DecodePlan(1, max(bn, _cdiv(max_context_len, bn) * bn))
     want = math.ceil(config.split_waves * sms / max(programs, 1))
     splits = max(1, min(want, _cdiv(max_context_len, config.min_partition)))
-    partition = _cdiv(_cdiv(max_context_len, splits), bn) * bn  # ceil(ctx / splits) rounded up to bn
+    stages = None
+    if _split_partition(max_context_len, splits, bn) < config.long_partition:
+        long_splits = math.floor(config.long_split_waves * sms / max(programs, 1))
+        if long_splits > 1 and _split_partition(max_context_len, long_splits, bn) >= config.long_partition:
+            splits, stages = long_splits, config.long_num_stages
+    partition = _split_partition(max_context_len, splits, bn)
     splits = _cdiv(max_context_len, partition)
     if config.adaptive_partitions:  # the kernels size each sequence's partitions from its own context
-        return DecodePlan(splits, min(partition, _cdiv(config.min_partition, bn) * bn))
-    return DecodePlan(splits, partition)
+        partition = min(partition, _cdiv(config.min_partition, bn) * bn)
+    return DecodePlan(splits, partition, stages)
+
+
+def _split_partition(max_context_len: int, splits: int, block_n: int) -> int:
+    """ceil(max_context_len / splits) rounded up to whole tiles."""
+    return _cdiv(_cdiv(max_context_len, splits), block_n) * block_n
 
 
 def partition_for(ctx: int, plan: DecodePlan, block_n: int) -> int:
@@ -414,7 +434,7 @@ def paged_decode_attention_triton(
         WIDEN_ASM=q.device.type == "cuda",
         QMAX=QUANT_MAX.get(k_cache.dtype, 448.0),
         num_warps=cfg.num_warps,
-        num_stages=(cfg.split_num_stages or cfg.num_stages) if split else cfg.num_stages,
+        num_stages=plan.num_stages or cfg.num_stages,
     )
     if split:
         _decode_reduce_kernel[(num_heads, num_seqs)](

@@ -26,14 +26,19 @@ from .triton_utils import scale_launch_args as _scale_args
 
 @dataclass(frozen=True)
 class PrefillConfig:
-    block_m: int = 128  # query rows (tokens x heads of one group) per program
+    # H200 (benchmarks/sweep_attention.py, BENCHMARKS.md): 64-row tiles at 4 warps beat 128 x 64 at 8
+    # warps on 1 x 1024 causal (44.1 vs 49.8 µs; SDPA 32.4) and on a W1 mixed step (277.5 vs 441.2 µs);
+    # 128 x 128, 64 x 32 and 5 stages were slower.
+    block_m: int = 64  # query rows (tokens x heads of one group) per program
     block_n: int = 64  # context positions per tile
-    num_warps: int = 8
+    num_warps: int = 4
     num_stages: int = 2
     # Grid over the (sequence, query tile) pairs that exist, found on the device from cu_seqlens_q, rather
-    # than sequences x the longest chunk's tiles: a mixed step of 8 chunks of ~1k tokens and 128 decode
-    # rows launches ~260 x kv_heads programs instead of 136 x 16 x kv_heads (~15k of them empty).
-    flat_grid: bool = True
+    # than sequences x the longest chunk's tiles (a W1 mixed step of 8 chunks of ~1k tokens and 128
+    # decode rows: 383 programs per KV head instead of 4352, ~4000 of them empty). None: flat when the
+    # per-sequence grid would be more than twice as large, or when max_q_len is not given (it needs no
+    # host sync); True/False force it.
+    flat_grid: bool | None = None
 
 
 @triton.jit
@@ -208,6 +213,17 @@ def _prefill_kernel(
     tl.store(o_ptrs, o, mask=io_mask)
 
 
+def use_flat_grid(
+    cfg: PrefillConfig, num_tokens: int, num_seqs: int, max_q_len: int | None, block_q: int
+) -> bool:
+    """PrefillConfig.flat_grid's policy: forced, or flat when max_q_len is unknown or the per-sequence
+    grid (num_seqs x the longest chunk's tiles) would be over twice the flat one's bound."""
+    if cfg.flat_grid is not None:
+        return cfg.flat_grid
+    flat_tiles = triton.cdiv(num_tokens, block_q) + num_seqs
+    return max_q_len is None or triton.cdiv(max_q_len, block_q) * num_seqs > 2 * flat_tiles
+
+
 def paged_prefill_attention_triton(
     q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -222,8 +238,8 @@ def paged_prefill_attention_triton(
     k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] fp32: 8-bit caches
     v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    """max_q_len sizes the grid when config.flat_grid is off (when None it is read from cu_seqlens_q: one
-    host sync); the flat grid needs no hint."""
+    """max_q_len sizes the per-sequence grid (PrefillConfig.flat_grid); without it the flat grid runs,
+    which needs no host sync."""
     cfg = config or PrefillConfig()
     num_tokens, num_heads, head_dim = q.shape
     page, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -235,7 +251,8 @@ def paged_prefill_attention_triton(
     group_pad = next_power_of_2(group)
     block_m = max(cfg.block_m, group_pad, 16)  # at least one whole group, and tl.dot needs M >= 16
     block_q = block_m // group_pad
-    if cfg.flat_grid:  # sum over sequences of ceil(q_len / block_q) <= num_tokens / block_q + num_seqs
+    flat = use_flat_grid(cfg, num_tokens, num_seqs, max_q_len, block_q)
+    if flat:  # sum over sequences of ceil(q_len / block_q) <= num_tokens / block_q + num_seqs
         grid = (triton.cdiv(num_tokens, block_q) + num_seqs, num_kv_heads, 1)
     else:
         if max_q_len is None:
@@ -272,7 +289,7 @@ def paged_prefill_attention_triton(
         BLOCK_Q=block_q,
         BLOCK_N=cfg.block_n,
         SCALED=k_scale is not None,
-        FLAT=cfg.flat_grid,
+        FLAT=flat,
         BLOCK_SEQS=max(256, next_power_of_2(num_seqs)),  # one compile up to 256 sequences
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
