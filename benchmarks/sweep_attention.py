@@ -86,18 +86,20 @@ def kv8_variants(mode: str) -> dict[str, DecodeConfig]:
     # num_stages=5 (compile_check: shared memory grows there, not at 3 or 4); below that a program's next
     # tile is fetched after its current one is computed and only co-resident programs hide the latency.
     out = {
-        "old:operand bn128 w4 s2": replace(d, v_widen="operand"),
-        "tile bn128 w4 s2": d,
-        "tile bn64 w4 s5": replace(d, block_n=64, num_stages=5),
-        "tile+qk8 bn128 w4 s2": replace(d, qk_dot="native"),
-        "tile+qk8 bn64 w4 s5": replace(d, qk_dot="native", block_n=64, num_stages=5),
+        "default: operand bn128 w4 s2": d,
+        "tile bn128 w4 s2": replace(d, v_widen="tile"),
+        "tile bn64 w4 s5": replace(d, v_widen="tile", block_n=64, num_stages=5),
+        "tile+qk8 bn128 w4 s2": replace(d, v_widen="tile", qk_dot="native"),
+        "operand+qk8 bn128 w4 s2": replace(d, qk_dot="native"),
+        "tile+qk8 bn64 w4 s5": replace(d, v_widen="tile", qk_dot="native", block_n=64, num_stages=5),
     }
     if mode == "full":
         out |= {
-            "tile bn128 w8 s2": replace(d, num_warps=8),
-            "tile bn128 w4 s5": replace(d, num_stages=5),
-            "tile bn64 w4 s2": replace(d, block_n=64),
-            "tile+qk8 bn64 w4 s2": replace(d, qk_dot="native", block_n=64),
+            "tile bn128 w8 s2": replace(d, v_widen="tile", num_warps=8),
+            "tile bn128 w4 s5": replace(d, v_widen="tile", num_stages=5),
+            "tile bn64 w4 s2": replace(d, v_widen="tile", block_n=64),
+            "operand bn64 w4 s2": replace(d, block_n=64),
+            "tile+qk8 bn64 w4 s2": replace(d, v_widen="tile", qk_dot="native", block_n=64),
         }
     return out
 
@@ -318,7 +320,7 @@ def best_table(rows: list[Row]) -> str:
 
 
 def kv8_speedups(rows: list[Row]) -> str:
-    """Per 8-bit shape and dtype: the default (tile bn128 w4 s2), the old path and the fastest variant,
+    """Per 8-bit shape and dtype: the default (operand bn128 w4 s2) and the fastest variant,
     as speed-up over the bf16 kernel of the same run and % of 4.25 TB/s on the bytes read."""
     lines = []
     base = {r.shape: r.us for r in rows if r.part == "kv8" and r.kv == "bf16"}
@@ -327,8 +329,7 @@ def kv8_speedups(rows: list[Row]) -> str:
             group = [r for r in rows if r.part == "kv8" and r.shape == shape and r.kv == kv and r.us == r.us]
             if not group:
                 continue
-            picks = {"default": group[1] if len(group) > 1 else group[0], "old": group[0]}
-            picks["best"] = min(group, key=lambda r: r.us)
+            picks = {"default": group[0], "best": min(group, key=lambda r: r.us)}
             cells = [
                 f"{k} {r.us:.1f} µs = {base[shape] / r.us:.2f}x, {r.pct_bw():.0f}% ({r.variant})"
                 for k, r in picks.items()
