@@ -44,6 +44,7 @@ from bench_kernels import (  # benchmarks/ is on sys.path when this file runs as
 from kvpilot.runtime.kernels.decode_attention_triton import (
     DecodeConfig,
     DecodePlan,
+    default_decode_config,
     paged_decode_attention_triton,
     plan_decode,
 )
@@ -81,7 +82,7 @@ class Row:
 
 
 def kv8_variants(mode: str) -> dict[str, DecodeConfig]:
-    d = DecodeConfig(block_n=128)
+    d = default_decode_config(torch.int8)  # the 8-bit default (the same for e4m3)
     # num_stages: the K/V loads hang off a block-table load, so Triton double-buffers K/V only from
     # num_stages=5 (compile_check: shared memory grows there, not at 3 or 4); below that a program's next
     # tile is fetched after its current one is computed and only co-resident programs hide the latency.
