@@ -162,7 +162,7 @@ def kv8_specs() -> list[KernelSpec]:
                 {**_prefill_consts(pre), "SCALED": True},
                 pre.num_warps,
                 pre.num_stages,
-                ("stride_bt", "num_seqs", *_SCALE_NODIV),
+                ("stride_bt", "num_seqs", "flat", *_SCALE_NODIV),
             )
         )
         specs.append(
@@ -214,7 +214,6 @@ def _prefill_consts(pre: prefill_attention_triton.PrefillConfig) -> dict[str, An
         "BLOCK_M": pre.block_m,
         "BLOCK_Q": pre.block_m // 4,
         "BLOCK_N": pre.block_n,
-        "FLAT": True,
         "BLOCK_SEQS": 256,
     }
 
@@ -279,7 +278,7 @@ def default_specs() -> list[KernelSpec]:
             {**_prefill_consts(pre), "SCALED": False},
             pre.num_warps,
             pre.num_stages,
-            ("stride_bt", "num_seqs"),
+            ("stride_bt", "num_seqs", "flat"),
         ),
         KernelSpec(
             "rms_norm_residual",

@@ -58,7 +58,7 @@ def _flat_tile(cu_seqlens_q_ptr, num_seqs, pid, BLOCK_Q: tl.constexpr, BLOCK_SEQ
 
 
 # stride_bt is the step's block-table width: specialising on it (== 1, % 16) would compile mid-serving
-@triton.jit(do_not_specialize=["stride_bt", "num_seqs"])
+@triton.jit(do_not_specialize=["stride_bt", "num_seqs", "flat"])
 def _prefill_kernel(
     q_ptr,  # [num_tokens, num_heads, head_dim]
     k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -85,6 +85,7 @@ def _prefill_kernel(
     stride_ss,
     stride_sh,
     num_seqs,
+    flat,  # 1: grid (existing tiles, kv heads, 1), see PrefillConfig.flat_grid; 0: (tiles, kv heads, seqs)
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,  # GROUP rounded up to a power of two
     HEAD_DIM: tl.constexpr,
@@ -94,18 +95,19 @@ def _prefill_kernel(
     BLOCK_Q: tl.constexpr,  # query tokens per program, BLOCK_M // GROUP_PAD
     BLOCK_N: tl.constexpr,
     SCALED: tl.constexpr,  # 8-bit cache: q stays in its dtype, scales dequantize the scores/weights
-    FLAT: tl.constexpr = False,  # grid (existing tiles, kv heads), see PrefillConfig.flat_grid
-    BLOCK_SEQS: tl.constexpr = 256,  # num_seqs rounded up to a power of two (FLAT)
+    BLOCK_SEQS: tl.constexpr = 256,  # num_seqs rounded up to a power of two (flat grid)
 ):
     kv_head = tl.program_id(1)
-    if FLAT:
+    # A run-time switch (not a constexpr): both grids share one compiled kernel, so choosing per step
+    # never compiles while serving.
+    if flat != 0:
         seq, tile = _flat_tile(cu_seqlens_q_ptr, num_seqs, tl.program_id(0), BLOCK_Q, BLOCK_SEQS)
-        if seq >= num_seqs:  # the grid is sized for the most tiles num_tokens and num_seqs allow
-            return
     else:
         # Launch the last (longest, most causal context) query tiles first so short ones fill the tail.
         tile = tl.num_programs(0) - 1 - tl.program_id(0)
         seq = tl.program_id(2)
+    if seq >= num_seqs:  # flat: the grid is sized for the most tiles num_tokens and num_seqs allow
+        return
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
     t0 = tile * BLOCK_Q
@@ -280,6 +282,7 @@ def paged_prefill_attention_triton(
         block_tables.stride(0),
         *_scale_args(k_cache, k_scale, v_scale),
         num_seqs,
+        int(flat),
         GROUP=group,
         GROUP_PAD=group_pad,
         HEAD_DIM=head_dim,
@@ -289,7 +292,6 @@ def paged_prefill_attention_triton(
         BLOCK_Q=block_q,
         BLOCK_N=cfg.block_n,
         SCALED=k_scale is not None,
-        FLAT=flat,
         BLOCK_SEQS=max(256, next_power_of_2(num_seqs)),  # one compile up to 256 sequences
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
