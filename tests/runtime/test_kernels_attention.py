@@ -19,12 +19,15 @@ from kvpilot.runtime.kernels.attention import paged_attention_ref  # noqa: E402
 from kvpilot.runtime.kernels.decode_attention_triton import (  # noqa: E402
     DecodeConfig,
     DecodePlan,
+    default_decode_config,
     paged_decode_attention_triton,
+    partition_for,
     plan_decode,
 )
 from kvpilot.runtime.kernels.prefill_attention_triton import (  # noqa: E402
     PrefillConfig,
     paged_prefill_attention_triton,
+    use_flat_grid,
 )
 from kvpilot.runtime.layers.kernel_ops import kernel_ops  # noqa: E402
 
@@ -97,14 +100,44 @@ def test_plan_single_pass_when_the_batch_fills_the_gpu() -> None:
 
 
 @pytest.mark.parametrize(("num_seqs", "max_ctx"), [(1, 4096), (1, 4097), (4, 1000), (16, 130)])
-def test_plan_split_partitions_cover_the_context(num_seqs: int, max_ctx: int) -> None:
-    cfg = DecodeConfig()
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_plan_split_partitions_cover_the_context(num_seqs: int, max_ctx: int, adaptive: bool) -> None:
+    cfg = DecodeConfig(adaptive_partitions=adaptive)
     plan = plan_decode(num_seqs, 8, max_ctx, 132, cfg)
     assert plan.partition_size % cfg.block_n == 0
-    assert plan.num_splits * plan.partition_size >= max_ctx > (plan.num_splits - 1) * plan.partition_size
+    part = partition_for(max_ctx, plan, cfg.block_n)
+    assert plan.num_splits * part >= max_ctx > (plan.num_splits - 1) * part  # every split holds positions
     if max_ctx >= 1000:
         assert plan.num_splits > 1
-        assert plan.partition_size >= cfg.min_partition
+        assert part >= cfg.min_partition
+
+
+def test_adaptive_partitions_spread_a_short_context_over_every_split() -> None:
+    """A plan made for a wide block table (a CUDA graph's capture width) with a short real context."""
+    cfg = DecodeConfig()
+    plan = plan_decode(4, 8, 8192, 132, cfg)
+    assert plan.num_splits > 4
+    assert -(-600 // partition_for(600, plan, cfg.block_n)) == -(-600 // cfg.min_partition)  # 5 busy
+    fixed = plan_decode(4, 8, 8192, 132, DecodeConfig(adaptive_partitions=False))
+    assert fixed.partition_size >= 1024  # the fixed plan: one split does all 600 positions
+    assert -(-600 // partition_for(600, fixed, cfg.block_n)) == 1
+
+
+@pytest.mark.parametrize(
+    ("num_seqs", "ctx", "splits", "stages"),
+    [(8, 4096, 4, 5), (16, 4096, 2, 5), (32, 512, 3, None), (16, 8192, 5, None), (1, 4096, 32, None)],
+)
+def test_plan_prefers_long_double_buffered_partitions(
+    num_seqs: int, ctx: int, splits: int, stages: int | None
+) -> None:
+    """Where the short plan cuts contexts into < 1024 positions (8 x 4k: 8 x 512), ~2 programs per SM with
+    long partitions at 5 stages (H200: 39.4 vs 47.2 µs); where partitions can't be long (32 x 512) or
+    already are (16 x 8k), the short plan."""
+    plan = plan_decode(num_seqs, 8, ctx, 132, DecodeConfig())
+    assert (plan.num_splits, plan.num_stages) == (splits, stages)
+    assert plan_decode(8, 8, 4096, 132, DecodeConfig(long_split_waves=0.0)).num_splits == 8
+    eight_bit = default_decode_config(torch.int8)  # long plans were measured for 16-bit caches only
+    assert plan_decode(8, 8, 4096, 132, eight_bit).num_stages is None
 
 
 def test_plan_short_context_is_one_pass() -> None:
@@ -136,6 +169,15 @@ def test_decode_odd_head_dim_and_explicit_plan() -> None:
     torch.testing.assert_close(out, reference(b, 0.3), **SMALL_TOL)
 
 
+def test_decode_plan_smaller_than_the_context_still_covers_it() -> None:
+    """Partitions grow at run time to ceil(ctx / num_splits): a plan sized for a shorter table (or a
+    sequence longer than the plan assumed) loses no positions."""
+    b = make_batch([100, 7, 64], [1, 1, 1], 4, 2, 16, 4, seed=8)
+    for splits in (1, 2, 5):
+        out = decode(b, 0.3, config=SMALL_DECODE, plan=DecodePlan(num_splits=splits, partition_size=16))
+        torch.testing.assert_close(out, reference(b, 0.3), **SMALL_TOL)
+
+
 def test_decode_empty_context_gives_zeros() -> None:
     b = make_batch([0, 5], [1, 1], 4, 2, 16, 4, seed=5)  # a padding row (context 0) beside a real one
     for sms in (1, 132):
@@ -156,6 +198,27 @@ def test_prefill_mixed_batch_matches_reference(num_heads: int, num_kv_heads: int
     b = make_batch(ctx_lens, q_lens, num_heads, num_kv_heads, 16, block_size, seed=10 + block_size)
     out = prefill(b, 0.29, config=SMALL_PREFILL)
     torch.testing.assert_close(out, reference(b, 0.29), **SMALL_TOL)
+
+
+def test_prefill_flat_grid_equals_the_per_sequence_grid() -> None:
+    """A mixed step (chunks beside many single-token rows): the flat grid finds every (sequence, tile)
+    on the device, with and without the max_q_len hint, and matches the per-sequence grid."""
+    ctx_lens = [40, 23, *range(5, 45, 3), 17]
+    q_lens = [40, 9, *([1] * len(range(5, 45, 3))), 17]
+    b = make_batch(ctx_lens, q_lens, 4, 2, 16, 4, seed=9)
+    small = PrefillConfig(block_m=16, block_n=16, flat_grid=True)
+    flat = prefill(b, 0.3, config=small)
+    torch.testing.assert_close(flat, reference(b, 0.3), **SMALL_TOL)
+    per_seq = prefill(b, 0.3, config=PrefillConfig(block_m=16, block_n=16, flat_grid=False))
+    torch.testing.assert_close(flat, per_seq, atol=0, rtol=0)
+
+
+def test_flat_grid_policy() -> None:
+    cfg = PrefillConfig()
+    assert use_flat_grid(cfg, 1024, 1, None, 16)  # no hint: flat, no host sync
+    assert not use_flat_grid(cfg, 1024, 1, 1024, 16)  # one prompt: the per-sequence grid is as small
+    assert use_flat_grid(cfg, 7886, 136, 1024, 32)  # W1 mixed step: 4352 vs 383 tiles
+    assert not use_flat_grid(PrefillConfig(flat_grid=False), 7886, 136, 1024, 32)
 
 
 def test_prefill_default_config_with_max_q_len_hint() -> None:

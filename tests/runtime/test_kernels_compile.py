@@ -27,6 +27,11 @@ EXPECTED = {
         for k in ("decode_single_pass", "decode_split", "prefill", "qkv_prepare")
         for kv in ("fp8", "int8")
     ),
+    *(
+        f"decode_single_pass_{kv}_{variant}"
+        for kv in ("fp8", "int8")
+        for variant in ("v_tile", "qk_native", "bn64")
+    ),
 }
 
 
@@ -47,6 +52,12 @@ def test_kernels_compile_for_sm90() -> None:
         assert reports[name]["async_copies"] > 0, f"{name}: K/V loads are no longer pipelined"
         # Triton 3.9 here reports no stack; 3.6 (the GPU image) a 16-byte frame for the decode kernel.
         assert (reports[name]["stack_bytes"] or 0) <= 32, f"{name} spills registers: {reports[name]}"
+    for kv in ("fp8", "int8"):
+        for name in (f"decode_single_pass_{kv}_v_tile", f"decode_single_pass_{kv}_qk_native"):
+            # v_widen="tile": the 8-bit V tile reaches the P.V dot through vectorized loads
+            assert reports[name]["byte_shared_loads"] == 0, f"{name}: {reports[name]}"
+        # the default ("operand") gathers the transposed 8-bit V operand bytewise: what the check sees
+        assert reports[f"decode_single_pass_{kv}"]["byte_shared_loads"] > 0
     for name in (
         "qkv_prepare",
         "qkv_prepare_qk_norm",

@@ -16,12 +16,60 @@ e4m3 value and every int8 in [-127, 127] is exact in either. fp32 activations (t
 to fp32. When the dot runs in fp16, the V scales are divided by their tile maximum before they multiply p
 (so p * scale stays in fp16's normal range) and the maximum multiplies the tile's P.V product; bf16 has
 fp32's exponent range and needs no such step (it costs the fused accumulate: ~15% at 64 x 4k).
+
+8-bit V tile (V_TILE): in P.V, V [BLOCK_N, BLOCK_D] is the B operand and its K dimension (the
+context positions) is not the contiguous one. Triton moves a plain widening cast after the layout
+conversion, so it gathers the transposed 8-bit operand from shared memory one byte at a time (128
+ld.shared.b8 per thread per 128-position tile at 4 warps, and 255 registers: compile_check's "byte lds").
+_widen_opaque widens V with inline PTX that the compiler does not move, so the conversion runs in the
+load's vectorized layout and the 16-bit tile reaches the dot through ldmatrix.trans, as a bf16 cache's
+does (163-176 registers). int8 widens by the 0x6400 magic number (exact for [-128, 127]).
+
+Native QK dot (QK_NATIVE, decode only): the caller quantized q per row to the cache's type (q8, with
+row scales q_scale), so S = (q8 . k8) * q_scale[row] * k_scale[col]. For int8 the dot is int8 x int8 ->
+int32 on the tensor cores and K is never widened; q's rounding costs at most 0.4% of its row maximum per
+element. (e4m3 x e4m3 at this tile's M = 16 is lowered by Triton to a widening and an fp16 dot, so it only
+adds q's rounding; it is kept selectable for the sweep.)
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def _widen_opaque(x):
+    """8-bit tile -> fp16 by inline PTX that the compiler cannot move past a layout conversion: the
+    conversion happens in the load's (vectorized) layout and the 16-bit tile then goes to the dot
+    operand layout with ldmatrix.trans, instead of byte-wise shared loads of the 8-bit tile (what
+    Triton emits for an 8-bit B operand whose K dimension is not contiguous: V in P.V)."""
+    if x.dtype == tl.int8:  # 0x64XX is the fp16 1024 + XX: bias the byte to unsigned, subtract 1152
+        return tl.inline_asm_elementwise(
+            asm="""{
+            .reg .b32 u, bias;
+            xor.b32 u, $2, 0x80808080;
+            mov.b32 bias, 0x64806480;
+            prmt.b32 $0, u, 0x64646464, 0x5140;
+            prmt.b32 $1, u, 0x64646464, 0x5342;
+            sub.f16x2 $0, $0, bias;
+            sub.f16x2 $1, $1, bias;
+            }""",
+            constraints="=r,=r,r",
+            args=[x],
+            dtype=tl.float16,
+            is_pure=False,
+            pack=4,
+        )
+    else:
+        return tl.inline_asm_elementwise(
+            asm="cvt.rn.f16x2.e4m3x2 $0, $1;",
+            constraints="=r,h",
+            args=[x],
+            dtype=tl.float16,
+            is_pure=False,
+            pack=2,
+        )
 
 
 @triton.jit
@@ -55,6 +103,11 @@ def attend_tile(
     MASK: tl.constexpr,  # the tile may run past `end` (the last tile)
     CAUSAL: tl.constexpr,  # the tile may hold positions after some query row (diagonal tiles)
     SCALED: tl.constexpr,  # 8-bit cache with per-(position, head) fp32 scales
+    q8=1.0,  # [BLOCK_M, BLOCK_D] q quantized per row to the cache's 8-bit type (read when QK_NATIVE)
+    q_scale=1.0,  # [BLOCK_M] fp32 row scales of q8 (read when QK_NATIVE)
+    QK_NATIVE: tl.constexpr = False,  # q is 8-bit like K: the QK dot runs on 8-bit operands
+    V_TILE: tl.constexpr = False,  # 8-bit cache: widen V in its load layout (see _widen_opaque)
+    WIDEN_ASM: tl.constexpr = True,  # False under the CPU interpreter (no PTX): V_TILE widens by a cast
 ):
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -84,10 +137,12 @@ def attend_tile(
     else:
         k = tl.load(k_ptrs)  # [BLOCK_N, BLOCK_D]
         v = tl.load(v_ptrs)
-    # 8-bit codes are widened exactly to q's type (dot_dtype_for_8bit) for the tensor-core dots; for a
-    # 16-bit cache this is a no-op.
-    k = k.to(q.dtype)
-    v = v.to(q.dtype)
+    # 8-bit codes are widened exactly to the 16-bit dot type for the tensor-core dots (unless that dot
+    # runs natively on 8-bit operands); for a 16-bit cache this is a no-op.
+    if not QK_NATIVE:
+        k = k.to(q.dtype)
+    # V_TILE: fp16 by inline PTX (under the interpreter, which runs no PTX, by a cast to q's type)
+    v = _widen_opaque(v) if V_TILE and WIDEN_ASM else v.to(q.dtype)
 
     if SCALED:
         s_rows = page * stride_sb + in_page * stride_ss + s_head_off  # [BLOCK_N]
@@ -97,7 +152,15 @@ def attend_tile(
         else:
             k_s = tl.load(k_scale_ptr + s_rows)
             v_s = tl.load(v_scale_ptr + s_rows)
-        s = tl.dot(q, tl.trans(k)) * (k_s * qk_scale)[None, :]  # [BLOCK_M, BLOCK_N] fp32
+        if QK_NATIVE and k.dtype == tl.int8:  # int8 x int8 -> int32, exact
+            qk = tl.dot(q8, tl.trans(k), out_dtype=tl.int32).to(tl.float32)
+        elif QK_NATIVE:
+            qk = tl.dot(q8, tl.trans(k))  # e4m3 x e4m3, [BLOCK_M, BLOCK_N] fp32
+        else:
+            qk = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N] fp32
+        if QK_NATIVE:
+            qk = qk * q_scale[:, None]
+        s = qk * (k_s * qk_scale)[None, :]
     else:
         s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_M, BLOCK_N] fp32
     if CAUSAL:

@@ -57,6 +57,7 @@ class KernelReport:
     loop_conversions: int = (
         0  # register->shared round trips (convert_layout, local_alloc of a value) in loops
     )
+    byte_shared_loads: int = 0  # ld.shared of single bytes in the PTX: an 8-bit operand gathered bytewise
 
 
 def loop_conversions(ttgir: str) -> int:
@@ -134,9 +135,22 @@ def kv8_specs() -> list[KernelSpec]:
                     f"decode_{'split' if split else 'single_pass'}_{kv}",
                     decode_attention_triton._decode_kernel,
                     _scaled(dec_types, kv),
-                    {**dec_consts, "SPLIT": split},
+                    {**dec_consts, "SPLIT": split, **_dot_modes(dec8, kv)},
                     dec8.num_warps,
                     dec8.num_stages,
+                    _DEC_NODIV,
+                )
+            )
+        # the alternatives DecodeConfig can select (benchmarks/bench_kernels.py --sweep times them)
+        for variant, cfg in decode8_variants(kv).items():
+            specs.append(
+                KernelSpec(
+                    f"decode_single_pass_{kv}_{variant}",
+                    decode_attention_triton._decode_kernel,
+                    _scaled(dec_types, kv),
+                    {**dec_consts, "BLOCK_N": cfg.block_n, "SPLIT": False, **_dot_modes(cfg, kv)},
+                    cfg.num_warps,
+                    cfg.num_stages,
                     _DEC_NODIV,
                 )
             )
@@ -148,7 +162,7 @@ def kv8_specs() -> list[KernelSpec]:
                 {**_prefill_consts(pre), "SCALED": True},
                 pre.num_warps,
                 pre.num_stages,
-                ("stride_bt", *_SCALE_NODIV),
+                ("stride_bt", "num_seqs", "flat", *_SCALE_NODIV),
             )
         )
         specs.append(
@@ -171,6 +185,27 @@ def kv8_specs() -> list[KernelSpec]:
     return specs
 
 
+def decode8_variants(kv: str) -> dict[str, decode_attention_triton.DecodeConfig]:
+    """Named non-default 8-bit decode configurations (the defaults are compiled as decode_*_{kv})."""
+    base = decode_attention_triton.EIGHT_BIT_DECODE
+    out = {
+        "v_tile": dataclasses.replace(base, v_widen="tile"),
+        "qk_native": dataclasses.replace(base, qk_dot="native", v_widen="tile"),
+        "bn64": dataclasses.replace(base, block_n=64),
+    }
+    return out
+
+
+def _dot_modes(cfg: decode_attention_triton.DecodeConfig, kv: str) -> dict[str, Any]:
+    scaled = kv in _KV8
+    return {
+        "QK_NATIVE": scaled and cfg.qk_dot == "native",
+        "V_TILE": scaled and cfg.v_widen == "tile",
+        "WIDEN_ASM": True,
+        "QMAX": 448.0 if kv == "fp8" else 127.0,
+    }
+
+
 def _prefill_consts(pre: prefill_attention_triton.PrefillConfig) -> dict[str, Any]:
     return {
         "GROUP": 4,
@@ -179,13 +214,21 @@ def _prefill_consts(pre: prefill_attention_triton.PrefillConfig) -> dict[str, An
         "BLOCK_M": pre.block_m,
         "BLOCK_Q": pre.block_m // 4,
         "BLOCK_N": pre.block_n,
+        "BLOCK_SEQS": 256,
     }
 
 
 def default_specs() -> list[KernelSpec]:
     dec, pre = decode_attention_triton.DecodeConfig(), prefill_attention_triton.PrefillConfig()
     dec_types = {**_ATTN, "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
-    dec_consts = {"GROUP": 4, "BLOCK_H": 16, **_HEADS, "BLOCK_N": dec.block_n, "SCALED": False}
+    dec_consts = {
+        "GROUP": 4,
+        "BLOCK_H": 16,
+        **_HEADS,
+        "BLOCK_N": dec.block_n,
+        "SCALED": False,
+        **_dot_modes(dec, "bf16"),
+    }
     return [
         KernelSpec(
             "decode_single_pass",
@@ -223,7 +266,7 @@ def default_specs() -> list[KernelSpec]:
                 "out_ptr": "*bf16",
                 "context_lens_ptr": "*i32",
             },
-            {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_S": 64},
+            {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_S": 64, "BLOCK_N": dec.block_n},
             4,
             1,
             _DEC_NODIV,
@@ -235,7 +278,7 @@ def default_specs() -> list[KernelSpec]:
             {**_prefill_consts(pre), "SCALED": False},
             pre.num_warps,
             pre.num_stages,
-            ("stride_bt",),
+            ("stride_bt", "num_seqs", "flat"),
         ),
         KernelSpec(
             "rms_norm_residual",
@@ -307,8 +350,15 @@ def compile_kernel(spec: KernelSpec, arch: int = 90) -> KernelReport:
     registers, stack = _resource_usage(compiled.asm["cubin"])
     ttgir = compiled.asm["ttgir"]
     async_copies = ttgir.count("async_copy_global_to_local")
+    byte_loads = len(re.findall(r"ld\.shared\.[bsu]8\b", compiled.asm["ptx"]))
     return KernelReport(
-        spec.name, registers, stack, compiled.metadata.shared, async_copies, loop_conversions(ttgir)
+        spec.name,
+        registers,
+        stack,
+        compiled.metadata.shared,
+        async_copies,
+        loop_conversions(ttgir),
+        byte_loads,
     )
 
 
@@ -323,10 +373,17 @@ def main() -> None:
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in reports]))
         return
-    print("| kernel | registers | spill stack B | shared B | async copies | loop conversions |")
-    print("|---|---|---|---|---|---|")
+    print("| kernel | registers | spill stack B | shared B | async copies | loop conversions | byte lds |")
+    print("|---|---|---|---|---|---|---|")
     for r in reports:
-        cells = (r.registers, r.stack_bytes, r.shared_bytes, r.async_copies, r.loop_conversions)
+        cells = (
+            r.registers,
+            r.stack_bytes,
+            r.shared_bytes,
+            r.async_copies,
+            r.loop_conversions,
+            r.byte_shared_loads,
+        )
         print(f"| {r.name} | " + " | ".join(str(c) for c in cells) + " |")
 
 

@@ -9,6 +9,8 @@ table, i.e. BLOCK_N / block_size pages per tile (page size 16 is too small to be
   whole context and writes the normalised output directly.
 - Split-KV (num_splits > 1): few sequences -> partition the context so that enough programs run; each writes
   a normalised partial output and its log-sum-exp (base 2), and a reduce kernel merges the partitions.
+  The split count comes from the shapes; each sequence's partition size from its own context on the
+  device (DecodePlan), so a graph captured for a wide block table spreads a short context over its splits.
 
 Grid shape depends only on tensor shapes (the context bound is block_tables.shape[1] * block_size), never on
 device values, so the launch is CUDA-graph capturable and needs no host sync.
@@ -24,6 +26,7 @@ import triton
 import triton.language as tl
 
 from .attention_tile_triton import attend_tile
+from .kv_cache import QUANT_MAX
 from .triton_utils import next_power_of_2, num_sms
 from .triton_utils import scale_launch_args as _scale_args
 
@@ -42,11 +45,42 @@ class DecodeConfig:
     # single pass once num_seqs * num_kv_heads >= single_pass_waves * SMs; else split to ~split_waves * SMs
     single_pass_waves: float = 2.0
     split_waves: float = 4.0
+    # When split_waves would cut a context into short partitions (< long_partition positions), prefer
+    # ~long_split_waves programs per SM with long partitions and long_num_stages (Triton double-buffers the
+    # block-table-indexed K/V tiles from 5 stages on): measured on the H200 at 8 x 4k, 39.4 µs (80% of
+    # 4.25 TB/s) vs 47.2 µs for 8 splits of 512 at 2 stages; at 32 x 512 (partitions can't be long) the
+    # short plan stays (26.8 µs; 5 stages were slower there).
+    long_split_waves: float = 2.0
+    long_partition: int = 1024
+    long_num_stages: int = 5
+    # Split partitions adapt at run time to each sequence's real context (ceil(ctx / num_splits) rounded
+    # up to block_n, at least the plan's partition_size): a CUDA graph captured for a wide block table
+    # (GRAPH_MAX_CONTEXT) then spreads a short context over all its splits instead of one. False: the
+    # partition is fixed from the block-table width, as before.
+    adaptive_partitions: bool = True
+    # 8-bit caches only. qk_dot: "widen" converts every K element to the 16-bit dot type; "native" runs
+    # the QK dot on 8-bit operands, q quantized per row in-kernel (int8: int8 tensor-core dots).
+    # v_widen: "operand" leaves the V widening to Triton, which gathers the transposed 8-bit operand
+    # bytewise from shared memory; "tile" widens V in its vectorized load layout by inline PTX, then
+    # ldmatrix.trans (attention_tile_triton.py). On the H200 at 64 x 4k neither alternative was faster:
+    # fp8 251.5 µs (operand) vs 265.5 (tile); int8 226.9 (operand) vs 244.0 (tile), 227.6 (tile + native
+    # QK), so the defaults stay "widen"/"operand" (BENCHMARKS.md, 8-bit decode).
+    qk_dot: str = "widen"
+    v_widen: str = "operand"
+
+    def __post_init__(self) -> None:
+        modes = {"qk_dot": ("widen", "native"), "v_widen": ("tile", "operand")}
+        for name, allowed in modes.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"DecodeConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.block_n < 16 or self.block_n & (self.block_n - 1):
+            raise ValueError(f"DecodeConfig.block_n must be a power of two >= 16, got {self.block_n}")
 
 
 # An 8-bit tile of 128 positions is as many bytes as a 16-bit tile of 64: the same bytes in flight per
-# program, half the tiles per sequence.
-EIGHT_BIT_DECODE = DecodeConfig(block_n=128)
+# program, half the tiles per sequence. The long-partition plans were measured for 16-bit caches only
+# (8-bit tiles at 5 stages were slower at 64 x 4k), so 8-bit caches keep the short plans.
+EIGHT_BIT_DECODE = DecodeConfig(block_n=128, long_split_waves=0.0)
 
 
 def default_decode_config(cache_dtype: torch.dtype) -> DecodeConfig:
@@ -56,8 +90,14 @@ def default_decode_config(cache_dtype: torch.dtype) -> DecodeConfig:
 
 @dataclass(frozen=True)
 class DecodePlan:
+    """num_splits partitions per (sequence, KV head). A sequence with context ctx is cut into partitions
+    of partition_for(ctx) = max(partition_size, ceil(ctx / num_splits) rounded up to block_n) positions
+    (the kernels compute this on the device), so the plan always covers any context; partitions past the
+    context are skipped."""
+
     num_splits: int
-    partition_size: int  # context positions per split, a multiple of block_n
+    partition_size: int  # the fewest context positions per split, a multiple of block_n
+    num_stages: int | None = None  # the launch's software-pipeline depth; None: DecodeConfig.num_stages
 
 
 def plan_decode(
@@ -70,12 +110,50 @@ def plan_decode(
         return DecodePlan(1, max(bn, _cdiv(max_context_len, bn) * bn))
     want = math.ceil(config.split_waves * sms / max(programs, 1))
     splits = max(1, min(want, _cdiv(max_context_len, config.min_partition)))
-    partition = _cdiv(_cdiv(max_context_len, splits), bn) * bn  # ceil(ctx / splits) rounded up to bn
-    return DecodePlan(_cdiv(max_context_len, partition), partition)
+    stages = None
+    if _split_partition(max_context_len, splits, bn) < config.long_partition:
+        long_splits = math.floor(config.long_split_waves * sms / max(programs, 1))
+        if long_splits > 1 and _split_partition(max_context_len, long_splits, bn) >= config.long_partition:
+            splits, stages = long_splits, config.long_num_stages
+    partition = _split_partition(max_context_len, splits, bn)
+    splits = _cdiv(max_context_len, partition)
+    if config.adaptive_partitions:  # the kernels size each sequence's partitions from its own context
+        partition = min(partition, _cdiv(config.min_partition, bn) * bn)
+    return DecodePlan(splits, partition, stages)
+
+
+def _split_partition(max_context_len: int, splits: int, block_n: int) -> int:
+    """ceil(max_context_len / splits) rounded up to whole tiles."""
+    return _cdiv(_cdiv(max_context_len, splits), block_n) * block_n
+
+
+def partition_for(ctx: int, plan: DecodePlan, block_n: int) -> int:
+    """Host mirror of the kernels' per-sequence partition size (_partition_for)."""
+    return max(plan.partition_size, _cdiv(_cdiv(ctx, plan.num_splits), block_n) * block_n)
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+@triton.jit
+def _partition_for(ctx, min_partition, num_splits, BLOCK_N: tl.constexpr):
+    """Context positions per split for a sequence of ctx positions (DecodePlan): its context spread over
+    all num_splits, in whole tiles, and never fewer than min_partition."""
+    return tl.maximum(min_partition, tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N)
+
+
+@triton.jit
+def _quantize_rows(q, qtype: tl.constexpr, QMAX: tl.constexpr):
+    """q [BLOCK_H, BLOCK_D] -> (q8 in qtype, scales [BLOCK_H] fp32): symmetric absmax per row (query head),
+    rounded to nearest (int8: half away from zero, like the KV store)."""
+    qf = q.to(tl.float32)
+    amax = tl.max(tl.abs(qf), 1)  # [BLOCK_H]
+    scale = tl.where(amax > 0.0, amax / QMAX, 1.0)
+    y = qf / scale[:, None]
+    if qtype == tl.int8:
+        y = tl.where(y >= 0.0, y + 0.5, y - 0.5)  # the cast truncates toward zero
+    return y.to(qtype), scale
 
 
 # the eager path's block-table width and plan change with the batch: no value specialisation on them
@@ -117,11 +195,16 @@ def _decode_kernel(
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
     SCALED: tl.constexpr,  # 8-bit cache: q stays in its dtype, scales dequantize the scores/weights
+    QK_NATIVE: tl.constexpr = False,  # 8-bit QK dot (q quantized per row here)
+    V_TILE: tl.constexpr = False,  # 8-bit V widened in its load layout (attention_tile_triton.py)
+    WIDEN_ASM: tl.constexpr = True,  # False under the CPU interpreter
+    QMAX: tl.constexpr = 448.0,  # largest magnitude of the cache's 8-bit type (QK_NATIVE)
 ):
     split = tl.program_id(0)
     kv_head = tl.program_id(1)
     seq = tl.program_id(2)
     ctx = tl.load(context_lens_ptr + seq)
+    partition_size = _partition_for(ctx, partition_size, num_splits, BLOCK_N)
     start = split * partition_size
     if SPLIT:  # noqa: SIM102 (a constexpr branch around a runtime one)
         if start >= ctx:  # this partition lies past the sequence's end: the reduce ignores it
@@ -139,6 +222,10 @@ def _decode_kernel(
         q = q.to(k_cache_ptr.dtype.element_ty)
     elif q.dtype != tl.float32 and k_cache_ptr.dtype.element_ty != tl.int8:
         q = q.to(tl.float16)  # e4m3 pages, 16-bit activations: fp16 dots (attention_tile_triton.py)
+    if QK_NATIVE:
+        q8, q_scale = _quantize_rows(q, k_cache_ptr.dtype.element_ty, QMAX)
+    else:
+        q8, q_scale = q, tl.full([BLOCK_H], 1.0, tl.float32)  # unused
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -179,6 +266,11 @@ def _decode_kernel(
             MASK=False,
             CAUSAL=False,
             SCALED=SCALED,
+            q8=q8,
+            q_scale=q_scale,
+            QK_NATIVE=QK_NATIVE,
+            V_TILE=V_TILE,
+            WIDEN_ASM=WIDEN_ASM,
         )
     if full_end < end:  # the ragged last tile
         acc, l_i, m_i = attend_tile(
@@ -211,6 +303,11 @@ def _decode_kernel(
             MASK=True,
             CAUSAL=False,
             SCALED=SCALED,
+            q8=q8,
+            q_scale=q_scale,
+            QK_NATIVE=QK_NATIVE,
+            V_TILE=V_TILE,
+            WIDEN_ASM=WIDEN_ASM,
         )
 
     out_mask = head_mask[:, None] & d_mask[None, :]
@@ -239,11 +336,13 @@ def _decode_reduce_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,  # num_splits padded to a power of two
+    BLOCK_N: tl.constexpr = 64,  # the decode kernel's tile (partitions are multiples of it)
 ):
     head = tl.program_id(0)
     seq = tl.program_id(1)
     ctx = tl.load(context_lens_ptr + seq)
-    used = tl.cdiv(ctx, partition_size)  # partitions that hold at least one position
+    # partitions that hold at least one position
+    used = tl.cdiv(ctx, _partition_for(ctx, partition_size, num_splits, BLOCK_N))
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     s_mask = offs_s < used
@@ -295,6 +394,7 @@ def paged_decode_attention_triton(
     else:
         part_out = part_lse = out  # unused by the single-pass specialisation
     block_d = next_power_of_2(head_dim)
+    scaled = k_scale is not None
     _decode_kernel[(plan.num_splits, num_kv_heads, num_seqs)](
         q,
         k_cache,
@@ -327,9 +427,14 @@ def paged_decode_attention_triton(
         PAGE=page,
         BLOCK_N=cfg.block_n,
         SPLIT=split,
-        SCALED=k_scale is not None,
+        SCALED=scaled,
+        # 8-bit tensor-core dots need K >= 32: below that head_dim the QK dot widens
+        QK_NATIVE=scaled and cfg.qk_dot == "native" and block_d >= 32,
+        V_TILE=scaled and cfg.v_widen == "tile",
+        WIDEN_ASM=q.device.type == "cuda",
+        QMAX=QUANT_MAX.get(k_cache.dtype, 448.0),
         num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        num_stages=plan.num_stages or cfg.num_stages,
     )
     if split:
         _decode_reduce_kernel[(num_heads, num_seqs)](
@@ -345,6 +450,7 @@ def paged_decode_attention_triton(
             HEAD_DIM=head_dim,
             BLOCK_D=block_d,
             BLOCK_S=next_power_of_2(plan.num_splits),
+            BLOCK_N=cfg.block_n,
             num_warps=4 if block_d * next_power_of_2(plan.num_splits) >= 2048 else 2,
         )
     return out

@@ -26,14 +26,39 @@ from .triton_utils import scale_launch_args as _scale_args
 
 @dataclass(frozen=True)
 class PrefillConfig:
-    block_m: int = 128  # query rows (tokens x heads of one group) per program
+    # H200 (benchmarks/sweep_attention.py, BENCHMARKS.md): 64-row tiles at 4 warps beat 128 x 64 at 8
+    # warps on 1 x 1024 causal (44.1 vs 49.8 µs; SDPA 32.4) and on a W1 mixed step (277.5 vs 441.2 µs);
+    # 128 x 128, 64 x 32 and 5 stages were slower.
+    block_m: int = 64  # query rows (tokens x heads of one group) per program
     block_n: int = 64  # context positions per tile
-    num_warps: int = 8
+    num_warps: int = 4
     num_stages: int = 2
+    # Grid over the (sequence, query tile) pairs that exist, found on the device from cu_seqlens_q, rather
+    # than sequences x the longest chunk's tiles (a W1 mixed step of 8 chunks of ~1k tokens and 128
+    # decode rows: 383 programs per KV head instead of 4352, ~4000 of them empty). None: flat when the
+    # per-sequence grid would be more than twice as large, or when max_q_len is not given (it needs no
+    # host sync); True/False force it.
+    flat_grid: bool | None = None
+
+
+@triton.jit
+def _flat_tile(cu_seqlens_q_ptr, num_seqs, pid, BLOCK_Q: tl.constexpr, BLOCK_SEQS: tl.constexpr):
+    """Program pid of the flat grid -> (sequence, query tile); sequence >= num_seqs past the last tile.
+    Tiles are numbered sequence by sequence, each sequence's last (longest-context) tile first."""
+    offs = tl.arange(0, BLOCK_SEQS)
+    live = offs < num_seqs
+    lo = tl.load(cu_seqlens_q_ptr + offs, mask=live, other=0)
+    hi = tl.load(cu_seqlens_q_ptr + offs + 1, mask=live, other=0)
+    tiles = tl.cdiv(hi - lo, BLOCK_Q)  # [BLOCK_SEQS] query tiles per sequence, 0 past num_seqs
+    ends = tl.cumsum(tiles, 0)  # one past each sequence's last tile number
+    seq = tl.sum((ends <= pid).to(tl.int32), 0)  # the sequences that end at or before pid
+    first = tl.sum(tl.where(offs == seq, ends - tiles, 0), 0)
+    count = tl.sum(tl.where(offs == seq, tiles, 0), 0)
+    return seq, count - 1 - (pid - first)
 
 
 # stride_bt is the step's block-table width: specialising on it (== 1, % 16) would compile mid-serving
-@triton.jit(do_not_specialize=["stride_bt"])
+@triton.jit(do_not_specialize=["stride_bt", "num_seqs", "flat"])
 def _prefill_kernel(
     q_ptr,  # [num_tokens, num_heads, head_dim]
     k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -59,6 +84,8 @@ def _prefill_kernel(
     stride_sb,
     stride_ss,
     stride_sh,
+    num_seqs,
+    flat,  # 1: grid (existing tiles, kv heads, 1), see PrefillConfig.flat_grid; 0: (tiles, kv heads, seqs)
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,  # GROUP rounded up to a power of two
     HEAD_DIM: tl.constexpr,
@@ -68,11 +95,19 @@ def _prefill_kernel(
     BLOCK_Q: tl.constexpr,  # query tokens per program, BLOCK_M // GROUP_PAD
     BLOCK_N: tl.constexpr,
     SCALED: tl.constexpr,  # 8-bit cache: q stays in its dtype, scales dequantize the scores/weights
+    BLOCK_SEQS: tl.constexpr = 256,  # num_seqs rounded up to a power of two (flat grid)
 ):
-    # Launch the last (longest, most causal context) query tiles first so short ones fill the tail.
-    tile = tl.num_programs(0) - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
-    seq = tl.program_id(2)
+    # A run-time switch (not a constexpr): both grids share one compiled kernel, so choosing per step
+    # never compiles while serving.
+    if flat != 0:
+        seq, tile = _flat_tile(cu_seqlens_q_ptr, num_seqs, tl.program_id(0), BLOCK_Q, BLOCK_SEQS)
+    else:
+        # Launch the last (longest, most causal context) query tiles first so short ones fill the tail.
+        tile = tl.num_programs(0) - 1 - tl.program_id(0)
+        seq = tl.program_id(2)
+    if seq >= num_seqs:  # flat: the grid is sized for the most tiles num_tokens and num_seqs allow
+        return
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
     t0 = tile * BLOCK_Q
@@ -180,6 +215,17 @@ def _prefill_kernel(
     tl.store(o_ptrs, o, mask=io_mask)
 
 
+def use_flat_grid(
+    cfg: PrefillConfig, num_tokens: int, num_seqs: int, max_q_len: int | None, block_q: int
+) -> bool:
+    """PrefillConfig.flat_grid's policy: forced, or flat when max_q_len is unknown or the per-sequence
+    grid (num_seqs x the longest chunk's tiles) would be over twice the flat one's bound."""
+    if cfg.flat_grid is not None:
+        return cfg.flat_grid
+    flat_tiles = triton.cdiv(num_tokens, block_q) + num_seqs
+    return max_q_len is None or triton.cdiv(max_q_len, block_q) * num_seqs > 2 * flat_tiles
+
+
 def paged_prefill_attention_triton(
     q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -194,7 +240,8 @@ def paged_prefill_attention_triton(
     k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] fp32: 8-bit caches
     v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    """max_q_len sizes the grid; when None it is read from cu_seqlens_q (one host sync)."""
+    """max_q_len sizes the per-sequence grid (PrefillConfig.flat_grid); without it the flat grid runs,
+    which needs no host sync."""
     cfg = config or PrefillConfig()
     num_tokens, num_heads, head_dim = q.shape
     page, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -202,13 +249,17 @@ def paged_prefill_attention_triton(
     out = torch.empty_like(q)
     if num_tokens == 0 or num_seqs == 0:
         return out
-    if max_q_len is None:
-        max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max().item())
     group = num_heads // num_kv_heads
     group_pad = next_power_of_2(group)
     block_m = max(cfg.block_m, group_pad, 16)  # at least one whole group, and tl.dot needs M >= 16
     block_q = block_m // group_pad
-    grid = (triton.cdiv(max_q_len, block_q), num_kv_heads, num_seqs)
+    flat = use_flat_grid(cfg, num_tokens, num_seqs, max_q_len, block_q)
+    if flat:  # sum over sequences of ceil(q_len / block_q) <= num_tokens / block_q + num_seqs
+        grid = (triton.cdiv(num_tokens, block_q) + num_seqs, num_kv_heads, 1)
+    else:
+        if max_q_len is None:
+            max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max().item())
+        grid = (triton.cdiv(max_q_len, block_q), num_kv_heads, num_seqs)
     _prefill_kernel[grid](
         q,
         k_cache,
@@ -230,6 +281,8 @@ def paged_prefill_attention_triton(
         v_cache.stride(2),
         block_tables.stride(0),
         *_scale_args(k_cache, k_scale, v_scale),
+        num_seqs,
+        int(flat),
         GROUP=group,
         GROUP_PAD=group_pad,
         HEAD_DIM=head_dim,
@@ -239,6 +292,7 @@ def paged_prefill_attention_triton(
         BLOCK_Q=block_q,
         BLOCK_N=cfg.block_n,
         SCALED=k_scale is not None,
+        BLOCK_SEQS=max(256, next_power_of_2(num_seqs)),  # one compile up to 256 sequences
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
