@@ -388,9 +388,9 @@ def paged_decode_attention_triton(
         return out
     split = plan.num_splits > 1
     if split:  # [num_seqs, num_heads, num_splits, head_dim] partials + [.., num_splits] log-sum-exp
-        f32 = {"device": q.device, "dtype": torch.float32}
-        part_out = torch.empty(num_seqs, num_heads, plan.num_splits, head_dim, **f32)
-        part_lse = torch.empty(num_seqs, num_heads, plan.num_splits, **f32)
+        f32, dev = torch.float32, q.device
+        part_out = torch.empty(num_seqs, num_heads, plan.num_splits, head_dim, device=dev, dtype=f32)
+        part_lse = torch.empty(num_seqs, num_heads, plan.num_splits, device=dev, dtype=f32)
     else:
         part_out = part_lse = out  # unused by the single-pass specialisation
     block_d = next_power_of_2(head_dim)
