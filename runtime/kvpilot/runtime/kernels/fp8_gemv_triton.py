@@ -17,10 +17,11 @@ import torch
 import triton
 import triton.language as tl
 from kvpilot.runtime.kernels.int_gemv_triton import GemvConfig, default_split_k, gemv_bucket
+from kvpilot.runtime.kernels.quant_reference import FP8_WEIGHT_ONLY_MAX_M
 from kvpilot.runtime.kernels.split_k_triton import REDUCES, split_output, store_split
 from kvpilot.runtime.kernels.triton_utils import num_sms
 
-FP8_GEMV_MAX_M = 16
+FP8_GEMV_MAX_M = FP8_WEIGHT_ONLY_MAX_M
 FP8_BLOCK_K = 128
 
 

@@ -111,10 +111,21 @@ def fp8_gemm_ref(
     return y if bias is None else y + bias
 
 
+# fp8 layers run weight-only (W8A16) up to this many tokens and W8A8 above (quant/fp8_gemm.py); the
+# references follow the same split so that they stay the oracle of what the GPU computes
+FP8_WEIGHT_ONLY_MAX_M = 16
+
+
 def fp8_weight_only_ref(
-    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    dense: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """W8A16 fp8 (the decode GEMV): x [M, K] unquantized @ (weight [N, K] fp8 * weight_scale [N])^T."""
-    w = weight.float() * weight_scale.float().view(-1, 1)
+    """W8A16 fp8 (the decode GEMV): x [M, K] unquantized @ (weight [N, K] fp8 * weight_scale [N])^T.
+    dense: weight * weight_scale in float32 when the caller keeps it."""
+    w = dense if dense is not None else weight.float() * weight_scale.float().view(-1, 1)
     y = (x.float() @ w.t()).to(x.dtype)
     return y if bias is None else y + bias

@@ -13,7 +13,14 @@ from __future__ import annotations
 import torch
 from kvpilot.runtime.distributed.sharding import TensorSplit
 from kvpilot.runtime.errors import ModelLoadError, UnsupportedModelError
-from kvpilot.runtime.kernels.quant_reference import FP8_MAX, dequantize_int_ref, fp8_gemm_ref, int_gemm_ref
+from kvpilot.runtime.kernels.quant_reference import (
+    FP8_MAX,
+    FP8_WEIGHT_ONLY_MAX_M,
+    dequantize_int_ref,
+    fp8_gemm_ref,
+    fp8_weight_only_ref,
+    int_gemm_ref,
+)
 from kvpilot.runtime.layers.linear import Linear
 from kvpilot.runtime.quant.checkpoint_formats import unpack_awq, unpack_gptq
 from kvpilot.runtime.quant.config import QuantConfig, int4_group_size
@@ -271,11 +278,14 @@ class Fp8Method(_Collecting):
         return t["weight"].to(self.device), s.expand(rows).contiguous().to(self.device)
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if not self.use_scaled_mm:
-            return fp8_gemm_ref(x, self.weight, self.weight_scale, bias, dense=self.dense)
+        gemv = self.backend == "triton"
+        if not (gemv and self.use_scaled_mm):  # a reference: it follows the GPU's dispatch by token count
+            if x.numel() // x.shape[-1] <= FP8_WEIGHT_ONLY_MAX_M:
+                return fp8_weight_only_ref(x, self.weight, self.weight_scale, bias, dense=self.dense)
+            if not self.use_scaled_mm:
+                return fp8_gemm_ref(x, self.weight, self.weight_scale, bias, dense=self.dense)
         from kvpilot.runtime.quant.fp8_gemm import fp8_linear
 
-        gemv = self.backend == "triton"
         return fp8_linear(x, self.weight, self.weight_scale, bias, gemv=gemv, counters=self.counters)
 
 
