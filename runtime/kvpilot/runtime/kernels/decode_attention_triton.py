@@ -324,33 +324,37 @@ def _decode_kernel(
 
 @triton.jit(do_not_specialize=["partition_size", "num_splits"])
 def _decode_reduce_kernel(
-    part_out_ptr,  # [num_seqs, num_heads, num_splits, head_dim] fp32
-    part_lse_ptr,  # [num_seqs, num_heads, num_splits] fp32
-    out_ptr,  # [num_seqs, num_heads, head_dim]
-    context_lens_ptr,
+    part_out_ptr,  # [num_seqs * Q, num_heads, num_splits, head_dim] fp32
+    part_lse_ptr,  # [num_seqs * Q, num_heads, num_splits] fp32
+    out_ptr,  # [num_seqs * Q, num_heads, head_dim]
+    context_lens_ptr,  # [num_seqs] int32
     partition_size,
     num_splits,
     num_heads,
-    stride_os,
+    stride_ot,
     stride_oh,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,  # num_splits padded to a power of two
-    BLOCK_N: tl.constexpr = 64,  # the decode kernel's tile (partitions are multiples of it)
+    BLOCK_N: tl.constexpr = 64,  # the main kernel's tile (partitions are multiples of it)
+    Q: tl.constexpr = 1,  # query tokens per sequence (k + 1 in a speculative verification)
 ):
+    """Merges a query row's split-KV partials. Row `token` is query token % Q of sequence token // Q; it
+    sees the context up to its own position, so only the partitions holding those positions are merged."""
     head = tl.program_id(0)
-    seq = tl.program_id(1)
-    ctx = tl.load(context_lens_ptr + seq)
-    # partitions that hold at least one position
-    used = tl.cdiv(ctx, _partition_for(ctx, partition_size, num_splits, BLOCK_N))
+    token = tl.program_id(1)
+    ctx = tl.load(context_lens_ptr + token // Q)
+    visible = ctx - Q + token % Q + 1  # positions this row sees (decode: the whole context)
+    # the partitions that hold at least one of them (sized from ctx, as the main kernel's)
+    used = tl.cdiv(visible, _partition_for(ctx, partition_size, num_splits, BLOCK_N))
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     s_mask = offs_s < used
-    row0 = (seq.to(tl.int64) * num_heads + head) * num_splits
+    row0 = (token.to(tl.int64) * num_heads + head) * num_splits
     lse = tl.load(part_lse_ptr + row0 + offs_s, mask=s_mask, other=float("-inf"))  # [BLOCK_S]
     m = tl.max(lse, 0)
     m = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp2(lse - m)  # [BLOCK_S], 0 for unused partitions
+    w = tl.exp2(lse - m)  # [BLOCK_S], 0 for partitions not merged
     parts = tl.load(
         part_out_ptr + (row0 + offs_s[:, None]) * HEAD_DIM + offs_d[None, :],
         mask=s_mask[:, None] & (offs_d[None, :] < HEAD_DIM),
@@ -358,7 +362,7 @@ def _decode_reduce_kernel(
     )  # [BLOCK_S, BLOCK_D]
     total = tl.sum(w, 0)
     o = tl.sum(parts * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)  # [BLOCK_D]
-    o_ptrs = out_ptr + seq.to(tl.int64) * stride_os + head * stride_oh + offs_d
+    o_ptrs = out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh + offs_d
     tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
 

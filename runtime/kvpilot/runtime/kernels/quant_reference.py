@@ -105,9 +105,19 @@ def fp8_gemm_ref(
     """W8A8 emulated in float32: x [M, K] quantized per token, weight [N, K] fp8 with scales [N].
     dense: weight * weight_scale in float32 when the caller keeps it (the same numbers, made once)."""
     xq, sx = quantize_fp8_rows_ref(x)
+    return _fp8_matmul(xq.float() * sx, weight, weight_scale, bias, dense, x.dtype)
+
+
+def _fp8_matmul(
+    x: torch.Tensor,  # [M, K] float32
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    dense: torch.Tensor | None,
+    dtype: torch.dtype,
+) -> torch.Tensor:
     w = dense if dense is not None else weight.float() * weight_scale.float().view(-1, 1)
-    y = (xq.float() * sx) @ w.t()
-    y = y.to(x.dtype)
+    y = (x @ w.t()).to(dtype)
     return y if bias is None else y + bias
 
 
@@ -126,6 +136,4 @@ def fp8_weight_only_ref(
 ) -> torch.Tensor:
     """W8A16 fp8 (the decode GEMV): x [M, K] unquantized @ (weight [N, K] fp8 * weight_scale [N])^T.
     dense: weight * weight_scale in float32 when the caller keeps it."""
-    w = dense if dense is not None else weight.float() * weight_scale.float().view(-1, 1)
-    y = (x.float() @ w.t()).to(x.dtype)
-    return y if bias is None else y + bias
+    return _fp8_matmul(x.float(), weight, weight_scale, bias, dense, x.dtype)

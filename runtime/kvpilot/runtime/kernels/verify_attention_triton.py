@@ -26,7 +26,13 @@ import triton
 import triton.language as tl
 
 from .attention_tile_triton import attend_tile
-from .decode_attention_triton import DecodeConfig, DecodePlan, plan_decode
+from .decode_attention_triton import (
+    DecodeConfig,
+    DecodePlan,
+    _decode_reduce_kernel,
+    _partition_for,
+    plan_decode,
+)
 from .triton_utils import next_power_of_2, num_sms
 from .triton_utils import scale_launch_args as _scale_args
 
@@ -39,15 +45,6 @@ EIGHT_BIT_VERIFY = DecodeConfig(block_n=128, num_warps=8)
 def default_verify_config(cache_dtype: torch.dtype) -> DecodeConfig:
     """Launch defaults for a cache of this dtype: the decode kernel's, with more warps for 8-bit pages."""
     return EIGHT_BIT_VERIFY if cache_dtype.itemsize == 1 else DecodeConfig()
-
-
-@triton.jit
-def _partition(ctx, partition_size, num_splits, BLOCK_N: tl.constexpr):
-    """Context positions per split for a sequence of ctx positions: the plan's partition_size, or more
-    when ctx spread over num_splits needs it. A plan that covers the block-table width (every plan
-    before run-time adaptive splits) always gets partition_size; a plan whose partition_size is only the
-    minimum (adaptive splits) gets the context spread over all its splits."""
-    return tl.maximum(partition_size, tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N)
 
 
 @triton.jit
@@ -95,7 +92,7 @@ def _verify_kernel(
     kv_head = tl.program_id(1)
     seq = tl.program_id(2)
     ctx = tl.load(context_lens_ptr + seq)
-    partition_size = _partition(ctx, partition_size, num_splits, BLOCK_N)
+    partition_size = _partition_for(ctx, partition_size, num_splits, BLOCK_N)
     start = split * partition_size
     if SPLIT:  # noqa: SIM102 (a constexpr branch around a runtime one)
         if start >= ctx:  # past the sequence's end: the reduce ignores this partition
@@ -158,48 +155,6 @@ def _verify_kernel(
         tl.store(o_ptrs, (acc / l_safe[:, None]).to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
-@triton.jit
-def _verify_reduce_kernel(
-    part_out_ptr,  # [num_seqs * Q, num_heads, num_splits, head_dim] fp32
-    part_lse_ptr,  # [num_seqs * Q, num_heads, num_splits] fp32
-    out_ptr,  # [num_seqs * Q, num_heads, head_dim]
-    context_lens_ptr,  # [num_seqs] int32
-    partition_size,
-    num_splits,
-    num_heads,
-    stride_ot,
-    stride_oh,
-    Q: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_S: tl.constexpr,  # num_splits padded to a power of two
-    BLOCK_N: tl.constexpr,  # the main kernel's tile (partitions are multiples of it)
-):
-    head = tl.program_id(0)
-    token = tl.program_id(1)
-    ctx = tl.load(context_lens_ptr + token // Q)
-    visible = ctx - Q + token % Q + 1  # positions this row sees
-    # the partitions that hold at least one of them (sized from ctx, as the main kernel's)
-    used = tl.cdiv(visible, _partition(ctx, partition_size, num_splits, BLOCK_N))
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    s_mask = offs_s < used
-    row0 = (token.to(tl.int64) * num_heads + head) * num_splits
-    lse = tl.load(part_lse_ptr + row0 + offs_s, mask=s_mask, other=float("-inf"))  # [BLOCK_S]
-    m = tl.max(lse, 0)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp2(lse - m)  # [BLOCK_S], 0 for partitions not merged
-    parts = tl.load(
-        part_out_ptr + (row0 + offs_s[:, None]) * HEAD_DIM + offs_d[None, :],
-        mask=s_mask[:, None] & (offs_d[None, :] < HEAD_DIM),
-        other=0.0,
-    )  # [BLOCK_S, BLOCK_D]
-    total = tl.sum(w, 0)
-    o = tl.sum(parts * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)  # [BLOCK_D]
-    o_ptrs = out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh + offs_d
-    tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
-
-
 def paged_verify_attention_triton(
     q: torch.Tensor,  # [num_seqs * Q, num_heads, head_dim]: Q query tokens per sequence, in order
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -258,7 +213,7 @@ def paged_verify_attention_triton(
         num_stages=cfg.num_stages,
     )  # fmt: skip
     if split:
-        _verify_reduce_kernel[(num_heads, num_tokens)](
+        _decode_reduce_kernel[(num_heads, num_tokens)](
             part_out, part_lse, out, context_lens, plan.partition_size, plan.num_splits, num_heads,
             out.stride(0), out.stride(1),
             Q=query_len,
