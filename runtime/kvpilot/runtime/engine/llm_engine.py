@@ -24,10 +24,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvpilot.runtime.engine.batch import PromptRows, StepBatch
+from kvpilot.runtime.engine.admission import max_tokens_for, prompt_token_ids
+from kvpilot.runtime.engine.batch import StepBatch
 from kvpilot.runtime.engine.block_manager import BlockManager
 from kvpilot.runtime.engine.engine_args import EngineArgs
 from kvpilot.runtime.engine.output import EngineStats, RequestOutput
+from kvpilot.runtime.engine.prompt_logprob_rows import plan_prompt_logprobs, take_prompt_logprobs
 from kvpilot.runtime.engine.request_state import RequestState
 from kvpilot.runtime.engine.scheduler import ScheduledChunk, Scheduler, SchedulerOutput
 from kvpilot.runtime.engine.sequence import Sequence, SequenceStatus
@@ -124,8 +126,8 @@ class LLMEngine(SpeculativeSteps):
     ) -> None:
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("params must be a SamplingParams", param="params")
-        prompt_ids = self._prompt_token_ids(prompt)
-        max_tokens = self._max_tokens(len(prompt_ids), params.max_tokens)
+        prompt_ids = prompt_token_ids(prompt, self.tokenizer, self._vocab_size)
+        max_tokens = max_tokens_for(len(prompt_ids), params.max_tokens, self.max_model_len, self._kv_capacity)
         if request_id in self._requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", param="request_id")
         seq = Sequence(
@@ -141,51 +143,6 @@ class LLMEngine(SpeculativeSteps):
         self._num_no_overlap += not req.can_overlap
         self._num_logprobs += params.logprobs is not None
         self._num_prompt_logprobs += params.prompt_logprobs is not None
-
-    def _prompt_token_ids(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt) if prompt else []
-        elif isinstance(prompt, (list, tuple)):
-            ids = list(prompt)
-            bad = next(
-                (
-                    t
-                    for t in ids
-                    if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self._vocab_size
-                ),
-                None,
-            )
-            if bad is not None:
-                raise InvalidRequestError(
-                    f"prompt token id {bad!r} is not in the vocabulary [0, {self._vocab_size})",
-                    param="prompt",
-                )
-        else:
-            raise InvalidRequestError("prompt must be a string or a list of token ids", param="prompt")
-        if not ids:
-            raise InvalidRequestError("prompt is empty", param="prompt")
-        return ids
-
-    def _max_tokens(self, prompt_len: int, requested: int | None) -> int:
-        limit = min(self.max_model_len, self._kv_capacity)
-        what = (
-            f"max_model_len is {self.max_model_len}"
-            if limit == self.max_model_len
-            else f"the KV cache holds only {self._kv_capacity} tokens"
-        )
-        if prompt_len >= limit:
-            raise InvalidRequestError(
-                f"prompt has {prompt_len} tokens, leaving no room to generate: {what}", param="prompt"
-            )
-        if requested is None:
-            return limit - prompt_len
-        if prompt_len + requested > limit:
-            raise InvalidRequestError(
-                f"prompt ({prompt_len} tokens) + max_tokens ({requested}) = {prompt_len + requested} "
-                f"tokens exceeds the limit of {limit}: {what}",
-                param="max_tokens",
-            )
-        return requested
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request in any state and free its blocks; its final "abort" output comes with the next
@@ -325,43 +282,13 @@ class LLMEngine(SpeculativeSteps):
     def _run(self, batch: StepBatch, prev_ids: Any) -> Any:
         return self.runner.execute(batch) if prev_ids is None else self.runner.execute(batch, prev_ids)
 
-    # ---- prompt logprobs (SamplingParams.prompt_logprobs) ---------------------------------------
-    # The step's batch names the prompt rows whose logits the runner returns after the sampled rows;
-    # their logprobs are recorded in the RequestState as each prefill chunk runs, and handed out with
-    # the request's first generated token. Such requests take no prefix-cache hits (BlockManager.admit).
-    def _plan_prompt_logprobs(self, batch: StepBatch) -> None:
-        by_seq, rows = self._by_seq, batch.prompt_logprob_rows
-        rows.clear()
-        for index, chunk in enumerate(batch.chunks):
-            req = by_seq.get(chunk.seq_id)
-            if req is not None and req.prompt_logprobs is not None:
-                offset, count = req.prompt_logprob_rows(chunk.start_pos, len(chunk.token_ids))
-                if count:
-                    rows.append(PromptRows(index, offset, count))
-
-    def _take_prompt_logprobs(self, batch: StepBatch, logits: Any) -> Any:
-        """Record the prompt logprobs of the rows after the sampled ones; returns the sampled rows."""
-        from kvpilot.runtime.engine.sampler import prompt_logprobs
-
-        row = batch.num_sample_rows
-        for index, offset, count in batch.prompt_logprob_rows:
-            chunk = batch.chunks[index]
-            req = self._by_seq[chunk.seq_id]
-            first = chunk.start_pos + offset  # its logits predict prompt token first + 1
-            targets = req.seq.prompt_token_ids[first + 1 : first + 1 + count]
-            top = req.seq.params.prompt_logprobs or 0  # set: only requests asking for them have rows here
-            entries = prompt_logprobs(logits[row : row + count], targets, top)
-            req.add_prompt_logprobs(first, entries)
-            row += count
-        return logits[: batch.num_sample_rows]
-
     def _execute(self, batch: StepBatch, prev_ids: Any) -> Any:
         """The runner's step; with prompt-logprob requests running, their prompt rows are taken too."""
         if not self._num_prompt_logprobs:
             return self._run(batch, prev_ids)
-        self._plan_prompt_logprobs(batch)
+        plan_prompt_logprobs(batch, self._by_seq)  # (engine/prompt_logprob_rows.py)
         logits = self._run(batch, prev_ids)
-        return self._take_prompt_logprobs(batch, logits) if batch.prompt_logprob_rows else logits
+        return take_prompt_logprobs(batch, logits, self._by_seq) if batch.prompt_logprob_rows else logits
 
     def _launch(self, sched: SchedulerOutput, prev_ids: Any = None) -> _LaunchedStep:
         """Run the batch (placeholders are filled from `prev_ids` on the device) and sample it. If it
