@@ -349,7 +349,7 @@ def write_model_dir(out: Path, shape: str, weights_from: Path | None = None) -> 
     that every generated token has text (random weights under a byte-level tokenizer produce runs of
     bytes that are no UTF-8, held back as no text; and most ids of a 151936-id model would decode to
     nothing with the 1024-id fixture tokenizer)."""
-    from kvpilot.runtime.bench import qwen3_config
+    from kvpilot.runtime.bench_workloads import qwen3_config
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     out.mkdir(parents=True, exist_ok=True)

@@ -91,7 +91,7 @@ COLLECTIVES = [
 
 
 def model_dir(root: Path, shape: str) -> Path:
-    from kvpilot.runtime.bench import write_model_dir
+    from kvpilot.runtime.bench_workloads import write_model_dir
 
     if shape != "llama-70b":
         return write_model_dir(root, shape)

@@ -271,7 +271,8 @@ def continuations(engine: Any, reqs: list[tuple[list[int], int]]) -> dict[tuple[
 
 
 def run_gpu(args: argparse.Namespace) -> dict[str, Any]:
-    from kvpilot.runtime.bench import WORKLOADS, build_engine, write_model_dir
+    from kvpilot.runtime.bench import build_engine
+    from kvpilot.runtime.bench_workloads import WORKLOADS, write_model_dir
     from kvpilot.runtime.engine.spec_decode.config import SpeculativeConfig
     from kvpilot.runtime.engine.spec_decode.oracle import OracleProposer
     from kvpilot.runtime.engine.spec_decode.policy import expected_tokens_per_step

@@ -28,7 +28,7 @@ def planned(shape: str, quantization: str, kv_dtype: str, max_model_len: int) ->
     from kvpilot.operator.planning.model_facts import facts_from_config
     from kvpilot.operator.planning.planner import PlanRequest, plan
     from kvpilot.operator.planning.profiles import builtin_profiles
-    from kvpilot.runtime.bench import qwen3_config
+    from kvpilot.runtime.bench_workloads import qwen3_config
 
     request = PlanRequest(
         facts=facts_from_config(qwen3_config(shape)),
@@ -69,7 +69,7 @@ def allocated_tokens(model_dir: Path, p: Any) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kvpilot.runtime.bench import write_model_dir
+    from kvpilot.runtime.bench_workloads import write_model_dir
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", action="append", help="shape:quantization:kv_dtype (repeatable)")

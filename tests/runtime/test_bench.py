@@ -6,14 +6,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from kvpilot.runtime.bench import (
+from kvpilot.runtime.bench import engine_overrides, run_ours
+from kvpilot.runtime.bench_workloads import (
     WORKLOADS,
-    engine_overrides,
     make_requests,
     param_count,
     physical_floor_s,
     qwen3_config,
-    run_ours,
 )
 from kvpilot.runtime.engine.engine_args import EngineArgs
 from kvpilot.runtime.engine.llm_engine import LLMEngine

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from kvpilot.runtime.bench import write_model_dir
+from kvpilot.runtime.bench_workloads import write_model_dir
 from kvpilot.runtime.engine.batch import SeqChunk, StepBatch
 from kvpilot.runtime.engine.engine_args import EngineArgs
 from kvpilot.runtime.engine.model_runner import ModelRunner

@@ -13,7 +13,7 @@ import pkgutil
 from pathlib import Path
 
 import pytest
-from kvpilot.runtime.bench import write_model_dir
+from kvpilot.runtime.bench_workloads import write_model_dir
 from kvpilot.runtime.engine.engine_args import EngineArgs
 from kvpilot.runtime.engine.llm_engine import LLMEngine
 from kvpilot.runtime.sampling_params import SamplingParams

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from kvpilot.runtime.bench import SHAPES, qwen3_config
+from kvpilot.runtime.bench_workloads import SHAPES, qwen3_config
 from kvpilot.runtime.distributed.group import start_leader
 from kvpilot.runtime.engine.batch import SeqChunk, StepBatch
 from kvpilot.runtime.engine.engine_args import EngineArgs

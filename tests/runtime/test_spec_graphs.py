@@ -177,7 +177,7 @@ def test_gpu_verify_graphs_match_the_eager_verify_path(tmp_path: Path) -> None:
     """Qwen3-0.6B shape, random bf16 weights: verification steps (k = 4, uneven drafts, a bucket with
     padding sequences) replayed from CUDA graphs give the eager path's logits and greedy choices, and
     store the same KV (the decode step after them agrees too)."""
-    from kvpilot.runtime.bench import write_model_dir
+    from kvpilot.runtime.bench_workloads import write_model_dir
 
     path = write_model_dir(tmp_path, "qwen3-0.6b")
     eager, graphed = _cuda_runner(path, True), _cuda_runner(path, False)
