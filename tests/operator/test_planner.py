@@ -15,8 +15,9 @@ import pytest
 from kvpilot.contracts.capabilities import EVERYTHING, RUNTIME, RuntimeCapabilities
 from kvpilot.operator.planning.model_facts import facts_from_config
 from kvpilot.operator.planning.plan import Plan
-from kvpilot.operator.planning.planner import PlanRequest, plan, tensor_degrees
+from kvpilot.operator.planning.planner import PlanRequest, plan
 from kvpilot.operator.planning.profiles import GpuProfile, builtin_profiles
+from kvpilot.operator.planning.search_space import tensor_degrees
 from kvpilot.operator.planning.sizing import kv_bytes_per_token, weight_bytes_per_gpu
 
 PROFILES = builtin_profiles()

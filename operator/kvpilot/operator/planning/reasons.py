@@ -11,7 +11,8 @@ from kvpilot.operator.planning.sizing import BLOCK_SIZE, gib
 if TYPE_CHECKING:
     from kvpilot.contracts.capabilities import RuntimeCapabilities
     from kvpilot.operator.planning.plan import Plan
-    from kvpilot.operator.planning.planner import Candidate, PlanRequest, ResolvedWorkload
+    from kvpilot.operator.planning.planner import Candidate
+    from kvpilot.operator.planning.request import PlanRequest, ResolvedWorkload
 
 FORMAT_NAMES = {
     "none": "16-bit",
