@@ -1,0 +1,115 @@
+"""The split-KV plan of the paged decode kernels (host side, no device work): how many partitions each
+sequence's context is cut into, chosen from the batch's shapes and the GPU's SM count so that enough
+programs run (decode_attention_triton.py, verify_attention_triton.py)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Launch parameters. Defaults (from sm_90 compiles, see compile_check.py): ~128 registers at 4 warps
+    -> 4 programs per SM, each with one 32 KB K+V tile in flight (Triton pipelines the tile loads one
+    iteration ahead with cp.async), i.e. ~128 KB in flight per SM, a few times what Little's law asks
+    for at 4.25 TB/s. benchmarks/bench_kernels.py --sweep measures the alternatives on the GPU."""
+
+    block_n: int = 64  # context positions per tile; any power of two >= 16 (pages are gathered per position)
+    num_warps: int = 4
+    num_stages: int = 2
+    min_partition: int = 128  # fewest context positions a split-KV program handles
+    # single pass once num_seqs * num_kv_heads >= single_pass_waves * SMs; else split to ~split_waves * SMs
+    single_pass_waves: float = 2.0
+    split_waves: float = 4.0
+    # When split_waves would cut a context into short partitions (< long_partition positions), prefer
+    # ~long_split_waves programs per SM with long partitions and long_num_stages (Triton double-buffers the
+    # block-table-indexed K/V tiles from 5 stages on): measured on the H200 at 8 x 4k, 39.4 µs (80% of
+    # 4.25 TB/s) vs 47.2 µs for 8 splits of 512 at 2 stages; at 32 x 512 (partitions can't be long) the
+    # short plan stays (26.8 µs; 5 stages were slower there).
+    long_split_waves: float = 2.0
+    long_partition: int = 1024
+    long_num_stages: int = 5
+    # Split partitions adapt at run time to each sequence's real context (ceil(ctx / num_splits) rounded
+    # up to block_n, at least the plan's partition_size): a CUDA graph captured for a wide block table
+    # (GRAPH_MAX_CONTEXT) then spreads a short context over all its splits instead of one. False: the
+    # partition is fixed from the block-table width, as before.
+    adaptive_partitions: bool = True
+    # 8-bit caches only. qk_dot: "widen" converts every K element to the 16-bit dot type; "native" runs
+    # the QK dot on 8-bit operands, q quantized per row in-kernel (int8: int8 tensor-core dots).
+    # v_widen: "operand" leaves the V widening to Triton, which gathers the transposed 8-bit operand
+    # bytewise from shared memory; "tile" widens V in its vectorized load layout by inline PTX, then
+    # ldmatrix.trans (attention_tile_triton.py). On the H200 at 64 x 4k neither alternative was faster:
+    # fp8 251.5 µs (operand) vs 265.5 (tile); int8 226.9 (operand) vs 244.0 (tile), 227.6 (tile + native
+    # QK), so the defaults stay "widen"/"operand" (BENCHMARKS.md, 8-bit decode).
+    qk_dot: str = "widen"
+    v_widen: str = "operand"
+
+    def __post_init__(self) -> None:
+        modes = {"qk_dot": ("widen", "native"), "v_widen": ("tile", "operand")}
+        for name, allowed in modes.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"DecodeConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.block_n < 16 or self.block_n & (self.block_n - 1):
+            raise ValueError(f"DecodeConfig.block_n must be a power of two >= 16, got {self.block_n}")
+
+
+# An 8-bit tile of 128 positions is as many bytes as a 16-bit tile of 64: the same bytes in flight per
+# program, half the tiles per sequence. The long-partition plans were measured for 16-bit caches only
+# (8-bit tiles at 5 stages were slower at 64 x 4k), so 8-bit caches keep the short plans.
+EIGHT_BIT_DECODE = DecodeConfig(block_n=128, long_split_waves=0.0)
+
+
+def default_decode_config(cache_dtype: torch.dtype) -> DecodeConfig:
+    """The launch defaults for a cache of this dtype (keeps the bytes per tile of the 16-bit default)."""
+    return EIGHT_BIT_DECODE if cache_dtype.itemsize == 1 else DecodeConfig()
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """num_splits partitions per (sequence, KV head). A sequence with context ctx is cut into partitions
+    of partition_for(ctx) = max(partition_size, ceil(ctx / num_splits) rounded up to block_n) positions
+    (the kernels compute this on the device), so the plan always covers any context; partitions past the
+    context are skipped."""
+
+    num_splits: int
+    partition_size: int  # the fewest context positions per split, a multiple of block_n
+    num_stages: int | None = None  # the launch's software-pipeline depth; None: DecodeConfig.num_stages
+
+
+def plan_decode(
+    num_seqs: int, num_kv_heads: int, max_context_len: int, sms: int, config: DecodeConfig
+) -> DecodePlan:
+    """Pure choice of the split count: a pass per (seq, kv head) when that fills the GPU, else split."""
+    bn = config.block_n
+    programs = num_seqs * num_kv_heads
+    if programs >= config.single_pass_waves * sms or max_context_len <= config.min_partition:
+        return DecodePlan(1, max(bn, _cdiv(max_context_len, bn) * bn))
+    want = math.ceil(config.split_waves * sms / max(programs, 1))
+    splits = max(1, min(want, _cdiv(max_context_len, config.min_partition)))
+    stages = None
+    if _split_partition(max_context_len, splits, bn) < config.long_partition:
+        long_splits = math.floor(config.long_split_waves * sms / max(programs, 1))
+        if long_splits > 1 and _split_partition(max_context_len, long_splits, bn) >= config.long_partition:
+            splits, stages = long_splits, config.long_num_stages
+    partition = _split_partition(max_context_len, splits, bn)
+    splits = _cdiv(max_context_len, partition)
+    if config.adaptive_partitions:  # the kernels size each sequence's partitions from its own context
+        partition = min(partition, _cdiv(config.min_partition, bn) * bn)
+    return DecodePlan(splits, partition, stages)
+
+
+def _split_partition(max_context_len: int, splits: int, block_n: int) -> int:
+    """ceil(max_context_len / splits) rounded up to whole tiles."""
+    return _cdiv(_cdiv(max_context_len, splits), block_n) * block_n
+
+
+def partition_for(ctx: int, plan: DecodePlan, block_n: int) -> int:
+    """Host mirror of the kernels' per-sequence partition size (_partition_for)."""
+    return max(plan.partition_size, _cdiv(_cdiv(ctx, plan.num_splits), block_n) * block_n)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
