@@ -19,12 +19,8 @@ from typing import Any
 
 from jinja2 import TemplateError
 from kvpilot.runtime.errors import InvalidRequestError
-from kvpilot.runtime.server.engine_client import (
-    EngineClient,
-    EngineFailure,
-    GenerationInput,
-    GenerationStream,
-)
+from kvpilot.runtime.server.engine_client import EngineClient
+from kvpilot.runtime.server.generation_stream import EngineFailure, GenerationInput, GenerationStream
 from kvpilot.runtime.server.middleware import REQUEST_ID_KEY
 from kvpilot.runtime.server.openai_errors import (
     from_invalid_request,
