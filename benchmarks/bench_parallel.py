@@ -27,8 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-os.environ.update(NO_MULTICAST)  # before torch/NCCL start, in this process and every child
+from kvpilot.runtime.distributed.launch import NO_MULTICAST_ENV  # torch-free: imported before torch
+
+os.environ.update(NO_MULTICAST_ENV)  # before torch/NCCL start, in this process and every child
 
 LLAMA_70B = {
     "architectures": ["LlamaForCausalLM"],
@@ -294,7 +295,7 @@ def main() -> int:
             run_allreduce(args.out / "parallel-allreduce.json")
         sys.stdout.flush()
         os._exit(0)  # no NCCL teardown after CUDA-graph capture (it can hang: pytorch/pytorch#115388)
-    env = {**os.environ, **NO_MULTICAST}
+    env = {**os.environ, **NO_MULTICAST_ENV}
     results: dict[str, Any] = {}
     unknown = [c for c in args.cases.split(",") if c not in CASES]
     if unknown:

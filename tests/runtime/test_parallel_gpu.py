@@ -20,6 +20,7 @@ import pytest
 import torch
 from kvpilot.runtime.bench_workloads import SHAPES, qwen3_config
 from kvpilot.runtime.distributed.group import start_leader
+from kvpilot.runtime.distributed.launch import NO_MULTICAST_ENV
 from kvpilot.runtime.engine.batch import SeqChunk, StepBatch
 from kvpilot.runtime.engine.engine_args import EngineArgs
 from kvpilot.runtime.engine.model_runner import ModelRunner
@@ -137,12 +138,7 @@ def test_two_gpus_match_one_within_the_logit_margin(
     done = subprocess.run(
         [sys.executable, __file__, str(model), str(tokens_path), str(out), case],
         timeout=TP2_TIMEOUT_S,
-        env={
-            **os.environ,
-            "NCCL_NVLS_ENABLE": "0",
-            "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-            "NVSHMEM_DISABLE_NVLS": "1",
-        },
+        env={**os.environ, **NO_MULTICAST_ENV},
     )
     assert done.returncode == 0
     parallel_logits = list(torch.load(out))
