@@ -213,6 +213,40 @@ def test_prefill_flat_grid_equals_the_per_sequence_grid() -> None:
     torch.testing.assert_close(flat, per_seq, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        PrefillConfig(block_m=16, block_n=16, gqa_pack=False),
+        PrefillConfig(block_m=16, block_n=16, fold_scale=True),
+        PrefillConfig(block_m=16, block_n=16, gqa_pack=False, fold_scale=True, flat_grid=True),
+    ],
+)
+def test_prefill_unpacked_heads_and_folded_scale(cfg: PrefillConfig) -> None:
+    b = make_batch([23, 37, 1, 40], [23, 9, 1, 40], 8, 2, 16, 4, seed=12)
+    torch.testing.assert_close(prefill(b, 0.29, config=cfg), reference(b, 0.29), **SMALL_TOL)
+
+
+@pytest.mark.parametrize("gqa_pack", [True, False])
+def test_prefill_reads_the_steps_contiguous_kv(gqa_pack: bool) -> None:
+    """Prompts with no cached prefix: K/V rows of the step (gathered here from the pages in table
+    order, token-aligned with q) give the paged result; the pages are then poisoned to show they are
+    not read."""
+    ctx_lens = [23, 1, 40]
+    b = make_batch(ctx_lens, ctx_lens, 8, 2, 16, 4, seed=13)
+    rows = [
+        b[name][b["block_tables"][s, : -(-c // 4)].long()].flatten(0, 1)[:c]
+        for name in ("k_cache", "v_cache")
+        for s, c in enumerate(ctx_lens)
+    ]
+    k_rows, v_rows = torch.cat(rows[:3]), torch.cat(rows[3:])  # [tokens, kv_heads, head_dim]
+    expected = reference(b, 0.29)
+    b["k_cache"].fill_(float("nan"))
+    b["v_cache"].fill_(float("nan"))
+    cfg = PrefillConfig(block_m=16, block_n=16, gqa_pack=gqa_pack)
+    out = prefill(b, 0.29, config=cfg, step_kv=(k_rows, v_rows))
+    torch.testing.assert_close(out, expected, **SMALL_TOL)
+
+
 def test_flat_grid_policy() -> None:
     cfg = PrefillConfig()
     assert use_flat_grid(cfg, 1024, 1, None, 16)  # no hint: flat, no host sync

@@ -108,19 +108,27 @@ def attend_tile(
     QK_NATIVE: tl.constexpr = False,  # q is 8-bit like K: the QK dot runs on 8-bit operands
     V_TILE: tl.constexpr = False,  # 8-bit cache: widen V in its load layout (see _widen_opaque)
     WIDEN_ASM: tl.constexpr = True,  # False under the CPU interpreter (no PTX): V_TILE widens by a cast
+    CONTIG: tl.constexpr = False,  # 16-bit K/V [positions, kv_heads, head_dim] from the step's projection
+    PRESCALED: tl.constexpr = False,  # q already carries qk_scale (16-bit caches only)
 ):
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     pos = n0 + offs_n  # [BLOCK_N]
     valid = pos < end
-    if MASK:  # noqa: SIM108 (constexpr branches read better in kernels)
-        page = tl.load(bt_row + pos // PAGE, mask=valid, other=0)
+    if CONTIG:  # the caller offset the K/V pointers to the sequence's first position: no block table
+        page = pos.to(tl.int64)  # unused: 8-bit caches are always paged
+        in_page = pos % PAGE
+        k_rows = pos.to(tl.int64) * stride_ks + k_head_off
+        v_rows = pos.to(tl.int64) * stride_vs + v_head_off
     else:
-        page = tl.load(bt_row + pos // PAGE)
-    page = page.to(tl.int64)
-    in_page = pos % PAGE
-    k_rows = page * stride_kb + in_page * stride_ks + k_head_off  # [BLOCK_N] element offsets of each row
-    v_rows = page * stride_vb + in_page * stride_vs + v_head_off
+        if MASK:  # noqa: SIM108 (constexpr branches read better in kernels)
+            page = tl.load(bt_row + pos // PAGE, mask=valid, other=0)
+        else:
+            page = tl.load(bt_row + pos // PAGE)
+        page = page.to(tl.int64)
+        in_page = pos % PAGE
+        k_rows = page * stride_kb + in_page * stride_ks + k_head_off  # [BLOCK_N] row offsets
+        v_rows = page * stride_vb + in_page * stride_vs + v_head_off
     k_ptrs = k_cache_ptr + k_rows[:, None] + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
     v_ptrs = v_cache_ptr + v_rows[:, None] + offs_d[None, :]
     # Issue the V load together with K (before the first dot) so that, when the compiler does not
@@ -161,6 +169,8 @@ def attend_tile(
         if QK_NATIVE:
             qk = qk * q_scale[:, None]
         s = qk * (k_s * qk_scale)[None, :]
+    elif PRESCALED:
+        s = tl.dot(q, tl.trans(k))  # [BLOCK_M, BLOCK_N] fp32, already in base-2 units
     else:
         s = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_M, BLOCK_N] fp32
     if CAUSAL:

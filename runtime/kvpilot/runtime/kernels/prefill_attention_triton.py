@@ -39,6 +39,12 @@ class PrefillConfig:
     # per-sequence grid would be more than twice as large, or when max_q_len is not given (it needs no
     # host sync); True/False force it.
     flat_grid: bool | None = None
+    # Sweep options (benchmarks/sweep_attention2.py). gqa_pack: a program's rows are BLOCK_Q tokens x the
+    # GROUP heads of one KV head (K/V tiles loaded once per group) rather than BLOCK_M tokens of one head.
+    # fold_scale: q is multiplied by softmax scale * log2(e) once (rounded to the dot type) instead of
+    # every [BLOCK_M, BLOCK_N] score tile.
+    gqa_pack: bool = True
+    fold_scale: bool = False
 
 
 @triton.jit
@@ -96,8 +102,10 @@ def _prefill_kernel(
     BLOCK_N: tl.constexpr,
     SCALED: tl.constexpr,  # 8-bit cache: q stays in its dtype, scales dequantize the scores/weights
     BLOCK_SEQS: tl.constexpr = 256,  # num_seqs rounded up to a power of two (flat grid)
+    PACK: tl.constexpr = True,  # GQA packing (PrefillConfig.gqa_pack); False: axis 1 is the query head
+    CONTIG: tl.constexpr = False,  # K/V are [num_tokens, kv_heads, head_dim] rows of this step (no prefix)
+    PRESCALED: tl.constexpr = False,  # PrefillConfig.fold_scale
 ):
-    kv_head = tl.program_id(1)
     # A run-time switch (not a constexpr): both grids share one compiled kernel, so choosing per step
     # never compiles while serving.
     if flat != 0:
@@ -117,10 +125,17 @@ def _prefill_kernel(
 
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    tok = t0 + offs_m // GROUP_PAD  # [BLOCK_M] query token (within the chunk) of each row
-    g = offs_m % GROUP_PAD
-    row_mask = (tok < q_len) & (g < GROUP)
-    heads = kv_head * GROUP + g
+    if PACK:
+        kv_head = tl.program_id(1)
+        tok = t0 + offs_m // GROUP_PAD  # [BLOCK_M] query token (within the chunk) of each row
+        g = offs_m % GROUP_PAD
+        row_mask = (tok < q_len) & (g < GROUP)
+        heads = kv_head * GROUP + g
+    else:  # BLOCK_Q == BLOCK_M tokens of query head program_id(1)
+        kv_head = tl.program_id(1) // GROUP
+        tok = t0 + offs_m
+        row_mask = tok < q_len
+        heads = tl.program_id(1) + offs_m * 0
     q_pos = ctx - q_len + tok  # [BLOCK_M] position of each row in its sequence
     row_off = (q_start + tok).to(tl.int64)
     io_mask = row_mask[:, None] & (offs_d[None, :] < HEAD_DIM)
@@ -129,7 +144,9 @@ def _prefill_kernel(
         mask=io_mask,
         other=0.0,
     )  # [BLOCK_M, BLOCK_D]
-    if not SCALED:  # a 16/32-bit cache: the dots run in its type
+    if PRESCALED:  # the scores come out of the QK dot in base-2 units
+        q = (q.to(tl.float32) * qk_scale).to(k_cache_ptr.dtype.element_ty)
+    elif not SCALED:  # a 16/32-bit cache: the dots run in its type
         q = q.to(k_cache_ptr.dtype.element_ty)
     elif q.dtype != tl.float32 and k_cache_ptr.dtype.element_ty != tl.int8:
         q = q.to(tl.float16)  # e4m3 pages, 16-bit activations: fp16 dots (attention_tile_triton.py)
@@ -138,6 +155,9 @@ def _prefill_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    if CONTIG:  # position p of this sequence is row q_start + p (its whole context is this chunk)
+        k_cache_ptr += q_start.to(tl.int64) * stride_ks
+        v_cache_ptr += q_start.to(tl.int64) * stride_vs
     k_head_off = kv_head * stride_kh
     v_head_off = kv_head * stride_vh
     s_head_off = kv_head * stride_sh
@@ -175,6 +195,8 @@ def _prefill_kernel(
             MASK=False,
             CAUSAL=False,
             SCALED=SCALED,
+            CONTIG=CONTIG,
+            PRESCALED=PRESCALED,
         )
     for n0 in range(full_end, kv_end, BLOCK_N):
         acc, l_i, m_i = attend_tile(
@@ -207,6 +229,8 @@ def _prefill_kernel(
             MASK=True,
             CAUSAL=True,
             SCALED=SCALED,
+            CONTIG=CONTIG,
+            PRESCALED=PRESCALED,
         )
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
@@ -239,9 +263,11 @@ def paged_prefill_attention_triton(
     config: PrefillConfig | None = None,
     k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] fp32: 8-bit caches
     v_scale: torch.Tensor | None = None,
+    step_kv: tuple[torch.Tensor, torch.Tensor] | None = None,  # each [num_tokens, num_kv_heads, head_dim]
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """max_q_len sizes the per-sequence grid (PrefillConfig.flat_grid); without it the flat grid runs,
-    which needs no host sync."""
+    which needs no host sync. step_kv: this step's K/V rows (token-aligned with q), read instead of the
+    pages when no sequence has cached context (context_lens == chunk lengths: the caller's promise)."""
     cfg = config or PrefillConfig()
     num_tokens, num_heads, head_dim = q.shape
     page, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -250,20 +276,30 @@ def paged_prefill_attention_triton(
     if num_tokens == 0 or num_seqs == 0:
         return out
     group = num_heads // num_kv_heads
-    group_pad = next_power_of_2(group)
+    group_pad = next_power_of_2(group) if cfg.gqa_pack else 1
     block_m = max(cfg.block_m, group_pad, 16)  # at least one whole group, and tl.dot needs M >= 16
     block_q = block_m // group_pad
     flat = use_flat_grid(cfg, num_tokens, num_seqs, max_q_len, block_q)
+    heads_axis = num_kv_heads if cfg.gqa_pack else num_heads
     if flat:  # sum over sequences of ceil(q_len / block_q) <= num_tokens / block_q + num_seqs
-        grid = (triton.cdiv(num_tokens, block_q) + num_seqs, num_kv_heads, 1)
+        grid = (triton.cdiv(num_tokens, block_q) + num_seqs, heads_axis, 1)
     else:
         if max_q_len is None:
             max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max().item())
-        grid = (triton.cdiv(max_q_len, block_q), num_kv_heads, num_seqs)
+        grid = (triton.cdiv(max_q_len, block_q), heads_axis, num_seqs)
+    if step_kv is not None and k_scale is not None:
+        raise ValueError("step_kv reads 16-bit K/V rows; an 8-bit cache needs its pages and scales")
+    k, v = step_kv or (k_cache, v_cache)
+    # step_kv rows [tokens, kv_heads, d] as pages of one position each: (block, slot) strides (0, token)
+    kv_strides = (
+        (0, k.stride(0), k.stride(1), 0, v.stride(0), v.stride(1))
+        if step_kv is not None
+        else (k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2))
+    )
     _prefill_kernel[grid](
         q,
-        k_cache,
-        v_cache,
+        k,
+        v,
         out,
         cu_seqlens_q,
         context_lens,
@@ -273,12 +309,7 @@ def paged_prefill_attention_triton(
         q.stride(1),
         out.stride(0),
         out.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
+        *kv_strides,
         block_tables.stride(0),
         *_scale_args(k_cache, k_scale, v_scale),
         num_seqs,
@@ -293,6 +324,9 @@ def paged_prefill_attention_triton(
         BLOCK_N=cfg.block_n,
         SCALED=k_scale is not None,
         BLOCK_SEQS=max(256, next_power_of_2(num_seqs)),  # one compile up to 256 sequences
+        PACK=cfg.gqa_pack,
+        CONTIG=step_kv is not None,
+        PRESCALED=cfg.fold_scale and k_scale is None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
