@@ -56,7 +56,7 @@ def prefill_variants() -> dict[str, PrefillVariant]:
     return {
         "default": v(d),
         "bm64 bn64 w4 s3": v(replace(d, num_stages=3)),
-        "bm64 bn64 w4 s4": v(replace(d, num_stages=4)),
+        "bm64 bn64 w8 s2": v(replace(d, num_warps=8)),
         "bm128 bn64 w8 s3": v(replace(d, block_m=128, num_warps=8, num_stages=3)),
         "bm128 bn128 w8 s3": v(replace(d, block_m=128, block_n=128, num_warps=8, num_stages=3)),
         "fold_scale bm64 bn64 w4 s2": v(replace(d, fold_scale=True)),
@@ -77,24 +77,33 @@ def decode_variants(batch: int, ctx: int) -> dict[str, tuple[DecodeConfig, Decod
     """Forced plans for the shape (splits, block_n, warps, stages); the default plan first."""
     d = DecodeConfig()
     out: dict[str, tuple[DecodeConfig, DecodePlan | None]] = {"default": (d, None)}
-    if ctx <= 1024:  # short contexts: latency-bound, few tiles per program
+    kind = "short" if ctx <= 1024 else "long" if batch * KVH <= 128 else "big"
+    if kind == "short":  # short contexts: latency-bound, few tiles per program
         grid = (
-            (1, 64, 4, 2), (1, 128, 8, 2), (1, 64, 4, 5), (1, 32, 4, 2), (2, 64, 4, 2), (2, 128, 8, 2),
-            (4, 64, 4, 2), (4, 128, 4, 2), (4, 128, 8, 2), (8, 64, 4, 2), (8, 32, 2, 2), (16, 32, 2, 2),
+            (1, 64, 4, 2), (1, 128, 8, 2), (1, 64, 4, 5), (2, 64, 4, 2), (2, 128, 8, 2), (4, 64, 4, 2),
+            (4, 128, 8, 2), (8, 64, 4, 2), (8, 32, 2, 2),
         )  # fmt: skip
-    elif batch * KVH <= 128:  # long contexts, few (seq, head) pairs: partition length and pipeline depth
+    elif kind == "long":  # long contexts, few (seq, head) pairs: partition length and pipeline depth
         grid = (
-            (4, 64, 4, 4), (4, 64, 4, 6), (6, 64, 4, 5), (8, 64, 4, 5), (16, 64, 4, 5), (8, 32, 4, 5),
-            (4, 128, 8, 3), (8, 64, 4, 2), (16, 64, 4, 2), (2, 64, 4, 5), (5, 64, 4, 5),
+            (4, 64, 4, 6), (6, 64, 4, 5), (8, 64, 4, 5), (16, 64, 4, 5), (8, 32, 4, 5), (8, 64, 4, 2),
+            (5, 64, 4, 5),
         )  # fmt: skip
     else:  # the big batch: keep its single pass (just the default and one deeper pipeline)
         grid = ((1, 64, 4, 5),)
-    for splits, bn, warps, stages in grid:
+    ahead = {  # pages_ahead: the compiler double-buffers K/V from 3 stages (compile_check)
+        "short": ((1, 64, 4, 3), (2, 64, 4, 3), (3, 64, 4, 3), (4, 64, 4, 3), (4, 32, 4, 3), (8, 32, 4, 3),
+                  (2, 64, 4, 4), (1, 32, 4, 3)),
+        "long": ((4, 64, 4, 3), (4, 64, 4, 4), (8, 64, 4, 3), (8, 64, 4, 4), (6, 64, 4, 3), (5, 64, 4, 4),
+                 (16, 64, 4, 3), (8, 32, 4, 3)),
+        "big": ((1, 64, 4, 3),),
+    }[kind]  # fmt: skip
+    for (splits, bn, warps, stages), pages_ahead in [(g, False) for g in grid] + [(g, True) for g in ahead]:
         part = _cdiv(_cdiv(ctx, splits), bn) * bn
         if splits > 1 and part * (splits - 1) >= ctx:
             continue  # fewer real partitions than splits: the same as a smaller split count
-        cfg = replace(d, block_n=bn, num_warps=warps, num_stages=stages)
-        out[f"splits {splits} bn{bn} w{warps} s{stages}"] = (cfg, DecodePlan(splits, part, stages))
+        cfg = replace(d, block_n=bn, num_warps=warps, num_stages=stages, pages_ahead=pages_ahead)
+        name = f"{'ahead ' if pages_ahead else ''}splits {splits} bn{bn} w{warps} s{stages}"
+        out[name] = (cfg, DecodePlan(splits, part, stages))
     return out
 
 

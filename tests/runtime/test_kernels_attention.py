@@ -157,6 +157,15 @@ def test_decode_matches_reference(num_heads: int, num_kv_heads: int, block_size:
     torch.testing.assert_close(out, reference(b, 0.37), **SMALL_TOL)
 
 
+@pytest.mark.parametrize("block_size", [4, 16, 32])
+@pytest.mark.parametrize("sms", [1, 132], ids=["single_pass", "split_kv"])
+def test_decode_pages_looked_up_a_tile_ahead(block_size: int, sms: int) -> None:
+    ctx_lens = [1, 17, 33, 64, 70]
+    b = make_batch(ctx_lens, [1] * len(ctx_lens), 8, 2, 16, block_size, seed=30 + block_size)
+    cfg = DecodeConfig(block_n=16, min_partition=16, pages_ahead=True)
+    torch.testing.assert_close(decode(b, 0.37, config=cfg, sms=sms), reference(b, 0.37), **SMALL_TOL)
+
+
 def test_decode_default_config_and_block_size_one() -> None:
     b = make_batch([3, 130, 200], [1, 1, 1], 8, 2, 32, 1, seed=3)
     for sms in (1, 132):

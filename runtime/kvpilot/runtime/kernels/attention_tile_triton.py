@@ -110,6 +110,8 @@ def attend_tile(
     WIDEN_ASM: tl.constexpr = True,  # False under the CPU interpreter (no PTX): V_TILE widens by a cast
     CONTIG: tl.constexpr = False,  # 16-bit K/V [positions, kv_heads, head_dim] from the step's projection
     PRESCALED: tl.constexpr = False,  # q already carries qk_scale (16-bit caches only)
+    tile_pages=0,  # [BLOCK_N] block-table entries of the tile's positions (read when PAGES_GIVEN)
+    PAGES_GIVEN: tl.constexpr = False,  # the caller looked the pages up (one tile ahead): no table load
 ):
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -121,7 +123,9 @@ def attend_tile(
         k_rows = pos.to(tl.int64) * stride_ks + k_head_off
         v_rows = pos.to(tl.int64) * stride_vs + v_head_off
     else:
-        if MASK:  # noqa: SIM108 (constexpr branches read better in kernels)
+        if PAGES_GIVEN:
+            page = tile_pages
+        elif MASK:
             page = tl.load(bt_row + pos // PAGE, mask=valid, other=0)
         else:
             page = tl.load(bt_row + pos // PAGE)

@@ -111,6 +111,7 @@ def _decode_kernel(
     V_TILE: tl.constexpr = False,  # 8-bit V widened in its load layout (attention_tile_triton.py)
     WIDEN_ASM: tl.constexpr = True,  # False under the CPU interpreter
     QMAX: tl.constexpr = 448.0,  # largest magnitude of the cache's 8-bit type (QK_NATIVE)
+    PAGES_AHEAD: tl.constexpr = False,  # DecodeConfig.pages_ahead
 ):
     split = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -147,7 +148,17 @@ def _decode_kernel(
     v_head_off = kv_head * stride_vh
     s_head_off = kv_head * stride_sh
     full_end = start + (end - start) // BLOCK_N * BLOCK_N  # tiles before this need no mask
+    offs_n = tl.arange(0, BLOCK_N)
+    # PAGES_AHEAD: [BLOCK_N] table entries of the next tile, loaded while the current one is processed
+    if PAGES_AHEAD:
+        pages = tl.load(bt_row + (start + offs_n) // PAGE, mask=start + offs_n < end, other=0)
+    else:
+        pages = offs_n  # unused: attend_tile looks its pages up
     for n0 in range(start, full_end, BLOCK_N):
+        tile_pages = pages.to(tl.int64)
+        if PAGES_AHEAD:
+            nxt = n0 + BLOCK_N + offs_n
+            pages = tl.load(bt_row + nxt // PAGE, mask=nxt < end, other=0)
         acc, l_i, m_i = attend_tile(
             acc,
             l_i,
@@ -183,6 +194,8 @@ def _decode_kernel(
             QK_NATIVE=QK_NATIVE,
             V_TILE=V_TILE,
             WIDEN_ASM=WIDEN_ASM,
+            tile_pages=tile_pages,
+            PAGES_GIVEN=PAGES_AHEAD,
         )
     if full_end < end:  # the ragged last tile
         acc, l_i, m_i = attend_tile(
@@ -220,6 +233,8 @@ def _decode_kernel(
             QK_NATIVE=QK_NATIVE,
             V_TILE=V_TILE,
             WIDEN_ASM=WIDEN_ASM,
+            tile_pages=pages.to(tl.int64),
+            PAGES_GIVEN=PAGES_AHEAD,
         )
 
     out_mask = head_mask[:, None] & d_mask[None, :]
@@ -349,6 +364,7 @@ def paged_decode_attention_triton(
         V_TILE=scaled and cfg.v_widen == "tile",
         WIDEN_ASM=q.device.type == "cuda",
         QMAX=QUANT_MAX.get(k_cache.dtype, 448.0),
+        PAGES_AHEAD=cfg.pages_ahead,
         num_warps=cfg.num_warps,
         num_stages=plan.num_stages or cfg.num_stages,
     )

@@ -46,6 +46,9 @@ class DecodeConfig:
     # QK), so the defaults stay "widen"/"operand" (BENCHMARKS.md, 8-bit decode).
     qk_dot: str = "widen"
     v_widen: str = "operand"
+    # The next tile's block-table entries are loaded while the current tile is processed (carried in
+    # registers), so a K/V load waits on no table load and the compiler may pipeline it as a direct one.
+    pages_ahead: bool = False
 
     def __post_init__(self) -> None:
         modes = {"qk_dot": ("widen", "native"), "v_widen": ("tile", "operand")}
