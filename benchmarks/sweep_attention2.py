@@ -55,18 +55,21 @@ def prefill_variants() -> dict[str, PrefillVariant]:
     v = PrefillVariant
     return {
         "default": v(d),
-        "bm64 bn64 w4 s3": v(replace(d, num_stages=3)),
         "bm64 bn64 w8 s2": v(replace(d, num_warps=8)),
         "bm128 bn64 w8 s3": v(replace(d, block_m=128, num_warps=8, num_stages=3)),
-        "bm128 bn128 w8 s3": v(replace(d, block_m=128, block_n=128, num_warps=8, num_stages=3)),
         "fold_scale bm64 bn64 w4 s2": v(replace(d, fold_scale=True)),
         "no GQA pack bm64 bn64 w4 s2": v(replace(d, gqa_pack=False)),
-        "no GQA pack bm128 bn64 w8 s2": v(replace(d, gqa_pack=False, block_m=128, num_warps=8)),
+        "ahead bm64 bn64 w4 s3": v(replace(d, num_stages=3, pages_ahead=True)),
+        "ahead bm64 bn32 w4 s3": v(replace(d, block_n=32, num_stages=3, pages_ahead=True)),
+        "ahead bm64 bn32 w4 s4": v(replace(d, block_n=32, num_stages=4, pages_ahead=True)),
+        "ahead bm128 bn64 w8 s3": v(replace(d, block_m=128, num_warps=8, num_stages=3, pages_ahead=True)),
+        "ahead+fold bm64 bn32 w4 s3": v(
+            replace(d, block_n=32, num_stages=3, pages_ahead=True, fold_scale=True)
+        ),
         "contig bm64 bn64 w4 s2": v(d, True),
+        "contig bm64 bn32 w4 s3": v(replace(d, block_n=32, num_stages=3), True),
         "contig bm64 bn64 w4 s3": v(replace(d, num_stages=3), True),
         "contig bm128 bn64 w8 s3": v(replace(d, block_m=128, num_warps=8, num_stages=3), True),
-        "contig bm128 bn128 w8 s3": v(replace(d, block_m=128, block_n=128, num_warps=8, num_stages=3), True),
-        "contig+fold bm64 bn64 w4 s3": v(replace(d, num_stages=3, fold_scale=True), True),
         "contig+fold bm128 bn64 w8 s3": v(
             replace(d, block_m=128, num_warps=8, num_stages=3, fold_scale=True), True
         ),
@@ -80,19 +83,18 @@ def decode_variants(batch: int, ctx: int) -> dict[str, tuple[DecodeConfig, Decod
     kind = "short" if ctx <= 1024 else "long" if batch * KVH <= 128 else "big"
     if kind == "short":  # short contexts: latency-bound, few tiles per program
         grid = (
-            (1, 64, 4, 2), (1, 128, 8, 2), (1, 64, 4, 5), (2, 64, 4, 2), (2, 128, 8, 2), (4, 64, 4, 2),
-            (4, 128, 8, 2), (8, 64, 4, 2), (8, 32, 2, 2),
+            (1, 64, 4, 2), (1, 128, 8, 2), (2, 64, 4, 2), (4, 64, 4, 2), (4, 128, 8, 2), (8, 64, 4, 2),
+            (8, 32, 2, 2),
         )  # fmt: skip
     elif kind == "long":  # long contexts, few (seq, head) pairs: partition length and pipeline depth
         grid = (
-            (4, 64, 4, 6), (6, 64, 4, 5), (8, 64, 4, 5), (16, 64, 4, 5), (8, 32, 4, 5), (8, 64, 4, 2),
-            (5, 64, 4, 5),
+            (4, 64, 4, 6), (6, 64, 4, 5), (8, 64, 4, 5), (16, 64, 4, 5), (8, 64, 4, 2), (5, 64, 4, 5),
         )  # fmt: skip
     else:  # the big batch: keep its single pass (just the default and one deeper pipeline)
         grid = ((1, 64, 4, 5),)
     ahead = {  # pages_ahead: the compiler double-buffers K/V from 3 stages (compile_check)
         "short": ((1, 64, 4, 3), (2, 64, 4, 3), (3, 64, 4, 3), (4, 64, 4, 3), (4, 32, 4, 3), (8, 32, 4, 3),
-                  (2, 64, 4, 4), (1, 32, 4, 3)),
+                  (1, 32, 4, 3)),
         "long": ((4, 64, 4, 3), (4, 64, 4, 4), (8, 64, 4, 3), (8, 64, 4, 4), (6, 64, 4, 3), (5, 64, 4, 4),
                  (16, 64, 4, 3), (8, 32, 4, 3)),
         "big": ((1, 64, 4, 3),),

@@ -228,9 +228,11 @@ def test_prefill_flat_grid_equals_the_per_sequence_grid() -> None:
         PrefillConfig(block_m=16, block_n=16, gqa_pack=False),
         PrefillConfig(block_m=16, block_n=16, fold_scale=True),
         PrefillConfig(block_m=16, block_n=16, gqa_pack=False, fold_scale=True, flat_grid=True),
+        PrefillConfig(block_m=16, block_n=16, pages_ahead=True),
+        PrefillConfig(block_m=16, block_n=16, pages_ahead=True, flat_grid=True),
     ],
 )
-def test_prefill_unpacked_heads_and_folded_scale(cfg: PrefillConfig) -> None:
+def test_prefill_options_match_reference(cfg: PrefillConfig) -> None:
     b = make_batch([23, 37, 1, 40], [23, 9, 1, 40], 8, 2, 16, 4, seed=12)
     torch.testing.assert_close(prefill(b, 0.29, config=cfg), reference(b, 0.29), **SMALL_TOL)
 

@@ -45,6 +45,9 @@ class PrefillConfig:
     # every [BLOCK_M, BLOCK_N] score tile.
     gqa_pack: bool = True
     fold_scale: bool = False
+    # pages_ahead: the next tile's block-table entries are loaded while the current tile is processed
+    # (as DecodeConfig.pages_ahead), so from 3 stages the K/V loads are double-buffered ahead.
+    pages_ahead: bool = False
 
 
 @triton.jit
@@ -105,6 +108,7 @@ def _prefill_kernel(
     PACK: tl.constexpr = True,  # GQA packing (PrefillConfig.gqa_pack); False: axis 1 is the query head
     CONTIG: tl.constexpr = False,  # K/V are [num_tokens, kv_heads, head_dim] rows of this step (no prefix)
     PRESCALED: tl.constexpr = False,  # PrefillConfig.fold_scale
+    PAGES_AHEAD: tl.constexpr = False,  # PrefillConfig.pages_ahead
 ):
     # A run-time switch (not a constexpr): both grids share one compiled kernel, so choosing per step
     # never compiles while serving.
@@ -164,7 +168,16 @@ def _prefill_kernel(
     first_pos = ctx - q_len + t0  # lowest query position of this tile: every row sees 0..first_pos
     kv_end = ctx - q_len + tl.minimum(t0 + BLOCK_Q, q_len)  # one past the highest query position
     full_end = (first_pos + 1) // BLOCK_N * BLOCK_N  # tiles below this are visible to every row
+    offs_n = tl.arange(0, BLOCK_N)
+    if PAGES_AHEAD:  # noqa: SIM108 (constexpr branch); [BLOCK_N] table entries of the next tile
+        pages = tl.load(bt_row + offs_n // PAGE, mask=offs_n < kv_end, other=0)
+    else:
+        pages = offs_n  # unused: attend_tile looks its pages up
     for n0 in range(0, full_end, BLOCK_N):
+        tile_pages = pages.to(tl.int64)
+        if PAGES_AHEAD:
+            nxt = n0 + BLOCK_N + offs_n
+            pages = tl.load(bt_row + nxt // PAGE, mask=nxt < kv_end, other=0)
         acc, l_i, m_i = attend_tile(
             acc,
             l_i,
@@ -197,8 +210,14 @@ def _prefill_kernel(
             SCALED=SCALED,
             CONTIG=CONTIG,
             PRESCALED=PRESCALED,
+            tile_pages=tile_pages,
+            PAGES_GIVEN=PAGES_AHEAD,
         )
     for n0 in range(full_end, kv_end, BLOCK_N):
+        tile_pages = pages.to(tl.int64)
+        if PAGES_AHEAD:
+            nxt = n0 + BLOCK_N + offs_n
+            pages = tl.load(bt_row + nxt // PAGE, mask=nxt < kv_end, other=0)
         acc, l_i, m_i = attend_tile(
             acc,
             l_i,
@@ -231,6 +250,8 @@ def _prefill_kernel(
             SCALED=SCALED,
             CONTIG=CONTIG,
             PRESCALED=PRESCALED,
+            tile_pages=tile_pages,
+            PAGES_GIVEN=PAGES_AHEAD,
         )
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
@@ -327,6 +348,7 @@ def paged_prefill_attention_triton(
         PACK=cfg.gqa_pack,
         CONTIG=step_kv is not None,
         PRESCALED=cfg.fold_scale and k_scale is None,
+        PAGES_AHEAD=cfg.pages_ahead and step_kv is None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
