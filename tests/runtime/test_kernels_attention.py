@@ -130,14 +130,33 @@ def test_adaptive_partitions_spread_a_short_context_over_every_split() -> None:
 def test_plan_prefers_long_double_buffered_partitions(
     num_seqs: int, ctx: int, splits: int, stages: int | None
 ) -> None:
-    """Where the short plan cuts contexts into < 1024 positions (8 x 4k: 8 x 512), ~2 programs per SM with
-    long partitions at 5 stages (H200: 39.4 vs 47.2 µs); where partitions can't be long (32 x 512) or
-    already are (16 x 8k), the short plan."""
-    plan = plan_decode(num_seqs, 8, ctx, 132, DecodeConfig())
-    assert (plan.num_splits, plan.num_stages) == (splits, stages)
-    assert plan_decode(8, 8, 4096, 132, DecodeConfig(long_split_waves=0.0)).num_splits == 8
+    """Without pages_ahead: where the short plan cuts contexts into < 1024 positions (8 x 4k: 8 x 512),
+    ~2 programs per SM with long partitions at 5 stages (H200: 39.4 vs 47.2 µs); where partitions can't
+    be long (32 x 512) or already are (16 x 8k), the short plan."""
+    plan = plan_decode(num_seqs, 8, ctx, 132, DecodeConfig(pages_ahead=False))
+    assert (plan.num_splits, plan.num_stages, plan.pages_ahead) == (splits, stages, False)
+    assert plan_decode(8, 8, 4096, 132, DecodeConfig(long_split_waves=0.0, pages_ahead=False)).num_splits == 8
     eight_bit = default_decode_config(torch.int8)  # long plans were measured for 16-bit caches only
     assert plan_decode(8, 8, 4096, 132, eight_bit).num_stages is None
+    assert not plan_decode(32, 8, 512, 132, eight_bit).pages_ahead
+
+
+@pytest.mark.parametrize(
+    ("num_seqs", "ctx", "splits", "ahead"),
+    [
+        (32, 512, 1, True),  # 256 (seq, head) pairs: one pipelined pass each, no reduce
+        (8, 4096, 4, True),  # ~2 programs per SM, partitions of 1024
+        (16, 8192, 2, True),
+        (24, 4096, 2, True),  # 192 pairs: one pass would leave 72 SMs with 1 program and 60 with 2
+        (64, 4096, 1, False),  # fills the GPU: the 2-stage pass
+        (1, 4096, 32, False),  # 8 pairs: long partitions would be too few programs, the short plan
+        (16, 512, 4, False),  # 128 pairs, partitions can't be long: the short plan
+    ],
+)
+def test_plan_pages_ahead(num_seqs: int, ctx: int, splits: int, ahead: bool) -> None:
+    plan = plan_decode(num_seqs, 8, ctx, 132, DecodeConfig())
+    assert (plan.num_splits, plan.pages_ahead) == (splits, ahead)
+    assert plan.num_stages == (3 if ahead else None)
 
 
 def test_plan_short_context_is_one_pass() -> None:
@@ -158,12 +177,13 @@ def test_decode_matches_reference(num_heads: int, num_kv_heads: int, block_size:
 
 
 @pytest.mark.parametrize("block_size", [4, 16, 32])
-@pytest.mark.parametrize("sms", [1, 132], ids=["single_pass", "split_kv"])
-def test_decode_pages_looked_up_a_tile_ahead(block_size: int, sms: int) -> None:
+@pytest.mark.parametrize("splits", [1, 3])
+def test_decode_pages_looked_up_a_tile_ahead(block_size: int, splits: int) -> None:
     ctx_lens = [1, 17, 33, 64, 70]
     b = make_batch(ctx_lens, [1] * len(ctx_lens), 8, 2, 16, block_size, seed=30 + block_size)
-    cfg = DecodeConfig(block_n=16, min_partition=16, pages_ahead=True)
-    torch.testing.assert_close(decode(b, 0.37, config=cfg, sms=sms), reference(b, 0.37), **SMALL_TOL)
+    plan = DecodePlan(splits, 16, 3, pages_ahead=True)
+    out = decode(b, 0.37, config=SMALL_DECODE, plan=plan)
+    torch.testing.assert_close(out, reference(b, 0.37), **SMALL_TOL)
 
 
 def test_decode_default_config_and_block_size_one() -> None:
@@ -229,7 +249,8 @@ def test_prefill_flat_grid_equals_the_per_sequence_grid() -> None:
         PrefillConfig(block_m=16, block_n=16, fold_scale=True),
         PrefillConfig(block_m=16, block_n=16, gqa_pack=False, fold_scale=True, flat_grid=True),
         PrefillConfig(block_m=16, block_n=16, pages_ahead=True),
-        PrefillConfig(block_m=16, block_n=16, pages_ahead=True, flat_grid=True),
+        PrefillConfig(block_m=16, block_n=16, pages_ahead=True, flat_grid=True, heads_first=True),
+        PrefillConfig(block_m=16, block_n=16, heads_first=True, gqa_pack=False),
     ],
 )
 def test_prefill_options_match_reference(cfg: PrefillConfig) -> None:

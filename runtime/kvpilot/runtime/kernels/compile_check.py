@@ -124,7 +124,7 @@ def _scaled(types: dict[str, str], kv: str) -> dict[str, str]:
 def kv8_specs() -> list[KernelSpec]:
     """The decode (single pass and split), prefill and store kernels over 8-bit pages."""
     dec8 = decode_attention_triton.EIGHT_BIT_DECODE
-    pre = prefill_attention_triton.PrefillConfig()
+    pre = prefill_attention_triton.EIGHT_BIT_PREFILL
     dec_types = {**_ATTN, "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
     dec_consts = {"GROUP": 4, "BLOCK_H": 16, **_HEADS, "BLOCK_N": dec8.block_n, "SCALED": True}
     specs = []
@@ -215,6 +215,8 @@ def _prefill_consts(pre: prefill_attention_triton.PrefillConfig) -> dict[str, An
         "BLOCK_Q": pre.block_m // 4,
         "BLOCK_N": pre.block_n,
         "BLOCK_SEQS": 256,
+        "PAGES_AHEAD": pre.pages_ahead,
+        "HEADS_FIRST": pre.heads_first,
     }
 
 
@@ -321,6 +323,13 @@ def default_specs() -> list[KernelSpec]:
 
 def _source(spec: KernelSpec) -> ASTSource:
     params = list(inspect.signature(spec.fn.fn).parameters)
+    # constexpr parameters the spec leaves out take their defaults (a launch that omits them does too)
+    defaults = {
+        name: p.default
+        for name, p in inspect.signature(spec.fn.fn).parameters.items()
+        if p.default is not inspect.Parameter.empty and "constexpr" in str(p.annotation)
+    }
+    spec = dataclasses.replace(spec, constexprs={**defaults, **spec.constexprs})
     signature = {p: "constexpr" if p in spec.constexprs else spec.types.get(p, "i32") for p in params}
     div16 = [["tt.divisibility", 16]]
     attrs = {

@@ -364,7 +364,7 @@ def paged_decode_attention_triton(
         V_TILE=scaled and cfg.v_widen == "tile",
         WIDEN_ASM=q.device.type == "cuda",
         QMAX=QUANT_MAX.get(k_cache.dtype, 448.0),
-        PAGES_AHEAD=cfg.pages_ahead,
+        PAGES_AHEAD=plan.pages_ahead,
         num_warps=cfg.num_warps,
         num_stages=plan.num_stages or cfg.num_stages,
     )

@@ -24,11 +24,22 @@ class DecodeConfig:
     # single pass once num_seqs * num_kv_heads >= single_pass_waves * SMs; else split to ~split_waves * SMs
     single_pass_waves: float = 2.0
     split_waves: float = 4.0
+    # pages_ahead: plans for batches that do not fill the GPU may load each tile's block-table entries one
+    # tile ahead (carried in registers), so the K/V loads wait on no table load and Triton double-buffers
+    # them from ahead_num_stages = 3 (compile_check: 72 KB of shared memory, 168 registers at 4 warps; the
+    # table-indexed loads need 5 stages otherwise). From ahead_single_pass_waves * SMs (seq, KV head)
+    # pairs, one such pass per pair; fewer pairs take the long-partition plan below with it. H200
+    # (benchmarks/sweep_attention2.py): 32 x 512 20.5 µs (77.6% of 4.25 TB/s) vs 26.7 for 3 splits of
+    # 192 at 2 stages; 8 x 4k 38.1 µs (83.0%) vs 39.2 at 5 stages; 16 x 8k (4 splits, 4 stages) 133.8 µs
+    # (94.5%) vs 144.7 for 5 short splits. Batches that fill the GPU keep the 2-stage pass (64 x 4k: 248
+    # µs, 102%, vs 295 ahead at 3 stages: the deeper pipeline costs programs per SM).
+    pages_ahead: bool = True
+    ahead_num_stages: int = 3
+    ahead_single_pass_waves: float = 1.0
     # When split_waves would cut a context into short partitions (< long_partition positions), prefer
-    # ~long_split_waves programs per SM with long partitions and long_num_stages (Triton double-buffers the
-    # block-table-indexed K/V tiles from 5 stages on): measured on the H200 at 8 x 4k, 39.4 µs (80% of
-    # 4.25 TB/s) vs 47.2 µs for 8 splits of 512 at 2 stages; at 32 x 512 (partitions can't be long) the
-    # short plan stays (26.8 µs; 5 stages were slower there).
+    # ~long_split_waves programs per SM with long partitions, pipelined by pages_ahead at ahead_num_stages
+    # or, without it, at long_num_stages (Triton double-buffers the block-table-indexed K/V tiles from 5
+    # stages on: 8 x 4k 39.4 µs vs 47.2 for 8 splits of 512 at 2 stages).
     long_split_waves: float = 2.0
     long_partition: int = 1024
     long_num_stages: int = 5
@@ -46,9 +57,6 @@ class DecodeConfig:
     # QK), so the defaults stay "widen"/"operand" (BENCHMARKS.md, 8-bit decode).
     qk_dot: str = "widen"
     v_widen: str = "operand"
-    # The next tile's block-table entries are loaded while the current tile is processed (carried in
-    # registers), so a K/V load waits on no table load and the compiler may pipeline it as a direct one.
-    pages_ahead: bool = False
 
     def __post_init__(self) -> None:
         modes = {"qk_dot": ("widen", "native"), "v_widen": ("tile", "operand")}
@@ -62,7 +70,7 @@ class DecodeConfig:
 # An 8-bit tile of 128 positions is as many bytes as a 16-bit tile of 64: the same bytes in flight per
 # program, half the tiles per sequence. The long-partition plans were measured for 16-bit caches only
 # (8-bit tiles at 5 stages were slower at 64 x 4k), so 8-bit caches keep the short plans.
-EIGHT_BIT_DECODE = DecodeConfig(block_n=128, long_split_waves=0.0)
+EIGHT_BIT_DECODE = DecodeConfig(block_n=128, long_split_waves=0.0, pages_ahead=False)
 
 
 def default_decode_config(cache_dtype: torch.dtype) -> DecodeConfig:
@@ -80,6 +88,7 @@ class DecodePlan:
     num_splits: int
     partition_size: int  # the fewest context positions per split, a multiple of block_n
     num_stages: int | None = None  # the launch's software-pipeline depth; None: DecodeConfig.num_stages
+    pages_ahead: bool = False  # block-table entries loaded a tile ahead (DecodeConfig.pages_ahead)
 
 
 def plan_decode(
@@ -90,6 +99,10 @@ def plan_decode(
     programs = num_seqs * num_kv_heads
     if programs >= config.single_pass_waves * sms or max_context_len <= config.min_partition:
         return DecodePlan(1, max(bn, _cdiv(max_context_len, bn) * bn))
+    if config.pages_ahead:
+        ahead = _ahead_plan(programs, max_context_len, sms, config)
+        if ahead is not None:
+            return ahead
     want = math.ceil(config.split_waves * sms / max(programs, 1))
     splits = max(1, min(want, _cdiv(max_context_len, config.min_partition)))
     stages = None
@@ -97,11 +110,36 @@ def plan_decode(
         long_splits = math.floor(config.long_split_waves * sms / max(programs, 1))
         if long_splits > 1 and _split_partition(max_context_len, long_splits, bn) >= config.long_partition:
             splits, stages = long_splits, config.long_num_stages
+    return _split_plan(max_context_len, splits, stages, config)
+
+
+def _ahead_plan(programs: int, max_context_len: int, sms: int, config: DecodeConfig) -> DecodePlan | None:
+    """~long_split_waves programs per SM, pipelined by pages_ahead: of the two split counts nearest to
+    that, the one whose busiest SM streams the fewest positions (ceil(programs * splits / SMs) / splits;
+    ties: fewer splits, fewer partials), partitions of at least long_partition positions. None where
+    that leaves fewer than ahead_single_pass_waves * SMs programs (tiny batches: the short plan's many
+    short partitions)."""
+    x = config.long_split_waves * sms / programs
+    candidates = {max(1, math.floor(x)), max(1, math.ceil(x))}
+    splits = min(candidates, key=lambda s: (_cdiv(programs * s, sms) / s, s))
+    splits = max(1, min(splits, max_context_len // config.long_partition))
+    if programs * splits < config.ahead_single_pass_waves * sms:
+        return None
+    if splits == 1:
+        bn = config.block_n
+        return DecodePlan(1, _cdiv(max_context_len, bn) * bn, config.ahead_num_stages, pages_ahead=True)
+    return _split_plan(max_context_len, splits, config.ahead_num_stages, config, pages_ahead=True)
+
+
+def _split_plan(
+    max_context_len: int, splits: int, stages: int | None, config: DecodeConfig, pages_ahead: bool = False
+) -> DecodePlan:
+    bn = config.block_n
     partition = _split_partition(max_context_len, splits, bn)
     splits = _cdiv(max_context_len, partition)
     if config.adaptive_partitions:  # the kernels size each sequence's partitions from its own context
         partition = min(partition, _cdiv(config.min_partition, bn) * bn)
-    return DecodePlan(splits, partition, stages)
+    return DecodePlan(splits, partition, stages, pages_ahead)
 
 
 def _split_partition(max_context_len: int, splits: int, block_n: int) -> int:

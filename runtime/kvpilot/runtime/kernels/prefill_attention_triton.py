@@ -28,26 +28,43 @@ from .triton_utils import scale_launch_args as _scale_args
 class PrefillConfig:
     # H200 (benchmarks/sweep_attention.py, BENCHMARKS.md): 64-row tiles at 4 warps beat 128 x 64 at 8
     # warps on 1 x 1024 causal (44.1 vs 49.8 µs; SDPA 32.4) and on a W1 mixed step (277.5 vs 441.2 µs);
-    # 128 x 128, 64 x 32 and 5 stages were slower.
+    # 128 x 128, 64 x 32 and 5 stages were slower. Issue 16 (sweep_attention2.py, 1 x 1024): GQA packing
+    # or not, 8 warps, 128-row tiles, the scale folded into q (249 registers) were no faster.
     block_m: int = 64  # query rows (tokens x heads of one group) per program
     block_n: int = 64  # context positions per tile
     num_warps: int = 4
-    num_stages: int = 2
+    num_stages: int = 3  # with pages_ahead: K/V double-buffered ahead (115 KB shared, 2 programs per SM)
     # Grid over the (sequence, query tile) pairs that exist, found on the device from cu_seqlens_q, rather
     # than sequences x the longest chunk's tiles (a W1 mixed step of 8 chunks of ~1k tokens and 128
     # decode rows: 383 programs per KV head instead of 4352, ~4000 of them empty). None: flat when the
     # per-sequence grid would be more than twice as large, or when max_q_len is not given (it needs no
     # host sync); True/False force it.
     flat_grid: bool | None = None
-    # Sweep options (benchmarks/sweep_attention2.py). gqa_pack: a program's rows are BLOCK_Q tokens x the
-    # GROUP heads of one KV head (K/V tiles loaded once per group) rather than BLOCK_M tokens of one head.
-    # fold_scale: q is multiplied by softmax scale * log2(e) once (rounded to the dot type) instead of
-    # every [BLOCK_M, BLOCK_N] score tile.
+    # gqa_pack: a program's rows are BLOCK_Q tokens x the GROUP heads of one KV head (K/V tiles loaded
+    # once per group) rather than BLOCK_M tokens of one head. fold_scale: q is multiplied by softmax
+    # scale * log2(e) once (rounded to the dot type) instead of every [BLOCK_M, BLOCK_N] score tile.
     gqa_pack: bool = True
     fold_scale: bool = False
     # pages_ahead: the next tile's block-table entries are loaded while the current tile is processed
-    # (as DecodeConfig.pages_ahead), so from 3 stages the K/V loads are double-buffered ahead.
-    pages_ahead: bool = False
+    # (as DecodeConfig.pages_ahead), so from 3 stages the K/V loads are double-buffered ahead instead of
+    # issued after the previous tile's dots and waited for at once (compile_check's TTGIR: async_wait
+    # num=2 instead of 0). Reading contiguous K/V (step_kv, no gather) was 41.3 vs 49.2 µs.
+    pages_ahead: bool = True
+    # heads_first: grid axis 0 is the head (axis 1 the query tile), so the hardware, which issues
+    # programs axis 0 fastest, starts the longest tiles of every head before any shorter one (longest
+    # processing time first). With axis 0 the tile, head 0's short tiles start before head 7's long ones,
+    # which then finish last: at 1 x 1024 (512 programs, 2 per SM) a list-scheduling model gives a
+    # makespan of 26 tile-times against 17 (the longest program is 16).
+    heads_first: bool = True
+
+
+# 8-bit pages keep the configuration they were measured with (the pipelining and order options were
+# measured on 16-bit caches only).
+EIGHT_BIT_PREFILL = PrefillConfig(num_stages=2, pages_ahead=False, heads_first=False)
+
+
+def default_prefill_config(cache_dtype: torch.dtype) -> PrefillConfig:
+    return EIGHT_BIT_PREFILL if cache_dtype.itemsize == 1 else PrefillConfig()
 
 
 @triton.jit
@@ -109,14 +126,17 @@ def _prefill_kernel(
     CONTIG: tl.constexpr = False,  # K/V are [num_tokens, kv_heads, head_dim] rows of this step (no prefix)
     PRESCALED: tl.constexpr = False,  # PrefillConfig.fold_scale
     PAGES_AHEAD: tl.constexpr = False,  # PrefillConfig.pages_ahead
+    HEADS_FIRST: tl.constexpr = False,  # PrefillConfig.heads_first: axes 0 and 1 swapped
 ):
     # A run-time switch (not a constexpr): both grids share one compiled kernel, so choosing per step
     # never compiles while serving.
+    tile_axis: tl.constexpr = 1 if HEADS_FIRST else 0
+    head_pid = tl.program_id(1 - tile_axis)  # KV head (PACK) or query head
     if flat != 0:
-        seq, tile = _flat_tile(cu_seqlens_q_ptr, num_seqs, tl.program_id(0), BLOCK_Q, BLOCK_SEQS)
+        seq, tile = _flat_tile(cu_seqlens_q_ptr, num_seqs, tl.program_id(tile_axis), BLOCK_Q, BLOCK_SEQS)
     else:
         # Launch the last (longest, most causal context) query tiles first so short ones fill the tail.
-        tile = tl.num_programs(0) - 1 - tl.program_id(0)
+        tile = tl.num_programs(tile_axis) - 1 - tl.program_id(tile_axis)
         seq = tl.program_id(2)
     if seq >= num_seqs:  # flat: the grid is sized for the most tiles num_tokens and num_seqs allow
         return
@@ -130,16 +150,16 @@ def _prefill_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     if PACK:
-        kv_head = tl.program_id(1)
+        kv_head = head_pid
         tok = t0 + offs_m // GROUP_PAD  # [BLOCK_M] query token (within the chunk) of each row
         g = offs_m % GROUP_PAD
         row_mask = (tok < q_len) & (g < GROUP)
         heads = kv_head * GROUP + g
-    else:  # BLOCK_Q == BLOCK_M tokens of query head program_id(1)
-        kv_head = tl.program_id(1) // GROUP
+    else:  # BLOCK_Q == BLOCK_M tokens of query head head_pid
+        kv_head = head_pid // GROUP
         tok = t0 + offs_m
         row_mask = tok < q_len
-        heads = tl.program_id(1) + offs_m * 0
+        heads = head_pid + offs_m * 0
     q_pos = ctx - q_len + tok  # [BLOCK_M] position of each row in its sequence
     row_off = (q_start + tok).to(tl.int64)
     io_mask = row_mask[:, None] & (offs_d[None, :] < HEAD_DIM)
@@ -289,7 +309,7 @@ def paged_prefill_attention_triton(
     """max_q_len sizes the per-sequence grid (PrefillConfig.flat_grid); without it the flat grid runs,
     which needs no host sync. step_kv: this step's K/V rows (token-aligned with q), read instead of the
     pages when no sequence has cached context (context_lens == chunk lengths: the caller's promise)."""
-    cfg = config or PrefillConfig()
+    cfg = config or default_prefill_config(k_cache.dtype)
     num_tokens, num_heads, head_dim = q.shape
     page, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     num_seqs = cu_seqlens_q.shape[0] - 1
@@ -303,11 +323,13 @@ def paged_prefill_attention_triton(
     flat = use_flat_grid(cfg, num_tokens, num_seqs, max_q_len, block_q)
     heads_axis = num_kv_heads if cfg.gqa_pack else num_heads
     if flat:  # sum over sequences of ceil(q_len / block_q) <= num_tokens / block_q + num_seqs
-        grid = (triton.cdiv(num_tokens, block_q) + num_seqs, heads_axis, 1)
+        tiles = triton.cdiv(num_tokens, block_q) + num_seqs
+        grid = (heads_axis, tiles, 1) if cfg.heads_first else (tiles, heads_axis, 1)
     else:
         if max_q_len is None:
             max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max().item())
-        grid = (triton.cdiv(max_q_len, block_q), heads_axis, num_seqs)
+        tiles = triton.cdiv(max_q_len, block_q)
+        grid = (heads_axis, tiles, num_seqs) if cfg.heads_first else (tiles, heads_axis, num_seqs)
     if step_kv is not None and k_scale is not None:
         raise ValueError("step_kv reads 16-bit K/V rows; an 8-bit cache needs its pages and scales")
     k, v = step_kv or (k_cache, v_cache)
@@ -349,6 +371,7 @@ def paged_prefill_attention_triton(
         CONTIG=step_kv is not None,
         PRESCALED=cfg.fold_scale and k_scale is None,
         PAGES_AHEAD=cfg.pages_ahead and step_kv is None,
+        HEADS_FIRST=cfg.heads_first,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
