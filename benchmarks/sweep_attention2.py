@@ -20,9 +20,12 @@ from dataclasses import dataclass, replace
 
 import torch
 from bench_kernels import (  # benchmarks/ is on sys.path when this file runs as a script
+    BF16,
     COPY_BW,
     KVH,
     PAGE,
+    D,
+    H,
     attn_bytes,
     attn_flops,
     bench_sdpa,
@@ -38,7 +41,9 @@ from kvpilot.runtime.kernels.decode_attention_triton import (
     plan_decode,
 )
 from kvpilot.runtime.kernels.prefill_attention_triton import PrefillConfig, paged_prefill_attention_triton
+from kvpilot.runtime.kernels.qkv_prepare_triton import qkv_prepare_triton
 from kvpilot.runtime.kernels.triton_utils import num_sms
+from kvpilot.runtime.layers.rotary import rope_cos_sin_cache
 from sweep_attention import W1_HEADS, sdpa_us, varlen_batch, w1_step
 
 SCALE = 128**-0.5
@@ -55,10 +60,14 @@ class PrefillVariant:
     contiguous: bool = False  # step_kv: K/V rows of the step instead of pages
 
 
-def prefill_variants(full: bool) -> dict[str, PrefillVariant]:
+def prefill_variants(full: bool, sweep: bool) -> dict[str, PrefillVariant]:
+    """The defaults (paged, and the step's K/V rows that prefix-free steps read) and the old default; with
+    sweep (1 x 1024), the alternatives measured for issue 16."""
     d, v = PrefillConfig(), PrefillVariant
     out = {"default": v(d), "old default": v(OLD_PREFILL)}
-    if not full:
+    if full:
+        out["default, step_kv (prefix-free steps)"] = v(d, True)
+    if not (full and sweep):
         return out
     hf = replace(OLD_PREFILL, heads_first=True)
     ahead = replace(OLD_PREFILL, pages_ahead=True, num_stages=3)
@@ -75,12 +84,15 @@ def prefill_variants(full: bool) -> dict[str, PrefillVariant]:
     }
 
 
-def decode_variants(batch: int, ctx: int) -> dict[str, tuple[DecodeConfig, DecodePlan | None]]:
-    """The default and old plans; for the issue's rows, forced plans (splits, bn, warps, stages, ahead)."""
+def decode_variants(batch: int, ctx: int, sweep: bool) -> dict[str, tuple[DecodeConfig, DecodePlan | None]]:
+    """The default and old plans; with sweep, for the issue's rows, forced plans (splits, bn, warps,
+    stages, ahead)."""
     out: dict[str, tuple[DecodeConfig, DecodePlan | None]] = {
         "default": (DecodeConfig(), None),
         "old default": (OLD_DECODE, None),
     }
+    if not sweep:
+        return out
     grid = {
         (32, 512): ((1, 64, 4, 4), (1, 128, 8, 3), (1, 64, 8, 3), (1, 32, 4, 4), (2, 64, 4, 3)),
         (8, 4096): ((2, 64, 4, 3), (3, 64, 4, 3), (4, 64, 4, 4), (4, 32, 4, 3), (4, 32, 4, 4),
@@ -103,8 +115,8 @@ def _cdiv(a: int, b: int) -> int:
 
 
 class Sweep:
-    def __init__(self, replays: int, repeat: int, budget: float) -> None:
-        self.replays, self.repeat, self.budget = replays, repeat, budget
+    def __init__(self, replays: int, repeat: int, budget: float, sweep: bool) -> None:
+        self.replays, self.repeat, self.budget, self.sweep = replays, repeat, budget, sweep
         self.start = time.time()
         self.base: dict[str, tuple[float, float]] = {}  # shape -> (default, old default) µs
 
@@ -155,7 +167,7 @@ class Sweep:
                 sdpa = [sdpa_us(ctx, q_len, True, self.replays) for _ in range(self.repeat)]
                 self.emit(shape, "torch SDPA causal (contiguous)", sdpa, tflops(sdpa), 0.0)
             ref = reference(sets[0], SCALE).float()
-            for name, var in prefill_variants(full).items():
+            for name, var in prefill_variants(full, self.sweep).items():
 
                 def call(x: dict, var: PrefillVariant = var, n: int = q_len) -> Callable[[], torch.Tensor]:
                     args = (x["q"], x["k"], x["v"], x["cu"], x["ctx"], x["bt"], SCALE)
@@ -169,7 +181,7 @@ class Sweep:
 
     def decode(self) -> None:
         sms = num_sms(torch.device("cuda"))
-        for batch, ctx in TARGETS + PLAN_CHECKS:
+        for batch, ctx in TARGETS + (PLAN_CHECKS if self.sweep else ()):
             shape, nbytes = f"decode {batch}x{ctx}", attn_bytes(batch, ctx, 1)
             sets = [paged_batch(batch, ctx, 1) for _ in range(num_sets(nbytes))]
             ref = reference(sets[0], SCALE).float()
@@ -180,10 +192,10 @@ class Sweep:
             if (batch, ctx) in TARGETS:
                 sdpa = [bench_sdpa(batch, ctx, 1, self.replays).us for _ in range(self.repeat)]
                 self.emit(shape, "torch SDPA (contiguous)", sdpa, pct(sdpa), 0.0)
-            variants = decode_variants(batch, ctx) if (batch, ctx) in TARGETS else {
+            variants = decode_variants(batch, ctx, self.sweep) if (batch, ctx) in TARGETS else {
                 "default": (DecodeConfig(), None), "old default": (OLD_DECODE, None)}  # fmt: skip
             tables = [("", sets)]
-            if (batch, ctx) in ((32, 512), (8, 4096)):  # a CUDA graph's 8k-wide table, short real context
+            if self.sweep and (batch, ctx) in ((32, 512), (8, 4096)):  # a CUDA graph's 8k-wide table
                 zeros = sets[0]["bt"].new_zeros(batch, (8192 - ctx) // PAGE)
                 tables.append((", 8k-wide table", [dict(b, bt=torch.cat([b["bt"], zeros], 1)) for b in sets]))
             for suffix, bsets in tables:
@@ -203,20 +215,38 @@ class Sweep:
             del sets, tables
 
 
+def qkv_part(sweep: Sweep) -> None:
+    """qkv_prepare over a 1024-token prompt (Qwen3-8B heads, q/k norm): what k_to_qkv (the step's k rows
+    for step_kv) adds to the step."""
+    t, rows = 1024, (H + 2 * KVH) * D
+    qkv = torch.randn(t, rows, device="cuda", dtype=BF16)
+    pos = torch.arange(t, device="cuda")
+    cos_sin = rope_cos_sin_cache(D, 4096, 1_000_000.0, None, "cuda")
+    k, v = (torch.zeros(t // PAGE, PAGE, KVH, D, device="cuda", dtype=BF16) for _ in range(2))
+    slots, w = torch.arange(t, device="cuda"), torch.ones(D, device="cuda", dtype=BF16)
+    nbytes = t * (rows + H * D + 2 * KVH * D) * 2  # qkv read, q and the cache's k and v written
+    for flag in (False, True):
+        call = lambda f=flag: qkv_prepare_triton(qkv, pos, cos_sin, k, v, slots, w, w, 1e-6, k_to_qkv=f)  # noqa: E731
+        us = sweep.time([call])
+        rate = f"{100 * nbytes / (min(us) * 1e-6) / COPY_BW:.1f}%"
+        sweep.emit("qkv_prepare 1024 tokens", f"k_to_qkv={flag}", us, rate, 0.0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", default="prefill,decode")
+    parser.add_argument("--parts", default="prefill,decode,qkv")
     parser.add_argument("--replays", type=int, default=10)
     parser.add_argument("--repeat", type=int, default=3, help="timings per row (the spread)")
     parser.add_argument("--budget", type=float, default=75.0, help="seconds before skipping rows")
+    parser.add_argument("--sweep", action="store_true", help="the alternatives too, not just the defaults")
     args = parser.parse_args()
     torch.manual_seed(0)
-    sweep = Sweep(args.replays, args.repeat, args.budget)
+    sweep = Sweep(args.replays, args.repeat, args.budget, args.sweep)
     print(f"{torch.cuda.get_device_name()}, {num_sms(torch.device('cuda'))} SMs; % of {COPY_BW / 1e12} TB/s")
     print("| shape | variant | µs (each repeat) | rate | vs default / old | max_err | plan |")
     print("|---|---|---|---|---|---|---|")
     for part in args.parts.split(","):
-        getattr(sweep, part)()
+        qkv_part(sweep) if part == "qkv" else getattr(sweep, part)()
     print(f"done in {time.time() - sweep.start:.0f}s")
 
 

@@ -101,6 +101,32 @@ def test_matches_reference_composition(
     assert not torch.equal(flat[written], caches[0].view(num_blocks * block_size, -1).cpu()[written])
 
 
+@pytest.mark.parametrize("with_norm", [False, True], ids=["no-norm", "qk-norm"])
+def test_k_to_qkv_leaves_the_steps_k_rows_in_qkv(with_norm: bool) -> None:
+    """k_to_qkv: qkv's k columns then hold each stored token's k exactly as its cache slot does (the
+    prefill attention's step_kv reads them); q, the cache and v's columns are as without it."""
+    num_heads, num_kv_heads, head_dim, block_size = 4, 2, 8, 4
+    slots = torch.tensor(sequence_slots([2, 0], 0, 6, block_size), device=DEVICE)
+    positions = torch.arange(6, device=DEVICE)
+    width = (num_heads + 2 * num_kv_heads) * head_dim
+    qkv = randn(6, width, seed=3)
+    caches = [randn(3, block_size, num_kv_heads, head_dim, seed=30 + i) for i in range(2)]
+    cos_sin = rope_cos_sin_cache(head_dim, 32, 10_000.0, None, DEVICE)
+    norm = qk_norm(with_norm, head_dim)
+    (ref_q, ref_k, ref_v), _ = run_both(qkv, positions, cos_sin, caches, slots, norm)
+    inplace = qkv.clone()
+    k_cache, v_cache = caches[0].clone(), caches[1].clone()
+    q = qkv_prepare_triton(inplace, positions, cos_sin, k_cache, v_cache, slots, **norm, k_to_qkv=True)
+    torch.testing.assert_close(q, ref_q, **F32_TOL)
+    torch.testing.assert_close(k_cache, ref_k, **F32_TOL)
+    assert torch.equal(v_cache, ref_v)
+    k_cols = slice(num_heads * head_dim, (num_heads + num_kv_heads) * head_dim)
+    cached_k = k_cache.view(-1, num_kv_heads, head_dim)[slots]  # [tokens, kv_heads, head_dim]
+    assert torch.equal(inplace[:, k_cols].reshape(6, num_kv_heads, head_dim), cached_k)
+    assert torch.equal(inplace[:, : k_cols.start], qkv[:, : k_cols.start])  # q columns untouched
+    assert torch.equal(inplace[:, k_cols.stop :], qkv[:, k_cols.stop :])  # v columns untouched
+
+
 def test_no_tokens_returns_empty_q_and_leaves_the_cache() -> None:
     cache = torch.ones(2, 4, 1, 8, device=DEVICE)
     empty = torch.zeros(0, dtype=torch.int64, device=DEVICE)

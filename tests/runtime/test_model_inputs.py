@@ -37,6 +37,7 @@ def reference_inputs(batch: StepBatch, block_size: int) -> dict[str, object]:
         "block_tables": [c.block_table + [0] * (width - len(c.block_table)) for c in batch.chunks],
         "max_q_len": max((len(c.token_ids) for c in batch.chunks), default=0),
         "max_context_len": max(context_lens, default=0),
+        "prefix_free": bool(batch.chunks) and all(c.start_pos == 0 for c in batch.chunks),
     }
 
 
@@ -58,6 +59,7 @@ def actual_inputs(batch: StepBatch, block_size: int) -> dict[str, object]:
         "block_tables": m.block_tables.tolist(),
         "max_q_len": m.max_q_len,
         "max_context_len": m.max_context_len,
+        "prefix_free": m.prefix_free,
     }
 
 
@@ -131,3 +133,11 @@ def test_every_staged_tensor_starts_16_byte_aligned(prompt_lens: list[int]) -> N
     assert inputs.positions.tolist() == [
         p for i, n in enumerate(prompt_lens) for p in range(3 * i, 3 * i + n)
     ]
+
+
+def test_prefix_free_only_when_no_sequence_has_cached_tokens() -> None:
+    prompts = [SeqChunk(i, list(range(1, 6 + i)), 0, [i, 10 + i], True) for i in range(3)]
+    assert prepare_inputs(StepBatch(prompts), 4, CPU).meta.prefix_free
+    extend = SeqChunk(9, [7, 8], 3, [20, 21], True)  # a chunk after 3 cached tokens
+    assert not prepare_inputs(StepBatch([*prompts, extend]), 4, CPU).meta.prefix_free
+    assert not prepare_inputs(StepBatch([]), 4, CPU).meta.prefix_free

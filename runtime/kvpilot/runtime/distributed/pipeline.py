@@ -47,6 +47,7 @@ def micro_batch_inputs(
         block_tables=meta.block_tables[chunks],
         max_q_len=mb.max_q_len,
         max_context_len=mb.max_context_len,
+        prefix_free=meta.prefix_free,  # each micro-batch's chunks are some of the step's
     )
     return inputs.input_ids[tokens], inputs.positions[tokens], sub
 

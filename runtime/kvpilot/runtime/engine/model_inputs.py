@@ -165,6 +165,8 @@ def _stage(host: _HostArrays, device: torch.device) -> ModelInputs:
         block_tables=i32[2].view(num_seqs, width),
         max_q_len=host.max_q_len,
         max_context_len=int(host.context_lens.max()) if num_seqs else 0,
+        # context >= chunk for each sequence, so equal sums mean no sequence has cached tokens
+        prefix_free=bool(num_seqs) and int(host.context_lens.sum()) == int(host.cu_seqlens[-1]),
     )
     return ModelInputs(i64[0], i64[1], meta, i64[3])
 

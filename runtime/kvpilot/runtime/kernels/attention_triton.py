@@ -81,9 +81,12 @@ def paged_attention_triton(
     is_decode: bool | None = None,
     k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] fp32: 8-bit caches
     v_scale: torch.Tensor | None = None,
+    step_kv: tuple[torch.Tensor, torch.Tensor] | None = None,  # each [num_tokens, num_kv_heads, head_dim]
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """is_decode defaults to max_q_len == 1 when given, else to num_tokens == num_seqs (chunks are never
-    empty, so that means one token each); both are decided without reading device memory."""
+    empty, so that means one token each); both are decided without reading device memory. step_kv: the
+    step's K/V rows when no sequence has cached context; the prefill kernel reads them instead of the
+    pages (decode and verification read the pages)."""
     check_paged_attention_inputs(
         q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, k_scale, v_scale
     )
@@ -113,6 +116,7 @@ def paged_attention_triton(
         max_q_len=max_q_len,
         k_scale=k_scale,
         v_scale=v_scale,
+        step_kv=step_kv,
     )
 
 

@@ -28,12 +28,16 @@ from .triton_utils import scale_launch_args as _scale_args
 class PrefillConfig:
     # H200 (benchmarks/sweep_attention.py, BENCHMARKS.md): 64-row tiles at 4 warps beat 128 x 64 at 8
     # warps on 1 x 1024 causal (44.1 vs 49.8 µs; SDPA 32.4) and on a W1 mixed step (277.5 vs 441.2 µs);
-    # 128 x 128, 64 x 32 and 5 stages were slower. Issue 16 (sweep_attention2.py, 1 x 1024): GQA packing
-    # or not, 8 warps, 128-row tiles, the scale folded into q (249 registers) were no faster.
+    # 128 x 128, 64 x 32 and 5 stages were slower. Issue 16 (sweep_attention2.py, 1 x 1024, 3 repeats):
+    # heads_first 38.3 µs vs 49.5; no GQA packing, 8 warps at 64 rows, the scale folded into q (249
+    # registers) were no faster.
     block_m: int = 64  # query rows (tokens x heads of one group) per program
     block_n: int = 64  # context positions per tile
     num_warps: int = 4
-    num_stages: int = 3  # with pages_ahead: K/V double-buffered ahead (115 KB shared, 2 programs per SM)
+    num_stages: int = 2
+    # step_kv (the step's contiguous K/V rows, no block table): the loads are direct, so 3 stages
+    # double-buffer them ahead: 1 x 1024 30.7 µs (s2: 31.3; paged 38.3; torch SDPA 31.9).
+    step_kv_num_stages: int = 3
     # Grid over the (sequence, query tile) pairs that exist, found on the device from cu_seqlens_q, rather
     # than sequences x the longest chunk's tiles (a W1 mixed step of 8 chunks of ~1k tokens and 128
     # decode rows: 383 programs per KV head instead of 4352, ~4000 of them empty). None: flat when the
@@ -48,19 +52,20 @@ class PrefillConfig:
     # pages_ahead: the next tile's block-table entries are loaded while the current tile is processed
     # (as DecodeConfig.pages_ahead), so from 3 stages the K/V loads are double-buffered ahead instead of
     # issued after the previous tile's dots and waited for at once (compile_check's TTGIR: async_wait
-    # num=2 instead of 0). Reading contiguous K/V (step_kv, no gather) was 41.3 vs 49.2 µs.
-    pages_ahead: bool = True
+    # num=2 instead of 0). Slower here (1 x 1024: 40.7 µs with heads_first vs 38.3 without; 115 KB of
+    # shared memory per program); only 128-row tiles at 8 warps gained (35.7), untested on other shapes.
+    pages_ahead: bool = False
     # heads_first: grid axis 0 is the head (axis 1 the query tile), so the hardware, which issues
     # programs axis 0 fastest, starts the longest tiles of every head before any shorter one (longest
     # processing time first). With axis 0 the tile, head 0's short tiles start before head 7's long ones,
     # which then finish last: at 1 x 1024 (512 programs, 2 per SM) a list-scheduling model gives a
-    # makespan of 26 tile-times against 17 (the longest program is 16).
+    # makespan of 26 tile-times against 17 (the longest program is 16); measured 49.5 -> 38.3 µs.
     heads_first: bool = True
 
 
 # 8-bit pages keep the configuration they were measured with (the pipelining and order options were
 # measured on 16-bit caches only).
-EIGHT_BIT_PREFILL = PrefillConfig(num_stages=2, pages_ahead=False, heads_first=False)
+EIGHT_BIT_PREFILL = PrefillConfig(heads_first=False)
 
 
 def default_prefill_config(cache_dtype: torch.dtype) -> PrefillConfig:
@@ -373,6 +378,6 @@ def paged_prefill_attention_triton(
         PAGES_AHEAD=cfg.pages_ahead and step_kv is None,
         HEADS_FIRST=cfg.heads_first,
         num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        num_stages=cfg.step_kv_num_stages if step_kv is not None else cfg.num_stages,
     )
     return out

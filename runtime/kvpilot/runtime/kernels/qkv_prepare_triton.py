@@ -107,6 +107,7 @@ def _qkv_prepare_kernel(
     SCALED: tl.constexpr,  # 8-bit cache: quantize per (token, head), scales beside the values
     QMAX: tl.constexpr,  # largest stored magnitude (448 e4m3, 127 int8)
     INT8: tl.constexpr,
+    K_TO_QKV: tl.constexpr = False,  # also write the normed, rotated k back over qkv's k columns
 ):
     HALF: tl.constexpr = HEAD_DIM // 2
     GROUP: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
@@ -139,6 +140,9 @@ def _qkv_prepare_kernel(
         k1 = tl.load(row + k_cols, mask=kv_mask, other=0.0).to(tl.float32)
         k2 = tl.load(row + k_cols + HALF, mask=kv_mask, other=0.0).to(tl.float32)
         k1, k2 = _norm_rotate(k1, k2, k_norm_ptr, cos, sin, eps, offs_d, d_mask, round_ty, HALF, HAS_NORM)
+        if K_TO_QKV:  # the step's k rows, token-aligned with q (step_kv of the prefill attention)
+            tl.store(row + k_cols, k1.to(round_ty), mask=kv_mask)  # each by the thread that loaded it
+            tl.store(row + k_cols + HALF, k2.to(round_ty), mask=kv_mask)
         dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs + kv_head * stride_ch
         k_dst = k_cache_ptr + dst + offs_d[None, :]
         v_cols = k_cols + NUM_KV_HEADS * HEAD_DIM
@@ -206,9 +210,12 @@ def qkv_prepare_triton(
     *,
     k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] fp32: 8-bit caches
     v_scale: torch.Tensor | None = None,
+    k_to_qkv: bool = False,
 ) -> torch.Tensor:
     """Returns q [num_tokens, num_heads, head_dim] (normed, rotated); writes k (normed, rotated) and v
-    (quantized per token and head, their scales beside them, when the cache is 8-bit)."""
+    (quantized per token and head, their scales beside them, when the cache is 8-bit). k_to_qkv: also
+    overwrites qkv's k columns with the rotated k (in the activation dtype) of every stored token, so
+    qkv's k and v columns hold the step's K/V rows as the cache gets them (PagedAttention)."""
     num_heads, num_kv_heads, head_dim = qkv_heads(qkv, k_cache)
     has_norm = check_qk_norm(q_norm_weight, k_norm_weight, head_dim)
     _check_inputs(qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, head_dim)
@@ -252,6 +259,7 @@ def qkv_prepare_triton(
         SCALED=scaled,
         QMAX=QUANT_MAX.get(k_cache.dtype, 0.0),
         INT8=k_cache.dtype == torch.int8,
+        K_TO_QKV=k_to_qkv,
         num_warps=max(1, min(4, block_g * block_half // 128)),
     )
     return q_out

@@ -28,6 +28,9 @@ class KernelOps:
     paged_attention: Callable[..., Any]  # (q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables,
     #                                      scale, *, max_q_len, k_scale, v_scale) -> [T, H, D]
     # k_scale/v_scale: [num_blocks, block_size, KVH] fp32 for 8-bit caches (kernels/kv_cache.py), else None
+    # step_kv: qkv_prepare takes k_to_qkv=True and paged_attention step_kv=(k_rows, v_rows) for
+    # prefix-free prefill steps (PagedAttention.uses_step_kv)
+    step_kv: bool = False
 
 
 def torch_ops() -> KernelOps:
@@ -60,7 +63,13 @@ def triton_ops() -> KernelOps:
     from kvpilot.runtime.kernels.qkv_prepare_triton import qkv_prepare_triton
 
     return KernelOps(
-        "triton", F.linear, rms_norm_triton, silu_and_mul_triton, qkv_prepare_triton, paged_attention_triton
+        "triton",
+        F.linear,
+        rms_norm_triton,
+        silu_and_mul_triton,
+        qkv_prepare_triton,
+        paged_attention_triton,
+        step_kv=True,
     )
 
 

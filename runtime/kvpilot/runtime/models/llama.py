@@ -60,15 +60,11 @@ class LlamaAttention(nn.Module):
         self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
     ) -> torch.Tensor:
         """q/k norm, rotary and the K/V store run as one op on the fused projection, with no copies."""
+        qkv = self.qkv_proj(hidden)
         q = self.attn.store_qkv(
-            self.qkv_proj(hidden),
-            positions,
-            self.rotary.cos_sin_cache,
-            kv_cache,
-            meta,
-            **self._qk_norm_weights(),
+            qkv, positions, self.rotary.cos_sin_cache, kv_cache, meta, **self._qk_norm_weights()
         )
-        out = self.attn(q, kv_cache, meta)
+        out = self.attn(q, kv_cache, meta, qkv)  # qkv: the step's K/V rows on prefix-free steps
         return self.o_proj(out.reshape(hidden.shape[0], self.q_size))  # a view: out is dense
 
     def _qk_norm_weights(self) -> dict[str, Any]:
