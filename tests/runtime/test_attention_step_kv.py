@@ -17,6 +17,7 @@ from kvpilot.runtime.layers.kernel_ops import kernel_ops  # noqa: E402
 from kvpilot.runtime.layers.rotary import rope_cos_sin_cache  # noqa: E402
 
 DEVICE = "cpu" if INTERPRET else "cuda"
+TOL = {"atol": 1e-4, "rtol": 1e-4} if INTERPRET else {"atol": 2e-2, "rtol": 2e-2}  # GPU fp32 dots: TF32
 H, KVH, D, PAGE = 8, 2, 16, 4
 
 
@@ -81,7 +82,7 @@ def test_prefix_free_prefill_reads_the_steps_rows(
     pages = torch.randn(2, blocks, PAGE, KVH, D, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     want = attend("torch", qkv, positions, meta, KVCache(pages[0].clone(), pages[1].clone()))
     got = attend("triton", qkv, positions, meta, KVCache(pages[0].clone(), pages[1].clone()))
-    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got, want, **TOL)
     assert seen == [step_kv]
 
 
