@@ -15,9 +15,11 @@ import sys
 EXPECTED = {
     "decode_single_pass",
     "decode_split",
+    "decode_split_pages_ahead",
     "decode_head_dim_80",
     "decode_reduce",
     "prefill",
+    "prefill_step_kv",
     "rms_norm_residual",
     "qkv_prepare",
     "qkv_prepare_qk_norm",
@@ -48,10 +50,14 @@ def test_kernels_compile_for_sm90() -> None:
     reports = {r["name"]: r for r in json.loads(done.stdout.strip().splitlines()[-1])}
     assert set(reports) == EXPECTED
     attention = ("decode_single_pass", "decode_split", "prefill")
-    for name in (*attention, *(f"{k}_{kv}" for k in attention for kv in ("fp8", "int8"))):
+    bf16_only = ("decode_split_pages_ahead", "prefill_step_kv")
+    for name in (*attention, *bf16_only, *(f"{k}_{kv}" for k in attention for kv in ("fp8", "int8"))):
         assert reports[name]["async_copies"] > 0, f"{name}: K/V loads are no longer pipelined"
         # Triton 3.9 here reports no stack; 3.6 (the GPU image) a 16-byte frame for the decode kernel.
         assert (reports[name]["stack_bytes"] or 0) <= 32, f"{name} spills registers: {reports[name]}"
+    # pages looked up a tile ahead: at 3 stages a second 32 KB K+V tile buffer (the loads run ahead)
+    ahead, plain = reports["decode_split_pages_ahead"], reports["decode_split"]
+    assert ahead["shared_bytes"] >= plain["shared_bytes"] + 32 * 1024, (ahead, plain)
     for kv in ("fp8", "int8"):
         for name in (f"decode_single_pass_{kv}_v_tile", f"decode_single_pass_{kv}_qk_native"):
             # v_widen="tile": the 8-bit V tile reaches the P.V dot through vectorized loads

@@ -251,6 +251,15 @@ def default_specs() -> list[KernelSpec]:
             _DEC_NODIV,
         ),
         KernelSpec(
+            "decode_split_pages_ahead",  # the plans for batches that do not fill the GPU
+            decode_attention_triton._decode_kernel,
+            dec_types,
+            {**dec_consts, "SPLIT": True, "PAGES_AHEAD": True},
+            dec.num_warps,
+            dec.ahead_num_stages,
+            _DEC_NODIV,
+        ),
+        KernelSpec(
             "decode_head_dim_80",
             decode_attention_triton._decode_kernel,
             dec_types,
@@ -280,6 +289,15 @@ def default_specs() -> list[KernelSpec]:
             {**_prefill_consts(pre), "SCALED": False},
             pre.num_warps,
             pre.num_stages,
+            ("stride_bt", "num_seqs", "flat"),
+        ),
+        KernelSpec(
+            "prefill_step_kv",  # prefix-free steps: K/V rows of the step, no block table
+            prefill_attention_triton._prefill_kernel,
+            {**_ATTN, "cu_seqlens_q_ptr": "*i32"},
+            {**_prefill_consts(pre), "SCALED": False, "CONTIG": True},
+            pre.num_warps,
+            pre.step_kv_num_stages,
             ("stride_bt", "num_seqs", "flat"),
         ),
         KernelSpec(

@@ -11,6 +11,9 @@ table, i.e. BLOCK_N / block_size pages per tile (page size 16 is too small to be
   a normalised partial output and its log-sum-exp (base 2), and a reduce kernel merges the partitions.
   The split count comes from the shapes; each sequence's partition size from its own context on the
   device (DecodePlan), so a graph captured for a wide block table spreads a short context over its splits.
+- Pages ahead (DecodePlan.pages_ahead, batches that do not fill the GPU): each tile's block-table entries
+  are loaded one tile ahead, so the K/V loads depend on no load of their own iteration and Triton
+  double-buffers them from 3 stages (with the table lookup in the loop it takes 5).
 
 Grid shape depends only on tensor shapes (the context bound is block_tables.shape[1] * block_size), never on
 device values, so the launch is CUDA-graph capturable and needs no host sync.

@@ -24,22 +24,22 @@ class DecodeConfig:
     # single pass once num_seqs * num_kv_heads >= single_pass_waves * SMs; else split to ~split_waves * SMs
     single_pass_waves: float = 2.0
     split_waves: float = 4.0
-    # pages_ahead: plans for batches that do not fill the GPU may load each tile's block-table entries one
+    # pages_ahead: plans for batches that do not fill the GPU load each tile's block-table entries one
     # tile ahead (carried in registers), so the K/V loads wait on no table load and Triton double-buffers
     # them from ahead_num_stages = 3 (compile_check: 72 KB of shared memory, 168 registers at 4 warps; the
     # table-indexed loads need 5 stages otherwise). From ahead_single_pass_waves * SMs (seq, KV head)
-    # pairs, one such pass per pair; fewer pairs take the long-partition plan below with it. H200
-    # (benchmarks/sweep_attention2.py): 32 x 512 20.5 µs (77.6% of 4.25 TB/s) vs 26.7 for 3 splits of
-    # 192 at 2 stages; 8 x 4k 38.1 µs (83.0%) vs 39.2 at 5 stages; 16 x 8k (4 splits, 4 stages) 133.8 µs
-    # (94.5%) vs 144.7 for 5 short splits. Batches that fill the GPU keep the 2-stage pass (64 x 4k: 248
-    # µs, 102%, vs 295 ahead at 3 stages: the deeper pipeline costs programs per SM).
+    # pairs one such pass per pair, with fewer the split count of _ahead_plan. H200, 3 repeats
+    # (benchmarks/sweep_attention2.py, BENCHMARKS.md): 32 x 512 20.5 µs (77.8% of 4.25 TB/s) vs 26.7 for
+    # 3 splits of 192 at 2 stages; 8 x 4k 38.1 (83.1%) vs 39.3 at 5 stages; 16 x 8k 128.0 (98.7%) vs
+    # 145.2 for 5 short splits; 24 x 4k 100.1 vs 118.9. Batches that fill the GPU keep the 2-stage pass
+    # (64 x 4k: 248 µs, 102%, vs 295 ahead at 3 stages: the deeper pipeline costs programs per SM).
     pages_ahead: bool = True
     ahead_num_stages: int = 3
     ahead_single_pass_waves: float = 1.0
-    # When split_waves would cut a context into short partitions (< long_partition positions), prefer
-    # ~long_split_waves programs per SM with long partitions, pipelined by pages_ahead at ahead_num_stages
-    # or, without it, at long_num_stages (Triton double-buffers the block-table-indexed K/V tiles from 5
-    # stages on: 8 x 4k 39.4 µs vs 47.2 for 8 splits of 512 at 2 stages).
+    # ~long_split_waves programs per SM with partitions of >= long_partition positions: _ahead_plan with
+    # pages_ahead; without it, only where split_waves would cut contexts into shorter partitions, at
+    # long_num_stages (Triton double-buffers the block-table-indexed K/V tiles from 5 stages on: 8 x 4k
+    # 39.4 µs vs 47.2 for 8 splits of 512 at 2 stages).
     long_split_waves: float = 2.0
     long_partition: int = 1024
     long_num_stages: int = 5
