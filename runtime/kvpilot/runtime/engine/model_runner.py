@@ -261,7 +261,19 @@ class ModelRunner:
         self.kv_caches = self._allocate_kv_cache()
         logits = self.execute(StepBatch(chunks))
         torch.softmax(logits, dim=-1)  # the sampler's largest temporary is of this size
-        del self.kv_caches, logits
+        del logits
+        # That step is prefix-free (its attention reads the step's K/V rows: PagedAttention.uses_step_kv);
+        # a chunk after cached tokens beside a prompt runs the paged prefill variants, so they compile
+        # here rather than on the first chunked or prefix-cached step while serving.
+        blocks = -(-5 // self.block_size)
+        if next_block >= 2 * blocks:
+            tables = [list(range(blocks)), list(range(blocks, 2 * blocks))]
+            self.execute(
+                StepBatch(
+                    [SeqChunk(0, [1] * 3, 2, tables[0], True), SeqChunk(1, [1] * 2, 0, tables[1], True)]
+                )
+            )
+        del self.kv_caches
 
     def _allocate_kv_cache(self) -> list[KVCache]:
         """One tensor [layers, 2, num_blocks, block_size, kv_heads, head_dim] and, for 8-bit caches, one
