@@ -63,3 +63,26 @@ def test_triton_backend_logits_equal_torch_backend(
     ):
         torch.testing.assert_close(k_got, k_ref, **TOL)
         torch.testing.assert_close(v_got, v_ref, **TOL)
+
+
+def test_startup_step_runs_both_prefill_attention_paths(
+    tiny_checkpoint_factory: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The memory-profiling step (a prefix-free prompt: the step's K/V rows) is followed by a step with
+    cached context (the pages), so on a GPU both prefill variants compile at start, not while serving."""
+    from kvpilot.runtime.kernels import attention_triton
+
+    seen: list[bool] = []
+    real = attention_triton.paged_prefill_attention_triton
+
+    def spy(*a: object, **k: object) -> torch.Tensor:
+        seen.append(k.get("step_kv") is not None)
+        return real(*a, **k)
+
+    monkeypatch.setattr(attention_triton, "paged_prefill_attention_triton", spy)
+    ckpt = tiny_checkpoint_factory("qwen3", num_key_value_heads=2)
+    args = EngineArgs(
+        model=str(ckpt), block_size=4, num_kv_blocks=8, device=DEVICE, dtype="float32", kernel_backend="triton"
+    )
+    ModelRunner(args)._worst_step(1, 40)  # what the runner profiles on a GPU (one 40-token prompt)
+    assert set(seen) == {True, False}
