@@ -82,7 +82,12 @@ def test_startup_step_runs_both_prefill_attention_paths(
     monkeypatch.setattr(attention_triton, "paged_prefill_attention_triton", spy)
     ckpt = tiny_checkpoint_factory("qwen3", num_key_value_heads=2)
     args = EngineArgs(
-        model=str(ckpt), block_size=4, num_kv_blocks=8, device=DEVICE, dtype="float32", kernel_backend="triton"
+        model=str(ckpt),
+        block_size=4,
+        num_kv_blocks=8,
+        device=DEVICE,
+        dtype="float32",
+        kernel_backend="triton",
     )
     ModelRunner(args)._worst_step(1, 40)  # what the runner profiles on a GPU (one 40-token prompt)
     assert set(seen) == {True, False}
