@@ -71,6 +71,44 @@ def one_sample(engine: Any, prompt: list[int], tag: str) -> dict[str, Any]:
     }
 
 
+def timed_sample(engine: Any, prompt: list[int], tag: str) -> dict[str, float]:
+    """No profiler: host timestamps around the model's forward (all its kernels launched when it returns)
+    and CUDA events on either side of it, in ms. launch ~ device means the host could not get ahead."""
+    import torch
+    from kvpilot.runtime.sampling_params import SamplingParams
+
+    model, marks = engine.runner.model, {}
+    forward = model.forward
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def timed_forward(*args: Any, **kwargs: Any) -> Any:
+        marks["enter"] = time.perf_counter()
+        start.record()
+        out = forward(*args, **kwargs)
+        end.record()
+        marks["launched"] = time.perf_counter()
+        return out
+
+    model.forward = timed_forward
+    try:
+        torch.cuda.synchronize()
+        params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False)
+        engine.add_request(tag, prompt, params)
+        t0 = time.perf_counter()
+        while not any(o.new_token_ids for o in engine.step()):
+            pass
+        done = time.perf_counter()
+    finally:
+        del model.forward  # back to the class's method
+    return {
+        "ttft": (done - t0) * 1e3,
+        "to_forward": (marks["enter"] - t0) * 1e3,
+        "launch": (marks["launched"] - marks["enter"]) * 1e3,
+        "device_forward": start.elapsed_time(end),
+        "after_launch": (done - marks["launched"]) * 1e3,
+    }
+
+
 def main() -> None:
     from kvpilot.runtime.bench import build_engine
     from kvpilot.runtime.bench_workloads import SHAPES, WORKLOADS, make_requests, write_model_dir
@@ -89,6 +127,10 @@ def main() -> None:
         for i in range(3):  # warm: Triton compiles, cuBLAS heuristics, the allocator
             one_sample(engine, prompt, f"warm-{i}")
         samples = [one_sample(engine, prompt, f"s-{i}") for i in range(args.samples)]
+        timed = [timed_sample(engine, prompt, f"t-{i}") for i in range(5)]
+    print("no profiler, ms: | ttft | to forward | forward launch (host) | forward on device | after |")
+    for t in timed:
+        print("| " + " | ".join(f"{t[k]:.2f}" for k in t) + " |")
     keys = ("wall_us", "before_first_kernel_us", "kernel_span_us", "after_last_kernel_us", "kernel_sum_us")
     print(f"{args.workload}: {len(prompt)}-token prompt, {samples[0]['kernels']} kernels per prefill")
     print("| sample | " + " | ".join(k.removesuffix("_us") + " µs" for k in keys) + " |")
