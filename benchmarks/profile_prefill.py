@@ -109,6 +109,39 @@ def timed_sample(engine: Any, prompt: list[int], tag: str) -> dict[str, float]:
     }
 
 
+def layer_timeline(engine: Any, prompt: list[int], tag: str) -> list[tuple[int, float, float]]:
+    """(layer, host ms, device ms) when each decoder layer's launches begin, both since the forward's
+    start: device ~ host means the device waited for the host to launch that layer."""
+    import torch
+    from kvpilot.runtime.sampling_params import SamplingParams
+
+    layers = engine.runner.model.model.layers
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(len(layers) + 1)]
+    host: list[float] = [0.0] * (len(layers) + 1)
+
+    def mark(index: int) -> Any:
+        def hook(*_: Any) -> None:
+            host[index] = time.perf_counter()
+            events[index].record()
+
+        return hook
+
+    handles = [layer.register_forward_pre_hook(mark(i + 1)) for i, layer in enumerate(layers)]
+    handles.append(engine.runner.model.register_forward_pre_hook(mark(0)))
+    try:
+        torch.cuda.synchronize()
+        params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False)
+        engine.add_request(tag, prompt, params)
+        while not any(o.new_token_ids for o in engine.step()):
+            pass
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [
+        (i - 1, (host[i] - host[0]) * 1e3, events[0].elapsed_time(events[i])) for i in range(1, len(events))
+    ]
+
+
 def main() -> None:
     from kvpilot.runtime.bench import build_engine
     from kvpilot.runtime.bench_workloads import SHAPES, WORKLOADS, make_requests, write_model_dir
@@ -128,6 +161,11 @@ def main() -> None:
             one_sample(engine, prompt, f"warm-{i}")
         samples = [one_sample(engine, prompt, f"s-{i}") for i in range(args.samples)]
         timed = [timed_sample(engine, prompt, f"t-{i}") for i in range(5)]
+        timeline = layer_timeline(engine, prompt, "layers")
+    print("layer starts, ms since the forward began: | layer | host | device | device - host |")
+    for layer, host_ms, device_ms in timeline:
+        if layer < 4 or layer % 6 == 0 or layer == len(timeline) - 1:
+            print(f"| {layer} | {host_ms:.2f} | {device_ms:.2f} | {device_ms - host_ms:+.2f} |")
     print("no profiler, ms: | ttft | to forward | forward launch (host) | forward on device | after |")
     for t in timed:
         print("| " + " | ".join(f"{t[k]:.2f}" for k in t) + " |")
