@@ -71,7 +71,7 @@ def one_sample(engine: Any, prompt: list[int], tag: str) -> dict[str, Any]:
     }
 
 
-def timed_sample(engine: Any, prompt: list[int], tag: str) -> dict[str, float]:
+def timed_sample(engine: Any, prompt: list[int], tag: str, hot: bool = False) -> dict[str, float]:
     """No profiler: host timestamps around the model's forward (all its kernels launched when it returns)
     and CUDA events on either side of it, in ms. launch ~ device means the host could not get ahead."""
     import torch
@@ -92,6 +92,10 @@ def timed_sample(engine: Any, prompt: list[int], tag: str) -> dict[str, float]:
     model.forward = timed_forward
     try:
         torch.cuda.synchronize()
+        if hot:  # ~40 ms of matmuls queued ahead: the forward starts on a busy, clocked-up GPU
+            a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+            for _ in range(30):
+                a @ a
         params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False)
         engine.add_request(tag, prompt, params)
         t0 = time.perf_counter()
@@ -161,12 +165,14 @@ def main() -> None:
             one_sample(engine, prompt, f"warm-{i}")
         samples = [one_sample(engine, prompt, f"s-{i}") for i in range(args.samples)]
         timed = [timed_sample(engine, prompt, f"t-{i}") for i in range(5)]
+        timed += [timed_sample(engine, prompt, f"h-{i}", hot=True) for i in range(5)]
         timeline = layer_timeline(engine, prompt, "layers")
     print("layer starts, ms since the forward began: | layer | host | device | device - host |")
     for layer, host_ms, device_ms in timeline:
         if layer < 4 or layer % 6 == 0 or layer == len(timeline) - 1:
             print(f"| {layer} | {host_ms:.2f} | {device_ms:.2f} | {device_ms - host_ms:+.2f} |")
-    print("no profiler, ms: | ttft | to forward | forward launch (host) | forward on device | after |")
+    print("no profiler, ms (rows 6-10: the GPU busy right before, their ttft includes that work):")
+    print("| ttft | to forward | forward launch (host) | forward on device | after |")
     for t in timed:
         print("| " + " | ".join(f"{t[k]:.2f}" for k in t) + " |")
     keys = ("wall_us", "before_first_kernel_us", "kernel_span_us", "after_last_kernel_us", "kernel_sum_us")
