@@ -288,8 +288,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch, prev_sampled: SampledIds | None = None) -> torch.Tensor:
-        """Run one step; returns float32 logits [batch.num_sampled, vocab_size] in chunk order, then one row
-        per token of batch.prompt_logprob_rows.
+        """Run one step; returns logits [batch.num_sampled, vocab_size] in chunk order, then one row per
+        token of batch.prompt_logprob_rows, in the LM head GEMM's dtype (float32 on a CPU, bf16 on a GPU).
 
         A negative input token id -1 - r is a placeholder for row r of `prev_sampled`, the previous
         step's sampled ids: it is filled on the device, without waiting for that step to end."""
