@@ -1,0 +1,252 @@
+"""bf16 weight-streaming GEMV for decode (M = 1..4 rows): y [M, N] = x [M, K] @ W[N, K]^T, float32 sums,
+optionally with the op before it fused into the load of x (references: kernels/gemv.py).
+
+  plain     x as given.
+  norm      x = (hidden, residual): h = hidden + residual (rounded to the dtype, as rms_norm_ref adds),
+            y = (rmsnorm(h) * w_norm) W^T. rms(h) is a per-row scalar, so it comes out of the sum: each
+            program accumulates sum_k h_k w_norm_k W[n, k] and sum_k h_k^2 over the K it reads anyway and
+            scales once at the end (no norm launch, no pre-pass); with split-K each program reads only a
+            slice, so it re-reads the whole row (L2 resident, 8 KB at K = 4096) at the end. Programs of the
+            first column block write h (each its K slice).
+  silu_mul  x = [gate | up] [M, 2K]: the input is silu(gate) * up (rounded to the dtype as silu_and_mul
+            rounds), computed on the K slice a program reads.
+Bandwidth: each program streams BLOCK_N rows of W (contiguous along K: 16-byte vector loads) in
+[BLOCK_N, BLOCK_K] tiles. Two multiply paths (GemvBf16Config.use_dot):
+  fma  float32 multiply-adds into a [BLOCK_M, BLOCK_N, BLOCK_K] accumulator summed over K once at the end
+       (no cross-thread reduction in the loop).
+  dot  x padded to 16 rows, tensor-core dots against W^T tiles (Triton pipelines their loads through
+       shared memory, num_stages deep).
+Split-K (kernels/split_k_triton.py) when N / BLOCK_N programs cannot fill the SMs; partials combined by
+the deterministic one-launch fixup.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from kvpilot.runtime.kernels.split_k_triton import REDUCES, split_output, store_split
+from kvpilot.runtime.kernels.triton_utils import next_power_of_2, num_sms
+
+GEMV_BF16_MAX_M = 4
+_PLAIN, _NORM, _SILU = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class GemvBf16Config:
+    """One launch shape (benchmarks/bench_gemv.py sweeps them)."""
+
+    block_n: int = 8  # W rows per program
+    block_k: int = 512  # K per tile (lowered to a power of two dividing K / split_k)
+    split_k: int = 1
+    use_dot: bool = False
+    prefetch: bool = False  # load W tile i + 1 before using tile i (registers; num_stages pipelines dots)
+    num_warps: int = 4
+    num_stages: int = 1
+    reduce: str = "fixup"  # split_k_triton.REDUCES
+
+
+@triton.jit
+def _input_tile(
+    x_ptr, r_ptr, h_ptr, offs_m, m_mask, ks, stride_xm, stride_rm, K, write_h,
+    PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+):  # fmt: skip
+    """[BLOCK_M, BLOCK_K] GEMV input at columns ks, in x's dtype (before the norm's scale)."""
+    rows = offs_m[:, None]
+    mask = m_mask[:, None]
+    x = tl.load(x_ptr + rows * stride_xm + ks[None, :], mask=mask, other=0.0)
+    if PROLOGUE == 2:  # x is [gate | up]: up sits K columns to the right
+        up = tl.load(x_ptr + rows * stride_xm + K + ks[None, :], mask=mask, other=0.0).to(tl.float32)
+        g = x.to(tl.float32)
+        x = (g * tl.sigmoid(g) * up).to(x_ptr.dtype.element_ty)
+    if PROLOGUE == 1 and HAS_RESIDUAL:
+        r = tl.load(r_ptr + rows * stride_rm + ks[None, :], mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        if write_h:
+            tl.store(h_ptr + rows * K + ks[None, :], x, mask=mask)
+    return x
+
+
+@triton.jit
+def _row_sum_squares(
+    x_ptr, r_ptr, offs_m, m_mask, stride_xm, stride_rm, K,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+):  # fmt: skip
+    """[BLOCK_M] sum over the whole row of h^2 (split-K norm: a program's own slice is not enough)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    ss = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        h = _input_tile(
+            x_ptr, r_ptr, x_ptr, offs_m, m_mask, k0 + offs_k, stride_xm, stride_rm, K, False, 1, HAS_RESIDUAL
+        ).to(tl.float32)
+        ss += h * h
+    return tl.sum(ss, axis=1)
+
+
+@triton.jit(do_not_specialize=["M", "split_k"])
+def _gemv_kernel(
+    x_ptr,  # [M, K] (plain, norm: hidden) or [M, 2K] (silu_mul: gate | up); rows stride_xm apart
+    r_ptr,  # norm: residual [M, K] (rows stride_rm apart)
+    nw_ptr,  # norm: RMSNorm weight [K]
+    h_ptr,  # norm with residual: h = hidden + residual [M, K], dense (written)
+    w_ptr,  # W [N, K], dense
+    out_ptr,  # y [M, N], or the float32 buffer of atomic_f32 (split_k_triton)
+    ws_ptr,  # float32 [SPLIT_K, M, N] (workspace, fixup)
+    counter_ptr,  # int32 [tiles] (fixup)
+    M, N, K, stride_xm, stride_rm, K_PER_SPLIT, split_k, eps,
+    BLOCK_M: tl.constexpr,  # fma: M rounded up to a power of two; dot: 16
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PROLOGUE: tl.constexpr,  # _PLAIN / _NORM / _SILU
+    HAS_RESIDUAL: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    PREFETCH: tl.constexpr,  # fma: register double-buffering of the W tiles
+    SPLIT_MODE: tl.constexpr,  # split_k_triton._MODES
+):  # fmt: skip
+    pid_n, pid_k = tl.program_id(0), tl.program_id(2)
+    offs_m = tl.arange(0, BLOCK_M)
+    m_mask = offs_m < M
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    k_start = pid_k * K_PER_SPLIT
+    write_h = pid_n == 0
+    if USE_DOT:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    else:
+        acc3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)  # summed over K after the loop
+    ss = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)  # norm: sum h^2 over this program's K
+    w_at = w_ptr + offs_n[:, None] * K + offs_k[None, :]  # [BN, BK]: rows of W, K contiguous
+    w_mask = n_mask[:, None]
+    k_end = k_start + K_PER_SPLIT
+    if PREFETCH:  # the next tile is loaded before this one is used: two tiles in flight per program
+        w_next = tl.load(w_at + k_start, mask=w_mask, other=0.0, eviction_policy="evict_first")
+    for k0 in range(k_start, k_end, BLOCK_K):
+        ks = k0 + offs_k
+        if PREFETCH:
+            w = w_next
+            k_next = tl.minimum(k0 + BLOCK_K, k_end - BLOCK_K)  # the last step reloads its own tile
+            w_next = tl.load(w_at + k_next, mask=w_mask, other=0.0, eviction_policy="evict_first")
+        else:
+            w = tl.load(w_at + k0, mask=w_mask, other=0.0, eviction_policy="evict_first")  # [BN, BK]
+        x = _input_tile(
+            x_ptr, r_ptr, h_ptr, offs_m, m_mask, ks, stride_xm, stride_rm, K, write_h, PROLOGUE, HAS_RESIDUAL
+        )  # [BM, BK]
+        if PROLOGUE == 1:
+            xf = x.to(tl.float32)
+            ss += xf * xf
+            x = xf * tl.load(nw_ptr + ks).to(tl.float32)[None, :]  # h w_norm; 1 / rms applied at the end
+        if USE_DOT:
+            acc += tl.dot(x.to(w.dtype), tl.trans(w), out_dtype=tl.float32)
+        else:
+            acc3 += w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :]
+    if not USE_DOT:
+        acc = tl.sum(acc3, axis=2)  # [BM, BN]
+    if PROLOGUE == 1:
+        if K_PER_SPLIT == K:
+            row_ss = tl.sum(ss, axis=1)
+        else:
+            row_ss = _row_sum_squares(
+                x_ptr, r_ptr, offs_m, m_mask, stride_xm, stride_rm, K, BLOCK_M, BLOCK_K, HAS_RESIDUAL
+            )
+        acc = acc * tl.rsqrt(row_ss / K + eps)[:, None]
+    offs = offs_m[:, None] * N + offs_n[None, :]
+    mask = m_mask[:, None] & n_mask[None, :]
+    store_split(acc, out_ptr, ws_ptr, counter_ptr, offs, mask, pid_k, split_k, M * N, SPLIT_MODE)
+
+
+def _pow2_divisor(n: int, cap: int) -> int:
+    """The largest power of two <= cap dividing n."""
+    b = 1
+    while b * 2 <= cap and n % (b * 2) == 0:
+        b *= 2
+    return b
+
+
+def default_gemv_bf16_config(m: int, n: int, k: int, sms: int) -> GemvBf16Config:
+    """Columns per program so that N / BLOCK_N programs give >= 2 per SM, else split-K to get there."""
+    block_n = next((b for b in (16, 8, 4) if -(-n // b) >= 2 * sms), 4)
+    tiles = -(-n // block_n)
+    split = next((s for s in (1, 2, 4, 8) if tiles * s >= 2 * sms and k % (s * 64) == 0), 1)
+    return GemvBf16Config(block_n=block_n, block_k=512 if m == 1 else 256, split_k=split)
+
+
+def gemv_bf16_supported(m: int, k: int, weight: torch.Tensor) -> bool:
+    """Whether the fused GEMV takes this call (the model falls back to the unfused ops otherwise)."""
+    return 1 <= m <= GEMV_BF16_MAX_M and k % 16 == 0 and weight.dim() == 2 and weight.stride(-1) == 1
+
+
+def _launch(
+    prologue: int,
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    config: GemvBf16Config | None,
+    counters: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    m, n, k = x.shape[0], weight.shape[0], weight.shape[1]
+    if weight.stride(1) != 1 or weight.stride(0) != k or x.stride(-1) != 1:
+        raise ValueError("gemv: W [N, K] must be dense and x contiguous along K")
+    cfg = config or default_gemv_bf16_config(m, n, k, num_sms(x.device))
+    if k % cfg.split_k or cfg.reduce not in REDUCES:
+        raise ValueError(f"gemv config {cfg} does not fit K {k}")
+    k_split = k // cfg.split_k
+    block_k = _pow2_divisor(k_split, cfg.block_k)
+    block_m = 16 if cfg.use_dot else next_power_of_2(m)
+    if cfg.use_dot and (block_k < 16 or cfg.block_n < 16):
+        raise ValueError(f"gemv: dots need BLOCK_K and BLOCK_N >= 16 (K {k}, {cfg})")
+    h = torch.empty(m, k, device=x.device, dtype=x.dtype) if residual is not None else None
+    grid = (triton.cdiv(n, cfg.block_n), 1, cfg.split_k)
+    buf = split_output(x, m, n, cfg.split_k, cfg.reduce, counters, grid[0])
+    r = residual if residual is not None else x
+    _gemv_kernel[grid](
+        x, r, norm_weight if norm_weight is not None else x, h if h is not None else x, weight,
+        buf.target, buf.workspace, buf.counters, m, n, k, x.stride(0), r.stride(0), k_split, cfg.split_k, eps,
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, PROLOGUE=prologue,
+        HAS_RESIDUAL=residual is not None, USE_DOT=cfg.use_dot,
+        PREFETCH=cfg.prefetch and not cfg.use_dot, SPLIT_MODE=buf.mode,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return buf.finish(), h
+
+
+def gemv_bf16(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    config: GemvBf16Config | None = None,
+    counters: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [M, K] @ weight [N, K]^T -> [M, N], M <= GEMV_BF16_MAX_M (counters: split_counters)."""
+    return _launch(_PLAIN, x, None, None, weight, 0.0, config, counters)[0]
+
+
+def norm_gemv_bf16(
+    hidden: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    config: GemvBf16Config | None = None,
+    counters: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rmsnorm(h) W^T [M, N], h [M, K]), h = hidden + residual (hidden without one): norm_linear_ref."""
+    if residual is not None and residual.shape != hidden.shape:
+        raise ValueError(f"residual {tuple(residual.shape)} must match hidden {tuple(hidden.shape)}")
+    y, h = _launch(_NORM, hidden, residual, norm_weight, weight, eps, config, counters)
+    return y, (hidden if h is None else h)
+
+
+def silu_gemv_bf16(
+    gate_up: torch.Tensor,
+    weight: torch.Tensor,
+    config: GemvBf16Config | None = None,
+    counters: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """gate_up [M, 2K] -> (silu(gate) * up) [M, K] @ weight [N, K]^T -> [M, N]: silu_linear_ref."""
+    if gate_up.shape[1] != 2 * weight.shape[1]:
+        raise ValueError(f"gate_up {tuple(gate_up.shape)} must be [M, 2 x {weight.shape[1]}]")
+    return _launch(_SILU, gate_up, None, None, weight, 0.0, config, counters)[0]
