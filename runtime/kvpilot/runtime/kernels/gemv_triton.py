@@ -12,8 +12,10 @@ optionally with the op before it fused into the load of x (references: kernels/g
             rounds), computed on the K slice a program reads.
 Bandwidth: each program streams BLOCK_N rows of W (contiguous along K: 16-byte vector loads) in
 [BLOCK_N, BLOCK_K] tiles. Two multiply paths (GemvBf16Config.use_dot):
-  fma  float32 multiply-adds into a [BLOCK_M, BLOCK_N, BLOCK_K] accumulator summed over K once at the end
-       (no cross-thread reduction in the loop).
+  fma  M = 1: float32 multiply-adds into a [BLOCK_N, BLOCK_K] accumulator summed over K once at the end
+       (no cross-thread reduction in the loop; x [BLOCK_K] broadcast along the W tile's rows, so the W tile
+       stays in its load layout: a 3D [M, BLOCK_N, BLOCK_K] accumulator made Triton convert every W tile
+       through shared memory).
   dot  x padded to 16 rows, tensor-core dots against W^T tiles (Triton pipelines their loads through
        shared memory, num_stages deep).
 Split-K (kernels/split_k_triton.py) when N / BLOCK_N programs cannot fill the SMs; partials combined by
@@ -28,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 from kvpilot.runtime.kernels.split_k_triton import REDUCES, split_output, store_split
-from kvpilot.runtime.kernels.triton_utils import next_power_of_2, num_sms
+from kvpilot.runtime.kernels.triton_utils import num_sms
 
 GEMV_BF16_MAX_M = 4
 _PLAIN, _NORM, _SILU = 0, 1, 2
@@ -50,22 +52,21 @@ class GemvBf16Config:
 
 @triton.jit
 def _input_tile(
-    x_ptr, r_ptr, h_ptr, offs_m, m_mask, ks, stride_xm, stride_rm, K, write_h,
+    x_ptr, r_ptr, h_ptr, rows, row_mask, cols, stride_xm, stride_rm, K, write_h,
     PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
 ):  # fmt: skip
-    """[BLOCK_M, BLOCK_K] GEMV input at columns ks, in x's dtype (before the norm's scale)."""
-    rows = offs_m[:, None]
-    mask = m_mask[:, None]
-    x = tl.load(x_ptr + rows * stride_xm + ks[None, :], mask=mask, other=0.0)
+    """The GEMV input at (rows, cols) in x's dtype (before the norm's 1 / rms): rows [BM, 1] and cols
+    [1, BK] (dot), or row 0 and cols [BK] (fma, M = 1)."""
+    x = tl.load(x_ptr + rows * stride_xm + cols, mask=row_mask, other=0.0)
     if PROLOGUE == 2:  # x is [gate | up]: up sits K columns to the right
-        up = tl.load(x_ptr + rows * stride_xm + K + ks[None, :], mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(x_ptr + rows * stride_xm + K + cols, mask=row_mask, other=0.0).to(tl.float32)
         g = x.to(tl.float32)
         x = (g * tl.sigmoid(g) * up).to(x_ptr.dtype.element_ty)
     if PROLOGUE == 1 and HAS_RESIDUAL:
-        r = tl.load(r_ptr + rows * stride_rm + ks[None, :], mask=mask, other=0.0)
+        r = tl.load(r_ptr + rows * stride_rm + cols, mask=row_mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
         if write_h:
-            tl.store(h_ptr + rows * K + ks[None, :], x, mask=mask)
+            tl.store(h_ptr + rows * K + cols, x, mask=row_mask)
     return x
 
 
@@ -75,12 +76,13 @@ def _row_sum_squares(
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
 ):  # fmt: skip
     """[BLOCK_M] sum over the whole row of h^2 (split-K norm: a program's own slice is not enough)."""
-    offs_k = tl.arange(0, BLOCK_K)
+    cols = tl.arange(0, BLOCK_K)[None, :]
     ss = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         h = _input_tile(
-            x_ptr, r_ptr, x_ptr, offs_m, m_mask, k0 + offs_k, stride_xm, stride_rm, K, False, 1, HAS_RESIDUAL
-        ).to(tl.float32)
+            x_ptr, r_ptr, x_ptr, offs_m[:, None], m_mask[:, None], k0 + cols, stride_xm, stride_rm, K, False,
+            1, HAS_RESIDUAL,
+        ).to(tl.float32)  # fmt: skip
         ss += h * h
     return tl.sum(ss, axis=1)
 
@@ -96,7 +98,7 @@ def _gemv_kernel(
     ws_ptr,  # float32 [SPLIT_K, M, N] (workspace, fixup)
     counter_ptr,  # int32 [tiles] (fixup)
     M, N, K, stride_xm, stride_rm, K_PER_SPLIT, split_k, eps,
-    BLOCK_M: tl.constexpr,  # fma: M rounded up to a power of two; dot: 16
+    BLOCK_M: tl.constexpr,  # fma: 1 (M = 1 only); dot: 16
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PROLOGUE: tl.constexpr,  # _PLAIN / _NORM / _SILU
@@ -111,43 +113,48 @@ def _gemv_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
-    k_start = pid_k * K_PER_SPLIT
-    write_h = pid_n == 0
-    if USE_DOT:
+    if USE_DOT:  # W tiles [BN, BK], x tiles [BM, BK]
+        rows, cols = offs_m[:, None], offs_k[None, :]
+        row_mask = rows < M
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    else:
-        acc3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)  # summed over K after the loop
-    ss = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)  # norm: sum h^2 over this program's K
+        ss = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)  # norm: sum h^2 over this program's K
+    else:  # M = 1: x tiles [BK] (broadcast along W's rows, no layout conversion of the W tile)
+        rows, cols, row_mask = 0, offs_k, offs_k >= 0
+        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)  # summed over K after the loop
+        ss = tl.zeros((BLOCK_K,), dtype=tl.float32)
     w_at = w_ptr + offs_n[:, None] * K + offs_k[None, :]  # [BN, BK]: rows of W, K contiguous
     w_mask = n_mask[:, None]
+    k_start = pid_k * K_PER_SPLIT
     k_end = k_start + K_PER_SPLIT
+    write_h = pid_n == 0  # the first column block writes h, each split its K slice
     if PREFETCH:  # the next tile is loaded before this one is used: two tiles in flight per program
         w_next = tl.load(w_at + k_start, mask=w_mask, other=0.0, eviction_policy="evict_first")
     for k0 in range(k_start, k_end, BLOCK_K):
-        ks = k0 + offs_k
         if PREFETCH:
             w = w_next
             k_next = tl.minimum(k0 + BLOCK_K, k_end - BLOCK_K)  # the last step reloads its own tile
             w_next = tl.load(w_at + k_next, mask=w_mask, other=0.0, eviction_policy="evict_first")
         else:
-            w = tl.load(w_at + k0, mask=w_mask, other=0.0, eviction_policy="evict_first")  # [BN, BK]
+            w = tl.load(w_at + k0, mask=w_mask, other=0.0, eviction_policy="evict_first")
         x = _input_tile(
-            x_ptr, r_ptr, h_ptr, offs_m, m_mask, ks, stride_xm, stride_rm, K, write_h, PROLOGUE, HAS_RESIDUAL
-        )  # [BM, BK]
+            x_ptr, r_ptr, h_ptr, rows, row_mask, k0 + cols, stride_xm, stride_rm, K, write_h, PROLOGUE,
+            HAS_RESIDUAL,
+        )  # fmt: skip
         if PROLOGUE == 1:
             xf = x.to(tl.float32)
             ss += xf * xf
-            x = xf * tl.load(nw_ptr + ks).to(tl.float32)[None, :]  # h w_norm; 1 / rms applied at the end
+            x = xf * tl.load(nw_ptr + k0 + cols).to(tl.float32)  # h w_norm; 1 / rms applied at the end
         if USE_DOT:
             acc += tl.dot(x.to(w.dtype), tl.trans(w), out_dtype=tl.float32)
         else:
-            acc3 += w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :]
-    if not USE_DOT:
-        acc = tl.sum(acc3, axis=2)  # [BM, BN]
+            acc2 += w.to(tl.float32) * x.to(tl.float32)[None, :]
+    if USE_DOT:
+        row_ss = tl.sum(ss, axis=1)  # [BM]
+    else:
+        acc = tl.sum(acc2, axis=1)[None, :]  # [1, BN]
+        row_ss = tl.zeros((BLOCK_M,), dtype=tl.float32) + tl.sum(ss, axis=0)
     if PROLOGUE == 1:
-        if K_PER_SPLIT == K:
-            row_ss = tl.sum(ss, axis=1)
-        else:
+        if K_PER_SPLIT != K:
             row_ss = _row_sum_squares(
                 x_ptr, r_ptr, offs_m, m_mask, stride_xm, stride_rm, K, BLOCK_M, BLOCK_K, HAS_RESIDUAL
             )
@@ -166,11 +173,15 @@ def _pow2_divisor(n: int, cap: int) -> int:
 
 
 def default_gemv_bf16_config(m: int, n: int, k: int, sms: int) -> GemvBf16Config:
-    """Columns per program so that N / BLOCK_N programs give >= 2 per SM, else split-K to get there."""
-    block_n = next((b for b in (16, 8, 4) if -(-n // b) >= 2 * sms), 4)
+    """Columns per program so that N / BLOCK_N programs give >= 2 per SM, else split-K to get there;
+    multiply-adds at M = 1, dots above (they need >= 16 columns)."""
+    sizes = (16, 8, 4) if m == 1 else (16,)
+    block_n = next((b for b in sizes if -(-n // b) >= 2 * sms), sizes[-1])
     tiles = -(-n // block_n)
     split = next((s for s in (1, 2, 4, 8) if tiles * s >= 2 * sms and k % (s * 64) == 0), 1)
-    return GemvBf16Config(block_n=block_n, block_k=512 if m == 1 else 256, split_k=split)
+    return GemvBf16Config(
+        block_n, 512 if m == 1 else 256, split, use_dot=m > 1, num_stages=1 if m == 1 else 3
+    )
 
 
 def gemv_bf16_supported(m: int, k: int, weight: torch.Tensor) -> bool:
@@ -196,7 +207,9 @@ def _launch(
         raise ValueError(f"gemv config {cfg} does not fit K {k}")
     k_split = k // cfg.split_k
     block_k = _pow2_divisor(k_split, cfg.block_k)
-    block_m = 16 if cfg.use_dot else next_power_of_2(m)
+    if m > 1 and not cfg.use_dot:
+        raise ValueError(f"gemv: the multiply-add path takes one row (M = {m}): use_dot")
+    block_m = 16 if cfg.use_dot else 1
     if cfg.use_dot and (block_k < 16 or cfg.block_n < 16):
         raise ValueError(f"gemv: dots need BLOCK_K and BLOCK_N >= 16 (K {k}, {cfg})")
     h = torch.empty(m, k, device=x.device, dtype=x.dtype) if residual is not None else None
