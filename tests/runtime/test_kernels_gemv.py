@@ -1,4 +1,5 @@
-"""The bf16 decode GEMV (kernels/gemv_triton.py) and its fused prologues vs the references (kernels/gemv.py).
+"""The bf16 decode GEMV (kernels/gemv_triton.py) and its fused prologues vs the references (kernels/gemv.py),
+and the decoder layer's fused decode path vs its unfused one.
 
 Interpreted on CPU without CUDA (tiny shapes, float32: exact up to summation order; one bf16 case), compiled
 on the GPU otherwise. Every multiply path and split-K reduction is covered.
@@ -12,7 +13,14 @@ from kvpilot.runtime.kernels.triton_utils import interpret_without_gpu
 
 INTERPRET = interpret_without_gpu()  # before anything imports triton
 
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+
 import torch.nn.functional as F  # noqa: E402
+from kvpilot.runtime.engine.batch import SeqChunk, StepBatch  # noqa: E402
+from kvpilot.runtime.engine.engine_args import EngineArgs  # noqa: E402
+from kvpilot.runtime.engine.model_runner import ModelRunner  # noqa: E402
+from kvpilot.runtime.kernels import gemv_triton  # noqa: E402
 from kvpilot.runtime.kernels.gemv import norm_linear_ref, silu_linear_ref  # noqa: E402
 from kvpilot.runtime.kernels.gemv_triton import (  # noqa: E402
     GemvBf16Config,
@@ -87,3 +95,66 @@ def test_rejects_launches_that_do_not_fit() -> None:
         gemv_bf16(randn(1, 48, seed=0), randn(8, 48, seed=1), GemvBf16Config(split_k=5))
     with pytest.raises(ValueError, match="one row"):
         gemv_bf16(randn(2, 48, seed=0), randn(8, 48, seed=1), GemvBf16Config(use_dot=False))
+
+
+# ---------------------------------------------------------------- the model's fused decode path
+
+
+def _runner(ckpt: Path, fused: bool) -> ModelRunner:
+    runner = ModelRunner(
+        EngineArgs(
+            model=str(ckpt),
+            block_size=4,
+            num_kv_blocks=8,
+            device=DEVICE,
+            dtype="float32",
+            kernel_backend="triton",
+        )
+    )
+    for layer in runner.model.model.layers:
+        layer.fused_gemv = fused
+    return runner
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen2"])  # qwen2: q/k/v bias, so only the MLP fuses
+def test_fused_decode_path_matches_unfused(
+    family: str, tiny_checkpoint_factory: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prefill (11 tokens: unfused in both runners), then decode steps of 3 and 2 tokens: the fused
+    runner's logits and KV cache equal the unfused runner's, and its GEMV kernels ran."""
+    calls = {"norm": 0, "silu": 0}
+    norm_gemv, silu_gemv = gemv_triton.norm_gemv_bf16, gemv_triton.silu_gemv_bf16
+
+    def count(kind: str, fn: Callable[..., object]) -> Callable[..., object]:
+        def counted(*args: object, **kwargs: object) -> object:
+            calls[kind] += 1
+            return fn(*args, **kwargs)
+
+        return counted
+
+    monkeypatch.setattr(gemv_triton, "norm_gemv_bf16", count("norm", norm_gemv))
+    monkeypatch.setattr(gemv_triton, "silu_gemv_bf16", count("silu", silu_gemv))
+    ckpt = tiny_checkpoint_factory(family, num_key_value_heads=2)
+    fused, unfused = _runner(ckpt, True), _runner(ckpt, False)
+    a, b, c = [5, 9, 17, 33, 2, 8], [7, 7, 100, 250, 3], [11, 12]
+    steps = [
+        StepBatch([SeqChunk(0, a, 0, [3, 0], True), SeqChunk(1, b, 0, [1, 2], True)]),
+        StepBatch(
+            [
+                SeqChunk(0, [12], 6, [3, 0], True),
+                SeqChunk(1, [77], 5, [1, 2], True),
+                SeqChunk(2, c[:1], 0, [4], True),
+            ]
+        ),
+        StepBatch([SeqChunk(0, [40], 7, [3, 0], True), SeqChunk(2, c[1:], 1, [4], True)]),
+    ]
+    for i, step in enumerate(steps):
+        if i == 1:
+            assert calls == {"norm": 0, "silu": 0}  # the prefill step took the unfused path
+        torch.testing.assert_close(fused.execute(step), unfused.execute(step), **F32_TOL)
+    layers = len(fused.model.model.layers)
+    sites = 2 if family == "qwen3" else 1  # norm fusions per layer: qkv and gate_up (qwen2: gate_up only)
+    assert calls == {"norm": 2 * sites * layers, "silu": 2 * layers}
+    for got, ref in zip(fused.kv_caches, unfused.kv_caches, strict=True):
+        torch.testing.assert_close(got[0], ref[0], **F32_TOL)
+        torch.testing.assert_close(got[1], ref[1], **F32_TOL)

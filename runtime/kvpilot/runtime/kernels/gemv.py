@@ -5,11 +5,14 @@ oracle for the Triton kernels and the "torch"/"cpu" kernel sets' fused entries."
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from kvpilot.runtime.kernels.activation import silu_and_mul_ref
 from kvpilot.runtime.kernels.norm import rms_norm_ref
+
+GEMV_MAX_M = 4  # the decoder layer takes the fused GEMVs up to this many tokens (decode at batch 1-4)
 
 
 def norm_linear_ref(
@@ -31,13 +34,21 @@ def silu_linear_ref(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor
     return F.linear(silu_and_mul_ref(gate_up), weight)
 
 
-def composed_norm_linear(rms_norm: Callable[..., object], linear: Callable[..., torch.Tensor]) -> Callable:
+def composed_norm_linear(
+    rms_norm: Callable[..., Any], linear: Callable[..., torch.Tensor]
+) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     """norm_linear_ref's contract from a kernel set's own norm and GEMM (the "cpu" set's fused entry)."""
 
-    def norm_linear(hidden, residual, norm_weight, eps, weight):  # type: ignore[no-untyped-def]
+    def norm_linear(
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        norm_weight: torch.Tensor,
+        eps: float,
+        weight: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             return linear(rms_norm(hidden, norm_weight, eps), weight, None), hidden
-        normed, h = rms_norm(hidden, norm_weight, eps, residual)  # type: ignore[misc]
+        normed, h = rms_norm(hidden, norm_weight, eps, residual)
         return linear(normed, weight, None), h
 
     return norm_linear
@@ -45,7 +56,7 @@ def composed_norm_linear(rms_norm: Callable[..., object], linear: Callable[..., 
 
 def composed_silu_linear(
     silu_and_mul: Callable[..., torch.Tensor], linear: Callable[..., torch.Tensor]
-) -> Callable:
+) -> Callable[..., torch.Tensor]:
     """silu_linear_ref's contract from a kernel set's own activation and GEMM."""
 
     def silu_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

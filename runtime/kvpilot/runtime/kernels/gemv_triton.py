@@ -27,12 +27,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
+from kvpilot.runtime.kernels.activation_triton import silu_and_mul_triton
+from kvpilot.runtime.kernels.gemv import GEMV_MAX_M, composed_norm_linear, composed_silu_linear
+from kvpilot.runtime.kernels.norm_triton import rms_norm_triton
 from kvpilot.runtime.kernels.split_k_triton import REDUCES, split_output, store_split
 from kvpilot.runtime.kernels.triton_utils import num_sms
 
-GEMV_BF16_MAX_M = 4
+GEMV_BF16_MAX_M = GEMV_MAX_M
 _PLAIN, _NORM, _SILU = 0, 1, 2
 
 
@@ -105,6 +109,7 @@ def _gemv_kernel(
     HAS_RESIDUAL: tl.constexpr,
     USE_DOT: tl.constexpr,
     PREFETCH: tl.constexpr,  # fma: register double-buffering of the W tiles
+    DOT_IEEE: tl.constexpr,
     SPLIT_MODE: tl.constexpr,  # split_k_triton._MODES
 ):  # fmt: skip
     pid_n, pid_k = tl.program_id(0), tl.program_id(2)
@@ -145,7 +150,10 @@ def _gemv_kernel(
             ss += xf * xf
             x = xf * tl.load(nw_ptr + k0 + cols).to(tl.float32)  # h w_norm; 1 / rms applied at the end
         if USE_DOT:
-            acc += tl.dot(x.to(w.dtype), tl.trans(w), out_dtype=tl.float32)
+            if DOT_IEEE:  # float32 weights: exact float32 dots, not tf32
+                acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision="ieee", out_dtype=tl.float32)
+            else:
+                acc += tl.dot(x.to(w.dtype), tl.trans(w), out_dtype=tl.float32)
         else:
             acc2 += w.to(tl.float32) * x.to(tl.float32)[None, :]
     if USE_DOT:
@@ -184,9 +192,14 @@ def default_gemv_bf16_config(m: int, n: int, k: int, sms: int) -> GemvBf16Config
     )
 
 
-def gemv_bf16_supported(m: int, k: int, weight: torch.Tensor) -> bool:
-    """Whether the fused GEMV takes this call (the model falls back to the unfused ops otherwise)."""
-    return 1 <= m <= GEMV_BF16_MAX_M and k % 16 == 0 and weight.dim() == 2 and weight.stride(-1) == 1
+def gemv_bf16_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the GEMV takes x [M, K] @ weight [N, K]^T (norm_linear_triton composes the unfused ops
+    otherwise): M <= GEMV_MAX_M, K a multiple of 16 (dots), dense float tensors of one dtype."""
+    m, k = x.shape[0], weight.shape[-1]
+    dense = x.dim() == 2 and x.stride(-1) == 1 and weight.dim() == 2 and weight.is_contiguous()
+    return (
+        1 <= m <= GEMV_MAX_M and k % 16 == 0 and dense and x.dtype == weight.dtype and x.is_floating_point()
+    )
 
 
 def _launch(
@@ -221,7 +234,8 @@ def _launch(
         buf.target, buf.workspace, buf.counters, m, n, k, x.stride(0), r.stride(0), k_split, cfg.split_k, eps,
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, PROLOGUE=prologue,
         HAS_RESIDUAL=residual is not None, USE_DOT=cfg.use_dot,
-        PREFETCH=cfg.prefetch and not cfg.use_dot, SPLIT_MODE=buf.mode,
+        PREFETCH=cfg.prefetch and not cfg.use_dot, DOT_IEEE=weight.dtype == torch.float32,
+        SPLIT_MODE=buf.mode,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return buf.finish(), h
@@ -263,3 +277,35 @@ def silu_gemv_bf16(
     if gate_up.shape[1] != 2 * weight.shape[1]:
         raise ValueError(f"gate_up {tuple(gate_up.shape)} must be [M, 2 x {weight.shape[1]}]")
     return _launch(_SILU, gate_up, None, None, weight, 0.0, config, counters)[0]
+
+
+def _model_config(m: int, n: int, k: int, device: torch.device) -> GemvBf16Config:
+    """The default launch shape; a split-K is summed by a second launch (layers keep no fixup counters)."""
+    cfg = default_gemv_bf16_config(m, n, k, num_sms(device))
+    return cfg if cfg.split_k == 1 else GemvBf16Config(**{**cfg.__dict__, "reduce": "workspace"})
+
+
+_norm_linear_unfused = composed_norm_linear(rms_norm_triton, F.linear)
+_silu_linear_unfused = composed_silu_linear(silu_and_mul_triton, F.linear)
+
+
+def norm_linear_triton(
+    hidden: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """KernelOps.norm_linear: one fused GEMV launch when gemv_bf16_supported, else RMSNorm then F.linear."""
+    if not gemv_bf16_supported(hidden, weight):
+        return _norm_linear_unfused(hidden, residual, norm_weight, eps, weight)
+    cfg = _model_config(hidden.shape[0], weight.shape[0], weight.shape[1], hidden.device)
+    return norm_gemv_bf16(hidden, residual, norm_weight, eps, weight, cfg)
+
+
+def silu_linear_triton(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """KernelOps.silu_linear: one fused GEMV launch when gemv_bf16_supported, else SiLU-and-mul, F.linear."""
+    if gate_up.dim() != 2 or gate_up.stride(-1) != 1 or not gemv_bf16_supported(gate_up, weight):
+        return _silu_linear_unfused(gate_up, weight)
+    cfg = _model_config(gate_up.shape[0], weight.shape[0], weight.shape[1], gate_up.device)
+    return silu_gemv_bf16(gate_up, weight, cfg)
