@@ -33,8 +33,11 @@ from kvpilot.runtime.kernels.gemv_triton import (
     GemvBf16Config,
     default_gemv_bf16_config,
     gemv_bf16,
+    linear_triton,
     norm_gemv_bf16,
+    norm_linear_triton,
     silu_gemv_bf16,
+    silu_linear_triton,
 )
 from kvpilot.runtime.kernels.norm_triton import rms_norm_triton
 from kvpilot.runtime.kernels.split_k_triton import split_counters
@@ -57,31 +60,29 @@ SHAPES = {
 }
 MS = (1, 2, 4)
 C = GemvBf16Config
-SWEEP_M1 = {  # multiply-adds (fma) unless use_dot
+SWEEP_M1 = {  # multiply-adds (fma) unless use_dot; pf: the next W tile loaded before this one is used
     "a0": C(8, 512),
     "a1": C(8, 512, prefetch=True),
     "a2": C(8, 1024),
-    "a3": C(16, 512, prefetch=True),
-    "a4": C(16, 512, prefetch=True, num_warps=8),
-    "a5": C(4, 1024, prefetch=True),
-    "a6": C(8, 1024, prefetch=True, num_warps=8),
-    "a7": C(16, 1024, num_warps=8),
-    "a8": C(8, 512, num_stages=3),
-    "a9": C(16, 256, use_dot=True, num_stages=3),
-    "a10": C(16, 512, use_dot=True, num_stages=4),
-    "a11": C(32, 256, use_dot=True, num_stages=4),
+    "a3": C(16, 256),
+    "a4": C(16, 256, prefetch=True),
+    "a5": C(32, 128),
+    "a6": C(32, 128, prefetch=True),
+    "a7": C(16, 512, num_warps=8),
+    "a8": C(4, 512),
+    "a9": C(8, 256, prefetch=True),
 }
-SWEEP_MN = {  # M = 2..4: dots (x padded to 16 rows)
+SWEEP_MN = {  # M = 2..4: multiply-adds (one accumulator per row) or dots (x padded to 16 rows)
+    "e0": C(8, 512),
+    "e1": C(8, 256),
+    "e2": C(16, 256),
+    "e3": C(4, 512),
+    "e4": C(8, 256, prefetch=True),
     "d0": C(16, 256, use_dot=True, num_stages=3),
-    "d1": C(16, 512, use_dot=True, num_stages=3),
-    "d2": C(16, 256, use_dot=True, num_stages=5),
     "d3": C(32, 256, use_dot=True, num_stages=4),
-    "d4": C(16, 128, use_dot=True, num_stages=6),
-    "d5": C(32, 512, use_dot=True, num_stages=3, num_warps=8),
-    "d6": C(64, 256, use_dot=True, num_stages=3, num_warps=8),
 }
-FUSED_M1 = ("a0", "a1", "a4", "a6", "a9")
-FUSED_MN = ("d0", "d1", "d3", "d5")
+FUSED_M1 = ("a0", "a1", "a2", "a3", "a4", "a5", "a6", "a9")
+FUSED_MN = ("e0", "e1", "e2", "e4")
 
 
 def sweep_for(m: int, fused: bool, quick: bool) -> dict[str, GemvBf16Config]:
@@ -154,6 +155,7 @@ def variants(
     for name, cfg in sweep_for(m, False, quick).items():
         c = fit(cfg, layer.n, layer.k)
         yield "gemv", name, lambda t, w, c=c: gemv_bf16(t["x"], w, c, layer.counters), plain_ref
+    yield "gemv", "model", lambda t, w: linear_triton(t["x"], w, None), plain_ref  # KernelOps.linear
     if layer.prologue is None:
         return
     for name, cfg in sweep_for(m, True, quick).items():
@@ -165,6 +167,10 @@ def variants(
         yield "fused", name, fn, ref
     default = default_gemv_bf16_config(m, layer.n, layer.k, 132)
     yield "gemv", "default", lambda t, w: gemv_bf16(t["x"], w, default, layer.counters), plain_ref
+    if layer.prologue == "norm":  # what the decoder layer runs (KernelOps "triton")
+        yield "fused", "model", lambda t, w: norm_linear_triton(t["h"], t["r"], t["nw"], EPS, w)[0], ref
+    elif layer.prologue == "silu":
+        yield "fused", "model", lambda t, w: silu_linear_triton(t["gu"], w), ref
 
 
 def quant_weights(layer: Layer) -> dict[str, list[tuple[torch.Tensor, ...]]]:
@@ -255,7 +261,7 @@ def _warm(job: tuple[str, str, int, bool]) -> int:
     return done
 
 
-def warm_jobs(quick: bool) -> list[tuple[str, str, int, bool]]:
+def warm_jobs(quick: bool, quant: bool = True) -> list[tuple[str, str, int, bool]]:
     jobs = []
     for m in (1, 2):
         names: dict[tuple[str, str], None] = {}
@@ -265,15 +271,15 @@ def warm_jobs(quick: bool) -> list[tuple[str, str, int, bool]]:
                 {(kind, name): None for kind, name, _, _ in variants(spec, m, quick) if kind != "cublas"}
             )
         jobs += [(kind, name, m, quick) for kind, name in names if kind != "unfused" or m == 1]
-        jobs += [("quant", fmt, m, quick) for fmt in ("int4", "int8", "fp8")]
+        jobs += [("quant", fmt, m, quick) for fmt in ("int4", "int8", "fp8") if quant]
     return jobs
 
 
-def warm_up(quick: bool, workers: int, timeout: float) -> str:
+def warm_up(quick: bool, workers: int, timeout: float, quant: bool) -> str:
     """Spread the compiles over worker processes, one launch shape each."""
     ctx = mp.get_context("spawn")
     start = time.monotonic()
-    jobs = warm_jobs(quick)
+    jobs = warm_jobs(quick, quant)
     with ctx.Pool(workers) as pool:
         result = pool.map_async(_warm, jobs, chunksize=1)
         try:
@@ -289,7 +295,9 @@ def warm_up(quick: bool, workers: int, timeout: float) -> str:
 # ------------------------------------------------------------------------------------------------ timing
 
 
-def time_layer(layer: Layer, m: int, quick: bool, deadline: float) -> list[str]:
+def time_layer(
+    layer: Layer, m: int, quick: bool, deadline: float
+) -> tuple[list[str], dict[str, list[tuple[float, str, str]]]]:
     """The printed lines of one (shape, M): each variant timed (and checked once against its reference)."""
     t = inputs(layer, m)
     res: dict[str, list[tuple[float, str, str]]] = {}  # kind -> [(us, name, flag)]
@@ -324,7 +332,32 @@ def time_layer(layer: Layer, m: int, quick: bool, deadline: float) -> list[str]:
     for kind in ("failed", "skipped"):
         if kind in res:
             lines.append(f"  {kind}: " + "; ".join(f"{nm} {fl}" for _, nm, fl in res[kind]))
-    return lines
+    return lines, res
+
+
+LAYERS_PER_MODEL = {"8B": 36, "0.6B": 28}
+
+
+def layer_summary(model: str, m: int, res: dict[str, dict[str, list[tuple[float, str, str]]]]) -> str:
+    """One decoder layer's four GEMMs (with their norms / activation): unfused (cuBLAS + norm / SiLU
+    kernels), as the model now runs them, and with the best swept shapes; x layers = ms per token."""
+
+    def pick(layer: str, kinds: tuple[str, ...], name: str | None) -> float:
+        rows = [r for k in kinds for r in res.get(layer, {}).get(k, []) if name is None or r[1] == name]
+        return min((r[0] for r in rows), default=float("nan"))
+
+    unfused = sum(pick(n, ("unfused",), None) for n in ("qkv", "gate_up", "down")) + pick(
+        "o", ("cublas",), None
+    )
+    model_path = sum(pick(n, ("fused",), "model") for n in ("qkv", "gate_up", "down")) + pick(
+        "o", ("gemv",), "model"
+    )
+    best = sum(pick(n, ("fused",), None) for n in ("qkv", "gate_up", "down")) + pick("o", ("gemv",), None)
+    per = LAYERS_PER_MODEL[model] / 1e3
+    return (
+        f"# {model} M{m} one layer's GEMMs: unfused {unfused:.1f}us ({unfused * per:.3f} ms/token) | "
+        f"model path {model_path:.1f}us ({model_path * per:.3f}) | best swept {best:.1f}us ({best * per:.3f})"
+    )
 
 
 def time_quant(layer: Layer, m: int, deadline: float) -> str:
@@ -361,6 +394,8 @@ def main() -> int:
     p.add_argument("--budget", type=float, default=80.0, help="seconds for the whole run")
     p.add_argument("--workers", type=int, default=min(14, max(1, (mp.cpu_count() or 2) - 2)))
     p.add_argument("--models", default="8B,0.6B")
+    p.add_argument("--no-quant", action="store_true", help="skip the int4 / int8 / fp8 GEMVs")
+    p.add_argument("--ms", default="1,2,4")
     args = p.parse_args()
     start = time.monotonic()
     deadline = start + args.budget
@@ -370,21 +405,25 @@ def main() -> int:
     print("\n".join(legend()), flush=True)
     if args.workers > 0:
         try:
-            print(warm_up(args.quick, args.workers, timeout=0.45 * args.budget), flush=True)
+            print(warm_up(args.quick, args.workers, 0.45 * args.budget, not args.no_quant), flush=True)
         except Exception as e:  # the timing process compiles what it needs instead
             print(f"# warm-up failed: {e!r}"[:200], flush=True)
     layers: dict[tuple[str, str], Layer] = {}
     for model in args.models.split(","):
-        for m in MS:
+        for m in (int(v) for v in args.ms.split(",")):
+            res = {}
             for (mdl, name), (n, k, prologue) in SHAPES.items():
                 if mdl != model:
                     continue
                 if (mdl, name) not in layers:
                     layers[(mdl, name)] = Layer.make(n, k, prologue, copies_for(n * k * 2))
                 layer = layers[(mdl, name)]
-                lines = time_layer(layer, m, args.quick, deadline)
+                lines, res[name] = time_layer(layer, m, args.quick, deadline)
                 print(f"{model} {name} N{n} K{k} M{m} | " + lines[0], flush=True)
-                print("\n".join([*lines[1:], time_quant(layer, m, deadline)]), flush=True)
+                if not args.no_quant:
+                    lines.append(time_quant(layer, m, deadline))
+                print("\n".join(lines[1:]), flush=True)
+            print(layer_summary(model, m, res), flush=True)
         layers.clear()  # free one model's copies before the next
     print(f"# total {time.monotonic() - start:.1f}s", flush=True)
     return 0

@@ -33,12 +33,16 @@ from kvpilot.runtime.kernels.gemv_triton import (  # noqa: E402
 DEVICE = "cpu" if INTERPRET else "cuda"
 F32_TOL = {"atol": 1e-4, "rtol": 1e-4}
 # (multiply path, columns, K tile, split-K, reduction): fma and dot, ragged N, both deterministic reductions
-CONFIGS = [
+CONFIGS = [  # multiply-adds take M = 1 (block_n 4), 2 (block_n 8) and 3 rows (prefetch); dots M = 3
     GemvBf16Config(block_n=4, block_k=16),
     GemvBf16Config(block_n=8, block_k=32, split_k=2),
     GemvBf16Config(block_n=4, block_k=16, prefetch=True),
     GemvBf16Config(block_n=16, block_k=16, split_k=2, use_dot=True, reduce="workspace"),
 ]
+
+
+def _rows(cfg: GemvBf16Config) -> int:
+    return 3 if cfg.use_dot or cfg.prefetch else cfg.block_n // 4
 
 
 def randn(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -48,7 +52,7 @@ def randn(*shape: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.T
 
 @pytest.mark.parametrize("cfg", CONFIGS)
 def test_plain_gemv_matches_linear(cfg: GemvBf16Config) -> None:
-    m = 3 if cfg.use_dot else 1  # the multiply-add path takes one row
+    m = _rows(cfg)
     x, w = randn(m, 64, seed=1), randn(36, 64, seed=2)  # N = 36: the last column block is partial
     torch.testing.assert_close(gemv_bf16(x, w, cfg), F.linear(x, w), **F32_TOL)
 
@@ -56,7 +60,7 @@ def test_plain_gemv_matches_linear(cfg: GemvBf16Config) -> None:
 @pytest.mark.parametrize("cfg", CONFIGS)
 @pytest.mark.parametrize("with_residual", [True, False])
 def test_norm_gemv_matches_rmsnorm_then_linear(cfg: GemvBf16Config, with_residual: bool) -> None:
-    m = 2 if cfg.use_dot else 1
+    m = _rows(cfg)
     hidden, w, nw = randn(m, 64, seed=3), randn(20, 64, seed=4), randn(64, seed=5)
     residual = randn(m, 64, seed=6) if with_residual else None
     y, h = norm_gemv_bf16(hidden, residual, nw, 1e-6, w, cfg)
@@ -67,7 +71,7 @@ def test_norm_gemv_matches_rmsnorm_then_linear(cfg: GemvBf16Config, with_residua
 
 @pytest.mark.parametrize("cfg", CONFIGS)
 def test_silu_gemv_matches_silu_and_mul_then_linear(cfg: GemvBf16Config) -> None:
-    gate_up, w = randn(4 if cfg.use_dot else 1, 128, seed=7), randn(24, 64, seed=8)
+    gate_up, w = randn(_rows(cfg), 128, seed=7), randn(24, 64, seed=8)
     torch.testing.assert_close(silu_gemv_bf16(gate_up, w, cfg), silu_linear_ref(gate_up, w), **F32_TOL)
 
 
@@ -93,8 +97,8 @@ def test_default_config_fills_the_gpu() -> None:
 def test_rejects_launches_that_do_not_fit() -> None:
     with pytest.raises(ValueError, match="does not fit"):
         gemv_bf16(randn(1, 48, seed=0), randn(8, 48, seed=1), GemvBf16Config(split_k=5))
-    with pytest.raises(ValueError, match="one row"):
-        gemv_bf16(randn(2, 48, seed=0), randn(8, 48, seed=1), GemvBf16Config(use_dot=False))
+    with pytest.raises(ValueError, match="at most 4 rows"):
+        gemv_bf16(randn(5, 48, seed=0), randn(8, 48, seed=1), GemvBf16Config(use_dot=False))
 
 
 # ---------------------------------------------------------------- the model's fused decode path
@@ -120,8 +124,8 @@ def _runner(ckpt: Path, fused: bool) -> ModelRunner:
 def test_fused_decode_path_matches_unfused(
     family: str, tiny_checkpoint_factory: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A prefill (11 tokens: unfused in both runners), then decode steps of 3 and 2 tokens: the fused
-    runner's logits and KV cache equal the unfused runner's, and its GEMV kernels ran."""
+    """A prefill (11 tokens: unfused in both runners), then single-token decode steps (GEMV_MAX_M): the
+    fused runner's logits and KV cache equal the unfused runner's, and its GEMV kernels ran."""
     calls = {"norm": 0, "silu": 0}
     norm_gemv, silu_gemv = gemv_triton.norm_gemv_bf16, gemv_triton.silu_gemv_bf16
 
@@ -136,17 +140,16 @@ def test_fused_decode_path_matches_unfused(
     monkeypatch.setattr(gemv_triton, "silu_gemv_bf16", count("silu", silu_gemv))
     ckpt = tiny_checkpoint_factory(family, num_key_value_heads=2)
     fused, unfused = _runner(ckpt, True), _runner(ckpt, False)
-    a, b, c = [5, 9, 17, 33, 2, 8], [7, 7, 100, 250, 3], [11, 12]
     steps = [
-        StepBatch([SeqChunk(0, a, 0, [3, 0], True), SeqChunk(1, b, 0, [1, 2], True)]),
         StepBatch(
             [
-                SeqChunk(0, [12], 6, [3, 0], True),
-                SeqChunk(1, [77], 5, [1, 2], True),
-                SeqChunk(2, c[:1], 0, [4], True),
+                SeqChunk(0, [5, 9, 17, 33, 2, 8], 0, [3, 0], True),
+                SeqChunk(1, [7, 7, 100, 250, 3], 0, [1, 2], True),
             ]
         ),
-        StepBatch([SeqChunk(0, [40], 7, [3, 0], True), SeqChunk(2, c[1:], 1, [4], True)]),
+        StepBatch([SeqChunk(0, [12], 6, [3, 0], True)]),
+        StepBatch([SeqChunk(1, [77], 5, [1, 2], True)]),
+        StepBatch([SeqChunk(0, [40], 7, [3, 0], True)]),
     ]
     for i, step in enumerate(steps):
         if i == 1:
@@ -154,7 +157,7 @@ def test_fused_decode_path_matches_unfused(
         torch.testing.assert_close(fused.execute(step), unfused.execute(step), **F32_TOL)
     layers = len(fused.model.model.layers)
     sites = 2 if family == "qwen3" else 1  # norm fusions per layer: qkv and gate_up (qwen2: gate_up only)
-    assert calls == {"norm": 2 * sites * layers, "silu": 2 * layers}
+    assert calls == {"norm": 3 * sites * layers, "silu": 3 * layers}
     for got, ref in zip(fused.kv_caches, unfused.kv_caches, strict=True):
         torch.testing.assert_close(got[0], ref[0], **F32_TOL)
         torch.testing.assert_close(got[1], ref[1], **F32_TOL)

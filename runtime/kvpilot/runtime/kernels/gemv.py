@@ -12,7 +12,9 @@ import torch.nn.functional as F
 from kvpilot.runtime.kernels.activation import silu_and_mul_ref
 from kvpilot.runtime.kernels.norm import rms_norm_ref
 
-GEMV_MAX_M = 4  # the decoder layer takes the fused GEMVs up to this many tokens (decode at batch 1-4)
+# The decoder layer (and the triton set's linear) take the GEMVs up to this many tokens. The kernels run
+# M <= 4, but on the H200 only M = 1 beat cuBLAS (benchmarks/bench_gemv.py; BENCHMARKS.md).
+GEMV_MAX_M = 1
 
 
 def norm_linear_ref(

@@ -34,9 +34,9 @@ from kvpilot.runtime.kernels.activation_triton import silu_and_mul_triton
 from kvpilot.runtime.kernels.gemv import GEMV_MAX_M, composed_norm_linear, composed_silu_linear
 from kvpilot.runtime.kernels.norm_triton import rms_norm_triton
 from kvpilot.runtime.kernels.split_k_triton import REDUCES, split_output, store_split
-from kvpilot.runtime.kernels.triton_utils import num_sms
+from kvpilot.runtime.kernels.triton_utils import next_power_of_2, num_sms
 
-GEMV_BF16_MAX_M = GEMV_MAX_M
+GEMV_BF16_MAX_M = 4  # rows the kernel takes (the dispatch below: GEMV_MAX_M)
 _PLAIN, _NORM, _SILU = 0, 1, 2
 
 
@@ -56,11 +56,11 @@ class GemvBf16Config:
 
 @triton.jit
 def _input_tile(
-    x_ptr, r_ptr, h_ptr, rows, row_mask, cols, stride_xm, stride_rm, K, write_h,
+    x_ptr, r_ptr, rows, row_mask, cols, stride_xm, stride_rm, K,
     PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
 ):  # fmt: skip
-    """The GEMV input at (rows, cols) in x's dtype (before the norm's 1 / rms): rows [BM, 1] and cols
-    [1, BK] (dot), or row 0 and cols [BK] (fma, M = 1)."""
+    """The GEMV input at (rows, cols) in x's dtype (before the norm's weight and 1 / rms): rows [BM, 1]
+    and cols [1, BK] (dot, h writes), or one row and cols [BK] (fma)."""
     x = tl.load(x_ptr + rows * stride_xm + cols, mask=row_mask, other=0.0)
     if PROLOGUE == 2:  # x is [gate | up]: up sits K columns to the right
         up = tl.load(x_ptr + rows * stride_xm + K + cols, mask=row_mask, other=0.0).to(tl.float32)
@@ -69,9 +69,32 @@ def _input_tile(
     if PROLOGUE == 1 and HAS_RESIDUAL:
         r = tl.load(r_ptr + rows * stride_rm + cols, mask=row_mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
-        if write_h:
-            tl.store(h_ptr + rows * K + cols, x, mask=row_mask)
     return x
+
+
+@triton.jit
+def _fma_row(
+    acc, ss, w, nw, row, x_ptr, r_ptr, cols, M, stride_xm, stride_rm, K,
+    PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+):  # fmt: skip
+    """One token's multiply-adds: acc [BN, BK] += W tile * x[row] (x broadcast along W's rows, so the
+    W tile keeps its load layout); ss [BK] += h^2 for the norm."""
+    row_mask = tl.full(cols.shape, row, tl.int32) < M  # a splat: keeps the x load vectorized
+    x = _input_tile(x_ptr, r_ptr, row, row_mask, cols, stride_xm, stride_rm, K, PROLOGUE, HAS_RESIDUAL)
+    xf = x.to(tl.float32)
+    if PROLOGUE == 1:
+        ss += xf * xf
+        xf = xf * nw  # h w_norm; 1 / rms applied at the end
+    return acc + w * xf[None, :], ss
+
+
+@triton.jit
+def _pick_row(acc, ss, acc_i, ss_i, i, offs_m):
+    """Row i of [BM, BN] / [BM] from one token's [BN, BK] / [BK] sums."""
+    rows = offs_m[:, None]
+    return tl.where(rows == i, tl.sum(acc_i, axis=1)[None, :], acc), tl.where(
+        offs_m == i, tl.sum(ss_i, 0), ss
+    )
 
 
 @triton.jit
@@ -84,11 +107,34 @@ def _row_sum_squares(
     ss = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         h = _input_tile(
-            x_ptr, r_ptr, x_ptr, offs_m[:, None], m_mask[:, None], k0 + cols, stride_xm, stride_rm, K, False,
-            1, HAS_RESIDUAL,
-        ).to(tl.float32)  # fmt: skip
+            x_ptr,
+            r_ptr,
+            offs_m[:, None],
+            m_mask[:, None],
+            k0 + cols,
+            stride_xm,
+            stride_rm,
+            K,
+            1,
+            HAS_RESIDUAL,
+        ).to(tl.float32)
         ss += h * h
     return tl.sum(ss, axis=1)
+
+
+@triton.jit
+def _write_h(
+    x_ptr, r_ptr, h_ptr, offs_m, m_mask, k_start, K_PER_SPLIT, stride_xm, stride_rm, K,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """h = hidden + residual over this split's K, one BLOCK_K slice per program of the split (after the
+    weight stream: a store inside the K loop would order the next tile's loads behind it)."""
+    cols = tl.arange(0, BLOCK_K)[None, :]
+    rows, mask = offs_m[:, None], m_mask[:, None]
+    for j in range(tl.program_id(0), K_PER_SPLIT // BLOCK_K, tl.num_programs(0)):
+        ks = k_start + j * BLOCK_K + cols
+        h = _input_tile(x_ptr, r_ptr, rows, mask, ks, stride_xm, stride_rm, K, 1, True)
+        tl.store(h_ptr + rows * K + ks, h, mask=mask)
 
 
 @triton.jit(do_not_specialize=["M", "split_k"])
@@ -102,7 +148,7 @@ def _gemv_kernel(
     ws_ptr,  # float32 [SPLIT_K, M, N] (workspace, fixup)
     counter_ptr,  # int32 [tiles] (fixup)
     M, N, K, stride_xm, stride_rm, K_PER_SPLIT, split_k, eps,
-    BLOCK_M: tl.constexpr,  # fma: 1 (M = 1 only); dot: 16
+    BLOCK_M: tl.constexpr,  # fma: M rounded up to a power of two (<= 4); dot: 16
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PROLOGUE: tl.constexpr,  # _PLAIN / _NORM / _SILU
@@ -118,20 +164,18 @@ def _gemv_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
-    if USE_DOT:  # W tiles [BN, BK], x tiles [BM, BK]
-        rows, cols = offs_m[:, None], offs_k[None, :]
-        row_mask = rows < M
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        ss = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)  # norm: sum h^2 over this program's K
-    else:  # M = 1: x tiles [BK] (broadcast along W's rows, no layout conversion of the W tile)
-        rows, cols, row_mask = 0, offs_k, offs_k >= 0
-        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)  # summed over K after the loop
-        ss = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    ss = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)  # dot, norm: sum h^2 over this program's K
+    # fma: one [BN, BK] accumulator per token (rows unrolled), summed over K after the loop
+    acc0 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc1, acc2, acc3 = acc0, acc0, acc0
+    ss0 = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    ss1, ss2, ss3 = ss0, ss0, ss0
+    nw = tl.zeros((BLOCK_K,), dtype=tl.float32)
     w_at = w_ptr + offs_n[:, None] * K + offs_k[None, :]  # [BN, BK]: rows of W, K contiguous
     w_mask = n_mask[:, None]
     k_start = pid_k * K_PER_SPLIT
     k_end = k_start + K_PER_SPLIT
-    write_h = pid_n == 0  # the first column block writes h, each split its K slice
     if PREFETCH:  # the next tile is loaded before this one is used: two tiles in flight per program
         w_next = tl.load(w_at + k_start, mask=w_mask, other=0.0, eviction_policy="evict_first")
     for k0 in range(k_start, k_end, BLOCK_K):
@@ -141,32 +185,56 @@ def _gemv_kernel(
             w_next = tl.load(w_at + k_next, mask=w_mask, other=0.0, eviction_policy="evict_first")
         else:
             w = tl.load(w_at + k0, mask=w_mask, other=0.0, eviction_policy="evict_first")
-        x = _input_tile(
-            x_ptr, r_ptr, h_ptr, rows, row_mask, k0 + cols, stride_xm, stride_rm, K, write_h, PROLOGUE,
-            HAS_RESIDUAL,
-        )  # fmt: skip
         if PROLOGUE == 1:
-            xf = x.to(tl.float32)
-            ss += xf * xf
-            x = xf * tl.load(nw_ptr + k0 + cols).to(tl.float32)  # h w_norm; 1 / rms applied at the end
+            nw = tl.load(nw_ptr + k0 + offs_k).to(tl.float32)
         if USE_DOT:
+            rows = offs_m[:, None]
+            x = _input_tile(
+                x_ptr, r_ptr, rows, rows < M, k0 + offs_k[None, :], stride_xm, stride_rm, K, PROLOGUE,
+                HAS_RESIDUAL,
+            )  # fmt: skip
+            if PROLOGUE == 1:
+                xf = x.to(tl.float32)
+                ss += xf * xf
+                x = xf * nw[None, :]
             if DOT_IEEE:  # float32 weights: exact float32 dots, not tf32
                 acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision="ieee", out_dtype=tl.float32)
             else:
                 acc += tl.dot(x.to(w.dtype), tl.trans(w), out_dtype=tl.float32)
         else:
-            acc2 += w.to(tl.float32) * x.to(tl.float32)[None, :]
-    if USE_DOT:
-        row_ss = tl.sum(ss, axis=1)  # [BM]
-    else:
-        acc = tl.sum(acc2, axis=1)[None, :]  # [1, BN]
-        row_ss = tl.zeros((BLOCK_M,), dtype=tl.float32) + tl.sum(ss, axis=0)
+            wf, ks = w.to(tl.float32), k0 + offs_k
+            acc0, ss0 = _fma_row(
+                acc0, ss0, wf, nw, 0, x_ptr, r_ptr, ks, M, stride_xm, stride_rm, K, PROLOGUE, HAS_RESIDUAL
+            )
+            if BLOCK_M > 1:
+                acc1, ss1 = _fma_row(
+                    acc1, ss1, wf, nw, 1, x_ptr, r_ptr, ks, M, stride_xm, stride_rm, K, PROLOGUE, HAS_RESIDUAL
+                )
+            if BLOCK_M > 2:
+                acc2, ss2 = _fma_row(
+                    acc2, ss2, wf, nw, 2, x_ptr, r_ptr, ks, M, stride_xm, stride_rm, K, PROLOGUE, HAS_RESIDUAL
+                )
+                acc3, ss3 = _fma_row(
+                    acc3, ss3, wf, nw, 3, x_ptr, r_ptr, ks, M, stride_xm, stride_rm, K, PROLOGUE, HAS_RESIDUAL
+                )
+    row_ss = tl.sum(ss, axis=1)  # [BM]
+    if not USE_DOT:
+        acc, row_ss = _pick_row(acc, row_ss, acc0, ss0, 0, offs_m)
+        if BLOCK_M > 1:
+            acc, row_ss = _pick_row(acc, row_ss, acc1, ss1, 1, offs_m)
+        if BLOCK_M > 2:
+            acc, row_ss = _pick_row(acc, row_ss, acc2, ss2, 2, offs_m)
+            acc, row_ss = _pick_row(acc, row_ss, acc3, ss3, 3, offs_m)
     if PROLOGUE == 1:
         if K_PER_SPLIT != K:
             row_ss = _row_sum_squares(
                 x_ptr, r_ptr, offs_m, m_mask, stride_xm, stride_rm, K, BLOCK_M, BLOCK_K, HAS_RESIDUAL
             )
         acc = acc * tl.rsqrt(row_ss / K + eps)[:, None]
+        if HAS_RESIDUAL:
+            _write_h(
+                x_ptr, r_ptr, h_ptr, offs_m, m_mask, k_start, K_PER_SPLIT, stride_xm, stride_rm, K, BLOCK_K
+            )
     offs = offs_m[:, None] * N + offs_n[None, :]
     mask = m_mask[:, None] & n_mask[None, :]
     store_split(acc, out_ptr, ws_ptr, counter_ptr, offs, mask, pid_k, split_k, M * N, SPLIT_MODE)
@@ -193,8 +261,8 @@ def default_gemv_bf16_config(m: int, n: int, k: int, sms: int) -> GemvBf16Config
 
 
 def gemv_bf16_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether the GEMV takes x [M, K] @ weight [N, K]^T (norm_linear_triton composes the unfused ops
-    otherwise): M <= GEMV_MAX_M, K a multiple of 16 (dots), dense float tensors of one dtype."""
+    """Whether the dispatch below takes x [M, K] @ weight [N, K]^T to the GEMV (else the unfused ops):
+    M <= GEMV_MAX_M, K a multiple of 16 (dots), dense float tensors of one dtype."""
     m, k = x.shape[0], weight.shape[-1]
     dense = x.dim() == 2 and x.stride(-1) == 1 and weight.dim() == 2 and weight.is_contiguous()
     return (
@@ -220,9 +288,9 @@ def _launch(
         raise ValueError(f"gemv config {cfg} does not fit K {k}")
     k_split = k // cfg.split_k
     block_k = _pow2_divisor(k_split, cfg.block_k)
-    if m > 1 and not cfg.use_dot:
-        raise ValueError(f"gemv: the multiply-add path takes one row (M = {m}): use_dot")
-    block_m = 16 if cfg.use_dot else 1
+    if m > 4 and not cfg.use_dot:
+        raise ValueError(f"gemv: the multiply-add path takes at most 4 rows (M = {m}): use_dot")
+    block_m = 16 if cfg.use_dot else next_power_of_2(m)
     if cfg.use_dot and (block_k < 16 or cfg.block_n < 16):
         raise ValueError(f"gemv: dots need BLOCK_K and BLOCK_N >= 16 (K {k}, {cfg})")
     h = torch.empty(m, k, device=x.device, dtype=x.dtype) if residual is not None else None
@@ -308,4 +376,13 @@ def silu_linear_triton(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Ten
     if gate_up.dim() != 2 or gate_up.stride(-1) != 1 or not gemv_bf16_supported(gate_up, weight):
         return _silu_linear_unfused(gate_up, weight)
     cfg = _model_config(gate_up.shape[0], weight.shape[0], weight.shape[1], gate_up.device)
-    return silu_gemv_bf16(gate_up, weight, cfg)
+    # prefetching the next W tile: the fastest fused down projection measured (bench_gemv, H200)
+    return silu_gemv_bf16(gate_up, weight, GemvBf16Config(**{**cfg.__dict__, "prefetch": not cfg.use_dot}))
+
+
+def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """KernelOps.linear: the GEMV for bias-free projections of <= GEMV_MAX_M rows (o_proj and the LM head
+    at batch-1 decode), F.linear (cuBLAS) otherwise."""
+    if bias is not None or x.dim() != 2 or not gemv_bf16_supported(x, weight):
+        return F.linear(x, weight, bias)
+    return gemv_bf16(x, weight, _model_config(x.shape[0], weight.shape[0], weight.shape[1], x.device))

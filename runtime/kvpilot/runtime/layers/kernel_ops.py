@@ -20,7 +20,8 @@ KERNEL_SETS = ("torch", "cpu", "triton")
 @dataclass(frozen=True)
 class KernelOps:
     name: str
-    linear: Callable[..., Any]  # (x, weight, bias) -> x W^T + b; also the LM head's GEMM
+    linear: Callable[..., Any]  # (x, weight, bias) -> x W^T + b; also the LM head's GEMM (triton: a GEMV
+    #                             at <= kernels/gemv.GEMV_MAX_M rows, cuBLAS above)
     rms_norm: Callable[..., Any]  # (x, weight, eps, residual=None) -> y | (y, x + residual)
     silu_and_mul: Callable[..., Any]  # ([T, 2I]) -> [T, I]
     qkv_prepare: Callable[..., Any]  # fused q/k norm + rotary + K/V store -> q [T, H, D]; (qkv,
@@ -73,13 +74,13 @@ def triton_ops() -> KernelOps:
     """Imports triton: only called when the runner runs on a GPU (or a test asks for it)."""
     from kvpilot.runtime.kernels.activation_triton import silu_and_mul_triton
     from kvpilot.runtime.kernels.attention_triton import paged_attention_triton
-    from kvpilot.runtime.kernels.gemv_triton import norm_linear_triton, silu_linear_triton
+    from kvpilot.runtime.kernels.gemv_triton import linear_triton, norm_linear_triton, silu_linear_triton
     from kvpilot.runtime.kernels.norm_triton import rms_norm_triton
     from kvpilot.runtime.kernels.qkv_prepare_triton import qkv_prepare_triton
 
     return KernelOps(
         "triton",
-        F.linear,
+        linear_triton,
         rms_norm_triton,
         silu_and_mul_triton,
         qkv_prepare_triton,
