@@ -29,15 +29,17 @@ import torch
 import torch.nn.functional as F
 from kvpilot.runtime.kernels.activation_triton import silu_and_mul_triton
 from kvpilot.runtime.kernels.gemv import norm_linear_ref, silu_linear_ref
+from kvpilot.runtime.kernels.gemv_dispatch import (
+    linear_triton,
+    norm_linear_triton,
+    silu_linear_triton,
+)
 from kvpilot.runtime.kernels.gemv_triton import (
     GemvBf16Config,
     default_gemv_bf16_config,
     gemv_bf16,
-    linear_triton,
     norm_gemv_bf16,
-    norm_linear_triton,
     silu_gemv_bf16,
-    silu_linear_triton,
 )
 from kvpilot.runtime.kernels.norm_triton import rms_norm_triton
 from kvpilot.runtime.kernels.split_k_triton import split_counters
@@ -165,7 +167,7 @@ def variants(
         else:
             fn = lambda t, w, c=c: silu_gemv_bf16(t["gu"], w, c, layer.counters)  # noqa: E731
         yield "fused", name, fn, ref
-    default = default_gemv_bf16_config(m, layer.n, layer.k, 132)
+    default = default_gemv_bf16_config(m, layer.n, layer.k, 132, layer.prologue or "plain")
     yield "gemv", "default", lambda t, w: gemv_bf16(t["x"], w, default, layer.counters), plain_ref
     if layer.prologue == "norm":  # what the decoder layer runs (KernelOps "triton")
         yield "fused", "model", lambda t, w: norm_linear_triton(t["h"], t["r"], t["nw"], EPS, w)[0], ref

@@ -20,7 +20,7 @@ import torch.nn.functional as F  # noqa: E402
 from kvpilot.runtime.engine.batch import SeqChunk, StepBatch  # noqa: E402
 from kvpilot.runtime.engine.engine_args import EngineArgs  # noqa: E402
 from kvpilot.runtime.engine.model_runner import ModelRunner  # noqa: E402
-from kvpilot.runtime.kernels import gemv_triton  # noqa: E402
+from kvpilot.runtime.kernels import gemv_dispatch  # noqa: E402
 from kvpilot.runtime.kernels.gemv import norm_linear_ref, silu_linear_ref  # noqa: E402
 from kvpilot.runtime.kernels.gemv_triton import (  # noqa: E402
     GemvBf16Config,
@@ -38,6 +38,8 @@ CONFIGS = [  # multiply-adds take M = 1 (block_n 4), 2 (block_n 8) and 3 rows (p
     GemvBf16Config(block_n=8, block_k=32, split_k=2),
     GemvBf16Config(block_n=4, block_k=16, prefetch=True),
     GemvBf16Config(block_n=16, block_k=16, split_k=2, use_dot=True, reduce="workspace"),
+    # programmatic dependent launch: compiled GPU runs only (the interpreter has no grid dependency control)
+    *([] if INTERPRET else [GemvBf16Config(block_n=8, block_k=16, pdl=True, pdl_tiles=2)]),
 ]
 
 
@@ -127,7 +129,7 @@ def test_fused_decode_path_matches_unfused(
     """A prefill (11 tokens: unfused in both runners), then single-token decode steps (GEMV_MAX_M): the
     fused runner's logits and KV cache equal the unfused runner's, and its GEMV kernels ran."""
     calls = {"norm": 0, "silu": 0}
-    norm_gemv, silu_gemv = gemv_triton.norm_gemv_bf16, gemv_triton.silu_gemv_bf16
+    norm_gemv, silu_gemv = gemv_dispatch.norm_gemv_bf16, gemv_dispatch.silu_gemv_bf16
 
     def count(kind: str, fn: Callable[..., object]) -> Callable[..., object]:
         def counted(*args: object, **kwargs: object) -> object:
@@ -136,8 +138,8 @@ def test_fused_decode_path_matches_unfused(
 
         return counted
 
-    monkeypatch.setattr(gemv_triton, "norm_gemv_bf16", count("norm", norm_gemv))
-    monkeypatch.setattr(gemv_triton, "silu_gemv_bf16", count("silu", silu_gemv))
+    monkeypatch.setattr(gemv_dispatch, "norm_gemv_bf16", count("norm", norm_gemv))
+    monkeypatch.setattr(gemv_dispatch, "silu_gemv_bf16", count("silu", silu_gemv))
     ckpt = tiny_checkpoint_factory(family, num_key_value_heads=2)
     fused, unfused = _runner(ckpt, True), _runner(ckpt, False)
     steps = [

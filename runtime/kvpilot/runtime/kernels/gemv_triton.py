@@ -27,16 +27,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
-from kvpilot.runtime.kernels.activation_triton import silu_and_mul_triton
-from kvpilot.runtime.kernels.gemv import GEMV_MAX_M, composed_norm_linear, composed_silu_linear
-from kvpilot.runtime.kernels.norm_triton import rms_norm_triton
 from kvpilot.runtime.kernels.split_k_triton import REDUCES, split_output, store_split
 from kvpilot.runtime.kernels.triton_utils import next_power_of_2, num_sms
 
-GEMV_BF16_MAX_M = 4  # rows the kernel takes (the dispatch below: GEMV_MAX_M)
+GEMV_BF16_MAX_M = 4  # rows the kernel takes (the model's dispatch, gemv_dispatch.py: GEMV_MAX_M)
 _PLAIN, _NORM, _SILU = 0, 1, 2
 
 
@@ -52,6 +48,10 @@ class GemvBf16Config:
     num_warps: int = 4
     num_stages: int = 1
     reduce: str = "fixup"  # split_k_triton.REDUCES
+    # programmatic dependent launch (sm_90+): the kernel may start while the previous one drains; it
+    # loads its first W tile, then waits for the previous kernel (gdc_wait) before reading x
+    pdl: bool = False
+    pdl_tiles: int = 4  # W tiles per program prefetched into L2 before that wait
 
 
 @triton.jit
@@ -137,6 +137,19 @@ def _write_h(
         tl.store(h_ptr + rows * K + ks, h, mask=mask)
 
 
+@triton.jit
+def _prefetch_l2(w_ptr, offs_n, K, k_start, k_end, BLOCK_K: tl.constexpr, TILES: tl.constexpr):
+    """prefetch.global.L2 of this program's first TILES W tiles, one address per 128-byte line: the
+    loads later hit L2, and no register holds a tile across the wait."""
+    lines = tl.arange(0, BLOCK_K * 2 // 128) * (128 // 2)  # bf16: 64 elements per line
+    for t in tl.static_range(TILES):
+        k = tl.minimum(k_start + t * BLOCK_K, k_end - BLOCK_K)
+        at = w_ptr + offs_n[:, None] * K + (k + lines)[None, :]  # [BN, lines]
+        tl.inline_asm_elementwise(
+            "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [at], dtype=tl.int32, is_pure=False, pack=1
+        )
+
+
 @triton.jit(do_not_specialize=["M", "split_k"])
 def _gemv_kernel(
     x_ptr,  # [M, K] (plain, norm: hidden) or [M, 2K] (silu_mul: gate | up); rows stride_xm apart
@@ -156,8 +169,12 @@ def _gemv_kernel(
     USE_DOT: tl.constexpr,
     PREFETCH: tl.constexpr,  # fma: register double-buffering of the W tiles
     DOT_IEEE: tl.constexpr,
+    PDL: tl.constexpr,
+    PDL_TILES: tl.constexpr,  # W tiles prefetched into L2 before the wait
     SPLIT_MODE: tl.constexpr,  # split_k_triton._MODES
 ):  # fmt: skip
+    if PDL:  # the next kernel may launch now: its own gdc_wait orders it after this one's writes
+        tl.extra.cuda.gdc_launch_dependents()
     pid_n, pid_k = tl.program_id(0), tl.program_id(2)
     offs_m = tl.arange(0, BLOCK_M)
     m_mask = offs_m < M
@@ -176,10 +193,13 @@ def _gemv_kernel(
     w_mask = n_mask[:, None]
     k_start = pid_k * K_PER_SPLIT
     k_end = k_start + K_PER_SPLIT
-    if PREFETCH:  # the next tile is loaded before this one is used: two tiles in flight per program
+    if PDL:  # while the previous kernel drains: its first tiles into L2 (W is no kernel's output)
+        _prefetch_l2(w_ptr, offs_n, K, k_start, k_end, BLOCK_K, PDL_TILES)
+        tl.extra.cuda.gdc_wait()  # everything below reads x or writes: the previous kernel has finished
+    if PREFETCH:
         w_next = tl.load(w_at + k_start, mask=w_mask, other=0.0, eviction_policy="evict_first")
     for k0 in range(k_start, k_end, BLOCK_K):
-        if PREFETCH:
+        if PREFETCH:  # the next tile is loaded before this one is used: two tiles in flight per program
             w = w_next
             k_next = tl.minimum(k0 + BLOCK_K, k_end - BLOCK_K)  # the last step reloads its own tile
             w_next = tl.load(w_at + k_next, mask=w_mask, other=0.0, eviction_policy="evict_first")
@@ -248,26 +268,26 @@ def _pow2_divisor(n: int, cap: int) -> int:
     return b
 
 
-def default_gemv_bf16_config(m: int, n: int, k: int, sms: int) -> GemvBf16Config:
-    """Columns per program so that N / BLOCK_N programs give >= 2 per SM, else split-K to get there;
-    multiply-adds at M = 1, dots above (they need >= 16 columns)."""
-    sizes = (16, 8, 4) if m == 1 else (16,)
-    block_n = next((b for b in sizes if -(-n // b) >= 2 * sms), sizes[-1])
+def default_gemv_bf16_config(m: int, n: int, k: int, sms: int, prologue: str = "plain") -> GemvBf16Config:
+    """The launch shape, measured on the H200 at Qwen3-8B's shapes (benchmarks/bench_gemv.py, M = 1):
+      plain  8 rows x 512, next tile prefetched (o_proj 10.9 us vs cuBLAS 13.5)
+      norm   16 rows (x is read from three vectors: fewer programs re-reading it), 512 columns, or 256
+             when the programs fill > 8 waves (qkv 15.1 us, gate_up 48.6 us; unfused 18.4 / 52.1)
+      silu   8 rows x 1024 (down 28.0 us; unfused 32.3)
+    fewer rows where N / BLOCK_N programs would not give 2 per SM, then split-K. M > 1: dots (not
+    dispatched: cuBLAS was as fast at M = 2 and 4)."""
+    if m > 1:
+        block_n, block_k = 16, 256
+    else:
+        first = 16 if prologue == "norm" else 8
+        block_n = next((b for b in (first, 8, 4) if b <= first and -(-n // b) >= 2 * sms), 4)
+        block_k = {"plain": 512, "silu": 1024}.get(prologue, 256 if -(-n // block_n) > 8 * sms else 512)
     tiles = -(-n // block_n)
     split = next((s for s in (1, 2, 4, 8) if tiles * s >= 2 * sms and k % (s * 64) == 0), 1)
     return GemvBf16Config(
-        block_n, 512 if m == 1 else 256, split, use_dot=m > 1, num_stages=1 if m == 1 else 3
-    )
-
-
-def gemv_bf16_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether the dispatch below takes x [M, K] @ weight [N, K]^T to the GEMV (else the unfused ops):
-    M <= GEMV_MAX_M, K a multiple of 16 (dots), dense float tensors of one dtype."""
-    m, k = x.shape[0], weight.shape[-1]
-    dense = x.dim() == 2 and x.stride(-1) == 1 and weight.dim() == 2 and weight.is_contiguous()
-    return (
-        1 <= m <= GEMV_MAX_M and k % 16 == 0 and dense and x.dtype == weight.dtype and x.is_floating_point()
-    )
+        block_n, block_k, split, use_dot=m > 1, prefetch=m == 1 and prologue == "plain",
+        num_stages=1 if m == 1 else 3,
+    )  # fmt: skip
 
 
 def _launch(
@@ -283,7 +303,7 @@ def _launch(
     m, n, k = x.shape[0], weight.shape[0], weight.shape[1]
     if weight.stride(1) != 1 or weight.stride(0) != k or x.stride(-1) != 1:
         raise ValueError("gemv: W [N, K] must be dense and x contiguous along K")
-    cfg = config or default_gemv_bf16_config(m, n, k, num_sms(x.device))
+    cfg = config or default_gemv_bf16_config(m, n, k, num_sms(x.device), ("plain", "norm", "silu")[prologue])
     if k % cfg.split_k or cfg.reduce not in REDUCES:
         raise ValueError(f"gemv config {cfg} does not fit K {k}")
     k_split = k // cfg.split_k
@@ -303,8 +323,9 @@ def _launch(
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, PROLOGUE=prologue,
         HAS_RESIDUAL=residual is not None, USE_DOT=cfg.use_dot,
         PREFETCH=cfg.prefetch and not cfg.use_dot, DOT_IEEE=weight.dtype == torch.float32,
-        SPLIT_MODE=buf.mode,
+        PDL=cfg.pdl, PDL_TILES=min(cfg.pdl_tiles, k_split // block_k), SPLIT_MODE=buf.mode,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **({"launch_pdl": True} if cfg.pdl else {}),
     )  # fmt: skip
     return buf.finish(), h
 
@@ -345,44 +366,3 @@ def silu_gemv_bf16(
     if gate_up.shape[1] != 2 * weight.shape[1]:
         raise ValueError(f"gate_up {tuple(gate_up.shape)} must be [M, 2 x {weight.shape[1]}]")
     return _launch(_SILU, gate_up, None, None, weight, 0.0, config, counters)[0]
-
-
-def _model_config(m: int, n: int, k: int, device: torch.device) -> GemvBf16Config:
-    """The default launch shape; a split-K is summed by a second launch (layers keep no fixup counters)."""
-    cfg = default_gemv_bf16_config(m, n, k, num_sms(device))
-    return cfg if cfg.split_k == 1 else GemvBf16Config(**{**cfg.__dict__, "reduce": "workspace"})
-
-
-_norm_linear_unfused = composed_norm_linear(rms_norm_triton, F.linear)
-_silu_linear_unfused = composed_silu_linear(silu_and_mul_triton, F.linear)
-
-
-def norm_linear_triton(
-    hidden: torch.Tensor,
-    residual: torch.Tensor | None,
-    norm_weight: torch.Tensor,
-    eps: float,
-    weight: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """KernelOps.norm_linear: one fused GEMV launch when gemv_bf16_supported, else RMSNorm then F.linear."""
-    if not gemv_bf16_supported(hidden, weight):
-        return _norm_linear_unfused(hidden, residual, norm_weight, eps, weight)
-    cfg = _model_config(hidden.shape[0], weight.shape[0], weight.shape[1], hidden.device)
-    return norm_gemv_bf16(hidden, residual, norm_weight, eps, weight, cfg)
-
-
-def silu_linear_triton(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """KernelOps.silu_linear: one fused GEMV launch when gemv_bf16_supported, else SiLU-and-mul, F.linear."""
-    if gate_up.dim() != 2 or gate_up.stride(-1) != 1 or not gemv_bf16_supported(gate_up, weight):
-        return _silu_linear_unfused(gate_up, weight)
-    cfg = _model_config(gate_up.shape[0], weight.shape[0], weight.shape[1], gate_up.device)
-    # prefetching the next W tile: the fastest fused down projection measured (bench_gemv, H200)
-    return silu_gemv_bf16(gate_up, weight, GemvBf16Config(**{**cfg.__dict__, "prefetch": not cfg.use_dot}))
-
-
-def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """KernelOps.linear: the GEMV for bias-free projections of <= GEMV_MAX_M rows (o_proj and the LM head
-    at batch-1 decode), F.linear (cuBLAS) otherwise."""
-    if bias is not None or x.dim() != 2 or not gemv_bf16_supported(x, weight):
-        return F.linear(x, weight, bias)
-    return gemv_bf16(x, weight, _model_config(x.shape[0], weight.shape[0], weight.shape[1], x.device))

@@ -74,7 +74,7 @@ def triton_ops() -> KernelOps:
     """Imports triton: only called when the runner runs on a GPU (or a test asks for it)."""
     from kvpilot.runtime.kernels.activation_triton import silu_and_mul_triton
     from kvpilot.runtime.kernels.attention_triton import paged_attention_triton
-    from kvpilot.runtime.kernels.gemv_triton import linear_triton, norm_linear_triton, silu_linear_triton
+    from kvpilot.runtime.kernels.gemv_dispatch import linear_triton, norm_linear_triton, silu_linear_triton
     from kvpilot.runtime.kernels.norm_triton import rms_norm_triton
     from kvpilot.runtime.kernels.qkv_prepare_triton import qkv_prepare_triton
 
