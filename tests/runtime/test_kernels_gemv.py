@@ -39,7 +39,7 @@ CONFIGS = [  # multiply-adds take M = 1 (block_n 4), 2 (block_n 8) and 3 rows (p
     GemvBf16Config(block_n=4, block_k=16, prefetch=True),
     GemvBf16Config(block_n=16, block_k=16, split_k=2, use_dot=True, reduce="workspace"),
     # programmatic dependent launch: compiled GPU runs only (the interpreter has no grid dependency control)
-    *([] if INTERPRET else [GemvBf16Config(block_n=8, block_k=16, pdl=True, pdl_tiles=2)]),
+    *([] if INTERPRET else [GemvBf16Config(block_n=8, block_k=16, pdl=True)]),
 ]
 
 

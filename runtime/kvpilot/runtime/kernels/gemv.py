@@ -13,7 +13,8 @@ from kvpilot.runtime.kernels.activation import silu_and_mul_ref
 from kvpilot.runtime.kernels.norm import rms_norm_ref
 
 # The decoder layer (and the triton set's linear) take the GEMVs up to this many tokens. The kernels run
-# M <= 4, but on the H200 only M = 1 beat cuBLAS (benchmarks/bench_gemv.py; BENCHMARKS.md).
+# M <= 4, but on the H200 only M = 1 beat cuBLAS (benchmarks/bench_gemv.py: at M = 2 and 4 the fused
+# layer was no faster than cuBLAS with the separate norm / SiLU kernels).
 GEMV_MAX_M = 1
 
 

@@ -21,8 +21,9 @@ from kvpilot.runtime.kernels.gemv_triton import (
 from kvpilot.runtime.kernels.norm_triton import rms_norm_triton
 from kvpilot.runtime.kernels.triton_utils import num_sms
 
-# Programmatic dependent launch for the dispatched GEMVs (GemvBf16Config.pdl): sm_90+ only.
-USE_PDL = False
+# Programmatic dependent launch for the dispatched GEMVs on sm_90+ (GemvBf16Config.pdl: measured 1.6%
+# faster over 36 layers' decode GEMMs in one CUDA graph, outputs identical).
+USE_PDL = True
 
 _norm_linear_unfused = composed_norm_linear(rms_norm_triton, F.linear)
 _silu_linear_unfused = composed_silu_linear(silu_and_mul_triton, F.linear)

@@ -48,10 +48,11 @@ class GemvBf16Config:
     num_warps: int = 4
     num_stages: int = 1
     reduce: str = "fixup"  # split_k_triton.REDUCES
-    # programmatic dependent launch (sm_90+): the kernel may start while the previous one drains; it
-    # loads its first W tile, then waits for the previous kernel (gdc_wait) before reading x
+    # programmatic dependent launch (sm_90+): the kernel is launched while the previous one drains and
+    # waits for it (gdc_wait) before reading anything; it lets the next kernel launch likewise. On the
+    # H200, 36 layers' decode GEMMs: 3.585 ms vs 3.643 without (bench_gemv_chain.py). Prefetching the
+    # first W tiles into L2 before the wait was slower (3.96 ms for 4 tiles, 4.47 for 8): not kept.
     pdl: bool = False
-    pdl_tiles: int = 4  # W tiles per program prefetched into L2 before that wait
 
 
 @triton.jit
@@ -137,19 +138,6 @@ def _write_h(
         tl.store(h_ptr + rows * K + ks, h, mask=mask)
 
 
-@triton.jit
-def _prefetch_l2(w_ptr, offs_n, K, k_start, k_end, BLOCK_K: tl.constexpr, TILES: tl.constexpr):
-    """prefetch.global.L2 of this program's first TILES W tiles, one address per 128-byte line: the
-    loads later hit L2, and no register holds a tile across the wait."""
-    lines = tl.arange(0, BLOCK_K * 2 // 128) * (128 // 2)  # bf16: 64 elements per line
-    for t in tl.static_range(TILES):
-        k = tl.minimum(k_start + t * BLOCK_K, k_end - BLOCK_K)
-        at = w_ptr + offs_n[:, None] * K + (k + lines)[None, :]  # [BN, lines]
-        tl.inline_asm_elementwise(
-            "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [at], dtype=tl.int32, is_pure=False, pack=1
-        )
-
-
 @triton.jit(do_not_specialize=["M", "split_k"])
 def _gemv_kernel(
     x_ptr,  # [M, K] (plain, norm: hidden) or [M, 2K] (silu_mul: gate | up); rows stride_xm apart
@@ -170,7 +158,6 @@ def _gemv_kernel(
     PREFETCH: tl.constexpr,  # fma: register double-buffering of the W tiles
     DOT_IEEE: tl.constexpr,
     PDL: tl.constexpr,
-    PDL_TILES: tl.constexpr,  # W tiles prefetched into L2 before the wait
     SPLIT_MODE: tl.constexpr,  # split_k_triton._MODES
 ):  # fmt: skip
     if PDL:  # the next kernel may launch now: its own gdc_wait orders it after this one's writes
@@ -193,9 +180,8 @@ def _gemv_kernel(
     w_mask = n_mask[:, None]
     k_start = pid_k * K_PER_SPLIT
     k_end = k_start + K_PER_SPLIT
-    if PDL:  # while the previous kernel drains: its first tiles into L2 (W is no kernel's output)
-        _prefetch_l2(w_ptr, offs_n, K, k_start, k_end, BLOCK_K, PDL_TILES)
-        tl.extra.cuda.gdc_wait()  # everything below reads x or writes: the previous kernel has finished
+    if PDL:  # everything below reads x or writes: the previous kernel must have finished
+        tl.extra.cuda.gdc_wait()
     if PREFETCH:
         w_next = tl.load(w_at + k_start, mask=w_mask, other=0.0, eviction_policy="evict_first")
     for k0 in range(k_start, k_end, BLOCK_K):
@@ -269,25 +255,26 @@ def _pow2_divisor(n: int, cap: int) -> int:
 
 
 def default_gemv_bf16_config(m: int, n: int, k: int, sms: int, prologue: str = "plain") -> GemvBf16Config:
-    """The launch shape, measured on the H200 at Qwen3-8B's shapes (benchmarks/bench_gemv.py, M = 1):
-      plain  8 rows x 512, next tile prefetched (o_proj 10.9 us vs cuBLAS 13.5)
-      norm   16 rows (x is read from three vectors: fewer programs re-reading it), 512 columns, or 256
-             when the programs fill > 8 waves (qkv 15.1 us, gate_up 48.6 us; unfused 18.4 / 52.1)
-      silu   8 rows x 1024 (down 28.0 us; unfused 32.3)
-    fewer rows where N / BLOCK_N programs would not give 2 per SM, then split-K. M > 1: dots (not
+    """The launch shape, from the H200 sweeps at Qwen3-8B's shapes, M = 1 (benchmarks/bench_gemv.py):
+      > 8 waves of 16-row programs (gate_up, the LM head): 16 rows x 256 (gate_up 48.4 us plain, 49.0
+             with the norm, vs cuBLAS 49.6 and 52.3 unfused)
+      plain  8 rows x 512, next tile prefetched (o_proj 10.7 us vs cuBLAS 13.2)
+      norm   16 rows x 512: x is rebuilt from three vectors, so fewer programs re-read it (qkv 14.9 us,
+             18.1 unfused)
+      silu   8 rows x 1024 (down 27.9 us, 31.8 unfused)
+    then fewer rows where N / BLOCK_N programs would not give 2 per SM, then split-K. M > 1: dots (not
     dispatched: cuBLAS was as fast at M = 2 and 4)."""
-    if m > 1:
-        block_n, block_k = 16, 256
+    if m > 1 or -(-n // 16) > 8 * sms:  # dots; or many waves of programs
+        block_n, block_k, prefetch = 16, 256, False
     else:
         first = 16 if prologue == "norm" else 8
         block_n = next((b for b in (first, 8, 4) if b <= first and -(-n // b) >= 2 * sms), 4)
-        block_k = {"plain": 512, "silu": 1024}.get(prologue, 256 if -(-n // block_n) > 8 * sms else 512)
+        block_k, prefetch = {"plain": (512, True), "silu": (1024, False)}.get(prologue, (512, False))
     tiles = -(-n // block_n)
     split = next((s for s in (1, 2, 4, 8) if tiles * s >= 2 * sms and k % (s * 64) == 0), 1)
     return GemvBf16Config(
-        block_n, block_k, split, use_dot=m > 1, prefetch=m == 1 and prologue == "plain",
-        num_stages=1 if m == 1 else 3,
-    )  # fmt: skip
+        block_n, block_k, split, use_dot=m > 1, prefetch=prefetch, num_stages=1 if m == 1 else 3
+    )
 
 
 def _launch(
@@ -323,7 +310,7 @@ def _launch(
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, PROLOGUE=prologue,
         HAS_RESIDUAL=residual is not None, USE_DOT=cfg.use_dot,
         PREFETCH=cfg.prefetch and not cfg.use_dot, DOT_IEEE=weight.dtype == torch.float32,
-        PDL=cfg.pdl, PDL_TILES=min(cfg.pdl_tiles, k_split // block_k), SPLIT_MODE=buf.mode,
+        PDL=cfg.pdl, SPLIT_MODE=buf.mode,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"launch_pdl": True} if cfg.pdl else {}),
     )  # fmt: skip
