@@ -1,25 +1,28 @@
 """bf16 weight-streaming GEMV for decode (M = 1..4 rows): y [M, N] = x [M, K] @ W[N, K]^T, float32 sums,
-optionally with the op before it fused into the load of x (references: kernels/gemv.py).
+optionally with the op before it fused into the load of x (references: kernels/gemv.py; the model's
+dispatch: kernels/gemv_dispatch.py).
 
   plain     x as given.
   norm      x = (hidden, residual): h = hidden + residual (rounded to the dtype, as rms_norm_ref adds),
             y = (rmsnorm(h) * w_norm) W^T. rms(h) is a per-row scalar, so it comes out of the sum: each
             program accumulates sum_k h_k w_norm_k W[n, k] and sum_k h_k^2 over the K it reads anyway and
             scales once at the end (no norm launch, no pre-pass); with split-K each program reads only a
-            slice, so it re-reads the whole row (L2 resident, 8 KB at K = 4096) at the end. Programs of the
-            first column block write h (each its K slice).
+            slice, so it re-reads the whole row (L2 resident, 8 KB at K = 4096) at the end. After the
+            weight stream the first programs write h, one K slice each.
   silu_mul  x = [gate | up] [M, 2K]: the input is silu(gate) * up (rounded to the dtype as silu_and_mul
             rounds), computed on the K slice a program reads.
+Every program re-reads x from L2 (1, 2 or 3 vectors of K): on the H200 that traffic costs about as much
+as weight bytes, so the prologues favour more rows per program (default_gemv_bf16_config).
 Bandwidth: each program streams BLOCK_N rows of W (contiguous along K: 16-byte vector loads) in
 [BLOCK_N, BLOCK_K] tiles. Two multiply paths (GemvBf16Config.use_dot):
-  fma  M = 1: float32 multiply-adds into a [BLOCK_N, BLOCK_K] accumulator summed over K once at the end
-       (no cross-thread reduction in the loop; x [BLOCK_K] broadcast along the W tile's rows, so the W tile
-       stays in its load layout: a 3D [M, BLOCK_N, BLOCK_K] accumulator made Triton convert every W tile
-       through shared memory).
+  fma  M <= 4: float32 multiply-adds into one [BLOCK_N, BLOCK_K] accumulator per row (rows unrolled),
+       summed over K once at the end (no cross-thread reduction in the loop; x [BLOCK_K] broadcast along
+       the W tile's rows, so the W tile stays in its load layout: a 3D [M, BLOCK_N, BLOCK_K] accumulator
+       made Triton convert every W tile through shared memory).
   dot  x padded to 16 rows, tensor-core dots against W^T tiles (Triton pipelines their loads through
-       shared memory, num_stages deep).
+       shared memory, num_stages deep). Slower than fma and cuBLAS at M <= 4 on the H200; kept for sweeps.
 Split-K (kernels/split_k_triton.py) when N / BLOCK_N programs cannot fill the SMs; partials combined by
-the deterministic one-launch fixup.
+the deterministic one-launch fixup (or the two-launch workspace sum where no counters are kept).
 """
 
 from __future__ import annotations
@@ -92,10 +95,8 @@ def _fma_row(
 @triton.jit
 def _pick_row(acc, ss, acc_i, ss_i, i, offs_m):
     """Row i of [BM, BN] / [BM] from one token's [BN, BK] / [BK] sums."""
-    rows = offs_m[:, None]
-    return tl.where(rows == i, tl.sum(acc_i, axis=1)[None, :], acc), tl.where(
-        offs_m == i, tl.sum(ss_i, 0), ss
-    )
+    acc = tl.where(offs_m[:, None] == i, tl.sum(acc_i, axis=1)[None, :], acc)
+    return acc, tl.where(offs_m == i, tl.sum(ss_i, 0), ss)
 
 
 @triton.jit
@@ -105,20 +106,11 @@ def _row_sum_squares(
 ):  # fmt: skip
     """[BLOCK_M] sum over the whole row of h^2 (split-K norm: a program's own slice is not enough)."""
     cols = tl.arange(0, BLOCK_K)[None, :]
+    rows, mask = offs_m[:, None], m_mask[:, None]
     ss = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        h = _input_tile(
-            x_ptr,
-            r_ptr,
-            offs_m[:, None],
-            m_mask[:, None],
-            k0 + cols,
-            stride_xm,
-            stride_rm,
-            K,
-            1,
-            HAS_RESIDUAL,
-        ).to(tl.float32)
+        h = _input_tile(x_ptr, r_ptr, rows, mask, k0 + cols, stride_xm, stride_rm, K, 1, HAS_RESIDUAL)
+        h = h.to(tl.float32)
         ss += h * h
     return tl.sum(ss, axis=1)
 
