@@ -18,7 +18,7 @@ H200, 2026-12-01, Qwen3-8B, M = 1 (µs; cuBLAS | GEMV as dispatched | unfused ->
   down 30.56 | 27.87 fused (31.82)   one layer's four GEMMs: 115.4 unfused -> 102.5
 At M = 2 and 4 neither the plain nor the fused GEMV beat cuBLAS + the separate kernels per layer, so the
 model dispatches them at M = 1 only (kernels/gemv.GEMV_MAX_M). The int4 / int8 / fp8 decode GEMVs streamed
-at 21-45% / 35-64% / 36-62% of 4.25 TB/s on their own bytes at the 8B shapes (0.6B: 4-20%).
+at 21-45% / 35-64% / 36-62% of 4.25 TB/s on their own bytes at the 8B shapes (0.6B: 4-21%).
 """
 
 from __future__ import annotations
