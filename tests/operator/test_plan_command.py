@@ -52,7 +52,7 @@ def test_quantized_tensor_parallel_example_plans(fake_hub: Any) -> None:
     """The 72B AWQ checkpoint split over two RTX 4090s (quantized weights run tensor-parallel)."""
     rc, out, _ = plan_command(["-f", str(EXAMPLES / "qwen2.5-72b-2x4090.yaml")], fake_hub)
     assert rc == 0
-    assert "2 x rtx4090 (tp2), 4-bit AWQ weights, fp8 KV" in out
+    assert "2 x rtx4090 (tp2), 4-bit AWQ weights, int8 KV" in out
 
 
 def test_tensor_parallel_example_plans(fake_hub: Any) -> None:
@@ -74,10 +74,10 @@ def test_table_for_people(fake_hub: Any) -> None:
     assert rc == 0
     lines = out.splitlines()
     assert lines[0] == "qwen3-8b: hf://Qwen/Qwen3-8B"
-    assert lines[1].startswith("  1 x h100-80gb (tp1), 16-bit (bf16) weights, fp8 KV: 64 sequences")
+    assert lines[1].startswith("  1 x h100-80gb (tp1), 16-bit (bf16) weights, int8 KV: 64 sequences")
     assert lines[2].split() == ["FIELD", "VALUE", "WHY"]
     row = next(line for line in lines if line.split()[:1] == ["kvCacheDtype"])
-    assert row.split()[1] == "fp8" and "at most 57 of 64" in row  # int4 weights + 16-bit KV: 57
+    assert row.split()[1] == "int8" and "at most 57 of 64" in row  # int4 weights + 16-bit KV: 57
 
 
 def test_gpu_override_and_infeasible_exit_status(tmp_path: Path, fake_hub: Any) -> None:

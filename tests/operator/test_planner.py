@@ -99,10 +99,10 @@ def test_rtx4090_gqa_7b_keeps_16bit(plan_for: PlanFor) -> None:
 
 
 def test_seed_rtx4090_72b_is_tp2_awq(plan_for: PlanFor) -> None:
-    """AWQ is 19.3 GiB per GPU at tp2: only at 0.95 utilization does one 8k sequence still fit, and fp8 KV
+    """AWQ is 19.3 GiB per GPU at tp2: only at 0.95 utilization does one 8k sequence still fit, and int8 KV
     gets ~11 sequences of 2k tokens (the seed's ~16 assumed shorter contexts); the reason says how short."""
     p = plan_for("Qwen/Qwen2.5-72B-Instruct-AWQ", "rtx4090")
-    assert shape(p) == (2, 1, "awq", "fp8")
+    assert shape(p) == (2, 1, "awq", "int8")
     assert p.gpus == 2 and p.gpu_memory_utilization == 0.95
     assert 8 <= p.max_num_seqs <= 16
     assert "short of the 32 target" in p.reason
@@ -123,7 +123,7 @@ def test_every_catalog_gpu_gets_a_consistent_plan(
     assert p.feasible, p.reason
     assert p.tensor_parallel in tensor_degrees(facts, profile.gpus_per_node)
     assert p.quantization != "fp8" or profile.fp8
-    assert p.kv_cache_dtype in ("bf16", "fp8" if profile.fp8 else "int8")
+    assert p.kv_cache_dtype in ("bf16", "int8")  # fp8 only when pinned
     weights = weight_bytes_per_gpu(facts, p.quantization, p.tensor_parallel, p.pipeline_parallel)
     per_token = kv_bytes_per_token(facts, p.kv_cache_dtype, p.tensor_parallel, p.pipeline_parallel)
     kv = per_token * p.kv_cache_tokens
@@ -188,10 +188,10 @@ def test_prequantized_checkpoint_fixes_the_format(plan_for: PlanFor) -> None:
 
 
 def test_8bit_kv_only_when_16bit_misses_the_target(plan_for: PlanFor) -> None:
-    """Qwen3-8B at 32k context and 64 sequences (8k average): 16-bit KV holds 57 with any format, fp8 KV
-    94, so the weights stay bf16 and the KV goes to fp8."""
+    """Qwen3-8B at 32k context and 64 sequences (8k average): 16-bit KV holds 57 with any format, 8-bit
+    KV 94, so the weights stay bf16 and the KV goes to int8 (fp8 only when pinned)."""
     p = plan_for("Qwen/Qwen3-8B", "h100-80gb", gpu_count=1, concurrency=64, max_model_len=32768)
-    assert shape(p) == (1, 1, "none", "fp8")
+    assert shape(p) == (1, 1, "none", "int8")
     assert p.max_num_seqs == 64
     assert "at most 57 of 64" in p.reasons["kvCacheDtype"]
 
@@ -380,10 +380,10 @@ def test_runtime_72b_on_two_4090s_needs_tensor_parallel(plan_for: PlanFor) -> No
     no_split = dataclasses.replace(RUNTIME, quantized_parallel=False)
     p = plan_for("Qwen/Qwen2.5-72B-Instruct-AWQ", "rtx4090", capabilities=no_split)
     assert not p.feasible and p.needs == ("4-bit AWQ weights split across 2 GPUs",)
-    assert "the plan that would fit: 2 x rtx4090 (tp2), 4-bit AWQ weights, fp8 KV" in p.reason
+    assert "the plan that would fit: 2 x rtx4090 (tp2), 4-bit AWQ weights, int8 KV" in p.reason
     # this runtime splits them: the AWQ checkpoint runs at tensor parallel 2
     p = plan_for("Qwen/Qwen2.5-72B-Instruct-AWQ", "rtx4090", capabilities=RUNTIME)
-    assert p.feasible and shape(p) == (2, 1, "awq", "fp8") and not p.needs
+    assert p.feasible and shape(p) == (2, 1, "awq", "int8") and not p.needs
 
 
 def test_runtime_70b_on_four_h100s_needs_tensor_parallel_4(plan_for: PlanFor) -> None:
@@ -395,8 +395,8 @@ def test_runtime_70b_on_four_h100s_needs_tensor_parallel_4(plan_for: PlanFor) ->
         max_model_len=16384,
         capabilities=SINGLE_GPU,
     )
-    # one GPU with int4 weights and an fp8 KV cache is short of 64 but runs; tp4 bf16 would reach it
-    assert p.feasible and shape(p) == (1, 1, "int4", "fp8") and "short of the 64 target" in p.reason
+    # one GPU with int4 weights and an int8 KV cache is short of 64 but runs; tp4 bf16 would reach it
+    assert p.feasible and shape(p) == (1, 1, "int4", "int8") and "short of the 64 target" in p.reason
     full = plan_for(
         "meta-llama/Llama-3.3-70B-Instruct", "h100-80gb", gpu_count=4, concurrency=64, max_model_len=16384
     )

@@ -62,3 +62,19 @@ def test_command_line_writes_the_json_report(
     report = json.loads(out.read_text())
     assert set(report["agreement"]) == {"fp8"} and len(report["placements"]) == 1
     assert "fp8: identical to auto" in capsys.readouterr().out
+
+
+def test_the_answer_is_the_key_given_whatever_follows_it() -> None:
+    from kvpilot.runtime.eval.passkey import PasskeyReport, Placement, answer_key
+
+    assert answer_key(" 65125. Remember") == "65125" and answer_key("the pass key. The") is None
+    same_key = Placement(0.0, "65125", 100, " 65125.", {"fp8": " 65125. Remember"})
+    other_key = Placement(0.5, "73691", 100, " 73691.", {"fp8": " the pass key. The pass"})
+    both_none = Placement(1.0, "88892", 100, " a special key", {"fp8": " the pass key"})
+    report = PasskeyReport("auto", ["fp8"], [same_key, other_key, both_none])
+    assert report.agreement("fp8") == 0.0  # no greedy text is identical ...
+    assert report.answer_agreement("fp8") == pytest.approx(2 / 3)  # ... but two answers are the same
+    table = report.table()
+    assert "same answer: '65125. Remember'" in table and "no: 'the pass key. The pass'" in table
+    assert "same answer in 67%" in table
+    assert report.to_json()["answer_agreement"] == {"fp8": pytest.approx(2 / 3)}

@@ -220,3 +220,20 @@ def test_row_count_mismatch_and_empty_batch() -> None:
     with pytest.raises(ValueError, match="2 logits rows for 1 sample rows"):
         Sampler().sample(torch.zeros(2, VOCAB), [row()])
     assert Sampler().sample(torch.zeros(0, VOCAB), []) == []
+
+
+def test_bf16_logits_sample_like_their_float32_widening() -> None:
+    """The runner hands the sampler the LM head's bf16 logits: a plain argmax reads them as they are,
+    everything else widens them first; both give exactly what float32 logits of the same values give."""
+    torch.manual_seed(0)
+    logits = torch.randn(4, 50).to(torch.bfloat16)
+    logits[1, 7] = logits[1, 9] = logits[1].max() + 1  # a tie: the first index wins in both dtypes
+    greedy = [row(temperature=0.0) for _ in range(4)]
+    sampler = Sampler(seed=1)
+    assert sampler.sample_ids(logits, greedy).ids.tolist() == logits.float().argmax(-1).tolist()
+    assert sampler.sample_ids(logits, greedy).ids.tolist()[1] == 7
+    with_logprobs = [row(temperature=0.0, logprobs=2) for _ in range(4)]
+    from_bf16 = sampler.sample(logits, with_logprobs)
+    from_fp32 = Sampler(seed=1).sample(logits.float(), with_logprobs)
+    assert [t.token_id for t in from_bf16] == [t.token_id for t in from_fp32]
+    assert [t.logprob for t in from_bf16] == [t.logprob for t in from_fp32]

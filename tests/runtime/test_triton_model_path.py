@@ -91,3 +91,33 @@ def test_startup_step_runs_both_prefill_attention_paths(
     )
     ModelRunner(args)._worst_step(1, 40)  # what the runner profiles on a GPU (one 40-token prompt)
     assert set(seen) == {True, False}
+
+
+def test_prefill_graph_on_triton_reads_the_steps_rows(tiny_checkpoint_factory: Callable[..., Path]) -> None:
+    """A lone prompt's prefill graph (the CPU stand-in: same buffers and padding layout) on the triton
+    kernels takes the step_kv path (prefix-free: a padding sequence, then the prompt) and gives the
+    torch backend's logits and cache."""
+    ckpt = tiny_checkpoint_factory("qwen3", num_key_value_heads=2)
+
+    def make(backend: str) -> ModelRunner:
+        args = EngineArgs(
+            model=str(ckpt),
+            block_size=16,
+            num_kv_blocks=40,
+            max_model_len=512,
+            device=DEVICE,
+            dtype="float32",
+            kernel_backend=backend,
+        )
+        return ModelRunner(args)
+
+    graphed, ref = make("triton"), make("torch")
+    graphed._capture_prefill_graphs(EngineArgs(model=str(ckpt), max_model_len=512), eager=True)
+    batch = StepBatch([SeqChunk(0, [(7 * i + 3) % 97 + 1 for i in range(200)], 0, list(range(3, 16)), True)])
+    assert graphed.prefill_graphs is not None
+    assert graphed.prefill_graphs.bucket(batch) == 256  # after 56 padding rows
+    assert graphed.prefill_graphs._meta(256).prefix_free
+    torch.testing.assert_close(graphed.execute(batch).float(), ref.execute(batch).float(), **TOL)
+    for mine, theirs in zip(graphed.kv_caches, ref.kv_caches, strict=True):
+        torch.testing.assert_close(mine.k, theirs.k, **TOL)
+        torch.testing.assert_close(mine.v, theirs.v, **TOL)

@@ -107,7 +107,7 @@ class PipelineStage:
                 sends.append(self.comm.isend(torch.stack(out), rank.rank + rank.tp))
                 continue
             mb_rows = rows if len(plan) == 1 else rows[mb.row_start : mb.row_end] - mb.token_start
-            logits = self.model.compute_logits(out[mb_rows])
+            logits = self.model.compute_logits(out[mb_rows]).float()  # rank 0 receives float32
             parts.append(logits)
             if rank.tp_rank == 0 and logits.shape[0]:
                 sends.append(self.comm.isend(logits, 0))

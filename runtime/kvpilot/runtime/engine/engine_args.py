@@ -98,7 +98,14 @@ class EngineArgs:
         default=None, metadata=_knob("KV-cache blocks to allocate (default: sized from memory)")
     )
     seed: int = field(default=0, metadata=_knob("Seed of unseeded sampling and dummy weights"))
-    enforce_eager: bool = field(default=False, metadata=_knob("Never capture CUDA graphs for decode steps"))
+    enforce_eager: bool = field(default=False, metadata=_knob("Never capture CUDA graphs"))
+    prefill_graph_max_tokens: int = field(
+        default=2048,
+        metadata=_knob(
+            "CUDA graphs for a lone prompt's prefill (one sequence, no cached prefix) up to this many "
+            "tokens, in buckets of 256; 0: prefills always run eagerly"
+        ),
+    )
     async_scheduling: bool = field(
         default=True, metadata=_knob("Plan and launch a decode step before the previous one is read back")
     )
@@ -124,6 +131,8 @@ class EngineArgs:
             for n in ("max_model_len", "num_kv_blocks", "pipeline_ridge_tokens")
             if getattr(self, n) is not None and getattr(self, n) < 1
         ]
+        if self.prefill_graph_max_tokens < 0:
+            found.append(f"--prefill-graph-max-tokens must be >= 0, got {self.prefill_graph_max_tokens}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             found.append(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         for f in dataclasses.fields(self):

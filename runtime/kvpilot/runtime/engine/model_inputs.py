@@ -64,6 +64,24 @@ def prepare_padded_inputs(
     return _stage(host, device)
 
 
+def prepare_prefill_graph_inputs(
+    chunk: SeqChunk, bucket: int, block_size: int, device: torch.device
+) -> ModelInputs:
+    """A lone prefill chunk (start_pos 0) laid out for a prefill graph of `bucket` rows
+    (engine/prefill_graphs.py): a padding sequence of bucket - len(chunk) rows first (slot -1: stores
+    nothing; block 0; attends only to itself), then the chunk at its own positions; one sampled row."""
+    pad = bucket - len(chunk.token_ids)
+    if pad < 0 or chunk.start_pos != 0:
+        raise ValueError(
+            f"a prefill graph of {bucket} rows cannot run {len(chunk.token_ids)} tokens "
+            f"from position {chunk.start_pos}"
+        )
+    padding = SeqChunk(-1, [0] * pad, 0, [0] * -(-pad // block_size), False)
+    host = _host_arrays([padding, chunk], block_size)
+    host.slots[:pad] = -1
+    return _stage(host, device)
+
+
 def _block_tables(chunks: list[SeqChunk], table_lens: np.ndarray) -> np.ndarray:
     """[n, max_blocks] int32, each row a chunk's block table padded with 0."""
     n = len(chunks)

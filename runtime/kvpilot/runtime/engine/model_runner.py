@@ -24,8 +24,10 @@ from kvpilot.runtime.engine.model_inputs import (
     ModelInputs,
     prepare_inputs,
     prepare_padded_inputs,
+    prepare_prefill_graph_inputs,
     prompt_row_indices,
 )
+from kvpilot.runtime.engine.prefill_graphs import PREFILL_GRAPH_STEP, PrefillGraphs
 from kvpilot.runtime.engine.sampler import SampledIds
 from kvpilot.runtime.errors import ModelLoadError
 from kvpilot.runtime.kernels.kv_cache import KVCache, is_scaled
@@ -169,6 +171,7 @@ class ModelRunner:
         self.kv_cache_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, self.dtype)
         self.graphs: StepGraphs | None = None  # decode steps (one query token per sequence)
         self.verify_graphs: StepGraphs | None = None  # speculative verification (capture_verify_graphs)
+        self.prefill_graphs: PrefillGraphs | None = None  # a lone prompt's prefill (prefill_graphs.py)
         self.graph_blocks = -(-min(self.max_model_len, GRAPH_MAX_CONTEXT) // self.block_size)
         self.pipeline: PipelineStage | None = None
         if self.comm.rank.pp > 1:
@@ -202,6 +205,24 @@ class ModelRunner:
         ):
             self.graphs = self._step_graphs(args.max_num_seqs, 1)
             self.graphs.capture()
+            self._capture_prefill_graphs(args)
+
+    def _capture_prefill_graphs(self, args: EngineArgs, *, eager: bool = False) -> None:
+        """Graphs for lone prompts up to prefill_graph_max_tokens (within the step budget and the model
+        length), in the decode graphs' memory pool; one rank only (tensor parallel ranks stay eager)."""
+        limit = min(args.prefill_graph_max_tokens, args.max_num_batched_tokens, self.max_model_len)
+        if limit < PREFILL_GRAPH_STEP or self.comm.rank.tp > 1:
+            return
+        self.prefill_graphs = PrefillGraphs(
+            self._prefill_logits, max_tokens=limit, block_size=self.block_size, device=self.device
+        )
+        self.prefill_graphs.capture(eager=eager, pool=None if self.graphs is None else self.graphs.pool)
+
+    def _prefill_logits(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, rows: torch.Tensor
+    ) -> torch.Tensor:
+        """The model on every row, the LM head on `rows` (what the prefill graphs capture)."""
+        return self.model.compute_logits(self.model(input_ids, positions, self.kv_caches, meta)[rows])
 
     def _step_graphs(self, max_num_seqs: int, query_len: int) -> StepGraphs:
         return StepGraphs(
@@ -300,13 +321,18 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch, prev_sampled: SampledIds | None = None) -> torch.Tensor:
-        """Run one step; returns float32 logits [batch.num_sampled, vocab_size] in chunk order, then one row
-        per token of batch.prompt_logprob_rows.
+        """Run one step; returns logits [batch.num_sampled, vocab_size] in chunk order, then one row per
+        token of batch.prompt_logprob_rows, in the LM head GEMM's dtype (float32 on a CPU, bf16 on a GPU).
 
         A negative input token id -1 - r is a placeholder for row r of `prev_sampled`, the previous
         step's sampled ids: it is filled on the device, without waiting for that step to end."""
         if not batch.chunks:
             return torch.empty(0, self.model_config.vocab_size, device=self.device)
+        if prev_sampled is None and self.prefill_graphs is not None:
+            bucket = self.prefill_graphs.bucket(batch)
+            if bucket is not None:  # a lone prompt: one replay instead of ~10 launches per layer
+                inputs = prepare_prefill_graph_inputs(batch.chunks[0], bucket, self.block_size, self.device)
+                return self.prefill_graphs.run(inputs, bucket)
         graphs, size = self._graphs_for(batch)
         if graphs is not None and graphs.query_len > 1:
             inputs = prepare_padded_inputs(batch, self.block_size, self.device, graphs.query_len)

@@ -108,8 +108,10 @@ class Sampler:
         _check_rows(logits, rows)
         if not rows:
             return []
-        raw = logits.float()  # never modified: processing works on copies of the rows that need it
         plan = _RowPlan.of(rows)
+        # never modified: processing works on copies of the rows that need it; a plain argmax reads the
+        # logits as they are (widening 16-bit values is exact, so the argmax is the same)
+        raw = logits if plan.plain_greedy_only and not plan.any_logprobs else logits.float()
         token_ids: list[int] = self._token_ids(raw, rows, plan).tolist()  # one copy to the host
         if not plan.any_logprobs:
             return [SampledToken(token, None, []) for token in token_ids]
@@ -121,7 +123,7 @@ class Sampler:
         plan = _RowPlan.of(rows)
         if plan.any_logprobs:
             raise ValueError("sample_ids gives no logprobs: use sample() for rows that ask for them")
-        return SampledIds(self._token_ids(logits.float(), rows, plan))
+        return SampledIds(self._token_ids(logits if plan.plain_greedy_only else logits.float(), rows, plan))
 
     def _token_ids(self, raw: torch.Tensor, rows: list[SampleRow], plan: _RowPlan) -> torch.Tensor:
         """Greedy rows: argmax of their (processed) logits; random rows: _sample_random."""

@@ -6,7 +6,9 @@ depth (0 = the start, 1 = just before the question), ending in "What is the pass
 Every prompt is answered greedily with the reference KV cache (the 16-bit one by default) and with each
 cache under test, in one run; the report gives, per placement, both answers, whether they are identical,
 and whether each contains the key. The gate for an 8-bit cache is agreement with the reference, not the
-model's own retrieval accuracy.
+model's own retrieval accuracy: reported both strictly (the whole greedy text identical) and by answer
+(the same 5-digit key given, or none by both; the words a small model adds after the key flip at near-ties
+of its logits, which says nothing about retrieval).
 
     python -m kvpilot.runtime.eval.passkey --model DIR --kv-cache-dtype fp8 int8 --context-len 2000 \\
         [--depths 0,0.25,0.5,0.75,1] [--trials 2] [--out passkey.json] [engine flags as name=value ...]
@@ -21,6 +23,7 @@ import argparse
 import gc
 import json
 import random
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -34,6 +37,14 @@ HEADER = (
 NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key. "
 QUESTION = "\nWhat is the pass key? The pass key is"
 DEFAULT_DEPTHS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+_KEY = re.compile(r"\d{5}")
+
+
+def answer_key(text: str) -> str | None:
+    """The answer to the question: the first 5-digit number of the greedy text, or None (no key given).
+    Two caches that give the same key (or both none) answered alike, whatever words follow it."""
+    found = _KEY.search(text)
+    return found.group() if found else None
 
 
 @dataclass(frozen=True)
@@ -87,7 +98,12 @@ class Placement:
     answers: dict[str, str] = field(default_factory=dict)  # kv dtype -> answer text
 
     def agrees(self, kv: str) -> bool:
+        """The whole greedy text is identical (the strict comparison)."""
         return self.answers[kv] == self.reference
+
+    def same_answer(self, kv: str) -> bool:
+        """The same key given (or none by both): the retrieval outcome, not the words after it."""
+        return answer_key(self.answers[kv]) == answer_key(self.reference)
 
     def found(self, answer: str) -> bool:
         return self.key in answer
@@ -102,6 +118,9 @@ class PasskeyReport:
     def agreement(self, kv: str) -> float:
         return sum(p.agrees(kv) for p in self.placements) / max(1, len(self.placements))
 
+    def answer_agreement(self, kv: str) -> float:
+        return sum(p.same_answer(kv) for p in self.placements) / max(1, len(self.placements))
+
     def accuracy(self, kv: str | None = None) -> float:
         """Fraction of answers holding the key (kv None: the reference's)."""
         answers = [p.reference if kv is None else p.answers[kv] for p in self.placements]
@@ -114,12 +133,13 @@ class PasskeyReport:
         rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for p in self.placements:
             cells = [f"{p.depth:.2f}", str(p.prompt_tokens), p.key, repr(p.reference.strip())]
-            cells += ["yes" if p.agrees(kv) else f"no: {p.answers[kv].strip()!r}" for kv in self.dtypes]
+            cells += [_verdict(p, kv) for kv in self.dtypes]
             rows.append("| " + " | ".join(cells) + " |")
         summary = [f"{self.reference_dtype}: key found {100 * self.accuracy():.0f}%"]
         summary += [
             f"{kv}: identical to {self.reference_dtype} in {100 * self.agreement(kv):.0f}% of "
-            f"{len(self.placements)} placements, key found {100 * self.accuracy(kv):.0f}%"
+            f"{len(self.placements)} placements, same answer in {100 * self.answer_agreement(kv):.0f}%, "
+            f"key found {100 * self.accuracy(kv):.0f}%"
             for kv in self.dtypes
         ]
         return "\n".join([*rows, "", *summary])
@@ -127,10 +147,18 @@ class PasskeyReport:
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["agreement"] = {kv: self.agreement(kv) for kv in self.dtypes}
+        out["answer_agreement"] = {kv: self.answer_agreement(kv) for kv in self.dtypes}
         out["accuracy"] = {kv: self.accuracy(kv) for kv in self.dtypes} | {
             f"{self.reference_dtype} (reference)": self.accuracy()
         }
         return out
+
+
+def _verdict(p: Placement, kv: str) -> str:
+    if p.agrees(kv):
+        return "yes"
+    prefix = "same answer" if p.same_answer(kv) else "no"
+    return f"{prefix}: {p.answers[kv].strip()!r}"
 
 
 def _answers(model: str, kv_cache_dtype: str, prompts: list[str], max_tokens: int, engine: dict) -> list[str]:

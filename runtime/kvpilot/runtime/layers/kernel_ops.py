@@ -20,7 +20,8 @@ KERNEL_SETS = ("torch", "cpu", "triton")
 @dataclass(frozen=True)
 class KernelOps:
     name: str
-    linear: Callable[..., Any]  # (x, weight, bias) -> x W^T + b; also the LM head's GEMM
+    linear: Callable[..., Any]  # (x, weight, bias) -> x W^T + b; also the LM head's GEMM (triton: a GEMV
+    #                             at <= kernels/gemv.GEMV_MAX_M rows, cuBLAS above)
     rms_norm: Callable[..., Any]  # (x, weight, eps, residual=None) -> y | (y, x + residual)
     silu_and_mul: Callable[..., Any]  # ([T, 2I]) -> [T, I]
     qkv_prepare: Callable[..., Any]  # fused q/k norm + rotary + K/V store -> q [T, H, D]; (qkv,
@@ -28,6 +29,10 @@ class KernelOps:
     paged_attention: Callable[..., Any]  # (q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables,
     #                                      scale, *, max_q_len, k_scale, v_scale) -> [T, H, D]
     # k_scale/v_scale: [num_blocks, block_size, KVH] fp32 for 8-bit caches (kernels/kv_cache.py), else None
+    # Decode (<= kernels/gemv.GEMV_MAX_M tokens, float weights, no bias, tp 1): the op before a projection
+    # fused into its GEMV ("triton": one kernel; "torch"/"cpu": the same composition as unfused).
+    norm_linear: Callable[..., Any]  # (hidden, residual | None, norm_weight, eps, weight) -> (y, h)
+    silu_linear: Callable[..., Any]  # (gate_up [T, 2I], weight [N, I]) -> silu(gate) * up @ W^T
     # step_kv: qkv_prepare takes k_to_qkv=True and paged_attention step_kv=(k_rows, v_rows) for
     # prefix-free prefill steps (PagedAttention.uses_step_kv)
     step_kv: bool = False
@@ -36,14 +41,25 @@ class KernelOps:
 def torch_ops() -> KernelOps:
     from kvpilot.runtime.kernels.activation import silu_and_mul_ref
     from kvpilot.runtime.kernels.attention import paged_attention_ref
+    from kvpilot.runtime.kernels.gemv import norm_linear_ref, silu_linear_ref
     from kvpilot.runtime.kernels.norm import rms_norm_ref
     from kvpilot.runtime.kernels.qkv_prepare import qkv_prepare_ref
 
-    return KernelOps("torch", F.linear, rms_norm_ref, silu_and_mul_ref, qkv_prepare_ref, paged_attention_ref)
+    return KernelOps(
+        "torch",
+        F.linear,
+        rms_norm_ref,
+        silu_and_mul_ref,
+        qkv_prepare_ref,
+        paged_attention_ref,
+        norm_linear_ref,
+        silu_linear_ref,
+    )
 
 
 def cpu_ops() -> KernelOps:
     from kvpilot.runtime.kernels import cpu
+    from kvpilot.runtime.kernels.gemv import composed_norm_linear, composed_silu_linear
 
     return KernelOps(
         "cpu",
@@ -52,6 +68,8 @@ def cpu_ops() -> KernelOps:
         cpu.silu_and_mul_cpu,
         cpu.qkv_prepare_cpu,
         cpu.paged_attention_cpu,
+        composed_norm_linear(cpu.rms_norm_cpu, cpu.linear_cpu),
+        composed_silu_linear(cpu.silu_and_mul_cpu, cpu.linear_cpu),
     )
 
 
@@ -59,16 +77,19 @@ def triton_ops() -> KernelOps:
     """Imports triton: only called when the runner runs on a GPU (or a test asks for it)."""
     from kvpilot.runtime.kernels.activation_triton import silu_and_mul_triton
     from kvpilot.runtime.kernels.attention_triton import paged_attention_triton
+    from kvpilot.runtime.kernels.gemv_dispatch import linear_triton, norm_linear_triton, silu_linear_triton
     from kvpilot.runtime.kernels.norm_triton import rms_norm_triton
     from kvpilot.runtime.kernels.qkv_prepare_triton import qkv_prepare_triton
 
     return KernelOps(
         "triton",
-        F.linear,
+        linear_triton,
         rms_norm_triton,
         silu_and_mul_triton,
         qkv_prepare_triton,
         paged_attention_triton,
+        norm_linear_triton,
+        silu_linear_triton,
         step_kv=True,
     )
 

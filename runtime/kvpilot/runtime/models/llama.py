@@ -18,6 +18,7 @@ from kvpilot.runtime.config import ModelConfig
 from kvpilot.runtime.distributed.comm import Comm
 from kvpilot.runtime.distributed.sharding import even_split, kv_heads_per_rank, kv_split
 from kvpilot.runtime.distributed.topology import stage_layers
+from kvpilot.runtime.kernels.gemv import GEMV_MAX_M
 from kvpilot.runtime.layers.activation import SiluAndMul
 from kvpilot.runtime.layers.attention import AttentionMetadata, KVCache, PagedAttention
 from kvpilot.runtime.layers.embedding import LMHead, VocabEmbedding
@@ -55,17 +56,40 @@ class LlamaAttention(nn.Module):
         self.qk_norm = config.qk_norm
         self.rotary = rotary  # shared by every layer; holds no parameters
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5, ops)
+        self._norm_linear = ops.norm_linear
+
+    @property
+    def fusable(self) -> bool:
+        """The QKV projection is a float weight without bias (the fused GEMV's case)."""
+        return self.qkv_proj.quant_method is None and self.qkv_proj.bias is None
 
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
     ) -> torch.Tensor:
+        return self._attend(positions, self.qkv_proj(hidden), kv_cache, meta)
+
+    def forward_with_norm(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        norm: RMSNorm,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decode: norm(hidden + residual) fused into the QKV GEMV; returns (output, hidden + residual)."""
+        qkv, residual = self._norm_linear(hidden, residual, norm.weight, norm.eps, self.qkv_proj.weight)
+        return self._attend(positions, qkv, kv_cache, meta), residual
+
+    def _attend(
+        self, positions: torch.Tensor, qkv: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
+    ) -> torch.Tensor:
         """q/k norm, rotary and the K/V store run as one op on the fused projection, with no copies."""
-        qkv = self.qkv_proj(hidden)
         q = self.attn.store_qkv(
             qkv, positions, self.rotary.cos_sin_cache, kv_cache, meta, **self._qk_norm_weights()
         )
         out = self.attn(q, kv_cache, meta, qkv)  # qkv: the step's K/V rows on prefix-free steps
-        return self.o_proj(out.reshape(hidden.shape[0], self.q_size))  # a view: out is dense
+        return self.o_proj(out.reshape(qkv.shape[0], self.q_size))  # a view: out is dense
 
     def _qk_norm_weights(self) -> dict[str, Any]:
         """Read at call time: the loader may replace the parameters after construction."""
@@ -85,9 +109,24 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = ColumnParallelLinear(config.hidden_size, (inter, inter), ops, comm)
         self.down_proj = RowParallelLinear(inter, config.hidden_size, ops, comm)
         self.act = SiluAndMul(ops)
+        self._norm_linear, self._silu_linear = ops.norm_linear, ops.silu_linear
+
+    @property
+    def fusable(self) -> bool:
+        """Both projections are float weights (the fused GEMVs' case; the MLP has no bias)."""
+        return self.gate_up_proj.quant_method is None and self.down_proj.quant_method is None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_up_proj(x)))
+
+    def forward_with_norm(
+        self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decode, tp 1: norm(hidden + residual) fused into the gate/up GEMV, SiLU-and-mul into the down
+        GEMV (two launches instead of four); returns (output, hidden + residual)."""
+        w_gate_up = self.gate_up_proj.weight
+        gate_up, residual = self._norm_linear(hidden, residual, norm.weight, norm.eps, w_gate_up)
+        return self._silu_linear(gate_up, self.down_proj.weight), residual
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -97,6 +136,9 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(config, ops, comm)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        # decode steps of <= GEMV_MAX_M tokens fuse each norm (and the SiLU) into the next GEMV; one rank
+        # only (a tensor-parallel rank's row-parallel GEMV is followed by an all-reduce)
+        self.fused_gemv = comm.tp_size == 1
 
     def forward(
         self,
@@ -106,15 +148,25 @@ class LlamaDecoderLayer(nn.Module):
         kv_cache: KVCache,
         meta: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pre-norm block; the residual add is fused into the following norm."""
-        if residual is None:
-            residual = hidden
-            hidden = self.input_layernorm(hidden)
+        """Pre-norm block; the residual add is fused into the following norm, and at decode (the token
+        count is a shape, so each captured CUDA graph bakes in one path) the norm into the next GEMV."""
+        fused = self.fused_gemv and hidden.shape[0] <= GEMV_MAX_M
+        attn, mlp = self.self_attn, self.mlp
+        if fused and attn.fusable:
+            hidden, residual = attn.forward_with_norm(
+                positions, hidden, residual, self.input_layernorm, kv_cache, meta
+            )
         else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, kv_cache, meta)
+            if residual is None:
+                residual = hidden
+                hidden = self.input_layernorm(hidden)
+            else:
+                hidden, residual = self.input_layernorm(hidden, residual)
+            hidden = attn(positions, hidden, kv_cache, meta)
+        if fused and mlp.fusable:
+            return mlp.forward_with_norm(hidden, residual, self.post_attention_layernorm)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        return mlp(hidden), residual
 
 
 class LlamaModel(nn.Module):
