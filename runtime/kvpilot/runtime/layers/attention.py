@@ -45,7 +45,7 @@ class PagedAttention(nn.Module):
     def uses_step_kv(self, kv_cache: KVCache, meta: AttentionMetadata) -> bool:
         """A prefix-free prefill step over a 16-bit cache on kernels that support it: store_qkv leaves the
         rotated k in qkv's k columns and forward reads K/V from qkv, not from the pages (no gather; H200
-        1 x 1024: 30.7 vs 38.3 µs paged, torch SDPA 31.9; benchmarks/sweep_attention2.py)."""
+        1 x 1024: 30.9 vs 38.7 µs paged, torch SDPA 32.3; benchmarks/sweep_attention2.py)."""
         return self._step_kv and meta.prefix_free and meta.max_q_len > 1 and kv_cache.k_scale is None
 
     def store_qkv(
