@@ -75,7 +75,8 @@ def _fp8_gemv_kernel(
             ks = k0 + offs_k
             x = tl.load(x_ptr + pid_m * stride_xm + ks, mask=ks < K, other=0.0).to(tl.float32)  # [BK]
             w_at = w_ptr + offs_n[:, None] * K + ks[None, :]
-            w = tl.load(w_at, mask=n_mask[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
+            w_mask = n_mask[:, None] & (ks < K)[None, :]
+            w = tl.load(w_at, mask=w_mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             acc2 += w * x[None, :]
         y = tl.sum(acc2, axis=1) * scale
         offs = pid_m * N + offs_n
@@ -106,16 +107,16 @@ def fp8_gemv(
     m, k = x.shape
     n = weight.shape[0]
     cfg = config or default_fp8_gemv_config(m, n, k, num_sms(x.device))
-    steps = -(-k // FP8_BLOCK_K)
+    steps = -(-k // cfg.block_k)
     if steps % cfg.split_k or cfg.reduce not in REDUCES:
-        raise ValueError(f"fp8 gemv config {cfg} does not fit K {k} (blocks of {FP8_BLOCK_K})")
+        raise ValueError(f"fp8 gemv config {cfg} does not fit K {k} (blocks of {cfg.block_k})")
     block_m = cfg.block_m if cfg.use_dot else 1
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, block_m), cfg.split_k)
     buf = split_output(x, m, n, cfg.split_k, cfg.reduce, counters, grid[0] * grid[1])
     _fp8_gemv_kernel[grid](
         x, weight, weight_scale, buf.target, buf.workspace, buf.counters, m, n, k, x.stride(0),
-        steps // cfg.split_k * FP8_BLOCK_K, cfg.split_k,
-        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=FP8_BLOCK_K, USE_DOT=cfg.use_dot,
+        steps // cfg.split_k * cfg.block_k, cfg.split_k,
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, USE_DOT=cfg.use_dot,
         SPLIT_MODE=buf.mode, DOT_IEEE=x.dtype == torch.float32, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )  # fmt: skip

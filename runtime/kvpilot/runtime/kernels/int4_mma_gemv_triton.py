@@ -1,0 +1,231 @@
+"""int4 weight-only GEMV for 1 to 8 tokens on the tensor cores, the weight as the mma's A operand straight
+from the registers it was loaded into: y [M, N] = x [M, K] @ W^T (the torch reference is
+quant_reference.int_gemm_ref; w4a16_triton.int_gemm dispatches here, GPU only: inline PTX).
+
+Why: the Triton-dot GEMV (int_gemv_triton) multiplies x [16 (M padded), K] by W^T, so W is the B operand:
+every dequantized bf16 value goes through shared memory into the mma layout (4 bytes of shared traffic per
+int4 value). Swapped, D^T = W x^T, the weight is the A operand of mma.m16n8k16 (16 columns of W x 16 K
+rows) and x the B operand (16 K rows x 8 tokens), and each lane can build its A registers from its own
+words when the words sit in the lanes the way the mma wants them.
+
+Lanes and words (one warp per program, BLOCK_N = 64 columns; the layout is Triton's default for the
+[8, 4, 4] int32 load below, checked in the compiled TTGIR by the tests):
+  lane = 4 g + t (g = lane / 4: the mma row group, t = lane % 4: the K slot), and per row set rs (4 word
+  rows of a 128-row pack tile) lane (g, t) holds the 16-byte vector of words at word row 4 rs + t,
+  columns n0 + 4 g + c (c = 0..3, "lo") and n0 + 32 + 4 g + c ("hi").
+  mma block c: A row g = column n0 + 4 g + c, A row g + 8 = column n0 + 32 + 4 g + c. Word row r holds K
+  rows i * 16 + r (value i, quant_reference's interleave), so (word >> 4 i) & 0x000F000F | 0x43004300 is
+  the bf16 pair (128 + q_i, 128 + q_{i+4}) of one column: the A register pair of K slots (2t, 2t+1)
+  stands for K rows (i*16 + r, (i+4)*16 + r). Any pairing of K is right as long as B pairs x the same way:
+  lane (g, t)'s B registers hold x[token g] at exactly those rows (loaded in the asm; tokens >= M zero).
+  Step s = 0, 1 of a word takes values (2s, 2s+4) and (2s+1, 2s+5): two mmas per word pair (lo, hi).
+  Each pair: (128 + q) - (128 + z) = q - z exactly, then times s (bf16x2): the bf16 weight
+  quant_reference.dequantize_int_ref makes, so the float32 sums match the reference's dequantized GEMM.
+  D: lane (g, t) holds columns (n0 + 4g + c, + 32) x tokens (2t, 2t + 1), summed over the whole K range
+  in the mma accumulators (no per-tile rescaling: the scale is inside the bf16 weight).
+Per 8 int4 values: 3 shifts, 4 LOP3, 4 bf16x2 subtract, 4 bf16x2 multiply and one quarter of a
+per-warp mma; no shared memory. Split-K fills the SMs; partials combine by split_k_triton's fixup.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from kvpilot.runtime.kernels.split_k_triton import REDUCES, split_output, store_split
+
+MMA_MAX_M = 8
+MMA_BLOCK_N = 64
+MMA_TILE = 128  # K rows per pack tile (quant_reference.pack_tile of every real layer)
+
+
+@dataclass(frozen=True)
+class MmaConfig:
+    """One launch shape (benchmarks/sweep_quant_gemv.py times them)."""
+
+    split_k: int = 1
+    tiles: int = 1  # pack tiles per K step (unrolled)
+    prefetch: bool = True  # the next step's words loaded before this step's mmas
+    num_warps: int = 1  # the layout above is one warp's: more warps would split the row sets
+    reduce: str = "fixup"
+
+
+def _asm(fp16: bool) -> str:
+    """The PTX of one row set for one lane: 4 mma blocks x 2 steps. Operands (4 each, one per block c):
+    $0-$15 the accumulators out (d0 of blocks 0..3, d1, d2, d3), $16-$19 / $20-$23 words lo / hi,
+    $24-$27 / $28-$31 (OFFSET + z) pairs lo / hi, $32-$35 / $36-$39 s pairs lo / hi, $40-$43 the x row
+    pointer (4 copies: $40 used), $44-$47 the B token valid flag ($44), $48-$63 the accumulators in."""
+    ty = "f16" if fp16 else "bf16"
+    magic = "0x64006400" if fp16 else "0x43004300"
+    lines = [
+        "{",
+        ".reg .b32 b<4>, w, a<4>;",
+        ".reg .b16 h<8>;",
+        ".reg .pred p;",
+        "setp.ne.b32 p, $44, 0;",
+    ]
+    for i in range(8):  # x[token][k0 + 16 i + 4 rs + t]: the K row of value i of this lane's word row
+        lines += [f"mov.b16 h{i}, 0;", f"@p ld.global.nc.b16 h{i}, [$40+{32 * i}];"]
+    for i in range(4):  # B pair i: the K rows of values (i, i + 4)
+        lines.append(f"mov.b32 b{i}, {{h{i}, h{i + 4}}};")
+    for c in range(4):
+        d = [f"${k * 4 + c}" for k in range(4)]
+        for s in range(2):
+            for slot, (word, i) in enumerate(
+                ((16 + c, 2 * s), (20 + c, 2 * s), (16 + c, 2 * s + 1), (20 + c, 2 * s + 1))
+            ):
+                half = 0 if word < 20 else 4  # lo / hi columns: their own zero point and scale
+                src = f"${word}"
+                if i:
+                    lines.append(f"shr.b32 w, ${word}, {4 * i};")
+                    src = "w"
+                lines += [
+                    f"lop3.b32 a{slot}, {src}, 0x000F000F, {magic}, 0xEA;",
+                    f"sub.rn.{ty}x2 a{slot}, a{slot}, ${24 + half + c};",
+                    f"mul.rn.{ty}x2 a{slot}, a{slot}, ${32 + half + c};",
+                ]
+            acc_in = [f"${48 + k * 4 + c}" for k in range(4)] if s == 0 else d
+            lines.append(
+                f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{{', '.join(d)}}}, "
+                f"{{a0, a1, a2, a3}}, {{b{2 * s}, b{2 * s + 1}}}, {{{', '.join(acc_in)}}};"
+            )
+    lines.append("}")
+    return "\n".join(lines)
+
+
+_ASM_BF16 = tl.constexpr(_asm(False))
+_ASM_FP16 = tl.constexpr(_asm(True))
+_CONSTRAINTS = tl.constexpr(",".join(["=f"] * 16 + ["r"] * 24 + ["l"] * 4 + ["r"] * 4 + ["f"] * 16))
+
+
+@triton.jit
+def _row_set(d0, d1, d2, d3, w_lo, w_hi, z_lo, z_hi, s_lo, s_hi, x_at, valid, FP16: tl.constexpr):
+    """The mmas of one row set: d0..d3 [8, 4, 4] float32 accumulators in, updated ones out."""
+    return tl.inline_asm_elementwise(
+        _ASM_FP16 if FP16 else _ASM_BF16,
+        _CONSTRAINTS,
+        [w_lo, w_hi, z_lo, z_hi, s_lo, s_hi, x_at, valid, d0, d1, d2, d3],
+        dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
+        is_pure=True,
+        pack=4,
+    )
+
+
+@triton.jit
+def _pairs(v, OFFSET: tl.constexpr, DTYPE: tl.constexpr):
+    """[.., 4] 16-bit values (OFFSET added) -> int32 [.., 4]: each value in both halves (a bf16x2 / f16x2
+    operand of one column), made once per pack tile, not once per row set."""
+    bits = (v.to(tl.float32) + OFFSET).to(DTYPE).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    return bits | (bits << 16)
+
+
+@triton.jit(do_not_specialize=["M", "split_k"])
+def _int4_mma_kernel(
+    x_ptr,  # [M, K] bf16 / fp16 activations (rows stride_xm apart)
+    qw_ptr,  # int32 [K / 8, N], interleaved per 128 rows (quant_reference.pack_rows)
+    s_ptr,  # [K / GROUP, N] in x's dtype
+    z_ptr,  # [K / GROUP, N] in x's dtype
+    out_ptr,  # y [M, N], or the float32 buffer of atomic_f32 (split_k_triton)
+    ws_ptr,  # float32 [SPLIT_K, M, N] (workspace, fixup)
+    counter_ptr,  # int32 [tiles] (fixup)
+    M, N, stride_xm, K_PER_SPLIT, split_k,
+    GROUP: tl.constexpr, TILES: tl.constexpr, PREFETCH: tl.constexpr, FP16: tl.constexpr,
+    SPLIT_MODE: tl.constexpr,
+):  # fmt: skip
+    STEP: tl.constexpr = TILES * 128
+    R: tl.constexpr = 4 * TILES  # row sets (4 word rows each) per K step
+    ZR: tl.constexpr = 1 if TILES == 1 else R  # rows of the zero / scale operands (broadcast if 1)
+    OFFSET: tl.constexpr = 1024.0 if FP16 else 128.0  # the magic number's value (0x6400 / 0x4300)
+    DTYPE: tl.constexpr = x_ptr.dtype.element_ty
+    pid_n, pid_k = tl.program_id(0), tl.program_id(2)
+    n0 = pid_n * 64
+    # [R, 128]: row set r (word rows 4r .. 4r + 3 of the step), j = 4 L + c: lane L = 4 g + t (g: the mma
+    # row group and B's token, t: the K slot and the word row within the row set) and mma block c (4
+    # adjacent columns: one 16-byte vector). Two dimensions, j the contiguous one, so every Triton version
+    # lays it out lane = j / 4 with c and r in registers: the mma's lane roles.
+    r = tl.arange(0, R)[:, None]
+    j = tl.arange(0, 128)[None, :]
+    g, t, c = j // 16, (j // 4) % 4, j % 4
+    cols = n0 + 4 * g + c  # [1, 128] "lo" columns; "hi" are 32 to the right
+    lo_ok, hi_ok = cols < N, cols + 32 < N
+    w_at = qw_ptr + (4 * r + t) * N + cols  # [R, 128]: a step starting at word row 0
+    zero = r * 0 + j * 0  # [R, 128]: broadcasts the per-lane values below
+    valid = (g < M).to(tl.int32) + zero  # whether this lane's B token exists
+    x_row = x_ptr + tl.minimum(g, M - 1) * stride_xm + 128 * (r // 4) + 4 * (r % 4) + t  # value 0's row
+    zr = tl.arange(0, ZR)[:, None]  # the zero / scale rows: one per tile (TILES > 1) or one broadcast
+    k_start = pid_k * K_PER_SPLIT
+    k_end = k_start + K_PER_SPLIT
+    d0 = tl.zeros((R, 128), dtype=tl.float32)  # one accumulator per row set: independent mmas
+    d1, d2, d3 = d0, d0, d0
+    if PREFETCH:
+        rows = (k_start // 8) * N
+        w_lo = tl.load(w_at + rows, mask=lo_ok, other=0, eviction_policy="evict_first")
+        w_hi = tl.load(w_at + rows + 32, mask=hi_ok, other=0, eviction_policy="evict_first")
+    for k0 in range(k_start, k_end, STEP):
+        if PREFETCH:  # this step's words came last step; the next step's go out now
+            cur_lo, cur_hi = w_lo, w_hi
+            rows = (tl.minimum(k0 + STEP, k_end - STEP) // 8) * N  # the last step reloads its own
+            w_lo = tl.load(w_at + rows, mask=lo_ok, other=0, eviction_policy="evict_first")
+            w_hi = tl.load(w_at + rows + 32, mask=hi_ok, other=0, eviction_policy="evict_first")
+        else:
+            rows = (k0 // 8) * N
+            cur_lo = tl.load(w_at + rows, mask=lo_ok, other=0, eviction_policy="evict_first")
+            cur_hi = tl.load(w_at + rows + 32, mask=hi_ok, other=0, eviction_policy="evict_first")
+        # (OFFSET + z) and s of each tile's group as operand pairs, [ZR, 128] like the words
+        g_at = ((k0 + 128 * (zr // 4)) // GROUP) * N + cols
+        z_lo = _pairs(tl.load(z_ptr + g_at, mask=lo_ok, other=0.0), OFFSET, DTYPE) + zero
+        z_hi = _pairs(tl.load(z_ptr + g_at + 32, mask=hi_ok, other=0.0), OFFSET, DTYPE) + zero
+        s_lo = _pairs(tl.load(s_ptr + g_at, mask=lo_ok, other=0.0), 0.0, DTYPE) + zero
+        s_hi = _pairs(tl.load(s_ptr + g_at + 32, mask=hi_ok, other=0.0), 0.0, DTYPE) + zero
+        d0, d1, d2, d3 = _row_set(
+            d0, d1, d2, d3, cur_lo, cur_hi, z_lo, z_hi, s_lo, s_hi, x_row + k0, valid, FP16
+        )
+    # D element j of d0 / d1 / d2 / d3: column n0 + 4g + c (+ 32: d2, d3), token 2t (+ 1: d1, d3)
+    acc = tl.join(tl.join(tl.sum(d0, 0), tl.sum(d1, 0)), tl.join(tl.sum(d2, 0), tl.sum(d3, 0)))
+    jj = tl.arange(0, 128)[:, None, None]  # [128, 2, 2], as acc
+    e1 = tl.arange(0, 2)[None, :, None]  # token parity
+    e2 = tl.arange(0, 2)[None, None, :]  # lo / hi columns
+    tok = 2 * ((jj // 4) % 4) + e1
+    col = n0 + 4 * (jj // 16) + jj % 4 + 32 * e2
+    offs = tok * N + col
+    mask = (tok < M) & (col < N)
+    store_split(acc, out_ptr, ws_ptr, counter_ptr, offs, mask, pid_k, split_k, M * N, SPLIT_MODE)
+
+
+def int4_mma_supported(x: torch.Tensor, k: int, group: int) -> bool:
+    """bf16 / fp16 activations on a GPU, whole 128-row pack tiles, groups spanning them, M <= MMA_MAX_M."""
+    return (
+        x.is_cuda
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and x.shape[0] <= MMA_MAX_M
+        and k % MMA_TILE == 0
+        and group % MMA_TILE == 0
+    )
+
+
+def int4_mma_gemv(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    config: MmaConfig,
+    counters: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [M, K] (dense rows) @ W^T -> [M, N] in x's dtype; scales / zeros in x's dtype (int4_mma_supported
+    holds). counters: the weight's split_k_triton.split_counters."""
+    m, k = x.shape
+    n = qweight.shape[1]
+    cfg = config
+    if k % (cfg.split_k * cfg.tiles * MMA_TILE) or cfg.reduce not in REDUCES:
+        raise ValueError(f"int4 mma gemv config {cfg} does not fit K {k}")
+    grid = (triton.cdiv(n, MMA_BLOCK_N), 1, cfg.split_k)
+    buf = split_output(x, m, n, cfg.split_k, cfg.reduce, counters, grid[0])
+    _int4_mma_kernel[grid](
+        x, qweight, scales.to(x.dtype), zeros.to(x.dtype), buf.target, buf.workspace, buf.counters,
+        m, n, x.stride(0), k // cfg.split_k, cfg.split_k,
+        GROUP=k // scales.shape[0], TILES=cfg.tiles, PREFETCH=cfg.prefetch,
+        FP16=x.dtype == torch.float16, SPLIT_MODE=buf.mode, num_warps=cfg.num_warps, num_stages=1,
+    )  # fmt: skip
+    return buf.finish()
