@@ -65,7 +65,7 @@ def variants(fmt: str, m: int, n: int, k: int, counters: torch.Tensor) -> Iterat
                 yield f"fma bn{bn} bk{bk} w{warps}", lambda x, w, s, c=cfg: fp8_gemv(x, w, s, c, counters)
         return
     yield "cur", lambda x, *t: int_gemm(x, *t, bits, counters=counters)
-    if fmt == "int4" and m <= 8:
+    if fmt == "int4":
         for per_sm, tiles, pf in ((4, 1, True), (8, 1, True), (16, 1, True), (32, 1, True), (8, 1, False),
                                   (8, 2, True), (16, 2, False)):  # fmt: skip
             cfg = MmaConfig(split_k=mma_split(n, k, per_sm), tiles=tiles, prefetch=pf)

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 from kvpilot.runtime.kernels.split_k_triton import REDUCES, split_output, store_split
 
-MMA_MAX_M = 8
+MMA_MAX_M = 16
 MMA_BLOCK_N = 64
 MMA_TILE = 128  # K rows per pack tile (quant_reference.pack_tile of every real layer)
 
@@ -52,62 +52,88 @@ class MmaConfig:
     reduce: str = "fixup"
 
 
-def _asm(fp16: bool) -> str:
-    """The PTX of one row set for one lane: 4 mma blocks x 2 steps. Operands (4 each, one per block c):
-    $0-$15 the accumulators out (d0 of blocks 0..3, d1, d2, d3), $16-$19 / $20-$23 words lo / hi,
-    $24-$27 / $28-$31 (OFFSET + z) pairs lo / hi, $32-$35 / $36-$39 s pairs lo / hi, $40-$43 the x row
-    pointer (4 copies: $40 used), $44-$47 the B token valid flag ($44), $48-$63 the accumulators in."""
+def _asm(fp16: bool, sets: int) -> str:
+    """The PTX of one row set for one lane: 4 mma blocks x 2 steps x `sets` token sets (tokens g, g + 8).
+    Operands, 4 each (one per block c; per-lane values repeat): the accumulators out (d0 of blocks 0..3,
+    d1, d2, d3; then the second set's), words lo, words hi, (OFFSET + z) pairs lo, hi, s pairs lo, hi,
+    then per token set its x row pointer and valid flag, then the accumulators in (as out)."""
     ty = "f16" if fp16 else "bf16"
     magic = "0x64006400" if fp16 else "0x43004300"
-    lines = [
-        "{",
-        ".reg .b32 b<4>, w, a<4>;",
-        ".reg .b16 h<8>;",
-        ".reg .pred p;",
-        "setp.ne.b32 p, $44, 0;",
-    ]
-    for i in range(8):  # x[token][k0 + 16 i + 4 rs + t]: the K row of value i of this lane's word row
-        lines += [f"mov.b16 h{i}, 0;", f"@p ld.global.nc.b16 h{i}, [$40+{32 * i}];"]
-    for i in range(4):  # B pair i: the K rows of values (i, i + 4)
-        lines.append(f"mov.b32 b{i}, {{h{i}, h{i + 4}}};")
+    outs = 16 * sets
+    w_lo, w_hi, z_lo, z_hi, s_lo, s_hi = (outs + 4 * i for i in range(6))
+    ptr = [outs + 24 + 8 * ts for ts in range(sets)]
+    ok = [outs + 28 + 8 * ts for ts in range(sets)]
+    acc_in = outs + 24 + 8 * sets
+    lines = ["{", ".reg .b32 b<8>, w, a<4>;", ".reg .b16 h<16>;", ".reg .pred p<2>;"]
+    for ts in range(sets):
+        lines.append(f"setp.ne.b32 p{ts}, ${ok[ts]}, 0;")
+        for i in range(8):  # x[token][k0 + 16 i + 4 rs + t]: the K row of value i of this lane's word row
+            h = f"h{8 * ts + i}"
+            lines += [f"mov.b16 {h}, 0;", f"@p{ts} ld.global.nc.b16 {h}, [${ptr[ts]}+{32 * i}];"]
+        for i in range(4):  # B pair i: the K rows of values (i, i + 4)
+            lines.append(f"mov.b32 b{4 * ts + i}, {{h{8 * ts + i}, h{8 * ts + i + 4}}};")
     for c in range(4):
-        d = [f"${k * 4 + c}" for k in range(4)]
         for s in range(2):
             for slot, (word, i) in enumerate(
-                ((16 + c, 2 * s), (20 + c, 2 * s), (16 + c, 2 * s + 1), (20 + c, 2 * s + 1))
+                ((w_lo, 2 * s), (w_hi, 2 * s), (w_lo, 2 * s + 1), (w_hi, 2 * s + 1))
             ):
-                half = 0 if word < 20 else 4  # lo / hi columns: their own zero point and scale
-                src = f"${word}"
+                zero, scale = (z_lo, s_lo) if word == w_lo else (z_hi, s_hi)  # lo / hi columns' own
+                src = f"${word + c}"
                 if i:
-                    lines.append(f"shr.b32 w, ${word}, {4 * i};")
+                    lines.append(f"shr.b32 w, ${word + c}, {4 * i};")
                     src = "w"
                 lines += [
                     f"lop3.b32 a{slot}, {src}, 0x000F000F, {magic}, 0xEA;",
-                    f"sub.rn.{ty}x2 a{slot}, a{slot}, ${24 + half + c};",
-                    f"mul.rn.{ty}x2 a{slot}, a{slot}, ${32 + half + c};",
+                    f"sub.rn.{ty}x2 a{slot}, a{slot}, ${zero + c};",
+                    f"mul.rn.{ty}x2 a{slot}, a{slot}, ${scale + c};",
                 ]
-            acc_in = [f"${48 + k * 4 + c}" for k in range(4)] if s == 0 else d
-            lines.append(
-                f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{{', '.join(d)}}}, "
-                f"{{a0, a1, a2, a3}}, {{b{2 * s}, b{2 * s + 1}}}, {{{', '.join(acc_in)}}};"
-            )
+            for ts in range(sets):
+                d = [f"${16 * ts + 4 * k + c}" for k in range(4)]
+                src_acc = [f"${acc_in + 16 * ts + 4 * k + c}" for k in range(4)] if s == 0 else d
+                lines.append(
+                    f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{{', '.join(d)}}}, "
+                    f"{{a0, a1, a2, a3}}, {{b{4 * ts + 2 * s}, b{4 * ts + 2 * s + 1}}}, "
+                    f"{{{', '.join(src_acc)}}};"
+                )
     lines.append("}")
     return "\n".join(lines)
 
 
-_ASM_BF16 = tl.constexpr(_asm(False))
-_ASM_FP16 = tl.constexpr(_asm(True))
-_CONSTRAINTS = tl.constexpr(",".join(["=f"] * 16 + ["r"] * 24 + ["l"] * 4 + ["r"] * 4 + ["f"] * 16))
+def _constraints(sets: int) -> str:
+    return ",".join(
+        ["=f"] * 16 * sets + ["r"] * 24 + ["l", "l", "l", "l", "r", "r", "r", "r"] * sets + ["f"] * 16 * sets
+    )
+
+
+_ASM_BF16, _ASM_FP16 = tl.constexpr(_asm(False, 1)), tl.constexpr(_asm(True, 1))
+_ASM_BF16_2, _ASM_FP16_2 = tl.constexpr(_asm(False, 2)), tl.constexpr(_asm(True, 2))
+_CONSTRAINTS_1, _CONSTRAINTS_2 = tl.constexpr(_constraints(1)), tl.constexpr(_constraints(2))
 
 
 @triton.jit
 def _row_set(d0, d1, d2, d3, w_lo, w_hi, z_lo, z_hi, s_lo, s_hi, x_at, valid, FP16: tl.constexpr):
-    """The mmas of one row set: d0..d3 [8, 4, 4] float32 accumulators in, updated ones out."""
+    """The mmas of one row set for tokens 0..7: d0..d3 [R, 128] float32 accumulators in, updated out."""
     return tl.inline_asm_elementwise(
         _ASM_FP16 if FP16 else _ASM_BF16,
-        _CONSTRAINTS,
+        _CONSTRAINTS_1,
         [w_lo, w_hi, z_lo, z_hi, s_lo, s_hi, x_at, valid, d0, d1, d2, d3],
         dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
+        is_pure=True,
+        pack=4,
+    )
+
+
+@triton.jit
+def _row_set2(
+    d0, d1, d2, d3, e0, e1, e2, e3, w_lo, w_hi, z_lo, z_hi, s_lo, s_hi, x_at, valid, x_at2, valid2,
+    FP16: tl.constexpr,
+):  # fmt: skip
+    """As _row_set for tokens 0..15: e0..e3 accumulate tokens 8..15 (B from x_at2 / valid2)."""
+    return tl.inline_asm_elementwise(
+        _ASM_FP16_2 if FP16 else _ASM_BF16_2,
+        _CONSTRAINTS_2,
+        [w_lo, w_hi, z_lo, z_hi, s_lo, s_hi, x_at, valid, x_at2, valid2, d0, d1, d2, d3, e0, e1, e2, e3],
+        dtype=(tl.float32,) * 8,
         is_pure=True,
         pack=4,
     )
@@ -132,6 +158,7 @@ def _int4_mma_kernel(
     counter_ptr,  # int32 [tiles] (fixup)
     M, N, stride_xm, K_PER_SPLIT, split_k,
     GROUP: tl.constexpr, TILES: tl.constexpr, PREFETCH: tl.constexpr, FP16: tl.constexpr,
+    SETS: tl.constexpr,  # token sets of 8: 1 (M <= 8) or 2 (M <= 16)
     SPLIT_MODE: tl.constexpr,
 ):  # fmt: skip
     STEP: tl.constexpr = TILES * 128
@@ -154,11 +181,14 @@ def _int4_mma_kernel(
     zero = r * 0 + j * 0  # [R, 128]: broadcasts the per-lane values below
     valid = (g < M).to(tl.int32) + zero  # whether this lane's B token exists
     x_row = x_ptr + tl.minimum(g, M - 1) * stride_xm + 128 * (r // 4) + 4 * (r % 4) + t  # value 0's row
+    valid2 = (g + 8 < M).to(tl.int32) + zero  # the second token set: tokens g + 8
+    x_row2 = x_ptr + tl.minimum(g + 8, M - 1) * stride_xm + 128 * (r // 4) + 4 * (r % 4) + t
     zr = tl.arange(0, ZR)[:, None]  # the zero / scale rows: one per tile (TILES > 1) or one broadcast
     k_start = pid_k * K_PER_SPLIT
     k_end = k_start + K_PER_SPLIT
     d0 = tl.zeros((R, 128), dtype=tl.float32)  # one accumulator per row set: independent mmas
     d1, d2, d3 = d0, d0, d0
+    e0, e1, e2, e3 = d0, d0, d0, d0  # tokens 8..15 (SETS = 2)
     if PREFETCH:
         rows = (k_start // 8) * N
         w_lo = tl.load(w_at + rows, mask=lo_ok, other=0, eviction_policy="evict_first")
@@ -179,16 +209,24 @@ def _int4_mma_kernel(
         z_hi = _pairs(tl.load(z_ptr + g_at + 32, mask=hi_ok, other=0.0), OFFSET, DTYPE) + zero
         s_lo = _pairs(tl.load(s_ptr + g_at, mask=lo_ok, other=0.0), 0.0, DTYPE) + zero
         s_hi = _pairs(tl.load(s_ptr + g_at + 32, mask=hi_ok, other=0.0), 0.0, DTYPE) + zero
-        d0, d1, d2, d3 = _row_set(
-            d0, d1, d2, d3, cur_lo, cur_hi, z_lo, z_hi, s_lo, s_hi, x_row + k0, valid, FP16
-        )
-    # D element j of d0 / d1 / d2 / d3: column n0 + 4g + c (+ 32: d2, d3), token 2t (+ 1: d1, d3)
+        if SETS == 1:
+            d0, d1, d2, d3 = _row_set(
+                d0, d1, d2, d3, cur_lo, cur_hi, z_lo, z_hi, s_lo, s_hi, x_row + k0, valid, FP16
+            )
+        else:
+            d0, d1, d2, d3, e0, e1, e2, e3 = _row_set2(
+                d0, d1, d2, d3, e0, e1, e2, e3, cur_lo, cur_hi, z_lo, z_hi, s_lo, s_hi, x_row + k0, valid,
+                x_row2 + k0, valid2, FP16,
+            )  # fmt: skip
+    # D element j of d0 / d1 / d2 / d3: column n0 + 4g + c (+ 32: d2, d3), token 2t (+ 1: d1, d3); e*: + 8
     acc = tl.join(tl.join(tl.sum(d0, 0), tl.sum(d1, 0)), tl.join(tl.sum(d2, 0), tl.sum(d3, 0)))
-    jj = tl.arange(0, 128)[:, None, None]  # [128, 2, 2], as acc
-    e1 = tl.arange(0, 2)[None, :, None]  # token parity
-    e2 = tl.arange(0, 2)[None, None, :]  # lo / hi columns
-    tok = 2 * ((jj // 4) % 4) + e1
-    col = n0 + 4 * (jj // 16) + jj % 4 + 32 * e2
+    acc2 = tl.join(tl.join(tl.sum(e0, 0), tl.sum(e1, 0)), tl.join(tl.sum(e2, 0), tl.sum(e3, 0)))
+    acc = tl.join(acc, acc2)  # [128, 2, 2, 2]
+    jj = tl.arange(0, 128)[:, None, None, None]
+    tok = (
+        2 * ((jj // 4) % 4) + tl.arange(0, 2)[None, :, None, None] + 8 * tl.arange(0, 2)[None, None, None, :]
+    )
+    col = n0 + 4 * (jj // 16) + jj % 4 + 32 * tl.arange(0, 2)[None, None, :, None]
     offs = tok * N + col
     mask = (tok < M) & (col < N)
     store_split(acc, out_ptr, ws_ptr, counter_ptr, offs, mask, pid_k, split_k, M * N, SPLIT_MODE)
@@ -226,6 +264,7 @@ def int4_mma_gemv(
         x, qweight, scales.to(x.dtype), zeros.to(x.dtype), buf.target, buf.workspace, buf.counters,
         m, n, x.stride(0), k // cfg.split_k, cfg.split_k,
         GROUP=k // scales.shape[0], TILES=cfg.tiles, PREFETCH=cfg.prefetch,
-        FP16=x.dtype == torch.float16, SPLIT_MODE=buf.mode, num_warps=cfg.num_warps, num_stages=1,
+        FP16=x.dtype == torch.float16, SETS=1 if m <= 8 else 2, SPLIT_MODE=buf.mode,
+        num_warps=cfg.num_warps, num_stages=1,
     )  # fmt: skip
     return buf.finish()
