@@ -168,6 +168,7 @@ def warm_up(workers: int, timeout: float) -> str:
 def measure(deadline: float) -> dict[tuple[str, int, str], dict[str, tuple[float, float, int]]]:
     """{(format, M, variant): {layer: (µs, rel err, bytes)}}; shapes one at a time (their copies freed)."""
     res: dict[tuple[str, int, str], dict[str, tuple[float, float, int]]] = {}
+    failed: set[tuple[str, int, str]] = set()
     for layer, (n, k) in LAYERS.items():
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
         counters = split_counters(n, w.device)
@@ -185,8 +186,10 @@ def measure(deadline: float) -> dict[tuple[str, int, str], dict[str, tuple[float
                         got = fn(x, *tensors).float()
                         err = float((got - want).norm() / want.norm())
                         us = graph_us(fn, x, sets)
-                    except Exception as e:  # a variant this Triton cannot build: say so, keep the rest
-                        print(f"# {fmt} M={m} {name} {layer}: {e!r}"[:300], flush=True)
+                    except Exception as e:  # a variant this Triton cannot build: say so once, keep the rest
+                        if (fmt, m, name) not in failed:
+                            print(f"# {fmt} M={m} {name} {layer}: {e!r}"[:300], flush=True)
+                        failed.add((fmt, m, name))
                         continue
                     res.setdefault((fmt, m, name), {})[layer] = (us, err, nbytes)
             del sets
