@@ -56,11 +56,11 @@ def variants(fmt: str, m: int, n: int, k: int, counters: torch.Tensor) -> Iterat
     if fmt == "fp8":
         yield "cur", lambda x, w, s: fp8_linear(x, w, s, None, counters=counters)
         if m == 1:
-            for bn, bk, warps in ((8, 512, 4), (16, 512, 4), (8, 1024, 4), (16, 256, 4), (4, 1024, 4),
-                                  (32, 256, 4), (16, 512, 8), (64, 128, 4)):  # fmt: skip
-                steps = k // bk
-                tiles = -(-n // bn)
-                split = next((s for s in (1, 2, 4, 8) if tiles * s >= 2 * SMS and steps % s == 0), 1)
+            fp8 = ((8, 512, 4), (16, 512, 4), (8, 1024, 4), (16, 256, 4), (4, 1024, 4), (32, 256, 4),
+                   (8, 512, 1), (4, 512, 1), (8, 1024, 1), (16, 512, 2))  # fmt: skip
+            for bn, bk, warps in fp8:
+                steps, tiles, per_sm = k // bk, -(-n // bn), 8 // warps  # one warp: more programs
+                split = next((s for s in (1, 2, 4, 8) if tiles * s >= per_sm * SMS and steps % s == 0), 1)
                 cfg = GemvConfig(False, bn, split, num_warps=warps, num_stages=1, block_m=1, block_k=bk)
                 yield f"fma bn{bn} bk{bk} w{warps}", lambda x, w, s, c=cfg: fp8_gemv(x, w, s, c, counters)
         return
@@ -128,10 +128,11 @@ def graph_us(fn: Fn, x: torch.Tensor, sets: list[tuple[torch.Tensor, ...]]) -> f
 FORMATS = ("bf16", "int4", "int8", "fp8")
 
 
-def _warm(job: tuple[str, int, str]) -> int:
-    """Worker: run one variant of one (format, M) once per shape, filling Triton's on-disk cache."""
+def _warm(job: tuple[str, int, str]) -> tuple[tuple[str, int, str], str]:
+    """Worker: run one variant of one (format, M) once per shape, filling Triton's on-disk cache; returns
+    the job and "" or its first error (a faulting kernel is then not run by the timing process, whose
+    CUDA context it would poison)."""
     fmt, m, want = job
-    done = 0
     for n, k in LAYERS.values():
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
         tensors, _ = weights(fmt, w)
@@ -141,14 +142,14 @@ def _warm(job: tuple[str, int, str]) -> int:
                 continue
             try:
                 fn(x, *tensors)
-                done += 1
-            except Exception:  # reported by the timing process
-                pass
-    torch.cuda.synchronize()
-    return done
+                torch.cuda.synchronize()
+            except Exception as e:
+                return job, repr(e)[:200]
+    return job, ""
 
 
-def warm_up(workers: int, timeout: float) -> str:
+def warm_up(workers: int, timeout: float) -> tuple[str, dict[tuple[str, int, str], str]]:
+    """Compile every variant in worker processes: (a log line, {job: error or ""})."""
     start = time.monotonic()
     jobs = {}
     for fmt in FORMATS[1:]:
@@ -158,17 +159,25 @@ def warm_up(workers: int, timeout: float) -> str:
     with mp.get_context("spawn").Pool(workers) as pool:
         res = pool.map_async(_warm, list(jobs), chunksize=1)
         try:
-            n = sum(res.get(timeout=timeout))
+            done = dict(res.get(timeout=timeout))
         except mp.TimeoutError:
             pool.terminate()
-            return f"# warm-up timed out after {timeout:.0f}s ({len(jobs)} jobs)"
-    return f"# warm-up: {len(jobs)} jobs, {n} launches in {time.monotonic() - start:.1f}s"
+            return f"# warm-up timed out after {timeout:.0f}s ({len(jobs)} jobs)", {}
+    bad = sum(1 for e in done.values() if e)
+    return f"# warm-up: {len(jobs)} jobs ({bad} failed) in {time.monotonic() - start:.1f}s", done
 
 
-def measure(deadline: float) -> dict[tuple[str, int, str], dict[str, tuple[float, float, int]]]:
-    """{(format, M, variant): {layer: (µs, rel err, bytes)}}; shapes one at a time (their copies freed)."""
+def measure(
+    deadline: float, warm: dict[tuple[str, int, str], str]
+) -> dict[tuple[str, int, str], dict[str, tuple[float, float, int]]]:
+    """{(format, M, variant): {layer: (µs, rel err, bytes)}}; shapes one at a time (their copies freed).
+    Variants whose warm-up failed are skipped (their error printed once)."""
     res: dict[tuple[str, int, str], dict[str, tuple[float, float, int]]] = {}
     failed: set[tuple[str, int, str]] = set()
+    for job, err in warm.items():
+        if err:
+            print(f"# {job[0]} M={job[1]} {job[2]} failed in warm-up: {err}"[:300], flush=True)
+            failed.add(job)
     for layer, (n, k) in LAYERS.items():
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
         counters = split_counters(n, w.device)
@@ -180,7 +189,7 @@ def measure(deadline: float) -> dict[tuple[str, int, str], dict[str, tuple[float
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 0.5
                 want = x.float() @ dense.t()
                 for name, fn in variants(fmt, m, n, k, counters):
-                    if time.monotonic() > deadline:
+                    if time.monotonic() > deadline or (fmt, m, name) in failed:
                         continue
                     try:
                         got = fn(x, *tensors).float()
@@ -225,8 +234,12 @@ def main() -> int:
     import triton
 
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
-    print(warm_up(args.workers, 0.45 * args.budget), flush=True)
-    report(measure(start + args.budget - 3))
+    for per_sm in (4, 8, 16, 32):  # the split-K each mma row uses per layer
+        splits = {lay: mma_split(n, k, per_sm) for lay, (n, k) in LAYERS.items()}
+        print(f"# mma w{per_sm}/sm: split-K {splits}")
+    line, warm = warm_up(args.workers, 0.45 * args.budget)
+    print(line, flush=True)
+    report(measure(start + args.budget - 3, warm))
     print(f"# total {time.monotonic() - start:.1f}s", flush=True)
     return 0
 
