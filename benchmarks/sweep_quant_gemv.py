@@ -40,10 +40,10 @@ SMS = 132
 Fn = Callable[..., torch.Tensor]
 
 
-def mma_split(n: int, k: int, per_sm: int) -> int:
-    """Fewest splits (dividing K's 128-row tiles, >= 2 tiles each) giving >= per_sm warps per SM."""
+def mma_split(n: int, k: int, per_sm: int, step: int = 1) -> int:
+    """Fewest splits (each a whole number of steps of `step` 128-row tiles) giving >= per_sm warps per SM."""
     tiles, blocks = k // 128, -(-n // 64)
-    fits = [s for s in (1, 2, 3, 4, 6, 8, 12, 16, 24) if tiles % s == 0 and tiles // s >= 2]
+    fits = [s for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48) if tiles % (s * step) == 0]
     return next((s for s in fits if blocks * s >= per_sm * SMS), fits[-1])
 
 
@@ -68,7 +68,7 @@ def variants(fmt: str, m: int, n: int, k: int, counters: torch.Tensor) -> Iterat
     if fmt == "int4":
         for per_sm, tiles, pf in ((4, 1, True), (8, 1, True), (16, 1, True), (32, 1, True), (8, 1, False),
                                   (8, 2, True), (16, 2, False)):  # fmt: skip
-            cfg = MmaConfig(split_k=mma_split(n, k, per_sm), tiles=tiles, prefetch=pf)
+            cfg = MmaConfig(split_k=mma_split(n, k, per_sm, tiles), tiles=tiles, prefetch=pf)
             if (k // 128) % (cfg.split_k * tiles):
                 continue
             name = f"mma w{per_sm}/sm t{tiles} p{int(pf)}"
