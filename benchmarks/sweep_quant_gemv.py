@@ -203,6 +203,7 @@ def measure(
                     res.setdefault((fmt, m, name), {})[layer] = (us, err, nbytes)
             del sets
             torch.cuda.empty_cache()
+        print(f"# {layer} timed, {deadline - time.monotonic():.0f}s of the budget left", flush=True)
     return res
 
 
