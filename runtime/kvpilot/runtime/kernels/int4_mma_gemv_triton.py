@@ -35,10 +35,13 @@ import torch
 import triton
 import triton.language as tl
 from kvpilot.runtime.kernels.split_k_triton import REDUCES, split_output, store_split
+from kvpilot.runtime.kernels.triton_utils import num_sms
 
 MMA_MAX_M = 16
 MMA_BLOCK_N = 64
 MMA_TILE = 128  # K rows per pack tile (quant_reference.pack_tile of every real layer)
+MMA_WARPS_PER_SM = 8  # the split-K target: one-warp programs per SM (H200 sweep, BENCHMARKS.md)
+MMA_SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)
 
 
 @dataclass(frozen=True)
@@ -232,6 +235,16 @@ def _int4_mma_kernel(
     store_split(acc, out_ptr, ws_ptr, counter_ptr, offs, mask, pid_k, split_k, M * N, SPLIT_MODE)
 
 
+def default_mma_config(n: int, k: int, sms: int) -> MmaConfig:
+    """The dispatch's launch shape, a function of the layer's shape only (every M <= MMA_MAX_M runs the
+    same two compiled variants, SETS 1 and 2): the fewest splits of K's 128-row tiles giving
+    >= MMA_WARPS_PER_SM programs per SM, the next tile's words prefetched."""
+    tiles, blocks = k // MMA_TILE, -(-n // MMA_BLOCK_N)
+    fits = [s for s in MMA_SPLITS if tiles % s == 0]
+    split = next((s for s in fits if blocks * s >= MMA_WARPS_PER_SM * sms), fits[-1])
+    return MmaConfig(split_k=split)
+
+
 def int4_mma_supported(x: torch.Tensor, k: int, group: int) -> bool:
     """bf16 / fp16 activations on a GPU, whole 128-row pack tiles, groups spanning them, M <= MMA_MAX_M."""
     return (
@@ -248,14 +261,14 @@ def int4_mma_gemv(
     qweight: torch.Tensor,
     scales: torch.Tensor,
     zeros: torch.Tensor,
-    config: MmaConfig,
+    config: MmaConfig | None = None,
     counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [M, K] (dense rows) @ W^T -> [M, N] in x's dtype; scales / zeros in x's dtype (int4_mma_supported
     holds). counters: the weight's split_k_triton.split_counters."""
     m, k = x.shape
     n = qweight.shape[1]
-    cfg = config
+    cfg = config or default_mma_config(n, k, num_sms(x.device))
     if k % (cfg.split_k * cfg.tiles * MMA_TILE) or cfg.reduce not in REDUCES:
         raise ValueError(f"int4 mma gemv config {cfg} does not fit K {k}")
     grid = (triton.cdiv(n, MMA_BLOCK_N), 1, cfg.split_k)

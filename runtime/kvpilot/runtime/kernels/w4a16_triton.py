@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from kvpilot.runtime.kernels.int4_mma_gemv_triton import MMA_MAX_M, int4_mma_gemv, int4_mma_supported
 from kvpilot.runtime.kernels.int_gemv_triton import GEMV_MAX_M, int_gemv, warm_up_m
 from kvpilot.runtime.kernels.quant_reference import pack_tile
 from kvpilot.runtime.kernels.split_k_triton import _reduce_splits_kernel
@@ -254,6 +255,8 @@ def int_gemm(
     group = x.shape[1] // scales.shape[0]
     if not fused_supported(x.shape[1], group, bits) or x.shape[0] >= DEQUANT_CUBLAS_MIN_M:
         y = x @ dequantize_triton(qweight, scales, zeros, bits, x.dtype)
+    elif bits == 4 and x.shape[0] <= MMA_MAX_M and int4_mma_supported(x, x.shape[1], group):
+        y = int4_mma_gemv(x, qweight, scales, zeros, counters=counters)
     else:
         y = int_gemv(x, qweight, scales, zeros, bits, counters=counters)
     return y.reshape(*lead, y.shape[-1])
@@ -270,7 +273,7 @@ def warm_up_int_gemm(
     """Run the dispatch once per launch shape it uses below DEQUANT_CUBLAS_MIN_M (zeros in, result
     dropped), so Triton compiles them while the model loads, never in the middle of serving."""
     k = qweight.shape[0] * (32 // bits)
-    for m in warm_up_m():
+    for m in sorted({*warm_up_m(), 9}):  # 9: the int4 mma GEMV's second token set
         int_gemm(
             torch.zeros(m, k, device=qweight.device, dtype=dtype),
             qweight,
