@@ -3,8 +3,8 @@ from the canonical layout (kernels/quant_reference.py: int32 words packed along 
 of G input rows). The torch reference beside it is quant_reference.int_gemm_ref.
 
 int_gemm picks the path by M (the number of tokens):
-  int4, M <= MMA_MAX_M (16), bf16/fp16 on a GPU, groups of whole 128-row tiles: kernels/int4_mma_gemv_triton.py,
-           the weight the A operand of mma.sync straight from registers (no shared memory).
+  int4, M <= MMA_MAX_M (16), bf16/fp16 on a GPU, groups of whole 128-row tiles:
+           kernels/int4_mma_gemv_triton.py, the weight mma.sync's A operand straight from its registers.
   M <= GEMV_MAX_M (64): kernels/int_gemv_triton.py, a weight stream whose operands are built without
            conversion instructions (magic numbers), split-K, its launch shape a function of M's bucket.
   M > GEMV_MAX_M: dequantize the weight once (a Triton kernel writing W^T in x's dtype) and let cuBLAS
