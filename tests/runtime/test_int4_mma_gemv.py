@@ -242,3 +242,11 @@ def test_int4_mma_kernel_compiles_for_sm90_in_the_mma_lane_layout() -> None:
         assert (report["stack"] or 0) <= 32, report
         assert report["loop_conversions"] == 0, report
         assert report["mma"] == 8 * report["sets"] * 4 * report["tiles"], report
+
+
+def test_int4_mma_dispatch_takes_wide_layers_at_few_tokens() -> None:
+    """int_gemm sends M <= 8 here only for layers with >= 2 blocks of 64 columns per SM (Qwen3-8B's
+    gate_up on an H200, split 4 for 8 programs per SM), as the H200 sweep measured; never on a CPU."""
+    assert mma.default_mma_config(24576, 4096, 132).split_k == 4
+    assert [mma.default_mma_config(n, k, 132).split_k for n, k in ((6144, 4096), (4096, 12288))] == [16, 24]
+    assert not mma.int4_mma_dispatched(torch.zeros(1, 4096, dtype=torch.bfloat16), 24576, 128)  # CPU

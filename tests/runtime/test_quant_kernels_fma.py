@@ -74,3 +74,19 @@ def test_fp8_gemv_multiply_adds_at_other_k_tiles(block_n: int, block_k: int, war
     x = torch.randn(1, 256, generator=gen).to(DEVICE)
     cfg = GemvConfig(False, block_n, 2, num_warps=warps, num_stages=1, block_m=1, block_k=block_k)
     torch.testing.assert_close(fp8_gemv(x, weight, scale, cfg), fp8_weight_only_ref(x, weight, scale), **TOL)
+
+
+def test_int_gemm_sends_int8_at_one_token_to_the_fma_gemv() -> None:
+    """The dispatch (w4a16_triton.int_gemm): int8 at M = 1 through the multiply-add GEMV, whose default
+    shape is the H200 sweep's (64 columns, split-K for 2 programs per SM), and the same numbers as the
+    reference; at M = 2 the tensor-core GEMV."""
+    from kvpilot.runtime.kernels.int_gemv_fma_triton import default_fma_config
+    from kvpilot.runtime.kernels.w4a16_triton import int_gemm
+
+    cfg = default_fma_config(4096, 4096, 8, 132)
+    assert (cfg.block_n, cfg.tiles, cfg.prefetch, cfg.num_warps, cfg.split_k) == (64, 1, True, 4, 8)
+    w = quantize_rtn(torch.randn(48, 256), 8, -1, sym=True)
+    q, s, z = w.qweight.to(DEVICE), w.scales.to(DEVICE), w.zeros.to(DEVICE)
+    for m in (1, 2):
+        x = torch.randn(m, 256).to(DEVICE)
+        torch.testing.assert_close(int_gemm(x, q, s, z, 8), int_gemm_ref(x, q, s, z, 8), **TOL)

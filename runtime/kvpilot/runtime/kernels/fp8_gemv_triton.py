@@ -22,7 +22,8 @@ from kvpilot.runtime.kernels.split_k_triton import REDUCES, split_output, store_
 from kvpilot.runtime.kernels.triton_utils import num_sms
 
 FP8_GEMV_MAX_M = FP8_WEIGHT_ONLY_MAX_M
-FP8_BLOCK_K = 128
+FP8_BLOCK_K = 128  # M > 1 (dots)
+FP8_M1_BLOCK_N, FP8_M1_BLOCK_K, FP8_M1_PROGRAMS_PER_SM = 4, 512, 8  # M = 1 (one-warp multiply-adds)
 
 
 @triton.jit(do_not_specialize=["M", "split_k"])
@@ -85,14 +86,24 @@ def _fp8_gemv_kernel(
 
 
 def default_fp8_gemv_config(m: int, n: int, k: int, sms: int) -> GemvConfig:
-    """A function of M's bucket (int_gemv_triton.gemv_bucket): 64 columns per program, M = 1 float32
-    multiply-adds (fastest on the H200 for o, gate_up and down), M > 1 dots; split-K by
-    int_gemv_triton.default_split_k."""
+    """A function of M's bucket (int_gemv_triton.gemv_bucket). M = 1: float32 multiply-adds, one warp
+    per program streaming 4 weight rows in K tiles of 512 (16-byte loads; one warp converts x's layout by
+    shuffles, not through shared memory behind a barrier), split-K until >= 8 programs per SM: on the
+    H200 (benchmarks/sweep_quant_gemv.py, 2026-12-01) Qwen3-8B qkv / o / gate_up / down took 9.8 / 8.0 /
+    28.1 / 16.6 µs against 12.8 / 9.0 / 37.1 / 19.3 with 64 rows x 128 and 4 warps. M > 1: dots of x
+    padded to 16 tokens against 64 columns, split-K by int_gemv_triton.default_split_k."""
+    if m == 1:
+        steps, blocks = -(-k // FP8_M1_BLOCK_K), -(-n // FP8_M1_BLOCK_N)
+        fits = [s for s in (1, 2, 4, 8) if steps % s == 0]
+        split = next((s for s in fits if blocks * s >= FP8_M1_PROGRAMS_PER_SM * sms), 1)
+        return GemvConfig(
+            use_dot=False, block_n=FP8_M1_BLOCK_N, split_k=split, num_warps=1, num_stages=1, block_m=1,
+            block_k=FP8_M1_BLOCK_K,
+        )  # fmt: skip
     top, block_m, _ = gemv_bucket(m)
     tiles = -(-n // 64) * -(-top // block_m)
     split = default_split_k(tiles, -(-k // FP8_BLOCK_K), sms)
-    stages = 4 if m > 1 else 1
-    return GemvConfig(use_dot=m > 1, block_n=64, split_k=split, num_stages=stages, block_m=block_m)
+    return GemvConfig(use_dot=True, block_n=64, split_k=split, num_stages=4, block_m=block_m)
 
 
 def fp8_gemv(

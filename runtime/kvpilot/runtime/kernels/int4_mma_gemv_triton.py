@@ -40,7 +40,15 @@ from kvpilot.runtime.kernels.triton_utils import num_sms
 MMA_MAX_M = 16
 MMA_BLOCK_N = 64
 MMA_TILE = 128  # K rows per pack tile (quant_reference.pack_tile of every real layer)
-MMA_WARPS_PER_SM = 8  # the split-K target: one-warp programs per SM (H200 sweep, BENCHMARKS.md)
+MMA_WARPS_PER_SM = 8  # the split-K target: one-warp programs per SM (the H200 sweep's best)
+# What the dispatch sends here (benchmarks/sweep_quant_gemv.py on the H200, 2026-12-01, µs at M = 1 / 4):
+# layers of >= 2 column blocks per SM without splitting, Qwen3-8B's gate_up 24.3 / 25.9 against the
+# Triton-dot GEMV's 28.4 / 28.8; with fewer blocks the deep split-K's fixup (the last program of each
+# tile sums its partials one split after the other) costs more than the kernel saves: qkv 12.8-19.5
+# against 11.1, o 12.1-17.5 against 9.8, down 20.3 against 17.6. At 16 tokens (two mma token sets,
+# 255 registers) it lost everywhere (gate_up 46.5 against 32.3).
+MMA_DISPATCH_MAX_M = 8
+MMA_DISPATCH_MIN_BLOCKS_PER_SM = 2
 MMA_SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)
 
 
@@ -243,6 +251,14 @@ def default_mma_config(n: int, k: int, sms: int) -> MmaConfig:
     fits = [s for s in MMA_SPLITS if tiles % s == 0]
     split = next((s for s in fits if blocks * s >= MMA_WARPS_PER_SM * sms), fits[-1])
     return MmaConfig(split_k=split)
+
+
+def int4_mma_dispatched(x: torch.Tensor, n: int, group: int) -> bool:
+    """Whether int_gemm sends x [M, K] @ W^T (N outputs) here: see MMA_DISPATCH_MAX_M."""
+    m, k = x.shape
+    if m > MMA_DISPATCH_MAX_M or not int4_mma_supported(x, k, group):
+        return False
+    return -(-n // MMA_BLOCK_N) >= MMA_DISPATCH_MIN_BLOCKS_PER_SM * num_sms(x.device)
 
 
 def int4_mma_supported(x: torch.Tensor, k: int, group: int) -> bool:

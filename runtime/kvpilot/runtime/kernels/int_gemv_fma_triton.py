@@ -179,6 +179,16 @@ def default_fma_split(n: int, k: int, bits: int, cfg: FmaConfig, sms: int, per_s
     return next((s for s in fits if blocks * s >= per_sm * sms), max(fits, default=1))
 
 
+def default_fma_config(n: int, k: int, bits: int, sms: int) -> FmaConfig:
+    """The dispatch's shape (int8 at M = 1): 64 columns, one pack tile per step, the next step's words
+    prefetched, split-K for >= 2 programs per SM. On the H200 (benchmarks/sweep_quant_gemv.py,
+    2026-12-01) Qwen3-8B int8 qkv / o / gate_up / down took 12.8 / 9.7 / 38.1 / 21.9 µs against the
+    Triton-dot GEMV's 13.4 / 11.3 / 37.8 / 21.9; int4 (0.5 byte per value: 3+ instructions per value
+    bind) lost on three of four layers, and 4 tokens (four FFMA chains per value) doubled the time."""
+    cfg = FmaConfig(block_n=64, tiles=1, prefetch=True, num_warps=4)
+    return FmaConfig(64, 1, default_fma_split(n, k, bits, cfg, sms, per_sm=2), True, 4)
+
+
 def int_gemv_fma(
     x: torch.Tensor,
     qweight: torch.Tensor,
