@@ -16,6 +16,7 @@ at M = 16: int_gemv_triton's tensor-core GEMV. Triton compiles in worker process
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import multiprocessing as mp
 import statistics
 import time
@@ -23,10 +24,15 @@ from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
-from kvpilot.runtime.kernels.fp8_gemv_triton import fp8_gemv
+from kvpilot.runtime.kernels.fp8_gemv_triton import default_fp8_gemv_config, fp8_gemv
 from kvpilot.runtime.kernels.int4_mma_gemv_triton import MmaConfig, int4_mma_gemv
-from kvpilot.runtime.kernels.int_gemv_fma_triton import FmaConfig, default_fma_split, int_gemv_fma
-from kvpilot.runtime.kernels.int_gemv_triton import GemvConfig, int_gemv
+from kvpilot.runtime.kernels.int_gemv_fma_triton import (
+    FmaConfig,
+    default_fma_config,
+    default_fma_split,
+    int_gemv_fma,
+)
+from kvpilot.runtime.kernels.int_gemv_triton import GemvConfig, default_gemv_config, default_split_k, int_gemv
 from kvpilot.runtime.kernels.quant_reference import dequantize_int_ref
 from kvpilot.runtime.kernels.split_k_triton import split_counters
 from kvpilot.runtime.kernels.w4a16_triton import int_gemm
@@ -48,43 +54,73 @@ def mma_split(n: int, k: int, per_sm: int, step: int = 1) -> int:
 
 
 def variants(fmt: str, m: int, n: int, k: int, counters: torch.Tensor) -> Iterator[tuple[str, Fn]]:
-    """(name, fn(x, *weight tensors)) of one format at one shape and M; names are shape-independent."""
+    """(name, fn(x, *weight tensors)) of one format at one shape and M; names are shape-independent.
+    "cur": the dispatch; "old": the dispatch before issue 12's sweep (the Triton-dot GEMV for int4 /
+    int8, 64 x 128 tiles of 4 warps for fp8 at M = 1); "wide": split_k_triton's fixup_wide reduce."""
     if fmt == "bf16":
         yield "cublas", F.linear
-        return
-    bits = 4 if fmt == "int4" else 8
-    if fmt == "fp8":
+    elif fmt == "fp8":
         yield "cur", lambda x, w, s: fp8_linear(x, w, s, None, counters=counters)
         if m == 1:
-            fp8 = ((8, 512, 4), (16, 512, 4), (8, 1024, 4), (16, 256, 4), (4, 1024, 4), (32, 256, 4),
-                   (8, 512, 1), (4, 512, 1), (8, 1024, 1), (16, 512, 2))  # fmt: skip
-            for bn, bk, warps in fp8:
-                steps, tiles, per_sm = k // bk, -(-n // bn), 8 // warps  # one warp: more programs
-                split = next((s for s in (1, 2, 4, 8) if tiles * s >= per_sm * SMS and steps % s == 0), 1)
-                cfg = GemvConfig(False, bn, split, num_warps=warps, num_stages=1, block_m=1, block_k=bk)
-                yield f"fma bn{bn} bk{bk} w{warps}", lambda x, w, s, c=cfg: fp8_gemv(x, w, s, c, counters)
-        return
-    yield "cur", lambda x, *t: int_gemm(x, *t, bits, counters=counters)
-    if fmt == "int4":
-        for per_sm, tiles, pf in ((4, 1, True), (8, 1, True), (16, 1, True), (32, 1, True), (8, 1, False),
-                                  (8, 2, True), (16, 2, False)):  # fmt: skip
-            cfg = MmaConfig(split_k=mma_split(n, k, per_sm, tiles), tiles=tiles, prefetch=pf)
-            if (k // 128) % (cfg.split_k * tiles):
-                continue
-            name = f"mma w{per_sm}/sm t{tiles} p{int(pf)}"
-            yield name, lambda x, q, s, z, c=cfg: int4_mma_gemv(x, q, s, z, c, counters)
-    if m <= 4:
-        fma = ((64, 1, True, 4, 2), (64, 1, True, 4, 4), (64, 2, True, 4, 2), (128, 1, True, 4, 2),
-               (32, 1, True, 2, 4), (64, 1, False, 4, 4))  # fmt: skip
-        for bn, tiles, pf, warps, per_sm in fma:
-            cfg = FmaConfig(bn, tiles, 1, pf, warps)
-            cfg = FmaConfig(bn, tiles, default_fma_split(n, k, bits, cfg, SMS, per_sm), pf, warps)
-            name = f"fma bn{bn} t{tiles} p{int(pf)} w{warps} {per_sm}/sm"
-            yield name, lambda x, *t, c=cfg: int_gemv_fma(x, *t, bits, c, counters)
-    if fmt == "int4" and m == 16:
-        for bn, split, warps in ((64, 4, 4), (64, 8, 4), (128, 4, 4), (32, 8, 4)):
-            cfg = GemvConfig(True, bn, split, num_warps=warps, pair_asm=True)
-            yield f"dot bn{bn} s{split}", lambda x, *t, c=cfg: int_gemv(x, *t, 4, c, counters)
+            yield from _fp8_variants(n, k, counters)
+    else:
+        bits = 4 if fmt == "int4" else 8
+        yield "cur", lambda x, *t: int_gemm(x, *t, bits, counters=counters)
+        old = default_gemv_config(m, n, k, bits, SMS)
+        for name, cfg in (("old", old), ("old wide", dataclasses.replace(old, reduce="fixup_wide"))):
+            yield name, lambda x, *t, c=cfg: int_gemv(x, *t, bits, c, counters)
+        if fmt == "int4":
+            yield from _mma_variants(n, k, counters)
+        if m <= 4:
+            yield from _fma_variants(n, k, bits, counters)
+        if fmt == "int4" and m == 16:
+            for bn, split, warps in ((64, 4, 4), (64, 8, 4), (128, 4, 4), (32, 8, 4)):
+                cfg = GemvConfig(True, bn, split, num_warps=warps, pair_asm=True)
+                yield f"dot bn{bn} s{split}", lambda x, *t, c=cfg: int_gemv(x, *t, 4, c, counters)
+
+
+def _fp8_variants(n: int, k: int, counters: torch.Tensor) -> Iterator[tuple[str, Fn]]:
+    """fp8 at M = 1: multiply-add tiles (rows x K, warps), split-K for 8 / warps programs per SM."""
+    old = GemvConfig(False, 64, default_split_k(-(-n // 64), k // 128, SMS), num_stages=1, block_m=1)
+    cur = default_fp8_gemv_config(1, n, k, SMS)
+    yield "old", lambda x, w, s: fp8_gemv(x, w, s, old, counters)
+    yield (
+        "cur wide",
+        lambda x, w, s: fp8_gemv(x, w, s, dataclasses.replace(cur, reduce="fixup_wide"), counters),
+    )
+    tiles = ((8, 512, 4), (16, 512, 4), (8, 1024, 4), (16, 256, 4), (4, 1024, 4), (32, 256, 4),
+             (8, 512, 1), (4, 512, 1), (4, 1024, 1), (2, 1024, 1), (4, 256, 1), (16, 512, 2),
+             (8, 512, 2))  # fmt: skip
+    for bn, bk, warps in tiles:
+        steps, blocks, per_sm = k // bk, -(-n // bn), 8 // warps  # one warp: more programs
+        split = next((s for s in (1, 2, 4, 8) if blocks * s >= per_sm * SMS and steps % s == 0), 1)
+        cfg = GemvConfig(False, bn, split, num_warps=warps, num_stages=1, block_m=1, block_k=bk)
+        yield f"fma bn{bn} bk{bk} w{warps}", lambda x, w, s, c=cfg: fp8_gemv(x, w, s, c, counters)
+
+
+def _mma_variants(n: int, k: int, counters: torch.Tensor) -> Iterator[tuple[str, Fn]]:
+    """int4 mma GEMV: one-warp programs per SM (split-K), tiles per step, prefetch, the reduce."""
+    fix, wide = "fixup", "fixup_wide"
+    shapes = ((4, 1, True, fix), (8, 1, True, fix), (16, 1, True, fix), (32, 1, True, fix),
+              (8, 1, False, fix), (8, 2, True, fix), (16, 2, False, fix),
+              (8, 1, True, wide), (16, 1, True, wide), (32, 1, True, wide))  # fmt: skip
+    for per_sm, tiles, pf, reduce in shapes:
+        cfg = MmaConfig(split_k=mma_split(n, k, per_sm, tiles), tiles=tiles, prefetch=pf, reduce=reduce)
+        name = f"mma w{per_sm}/sm t{tiles} p{int(pf)}" + (" wide" if reduce == "fixup_wide" else "")
+        yield name, lambda x, q, s, z, c=cfg: int4_mma_gemv(x, q, s, z, c, counters)
+
+
+def _fma_variants(n: int, k: int, bits: int, counters: torch.Tensor) -> Iterator[tuple[str, Fn]]:
+    """Multiply-add GEMV: columns, tiles per step, prefetch, warps, programs per SM."""
+    shapes = ((64, 1, True, 4, 2), (64, 1, True, 4, 4), (64, 2, True, 4, 2), (128, 1, True, 4, 2),
+              (32, 1, True, 2, 4), (64, 1, False, 4, 4))  # fmt: skip
+    for bn, tiles, pf, warps, per_sm in shapes:
+        cfg = FmaConfig(bn, tiles, 1, pf, warps)
+        cfg = FmaConfig(bn, tiles, default_fma_split(n, k, bits, cfg, SMS, per_sm), pf, warps)
+        name = f"fma bn{bn} t{tiles} p{int(pf)} w{warps} {per_sm}/sm"
+        yield name, lambda x, *t, c=cfg: int_gemv_fma(x, *t, bits, c, counters)
+    cfg = dataclasses.replace(default_fma_config(n, k, bits, SMS), reduce="fixup_wide")
+    yield "fma default wide", lambda x, *t: int_gemv_fma(x, *t, bits, cfg, counters)
 
 
 def weights(fmt: str, w: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:

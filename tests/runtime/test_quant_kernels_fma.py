@@ -32,7 +32,20 @@ CONFIGS = [
     FmaConfig(block_n=16, tiles=2, split_k=1, prefetch=False),
     FmaConfig(block_n=32, tiles=1, split_k=2, reduce="atomic_f32"),
     FmaConfig(block_n=64, tiles=1, split_k=2, reduce="workspace", num_warps=2),
+    FmaConfig(block_n=16, tiles=1, split_k=2, reduce="fixup_wide"),
 ]
+
+
+@pytest.mark.parametrize("split_k", [2, 6])  # 6: the last round trip of four loads half masked
+def test_fixup_wide_sums_the_same_partials_as_fixup(split_k: int) -> None:
+    """split_k_triton's fixup_wide: the same float32 sums in the same order as fixup, bit for bit."""
+    gen = torch.Generator().manual_seed(split_k)
+    w = quantize_rtn(torch.randn(32, 768, generator=gen), 4, 128, sym=False)
+    q, s, z = w.qweight.to(DEVICE), w.scales.to(DEVICE), w.zeros.to(DEVICE)
+    x = torch.randn(2, 768, generator=gen).to(DEVICE)
+    a, b = (int_gemv_fma(x, q, s, z, 4, FmaConfig(16, 1, split_k, reduce=r)) for r in ("fixup", "fixup_wide"))
+    assert torch.equal(a, b)
+    torch.testing.assert_close(a, int_gemm_ref(x, q, s, z, 4), **TOL)
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"bn{c.block_n}-t{c.tiles}-{c.reduce}")
