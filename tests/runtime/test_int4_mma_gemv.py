@@ -250,3 +250,30 @@ def test_int4_mma_dispatch_takes_wide_layers_at_few_tokens() -> None:
     assert mma.default_mma_config(24576, 4096, 132).split_k == 4
     assert [mma.default_mma_config(n, k, 132).split_k for n, k in ((6144, 4096), (4096, 12288))] == [16, 24]
     assert not mma.int4_mma_dispatched(torch.zeros(1, 4096, dtype=torch.bfloat16), 24576, 128)  # CPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "config",
+    [
+        mma.MmaConfig(),
+        mma.MmaConfig(split_k=4),
+        mma.MmaConfig(split_k=12, reduce="fixup_wide"),
+        mma.MmaConfig(split_k=2, tiles=2, prefetch=False),
+        mma.MmaConfig(split_k=3, reduce="workspace"),
+    ],
+    ids=lambda c: f"s{c.split_k}-t{c.tiles}-p{int(c.prefetch)}-{c.reduce}",
+)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_int4_mma_gemv_on_the_gpu(config: mma.MmaConfig, dtype: torch.dtype) -> None:
+    """The kernel itself at Qwen3-8B's o projection with N = 4032 (a masked last column block), one and
+    two token sets, every reduction; against the float32 GEMM of the weight dequantized in x's dtype."""
+    n, k = 4032, 4608  # 36 tiles of 128 rows: every split above divides them
+    w = quantize_rtn(0.02 * torch.randn(n, k, device="cuda"), 4, 128, sym=False)
+    s, z = w.scales.to(dtype), w.zeros.to(dtype)
+    dense = dequantize_int_ref(w.qweight, s, z, 4).float()
+    for m in (1, 5, 9, 16):
+        x = (0.5 * torch.randn(m, k, device="cuda")).to(dtype)
+        got = mma.int4_mma_gemv(x, w.qweight, s, z, config).float()
+        want = x.float() @ dense
+        assert float((got - want).norm() / want.norm()) < 5e-3, (m, config)
