@@ -214,12 +214,9 @@ def _int4_mma_kernel(
             rows = (k0 // 8) * N
             cur_lo = tl.load(w_at + rows, mask=lo_ok, other=0, eviction_policy="evict_first")
             cur_hi = tl.load(w_at + rows + 32, mask=hi_ok, other=0, eviction_policy="evict_first")
-        # (OFFSET + z) and s of each tile's group as operand pairs, [ZR, 128] like the words
-        g_at = ((k0 + 128 * (zr // 4)) // GROUP) * N + cols
-        z_lo = _pairs(tl.load(z_ptr + g_at, mask=lo_ok, other=0.0), OFFSET, DTYPE) + zero
-        z_hi = _pairs(tl.load(z_ptr + g_at + 32, mask=hi_ok, other=0.0), OFFSET, DTYPE) + zero
-        s_lo = _pairs(tl.load(s_ptr + g_at, mask=lo_ok, other=0.0), 0.0, DTYPE) + zero
-        s_hi = _pairs(tl.load(s_ptr + g_at + 32, mask=hi_ok, other=0.0), 0.0, DTYPE) + zero
+        z_lo, z_hi, s_lo, s_hi = _group_pairs(
+            z_ptr, s_ptr, ((k0 + 128 * (zr // 4)) // GROUP) * N + cols, lo_ok, hi_ok, zero, OFFSET, DTYPE
+        )
         if SETS == 1:
             d0, d1, d2, d3 = _row_set(
                 d0, d1, d2, d3, cur_lo, cur_hi, z_lo, z_hi, s_lo, s_hi, x_row + k0, valid, FP16
@@ -229,14 +226,36 @@ def _int4_mma_kernel(
                 d0, d1, d2, d3, e0, e1, e2, e3, cur_lo, cur_hi, z_lo, z_hi, s_lo, s_hi, x_row + k0, valid,
                 x_row2 + k0, valid2, FP16,
             )  # fmt: skip
-    # D element j of d0 / d1 / d2 / d3: column n0 + 4g + c (+ 32: d2, d3), token 2t (+ 1: d1, d3); e*: + 8
+    _store_d(
+        d0, d1, d2, d3, e0, e1, e2, e3, out_ptr, ws_ptr, counter_ptr, n0, M, N, pid_k, split_k, SPLIT_MODE
+    )
+
+
+@triton.jit
+def _group_pairs(z_ptr, s_ptr, g_at, lo_ok, hi_ok, zero, OFFSET: tl.constexpr, DTYPE: tl.constexpr):
+    """(OFFSET + z) and s of each tile's group as operand pairs for the lo and hi columns: g_at [ZR, 128]
+    like the words (so these loads, and with them the asm, get the words' lane layout), broadcast to
+    [R, 128] by `zero`."""
+    z_lo = _pairs(tl.load(z_ptr + g_at, mask=lo_ok, other=0.0), OFFSET, DTYPE) + zero
+    z_hi = _pairs(tl.load(z_ptr + g_at + 32, mask=hi_ok, other=0.0), OFFSET, DTYPE) + zero
+    s_lo = _pairs(tl.load(s_ptr + g_at, mask=lo_ok, other=0.0), 0.0, DTYPE) + zero
+    s_hi = _pairs(tl.load(s_ptr + g_at + 32, mask=hi_ok, other=0.0), 0.0, DTYPE) + zero
+    return z_lo, z_hi, s_lo, s_hi
+
+
+@triton.jit
+def _store_d(
+    d0, d1, d2, d3, e0, e1, e2, e3, out_ptr, ws_ptr, counter_ptr, n0, M, N, pid_k, split_k,
+    SPLIT_MODE: tl.constexpr,
+):  # fmt: skip
+    """The accumulators [R, 128] summed over row sets, stored (split_k_triton). Element j of d0 / d1 /
+    d2 / d3: column n0 + 4g + c (+ 32: d2, d3), token 2t (+ 1: d1, d3); e0..e3: tokens + 8."""
     acc = tl.join(tl.join(tl.sum(d0, 0), tl.sum(d1, 0)), tl.join(tl.sum(d2, 0), tl.sum(d3, 0)))
     acc2 = tl.join(tl.join(tl.sum(e0, 0), tl.sum(e1, 0)), tl.join(tl.sum(e2, 0), tl.sum(e3, 0)))
-    acc = tl.join(acc, acc2)  # [128, 2, 2, 2]
+    acc = tl.join(acc, acc2)  # [128, 2 (token parity), 2 (lo / hi), 2 (token set)]
     jj = tl.arange(0, 128)[:, None, None, None]
-    tok = (
-        2 * ((jj // 4) % 4) + tl.arange(0, 2)[None, :, None, None] + 8 * tl.arange(0, 2)[None, None, None, :]
-    )
+    parity = tl.arange(0, 2)[None, :, None, None]
+    tok = 2 * ((jj // 4) % 4) + parity + 8 * tl.arange(0, 2)[None, None, None, :]
     col = n0 + 4 * (jj // 16) + jj % 4 + 32 * tl.arange(0, 2)[None, None, :, None]
     offs = tok * N + col
     mask = (tok < M) & (col < N)
