@@ -57,15 +57,58 @@ def _token_fma(part, x_sum, v, x_at, J: tl.constexpr, LOW: tl.constexpr, BITS: t
 
 
 @triton.jit
-def _token_flush(acc, part, x_sum, z, s):
-    """acc += s (sum x q - z sum x): the zero point and scale of one group, per column."""
-    return acc + (part - x_sum * z) * s
+def _value(words, high, J: tl.constexpr, LOW: tl.constexpr, BITS: tl.constexpr):
+    """Value slot J of the words as float32 q 2**shift, exact: (word & mask) | 0x4B000000 is 2**23 + q
+    2**shift as float32; slots from LOW on come from the shifted words (`high`)."""
+    MASK: tl.constexpr = (1 << BITS) - 1
+    if J < LOW:
+        f = ((words & (MASK << (J * BITS))) | 0x4B000000).to(tl.float32, bitcast=True)
+    else:
+        f = ((high & (MASK << ((J - LOW) * BITS))) | 0x4B000000).to(tl.float32, bitcast=True)
+    return f - 8388608.0
 
 
 @triton.jit
-def _row_of(out, acc, i: tl.constexpr, offs_m):
-    """Row i of out [BM, BN] from one token's [T, C, BN] accumulator."""
-    return tl.where(offs_m[:, None] == i, tl.sum(tl.sum(acc, axis=1), axis=0)[None, :], out)
+def _slot(
+    p0, p1, p2, p3, s0, s1, s2, s3, v, x_at, row1, row2, row3,
+    J: tl.constexpr, LOW: tl.constexpr, BITS: tl.constexpr, BLOCK_M: tl.constexpr,
+):  # fmt: skip
+    """Every token's multiply-adds of value v (x_at: token 0's K rows of the slot; rowN: token N's
+    offset): the partial sums p* [T, C, BN] and x sums s* [T, C, 1]."""
+    p0, s0 = _token_fma(p0, s0, v, x_at, J, LOW, BITS)
+    if BLOCK_M > 1:
+        p1, s1 = _token_fma(p1, s1, v, x_at + row1, J, LOW, BITS)
+    if BLOCK_M > 2:
+        p2, s2 = _token_fma(p2, s2, v, x_at + row2, J, LOW, BITS)
+        p3, s3 = _token_fma(p3, s3, v, x_at + row3, J, LOW, BITS)
+    return p0, p1, p2, p3, s0, s1, s2, s3
+
+
+@triton.jit
+def _flush(a0, a1, a2, a3, p0, p1, p2, p3, s0, s1, s2, s3, z_ptr, s_ptr, g, mask, BLOCK_M: tl.constexpr):
+    """acc += s (sum x q - z sum x) per token: the zero point and scale of one group (at g [T, 1, BN])."""
+    z = tl.load(z_ptr + g, mask=mask, other=0.0).to(tl.float32)
+    s = tl.load(s_ptr + g, mask=mask, other=0.0).to(tl.float32)
+    a0 = a0 + (p0 - s0 * z) * s
+    if BLOCK_M > 1:
+        a1 = a1 + (p1 - s1 * z) * s
+    if BLOCK_M > 2:
+        a2 = a2 + (p2 - s2 * z) * s
+        a3 = a3 + (p3 - s3 * z) * s
+    return a0, a1, a2, a3
+
+
+@triton.jit
+def _rows(a0, a1, a2, a3, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """[BLOCK_M, BLOCK_N]: each token's [T, C, BN] accumulator summed over K, one row per token."""
+    offs_m = tl.arange(0, BLOCK_M)[:, None]
+    out = tl.where(offs_m == 0, tl.sum(tl.sum(a0, axis=1), axis=0)[None, :], 0.0)
+    if BLOCK_M > 1:
+        out = tl.where(offs_m == 1, tl.sum(tl.sum(a1, axis=1), axis=0)[None, :], out)
+    if BLOCK_M > 2:
+        out = tl.where(offs_m == 2, tl.sum(tl.sum(a2, axis=1), axis=0)[None, :], out)
+        out = tl.where(offs_m == 3, tl.sum(tl.sum(a3, axis=1), axis=0)[None, :], out)
+    return out
 
 
 @triton.jit(do_not_specialize=["M", "split_k"])
@@ -88,7 +131,6 @@ def _int_fma_kernel(
     STEP: tl.constexpr = TILES * TILE
     ONE_GROUP: tl.constexpr = GROUP % TILE == 0
     LOW: tl.constexpr = (23 - BITS) // BITS + 1  # values 0 .. LOW-1 read in place (int4: 5, int8: 2)
-    MASK: tl.constexpr = (1 << BITS) - 1
     pid_n, pid_k = tl.program_id(0), tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
@@ -102,8 +144,8 @@ def _int_fma_kernel(
     # offsets of tokens 1..3 in x; a token past M reads the last row (its output is not stored)
     row1 = tl.minimum(1, M - 1) * stride_xm
     row2, row3 = tl.minimum(2, M - 1) * stride_xm, tl.minimum(3, M - 1) * stride_xm
-    acc0 = tl.zeros((TILES, CHUNK, BLOCK_N), dtype=tl.float32)
-    acc1, acc2, acc3 = acc0, acc0, acc0
+    a0 = tl.zeros((TILES, CHUNK, BLOCK_N), dtype=tl.float32)
+    a1, a2, a3 = a0, a0, a0
     if PREFETCH:
         w_next = tl.load(w_at + (k_start // PER_WORD) * N, mask=mask, other=0, eviction_policy="evict_first")
     for k0 in range(k_start, k_end, STEP):
@@ -118,56 +160,31 @@ def _int_fma_kernel(
         high = words >> (LOW * BITS)  # values LOW.. at the bottom (sign bits above them, masked off)
         tile_k = k0 + offs_t * TILE  # [T, 1, 1]
         x_at = x_ptr + tile_k + offs_c  # [T, C, 1]: token 0's rows of value 0
-        part0 = tl.zeros((TILES, CHUNK, BLOCK_N), dtype=tl.float32)
-        part1, part2, part3 = part0, part0, part0
-        xs0 = tl.zeros((TILES, CHUNK, 1), dtype=tl.float32)
-        xs1, xs2, xs3 = xs0, xs0, xs0
+        p0 = tl.zeros((TILES, CHUNK, BLOCK_N), dtype=tl.float32)
+        p1, p2, p3 = p0, p0, p0
+        s0 = tl.zeros((TILES, CHUNK, 1), dtype=tl.float32)
+        s1, s2, s3 = s0, s0, s0
         for j in tl.static_range(PER_WORD):
-            if j < LOW:
-                f = ((words & (MASK << (j * BITS))) | 0x4B000000).to(tl.float32, bitcast=True)
-            else:
-                f = ((high & (MASK << ((j - LOW) * BITS))) | 0x4B000000).to(tl.float32, bitcast=True)
-            v = f - 8388608.0  # q 2**shift, exact
-            part0, xs0 = _token_fma(part0, xs0, v, x_at + j * CHUNK, j, LOW, BITS)
-            if BLOCK_M > 1:
-                part1, xs1 = _token_fma(part1, xs1, v, x_at + (row1 + j * CHUNK), j, LOW, BITS)
-            if BLOCK_M > 2:
-                part2, xs2 = _token_fma(part2, xs2, v, x_at + (row2 + j * CHUNK), j, LOW, BITS)
-                part3, xs3 = _token_fma(part3, xs3, v, x_at + (row3 + j * CHUNK), j, LOW, BITS)
+            v = _value(words, high, j, LOW, BITS)
+            p0, p1, p2, p3, s0, s1, s2, s3 = _slot(
+                p0, p1, p2, p3, s0, s1, s2, s3, v, x_at + j * CHUNK, row1, row2, row3, j, LOW, BITS, BLOCK_M
+            )
             if not ONE_GROUP:  # this value's CHUNK rows are one group: zero point and scale now
                 g = ((tile_k + j * CHUNK) // GROUP) * N + cols  # [T, 1, BN]
-                z = tl.load(z_ptr + g, mask=mask, other=0.0).to(tl.float32)
-                s = tl.load(s_ptr + g, mask=mask, other=0.0).to(tl.float32)
-                acc0 = _token_flush(acc0, part0, xs0, z, s)
-                part0, xs0 = tl.zeros_like(part0), tl.zeros_like(xs0)
-                if BLOCK_M > 1:
-                    acc1 = _token_flush(acc1, part1, xs1, z, s)
-                    part1, xs1 = tl.zeros_like(part1), tl.zeros_like(xs1)
-                if BLOCK_M > 2:
-                    acc2 = _token_flush(acc2, part2, xs2, z, s)
-                    acc3 = _token_flush(acc3, part3, xs3, z, s)
-                    part2, xs2 = tl.zeros_like(part2), tl.zeros_like(xs2)
-                    part3, xs3 = tl.zeros_like(part3), tl.zeros_like(xs3)
+                a0, a1, a2, a3 = _flush(
+                    a0, a1, a2, a3, p0, p1, p2, p3, s0, s1, s2, s3, z_ptr, s_ptr, g, mask, BLOCK_M
+                )
+                p0, p1, p2, p3 = tl.zeros_like(p0), tl.zeros_like(p1), tl.zeros_like(p2), tl.zeros_like(p3)
+                s0, s1, s2, s3 = tl.zeros_like(s0), tl.zeros_like(s1), tl.zeros_like(s2), tl.zeros_like(s3)
         if ONE_GROUP:  # the whole tile is one group
             g = (tile_k // GROUP) * N + cols  # [T, 1, BN]
-            z = tl.load(z_ptr + g, mask=mask, other=0.0).to(tl.float32)
-            s = tl.load(s_ptr + g, mask=mask, other=0.0).to(tl.float32)
-            acc0 = _token_flush(acc0, part0, xs0, z, s)
-            if BLOCK_M > 1:
-                acc1 = _token_flush(acc1, part1, xs1, z, s)
-            if BLOCK_M > 2:
-                acc2 = _token_flush(acc2, part2, xs2, z, s)
-                acc3 = _token_flush(acc3, part3, xs3, z, s)
+            a0, a1, a2, a3 = _flush(
+                a0, a1, a2, a3, p0, p1, p2, p3, s0, s1, s2, s3, z_ptr, s_ptr, g, mask, BLOCK_M
+            )
     offs_m = tl.arange(0, BLOCK_M)
-    out = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    out = _row_of(out, acc0, 0, offs_m)
-    if BLOCK_M > 1:
-        out = _row_of(out, acc1, 1, offs_m)
-    if BLOCK_M > 2:
-        out = _row_of(out, acc2, 2, offs_m)
-        out = _row_of(out, acc3, 3, offs_m)
     offs = offs_m[:, None] * N + offs_n[None, :]
     out_mask = (offs_m < M)[:, None] & n_mask[None, :]
+    out = _rows(a0, a1, a2, a3, BLOCK_M, BLOCK_N)
     store_split(out, out_ptr, ws_ptr, counter_ptr, offs, out_mask, pid_k, split_k, M * N, SPLIT_MODE)
 
 
