@@ -101,13 +101,18 @@ def _fp8_variants(n: int, k: int, counters: torch.Tensor) -> Iterator[tuple[str,
 def _mma_variants(n: int, k: int, counters: torch.Tensor) -> Iterator[tuple[str, Fn]]:
     """int4 mma GEMV: one-warp programs per SM (split-K), tiles per step, prefetch, the reduce."""
     fix, wide = "fixup", "fixup_wide"
-    shapes = ((4, 1, True, fix), (8, 1, True, fix), (16, 1, True, fix), (32, 1, True, fix),
-              (8, 1, False, fix), (8, 2, True, fix), (16, 2, False, fix),
-              (8, 1, True, wide), (16, 1, True, wide), (32, 1, True, wide))  # fmt: skip
-    for per_sm, tiles, pf, reduce in shapes:
-        cfg = MmaConfig(split_k=mma_split(n, k, per_sm, tiles), tiles=tiles, prefetch=pf, reduce=reduce)
-        name = f"mma w{per_sm}/sm t{tiles} p{int(pf)}" + (" wide" if reduce == "fixup_wide" else "")
-        yield name, lambda x, q, s, z, c=cfg: int4_mma_gemv(x, q, s, z, c, counters)
+    shapes = ((4, 1, True, fix, 0), (8, 1, True, fix, 0), (16, 1, True, fix, 0), (32, 1, True, fix, 0),
+              (8, 1, False, fix, 0), (8, 2, True, fix, 0), (16, 2, False, fix, 0),
+              (8, 1, True, wide, 0), (16, 1, True, wide, 0), (32, 1, True, wide, 0),
+              (4, 1, True, fix, 2), (8, 1, True, fix, 2), (8, 1, True, fix, 4),
+              (16, 1, True, wide, 2))  # fmt: skip
+    for per_sm, tiles, pf, reduce, l2 in shapes:
+        cfg = MmaConfig(mma_split(n, k, per_sm, tiles), tiles, pf, reduce=reduce, l2_ahead=l2)
+        name = f"mma w{per_sm}/sm t{tiles} p{int(pf)}" + (" wide" if reduce == wide else "")
+        yield (
+            name + (f" L2+{l2}" if l2 else ""),
+            lambda x, q, s, z, c=cfg: int4_mma_gemv(x, q, s, z, c, counters),
+        )
 
 
 def _fma_variants(n: int, k: int, bits: int, counters: torch.Tensor) -> Iterator[tuple[str, Fn]]:

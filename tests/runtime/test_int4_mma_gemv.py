@@ -205,18 +205,22 @@ from triton.backends.compiler import GPUTarget
 from kvpilot.runtime.kernels import int4_mma_gemv_triton as mma
 from kvpilot.runtime.kernels.compile_check import KernelSpec, _source, loop_conversions, _resource_usage
 out = []
-for sets, tiles in ((1, 1), (2, 1), (1, 2)):
+for sets, tiles, l2 in ((1, 1, 0), (2, 1, 0), (1, 2, 0), (1, 1, 2)):
     types = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "out_ptr": "*bf16",
              "ws_ptr": "*fp32", "counter_ptr": "*i32"}
-    consts = {"GROUP": 128, "TILES": tiles, "PREFETCH": True, "FP16": False, "SETS": sets, "SPLIT_MODE": 3}
+    consts = {"GROUP": 128, "TILES": tiles, "PREFETCH": True, "L2_AHEAD": l2, "FP16": False, "SETS": sets,
+              "SPLIT_MODE": 3}
     spec = KernelSpec("mma", mma._int4_mma_kernel, types, consts, 1, 1, ("M",))
     options = {"num_warps": 1, "num_stages": 1}
     c = triton.compile(_source(spec), target=GPUTarget("cuda", 90, 32), options=options)
     ttgir = c.asm["ttgir"]
     layouts = dict(re.findall(r"^(#\\w+) = (.*)$", ttgir, re.M))
-    asm_layouts = set(re.findall(r"elementwise_inline_asm.*?-> \\(?tensor<[^,>]*, (#\\w+)>", ttgir))
+    # the mma asm (float32 accumulators out; the L2 prefetch asm has its own, any, layout)
+    asm_layouts = set(re.findall(r"elementwise_inline_asm.*?-> \\(?tensor<[^,>]*xf32, (#\\w+)>", ttgir))
     regs, stack = _resource_usage(c.asm["cubin"])
-    out.append({"sets": sets, "tiles": tiles, "asm": [layouts[a] for a in asm_layouts], "stack": stack,
+    prefetches = c.asm["ptx"].count("prefetch.global.L2")
+    out.append({"sets": sets, "tiles": tiles, "l2": l2, "prefetches": prefetches,
+                "asm": [layouts[a] for a in asm_layouts], "stack": stack,
                 "loop_conversions": loop_conversions(ttgir), "mma": c.asm["ptx"].count("mma.sync")})
 print(json.dumps(out))
 """
@@ -236,6 +240,7 @@ def test_int4_mma_kernel_compiles_for_sm90_in_the_mma_lane_layout() -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     for report in json.loads(done.stdout.strip().splitlines()[-1]):
+        assert report["prefetches"] == (8 * report["tiles"] if report["l2"] else 0), report
         assert len(report["asm"]) == 1, report
         layout = report["asm"][0]
         assert "sizePerThread = [1, 4]" in layout and "threadsPerWarp = [1, 32]" in layout, report

@@ -59,6 +59,10 @@ class MmaConfig:
     split_k: int = 1
     tiles: int = 1  # pack tiles per K step (unrolled)
     prefetch: bool = True  # the next step's words loaded before this step's mmas
+    # > 0: the words `l2_ahead` steps ahead prefetched into L2 at the top of every step (prefetch.global.L2:
+    # no registers). On sm_90 ptxas sinks the register prefetch above below the step's mmas (it holds 32
+    # registers), so without it a warp waits out most of a DRAM latency per step; untimed, not a default.
+    l2_ahead: int = 0
     num_warps: int = 1  # the layout above is one warp's: more warps would split the row sets
     reduce: str = "fixup"
 
@@ -151,6 +155,15 @@ def _row_set2(
 
 
 @triton.jit
+def _prefetch_l2(at):
+    """prefetch.global.L2 of each lane's 16-byte vector of words: at [R, 32], one pointer per lane (its own
+    default layout: the asm needs no particular lane order)."""
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1]; mov.b32 $0, 0;", "=r,l", [at], dtype=tl.int32, is_pure=False, pack=1
+    )
+
+
+@triton.jit
 def _pairs(v, OFFSET: tl.constexpr, DTYPE: tl.constexpr):
     """[.., 4] 16-bit values (OFFSET added) -> int32 [.., 4]: each value in both halves (a bf16x2 / f16x2
     operand of one column), made once per pack tile, not once per row set."""
@@ -168,7 +181,8 @@ def _int4_mma_kernel(
     ws_ptr,  # float32 [SPLIT_K, M, N] (workspace, fixup)
     counter_ptr,  # int32 [tiles] (fixup)
     M, N, stride_xm, K_PER_SPLIT, split_k,
-    GROUP: tl.constexpr, TILES: tl.constexpr, PREFETCH: tl.constexpr, FP16: tl.constexpr,
+    GROUP: tl.constexpr, TILES: tl.constexpr, PREFETCH: tl.constexpr, L2_AHEAD: tl.constexpr,
+    FP16: tl.constexpr,
     SETS: tl.constexpr,  # token sets of 8: 1 (M <= 8) or 2 (M <= 16)
     SPLIT_MODE: tl.constexpr,
 ):  # fmt: skip
@@ -190,6 +204,8 @@ def _int4_mma_kernel(
     lo_ok, hi_ok = cols < N, cols + 32 < N
     w_at = qw_ptr + (4 * r + t) * N + cols  # [R, 128]: a step starting at word row 0
     zero = r * 0 + j * 0  # [R, 128]: broadcasts the per-lane values below
+    lane = tl.arange(0, 32)[None, :]  # [1, 32]: lane 4g + t's own vector, for the L2 prefetch
+    l2_at = qw_ptr + (4 * r + lane % 4) * N + n0 + 4 * (lane // 4)  # [R, 32]
     valid = (g < M).to(tl.int32) + zero  # whether this lane's B token exists
     x_row = x_ptr + tl.minimum(g, M - 1) * stride_xm + 128 * (r // 4) + 4 * (r % 4) + t  # value 0's row
     valid2 = (g + 8 < M).to(tl.int32) + zero  # the second token set: tokens g + 8
@@ -205,6 +221,10 @@ def _int4_mma_kernel(
         w_lo = tl.load(w_at + rows, mask=lo_ok, other=0, eviction_policy="evict_first")
         w_hi = tl.load(w_at + rows + 32, mask=hi_ok, other=0, eviction_policy="evict_first")
     for k0 in range(k_start, k_end, STEP):
+        if L2_AHEAD > 0:  # a later step's words into L2 (clamped to this program's K range)
+            ahead = (tl.minimum(k0 + L2_AHEAD * STEP, k_end - STEP) // 8) * N
+            _prefetch_l2(l2_at + ahead)
+            _prefetch_l2(l2_at + ahead + 32)
         if PREFETCH:  # this step's words came last step; the next step's go out now
             cur_lo, cur_hi = w_lo, w_hi
             rows = (tl.minimum(k0 + STEP, k_end - STEP) // 8) * N  # the last step reloads its own
@@ -311,7 +331,7 @@ def int4_mma_gemv(
     _int4_mma_kernel[grid](
         x, qweight, scales.to(x.dtype), zeros.to(x.dtype), buf.target, buf.workspace, buf.counters,
         m, n, x.stride(0), k // cfg.split_k, cfg.split_k,
-        GROUP=k // scales.shape[0], TILES=cfg.tiles, PREFETCH=cfg.prefetch,
+        GROUP=k // scales.shape[0], TILES=cfg.tiles, PREFETCH=cfg.prefetch, L2_AHEAD=cfg.l2_ahead,
         FP16=x.dtype == torch.float16, SETS=1 if m <= 8 else 2, SPLIT_MODE=buf.mode,
         num_warps=cfg.num_warps, num_stages=1,
     )  # fmt: skip
