@@ -124,8 +124,13 @@ def _fma_variants(n: int, k: int, bits: int, counters: torch.Tensor) -> Iterator
         cfg = FmaConfig(bn, tiles, default_fma_split(n, k, bits, cfg, SMS, per_sm), pf, warps)
         name = f"fma bn{bn} t{tiles} p{int(pf)} w{warps} {per_sm}/sm"
         yield name, lambda x, *t, c=cfg: int_gemv_fma(x, *t, bits, c, counters)
-    cfg = dataclasses.replace(default_fma_config(n, k, bits, SMS), reduce="fixup_wide")
-    yield "fma default wide", lambda x, *t: int_gemv_fma(x, *t, bits, cfg, counters)
+    default = default_fma_config(n, k, bits, SMS)
+    for name, cfg in (
+        ("fma default wide", dataclasses.replace(default, reduce="fixup_wide")),
+        ("fma default L2+2", dataclasses.replace(default, l2_ahead=2)),
+        ("fma default L2+4", dataclasses.replace(default, l2_ahead=4)),
+    ):
+        yield name, lambda x, *t, c=cfg: int_gemv_fma(x, *t, bits, c, counters)
 
 
 def weights(fmt: str, w: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:

@@ -10,6 +10,9 @@ from kvpilot.runtime.kernels.triton_utils import interpret_without_gpu
 
 INTERPRET = interpret_without_gpu()  # before anything imports triton
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from kvpilot.runtime.kernels import int_gemv_fma_triton as fma_kernels  # noqa: E402
 from kvpilot.runtime.kernels.fp8_gemv_triton import fp8_gemv  # noqa: E402
 from kvpilot.runtime.kernels.int_gemv_fma_triton import (  # noqa: E402
     FmaConfig,
@@ -33,6 +36,7 @@ CONFIGS = [
     FmaConfig(block_n=32, tiles=1, split_k=2, reduce="atomic_f32"),
     FmaConfig(block_n=64, tiles=1, split_k=2, reduce="workspace", num_warps=2),
     FmaConfig(block_n=16, tiles=1, split_k=2, reduce="fixup_wide"),
+    FmaConfig(block_n=32, tiles=1, split_k=1, l2_ahead=2),  # the L2 prefetch: a no-op asm here
 ]
 
 
@@ -48,12 +52,24 @@ def test_fixup_wide_sums_the_same_partials_as_fixup(split_k: int) -> None:
     torch.testing.assert_close(a, int_gemm_ref(x, q, s, z, 4), **TOL)
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"bn{c.block_n}-t{c.tiles}-{c.reduce}")
+@triton.jit
+def _prefetch_nothing(at):
+    """The interpreter runs no inline PTX and has no L2: the prefetch's addresses are computed, no more."""
+    tl.static_assert(len(at.shape) == 3)
+
+
+@pytest.mark.parametrize(
+    "config", CONFIGS, ids=lambda c: f"bn{c.block_n}-t{c.tiles}-{c.reduce}-l2{c.l2_ahead}"
+)
 @pytest.mark.parametrize(("bits", "group"), [(4, 128), (4, 32), (8, -1), (8, 64)])
 @pytest.mark.parametrize("m", [1, 3])
-def test_fma_gemv_matches_reference(config: FmaConfig, bits: int, group: int, m: int) -> None:
+def test_fma_gemv_matches_reference(
+    monkeypatch: pytest.MonkeyPatch, config: FmaConfig, bits: int, group: int, m: int
+) -> None:
     """N = 48 (masked columns), K = 256 (two pack tiles); group 32 / 64 < the 128-row tile: zero points
     and scales per value slot; m = 3: tokens in their own accumulators, the fourth slot reading row 2."""
+    if INTERPRET:
+        monkeypatch.setattr(fma_kernels, "_prefetch_l2", _prefetch_nothing)
     n, k = 48, 256
     gen = torch.Generator().manual_seed(bits * 10 + m)
     w = quantize_rtn(torch.randn(n, k, generator=gen), bits, group, sym=bits == 8)

@@ -59,12 +59,12 @@ class MmaConfig:
     split_k: int = 1
     tiles: int = 1  # pack tiles per K step (unrolled)
     prefetch: bool = True  # the next step's words loaded before this step's mmas
+    num_warps: int = 1  # the layout above is one warp's: more warps would split the row sets
+    reduce: str = "fixup"
     # > 0: the words `l2_ahead` steps ahead prefetched into L2 at the top of every step (prefetch.global.L2:
     # no registers). On sm_90 ptxas sinks the register prefetch above below the step's mmas (it holds 32
     # registers), so without it a warp waits out most of a DRAM latency per step; untimed, not a default.
     l2_ahead: int = 0
-    num_warps: int = 1  # the layout above is one warp's: more warps would split the row sets
-    reduce: str = "fixup"
 
 
 def _asm(fp16: bool, sets: int) -> str:

@@ -45,6 +45,7 @@ class FmaConfig:
     num_warps: int = 4
     num_stages: int = 1
     reduce: str = "fixup"  # split_k_triton.REDUCES
+    l2_ahead: int = 0  # > 0: the words that many steps ahead prefetched into L2 (untimed, not a default)
 
 
 @triton.jit
@@ -54,6 +55,14 @@ def _token_fma(part, x_sum, v, x_at, J: tl.constexpr, LOW: tl.constexpr, BITS: t
     SHIFT: tl.constexpr = (J if J < LOW else J - LOW) * BITS  # v = q 2**SHIFT
     x = tl.load(x_at).to(tl.float32)  # [T, C, 1]
     return part + v * (x * (1.0 / (1 << SHIFT))), x_sum + x
+
+
+@triton.jit
+def _prefetch_l2(at):
+    """prefetch.global.L2 of every address in `at` (no registers, no result)."""
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1]; mov.b32 $0, 0;", "=r,l", [at], dtype=tl.int32, is_pure=False, pack=1
+    )
 
 
 @triton.jit
@@ -124,7 +133,7 @@ def _int_fma_kernel(
     GROUP: tl.constexpr, BITS: tl.constexpr,
     BLOCK_M: tl.constexpr,  # 1, 2 or 4: tokens, each its own accumulator
     BLOCK_N: tl.constexpr, TILE: tl.constexpr, TILES: tl.constexpr,
-    PREFETCH: tl.constexpr, SPLIT_MODE: tl.constexpr,
+    PREFETCH: tl.constexpr, L2_AHEAD: tl.constexpr, SPLIT_MODE: tl.constexpr,
 ):  # fmt: skip
     PER_WORD: tl.constexpr = 32 // BITS
     CHUNK: tl.constexpr = TILE // PER_WORD  # word rows per tile; value j of them = rows j*CHUNK..
@@ -148,7 +157,15 @@ def _int_fma_kernel(
     a1, a2, a3 = a0, a0, a0
     if PREFETCH:
         w_next = tl.load(w_at + (k_start // PER_WORD) * N, mask=mask, other=0, eviction_policy="evict_first")
+    # one pointer per 16-byte vector of a step's words, for the L2 prefetch: [T, C, BN / 4]
+    l2_at = (
+        qw_ptr
+        + (offs_t * CHUNK + offs_c) * N
+        + (pid_n * BLOCK_N + 4 * tl.arange(0, BLOCK_N // 4))[None, None, :]
+    )
     for k0 in range(k_start, k_end, STEP):
+        if L2_AHEAD > 0:  # ptxas places the register prefetch below part of the math: L2 goes further
+            _prefetch_l2(l2_at + (tl.minimum(k0 + L2_AHEAD * STEP, k_end - STEP) // PER_WORD) * N)
         if PREFETCH:  # this step's words were loaded last step; the next step's go out now
             words = w_next
             k_next = tl.minimum(k0 + STEP, k_end - STEP)  # the last step reloads its own words
@@ -228,7 +245,7 @@ def int_gemv_fma(
         x, qweight, scales, zeros, buf.target, buf.workspace, buf.counters, m, n, x.stride(0),
         k // cfg.split_k, cfg.split_k,
         GROUP=k // scales.shape[0], BITS=bits, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=cfg.block_n,
-        TILE=tile, TILES=cfg.tiles, PREFETCH=cfg.prefetch, SPLIT_MODE=buf.mode,
+        TILE=tile, TILES=cfg.tiles, PREFETCH=cfg.prefetch, L2_AHEAD=cfg.l2_ahead, SPLIT_MODE=buf.mode,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return buf.finish()
