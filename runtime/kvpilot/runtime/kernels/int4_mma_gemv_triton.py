@@ -1,6 +1,7 @@
-"""int4 weight-only GEMV for 1 to 8 tokens on the tensor cores, the weight as the mma's A operand straight
+"""int4 weight-only GEMV for 1 to 16 tokens on the tensor cores, the weight as the mma's A operand straight
 from the registers it was loaded into: y [M, N] = x [M, K] @ W^T (the torch reference is
-quant_reference.int_gemm_ref; w4a16_triton.int_gemm dispatches here, GPU only: inline PTX).
+quant_reference.int_gemm_ref; w4a16_triton.int_gemm dispatches here where the H200 measured it ahead,
+int4_mma_dispatched; GPU only: inline PTX).
 
 Why: the Triton-dot GEMV (int_gemv_triton) multiplies x [16 (M padded), K] by W^T, so W is the B operand:
 every dequantized bf16 value goes through shared memory into the mma layout (4 bytes of shared traffic per
@@ -9,7 +10,7 @@ rows) and x the B operand (16 K rows x 8 tokens), and each lane can build its A 
 words when the words sit in the lanes the way the mma wants them.
 
 Lanes and words (one warp per program, BLOCK_N = 64 columns; the layout is Triton's default for the
-[8, 4, 4] int32 load below, checked in the compiled TTGIR by the tests):
+[R, 128] int32 load below, checked in the compiled TTGIR by the tests):
   lane = 4 g + t (g = lane / 4: the mma row group, t = lane % 4: the K slot), and per row set rs (4 word
   rows of a 128-row pack tile) lane (g, t) holds the 16-byte vector of words at word row 4 rs + t,
   columns n0 + 4 g + c (c = 0..3, "lo") and n0 + 32 + 4 g + c ("hi").
@@ -17,7 +18,8 @@ Lanes and words (one warp per program, BLOCK_N = 64 columns; the layout is Trito
   rows i * 16 + r (value i, quant_reference's interleave), so (word >> 4 i) & 0x000F000F | 0x43004300 is
   the bf16 pair (128 + q_i, 128 + q_{i+4}) of one column: the A register pair of K slots (2t, 2t+1)
   stands for K rows (i*16 + r, (i+4)*16 + r). Any pairing of K is right as long as B pairs x the same way:
-  lane (g, t)'s B registers hold x[token g] at exactly those rows (loaded in the asm; tokens >= M zero).
+  lane (g, t)'s B registers hold x[token g] at exactly those rows (loaded in the asm; tokens >= M zero;
+  a second token set, tokens g + 8, for M > 8).
   Step s = 0, 1 of a word takes values (2s, 2s+4) and (2s+1, 2s+5): two mmas per word pair (lo, hi).
   Each pair: (128 + q) - (128 + z) = q - z exactly, then times s (bf16x2): the bf16 weight
   quant_reference.dequantize_int_ref makes, so the float32 sums match the reference's dequantized GEMM.
@@ -25,6 +27,10 @@ Lanes and words (one warp per program, BLOCK_N = 64 columns; the layout is Trito
   in the mma accumulators (no per-tile rescaling: the scale is inside the bf16 weight).
 Per 8 int4 values: 3 shifts, 4 LOP3, 4 bf16x2 subtract, 4 bf16x2 multiply and one quarter of a
 per-warp mma; no shared memory. Split-K fills the SMs; partials combine by split_k_triton's fixup.
+Measured (H200, 2026-12-01): correct, but 1.7-2.2 TB/s at best (see MMA_DISPATCH_MAX_M): a warp spends
+~2-3 µs per 4 KB step. The SASS shows why in part: ptxas places the next step's word loads after the
+step's mmas (the register prefetch is mostly lost) and the deep split-K's reduce is serial; l2_ahead and
+split_k_triton's fixup_wide are the untimed answers (benchmarks/sweep_quant_gemv.py has their rows).
 """
 
 from __future__ import annotations
