@@ -12,6 +12,7 @@ from collections.abc import Callable
 import pytest
 import torch
 from kvpilot.runtime.kernels import int4_mma_gemv_triton as mma
+from kvpilot.runtime.kernels.int4_mma_ptx import row_set_asm
 from kvpilot.runtime.kernels.quant_reference import dequantize_int_ref
 from kvpilot.runtime.quant.int_weight import quantize_rtn
 
@@ -133,7 +134,7 @@ def emulate(x: torch.Tensor, qw: torch.Tensor, s: torch.Tensor, z: torch.Tensor)
     n = qw.shape[1]
     group = k // s.shape[0]
     sets = 1 if m <= 8 else 2
-    asm = mma._asm(False, sets)
+    asm = row_set_asm(False, sets)
     outs = 16 * sets
     memory = {2 * i: int(b) for i, b in enumerate(_bf16_bits(x.reshape(-1)))}  # byte address -> bits
     y = torch.zeros(m, n)
@@ -203,6 +204,7 @@ COMPILE = """
 import json, re, triton
 from triton.backends.compiler import GPUTarget
 from kvpilot.runtime.kernels import int4_mma_gemv_triton as mma
+from kvpilot.runtime.kernels.int4_mma_ptx import row_set_asm
 from kvpilot.runtime.kernels.compile_check import KernelSpec, _source, loop_conversions, _resource_usage
 out = []
 for sets, tiles, l2 in ((1, 1, 0), (2, 1, 0), (1, 2, 0), (1, 1, 2)):
