@@ -118,7 +118,9 @@ def test_default_gemv_config_takes_the_h200_sweeps_best_splits() -> None:
     from kvpilot.runtime.kernels.fp8_gemv_triton import default_fp8_gemv_config
 
     fp8 = [default_fp8_gemv_config(1, n, k, 132) for n, k in QWEN3_8B_LAYERS]
-    assert [c.split_k for c in fp8] == [4, 8, 1, 8] and not any(c.use_dot for c in fp8)  # fp8 M=1: FMAs
+    # fp8 M = 1: one-warp multiply-adds over 4 rows x 512 of K, >= 8 programs per SM (the H200 sweep)
+    assert [c.split_k for c in fp8] == [1, 2, 1, 2] and not any(c.use_dot for c in fp8)
+    assert {(c.block_n, c.block_k, c.num_warps) for c in fp8} == {(4, 512, 1)}
     for m, n, k in ((1, 24576, 4096), (4, 4096, 4096), (1, 64, 384), (40, 1024, 3072)):
         cfg = default_gemv_config(m, n, k, 4, 132)
         steps = k // 128

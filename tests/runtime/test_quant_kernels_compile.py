@@ -12,7 +12,7 @@ import sys
 COMPILE = """
 import dataclasses, json
 from kvpilot.runtime.kernels import fp8_quant_triton as f, w4a16_triton as w
-from kvpilot.runtime.kernels import fp8_gemv_triton as f8, int_gemv_triton as g
+from kvpilot.runtime.kernels import fp8_gemv_triton as f8, int_gemv_triton as g, int_gemv_fma_triton as fma
 from kvpilot.runtime.kernels.compile_check import KernelSpec, compile_kernel
 
 def gemm(name, bits, group, bm, bn, bk, out, stages, x="*bf16"):
@@ -36,6 +36,13 @@ def fp8_gemv(name, use_dot, out):
               "USE_DOT": use_dot, "SPLIT_MODE": 3, "DOT_IEEE": False}
     return KernelSpec(name, f8._fp8_gemv_kernel, types, consts, 4, 4 if use_dot else 1, ("M",))
 
+def fma_gemv(name, bits, group, bm, bn, tiles=1, l2=0):
+    types = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "out_ptr": "*bf16",
+             "ws_ptr": "*fp32", "counter_ptr": "*i32"}
+    consts = {"GROUP": group, "BITS": bits, "BLOCK_M": bm, "BLOCK_N": bn, "TILE": 128, "TILES": tiles,
+              "PREFETCH": True, "L2_AHEAD": l2, "SPLIT_MODE": 3}
+    return KernelSpec(name, fma._int_fma_kernel, types, consts, 4, 1, ("M",))
+
 dequant_types = {"qw_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "out_ptr": "*bf16"}
 specs = [
     gemm("w4_decode_split", 4, 128, 16, 64, 128, "*fp32", 4),
@@ -51,6 +58,10 @@ specs = [
     gemv("w8_gemv_fma", 8, 4096, False, "*fp32", 0, stages=1),
     fp8_gemv("fp8_gemv_dot", True, "*fp32"),
     fp8_gemv("fp8_gemv_fma", False, "*bf16"),
+    fma_gemv("w4_fma_m1", 4, 128, 1, 64),
+    fma_gemv("w4_fma_m4_group32", 4, 32, 4, 64),
+    fma_gemv("w8_fma_m1", 8, 4096, 1, 64),
+    fma_gemv("w8_fma_m1_l2", 8, 4096, 1, 64, l2=2),
     KernelSpec("w4_dequantize", w._dequantize_kernel, dequant_types,
                {"GROUP": 128, "BITS": 4, "BLOCK_K": 128, "BLOCK_N": 64}, 4, 1),
     KernelSpec("reduce_splits", w._reduce_splits_kernel, {"part_ptr": "*fp32", "out_ptr": "*bf16"},
@@ -72,6 +83,10 @@ GEMV = (
     "w8_gemv_fma",
     "fp8_gemv_dot",
     "fp8_gemv_fma",
+    "w4_fma_m1",
+    "w4_fma_m4_group32",
+    "w8_fma_m1",
+    "w8_fma_m1_l2",
 )
 
 
@@ -106,5 +121,7 @@ def test_int_gemm_kernels_compile_for_sm90() -> None:
         assert (reports[name]["stack_bytes"] or 0) <= 32, f"{name} spills registers: {reports[name]}"
     for name in ("w4_gemv_dot", "w4_gemv_dot_pair_asm", "w4_gemv_dot_group32", "w8_gemv_dot", "fp8_gemv_dot"):
         assert reports[name]["async_copies"] > 0, f"{name}: weight loads are no longer pipelined"
+    for name in ("w4_fma_m1", "w4_fma_m4_group32", "w8_fma_m1", "w8_fma_m1_l2"):  # registers only
+        assert reports[name]["loop_conversions"] == 0, f"{name} converts layouts in its K loop"
     for name in ("w4_gemv_dot", "w8_gemv_dot"):  # magic-number operands built in the mma layout
         assert reports[name]["loop_conversions"] == 0, f"{name} converts layouts in its K loop"

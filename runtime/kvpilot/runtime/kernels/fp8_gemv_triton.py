@@ -22,7 +22,8 @@ from kvpilot.runtime.kernels.split_k_triton import REDUCES, split_output, store_
 from kvpilot.runtime.kernels.triton_utils import num_sms
 
 FP8_GEMV_MAX_M = FP8_WEIGHT_ONLY_MAX_M
-FP8_BLOCK_K = 128
+FP8_BLOCK_K = 128  # M > 1 (dots)
+FP8_M1_BLOCK_N, FP8_M1_BLOCK_K, FP8_M1_PROGRAMS_PER_SM = 4, 512, 8  # M = 1 (one-warp multiply-adds)
 
 
 @triton.jit(do_not_specialize=["M", "split_k"])
@@ -75,7 +76,8 @@ def _fp8_gemv_kernel(
             ks = k0 + offs_k
             x = tl.load(x_ptr + pid_m * stride_xm + ks, mask=ks < K, other=0.0).to(tl.float32)  # [BK]
             w_at = w_ptr + offs_n[:, None] * K + ks[None, :]
-            w = tl.load(w_at, mask=n_mask[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
+            w_mask = n_mask[:, None] & (ks < K)[None, :]
+            w = tl.load(w_at, mask=w_mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             acc2 += w * x[None, :]
         y = tl.sum(acc2, axis=1) * scale
         offs = pid_m * N + offs_n
@@ -84,14 +86,24 @@ def _fp8_gemv_kernel(
 
 
 def default_fp8_gemv_config(m: int, n: int, k: int, sms: int) -> GemvConfig:
-    """A function of M's bucket (int_gemv_triton.gemv_bucket): 64 columns per program, M = 1 float32
-    multiply-adds (fastest on the H200 for o, gate_up and down), M > 1 dots; split-K by
-    int_gemv_triton.default_split_k."""
+    """A function of M's bucket (int_gemv_triton.gemv_bucket). M = 1: float32 multiply-adds, one warp
+    per program streaming 4 weight rows in K tiles of 512 (16-byte loads; one warp converts x's layout by
+    shuffles, not through shared memory behind a barrier), split-K until >= 8 programs per SM: on the
+    H200 (benchmarks/sweep_quant_gemv.py, 2026-12-01) Qwen3-8B qkv / o / gate_up / down took 9.8 / 8.0 /
+    28.1 / 16.6 µs against 12.8 / 9.0 / 37.1 / 19.3 with 64 rows x 128 and 4 warps. M > 1: dots of x
+    padded to 16 tokens against 64 columns, split-K by int_gemv_triton.default_split_k."""
+    if m == 1:
+        steps, blocks = -(-k // FP8_M1_BLOCK_K), -(-n // FP8_M1_BLOCK_N)
+        fits = [s for s in (1, 2, 4, 8) if steps % s == 0]
+        split = next((s for s in fits if blocks * s >= FP8_M1_PROGRAMS_PER_SM * sms), 1)
+        return GemvConfig(
+            use_dot=False, block_n=FP8_M1_BLOCK_N, split_k=split, num_warps=1, num_stages=1, block_m=1,
+            block_k=FP8_M1_BLOCK_K,
+        )  # fmt: skip
     top, block_m, _ = gemv_bucket(m)
     tiles = -(-n // 64) * -(-top // block_m)
     split = default_split_k(tiles, -(-k // FP8_BLOCK_K), sms)
-    stages = 4 if m > 1 else 1
-    return GemvConfig(use_dot=m > 1, block_n=64, split_k=split, num_stages=stages, block_m=block_m)
+    return GemvConfig(use_dot=True, block_n=64, split_k=split, num_stages=4, block_m=block_m)
 
 
 def fp8_gemv(
@@ -106,16 +118,16 @@ def fp8_gemv(
     m, k = x.shape
     n = weight.shape[0]
     cfg = config or default_fp8_gemv_config(m, n, k, num_sms(x.device))
-    steps = -(-k // FP8_BLOCK_K)
+    steps = -(-k // cfg.block_k)
     if steps % cfg.split_k or cfg.reduce not in REDUCES:
-        raise ValueError(f"fp8 gemv config {cfg} does not fit K {k} (blocks of {FP8_BLOCK_K})")
+        raise ValueError(f"fp8 gemv config {cfg} does not fit K {k} (blocks of {cfg.block_k})")
     block_m = cfg.block_m if cfg.use_dot else 1
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, block_m), cfg.split_k)
     buf = split_output(x, m, n, cfg.split_k, cfg.reduce, counters, grid[0] * grid[1])
     _fp8_gemv_kernel[grid](
         x, weight, weight_scale, buf.target, buf.workspace, buf.counters, m, n, k, x.stride(0),
-        steps // cfg.split_k * FP8_BLOCK_K, cfg.split_k,
-        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=FP8_BLOCK_K, USE_DOT=cfg.use_dot,
+        steps // cfg.split_k * cfg.block_k, cfg.split_k,
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, USE_DOT=cfg.use_dot,
         SPLIT_MODE=buf.mode, DOT_IEEE=x.dtype == torch.float32, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )  # fmt: skip

@@ -70,6 +70,7 @@ class GemvConfig:
     num_stages: int = 4
     pair_asm: bool = False  # dot, int4, bf16 on a GPU: operands built by inline PTX (_PAIRS_LOW)
     block_m: int = 16  # dot: tokens per program (M padded to it; 32 or 64 for 16 < M <= 64)
+    block_k: int = 128  # fp8_gemv_triton only: K per tile
 
 
 @triton.jit(do_not_specialize=["M", "split_k"])

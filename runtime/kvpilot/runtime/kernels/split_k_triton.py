@@ -11,6 +11,9 @@ combine their float32 partial sums into y [M, N]. SPLIT_K programs share each ou
               and the last to arrive sums the tile's partials in split order, writes y and resets the
               counter to zero for the next call (one kernel, deterministic). The counters [tiles] int32
               persist across calls (zero between them), so the caller owns them (split_counters).
+  fixup_wide  fixup whose last program loads the partials 4 splits at a time (the same sums in the
+              same order): "fixup" waits one L2 round trip per split, which a deep split-K (16-48 for
+              the one-warp int4 mma GEMV) pays at the end of every tile. Not a default: not yet timed.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-REDUCES = ("atomic", "atomic_f32", "workspace", "fixup")
-_MODES = {"store": 0, "atomic": 1, "atomic_f32": 1, "workspace": 2, "fixup": 3}
+REDUCES = ("atomic", "atomic_f32", "workspace", "fixup", "fixup_wide")
+_MODES = {"store": 0, "atomic": 1, "atomic_f32": 1, "workspace": 2, "fixup": 3, "fixup_wide": 4}
 
 
 @triton.jit
@@ -44,14 +47,28 @@ def store_split(
         tl.atomic_add(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask, sem="relaxed")
     else:
         tl.store(ws_ptr + pid_k * MN + offs, acc, mask=mask)
-    if MODE == 3:
+    if MODE >= 3:
         tile = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
         tl.debug_barrier()  # every thread's partial is written before the count is released
         arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel")
         if arrived == split_k - 1:  # the last of the tile's programs: the others' partials are visible
             total = tl.zeros_like(acc)
-            for split in range(split_k):  # split order: the same sum on every call
-                total += tl.load(ws_ptr + split * MN + offs, mask=mask, other=0.0, cache_modifier=".cg")
+            if MODE == 3:
+                for split in range(split_k):  # split order: the same sum on every call
+                    total += tl.load(ws_ptr + split * MN + offs, mask=mask, other=0.0, cache_modifier=".cg")
+            else:  # four loads in flight per round trip, added in split order
+                for split0 in range(0, split_k, 4):
+                    at = ws_ptr + split0 * MN + offs
+                    rank = offs * 0 + split0  # a tensor: the interpreter's masks must be tensors
+                    p0 = tl.load(at, mask=mask, other=0.0, cache_modifier=".cg")
+                    p1 = tl.load(at + MN, mask=mask & (rank + 1 < split_k), other=0.0, cache_modifier=".cg")
+                    p2 = tl.load(
+                        at + 2 * MN, mask=mask & (rank + 2 < split_k), other=0.0, cache_modifier=".cg"
+                    )
+                    p3 = tl.load(
+                        at + 3 * MN, mask=mask & (rank + 3 < split_k), other=0.0, cache_modifier=".cg"
+                    )
+                    total = (((total + p0) + p1) + p2) + p3
             tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
             tl.atomic_xchg(counter_ptr + tile, 0, sem="relaxed")  # the next launch is stream-ordered
 
@@ -115,13 +132,13 @@ def split_output(
     no_counters = torch.empty(0, device=x.device, dtype=torch.int32)
     if split_k == 1:
         return SplitOutput(out, out, none, no_counters, 0, 1)
-    if reduce in ("workspace", "fixup"):
+    if reduce in ("workspace", "fixup", "fixup_wide"):
         workspace = torch.empty(split_k, m, n, device=x.device, dtype=torch.float32)
         if reduce == "workspace":
             return SplitOutput(out, out, workspace, no_counters, 2, split_k)
         if counters is None or counters.numel() < tiles:
             counters = torch.zeros(tiles, device=x.device, dtype=torch.int32)
-        return SplitOutput(out, out, workspace, counters, 3, split_k)
+        return SplitOutput(out, out, workspace, counters, _MODES[reduce], split_k)
     if reduce == "atomic_f32" and x.dtype != torch.float32:
         return SplitOutput(
             out, torch.zeros(m, n, device=x.device, dtype=torch.float32), none, no_counters, 1, split_k

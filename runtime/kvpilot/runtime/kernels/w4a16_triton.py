@@ -3,6 +3,10 @@ from the canonical layout (kernels/quant_reference.py: int32 words packed along 
 of G input rows). The torch reference beside it is quant_reference.int_gemm_ref.
 
 int_gemm picks the path by M (the number of tokens):
+  int4, M <= 8, bf16/fp16 on a GPU, groups of whole 128-row tiles, >= 2 blocks of 64 columns per SM
+           (int4_mma_dispatched: Qwen3-8B's gate_up): kernels/int4_mma_gemv_triton.py, the weight
+           mma.sync's A operand straight from its registers.
+  int8, M = 1: kernels/int_gemv_fma_triton.py (float32 multiply-adds, no shared memory).
   M <= GEMV_MAX_M (64): kernels/int_gemv_triton.py, a weight stream whose operands are built without
            conversion instructions (magic numbers), split-K, its launch shape a function of M's bucket.
   M > GEMV_MAX_M: dequantize the weight once (a Triton kernel writing W^T in x's dtype) and let cuBLAS
@@ -25,6 +29,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from kvpilot.runtime.kernels.int4_mma_gemv_triton import int4_mma_dispatched, int4_mma_gemv
+from kvpilot.runtime.kernels.int_gemv_fma_triton import default_fma_config, int_gemv_fma
 from kvpilot.runtime.kernels.int_gemv_triton import GEMV_MAX_M, int_gemv, warm_up_m
 from kvpilot.runtime.kernels.quant_reference import pack_tile
 from kvpilot.runtime.kernels.split_k_triton import _reduce_splits_kernel
@@ -254,6 +260,11 @@ def int_gemm(
     group = x.shape[1] // scales.shape[0]
     if not fused_supported(x.shape[1], group, bits) or x.shape[0] >= DEQUANT_CUBLAS_MIN_M:
         y = x @ dequantize_triton(qweight, scales, zeros, bits, x.dtype)
+    elif bits == 4 and int4_mma_dispatched(x, qweight.shape[1], group):
+        y = int4_mma_gemv(x, qweight, scales, zeros, counters=counters)
+    elif bits == 8 and x.shape[0] == 1:
+        cfg = default_fma_config(qweight.shape[1], x.shape[1], bits, num_sms(x.device))
+        y = int_gemv_fma(x, qweight, scales, zeros, bits, cfg, counters)
     else:
         y = int_gemv(x, qweight, scales, zeros, bits, counters=counters)
     return y.reshape(*lead, y.shape[-1])
@@ -270,7 +281,8 @@ def warm_up_int_gemm(
     """Run the dispatch once per launch shape it uses below DEQUANT_CUBLAS_MIN_M (zeros in, result
     dropped), so Triton compiles them while the model loads, never in the middle of serving."""
     k = qweight.shape[0] * (32 // bits)
-    for m in warm_up_m():
+    # 9: M = 1 may take another kernel (int4 mma, int8 multiply-adds) than the rest of the first bucket
+    for m in sorted({*warm_up_m(), 9}):
         int_gemm(
             torch.zeros(m, k, device=qweight.device, dtype=dtype),
             qweight,
