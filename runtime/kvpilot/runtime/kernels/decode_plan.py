@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .kv8_path import Kv8Path
+
 
 @dataclass(frozen=True)
 class DecodeConfig:
@@ -46,6 +48,9 @@ class DecodeConfig:
     # QK), so the defaults stay "widen"/"operand" (BENCHMARKS.md, 8-bit decode).
     qk_dot: str = "widen"
     v_widen: str = "operand"
+    # 8-bit caches only: not None -> the 8-bit decode kernel (kv8_decode_triton.py) with this tile path;
+    # qk_dot and v_widen then do not apply. None: the shared kernel above.
+    kv8: Kv8Path | None = None
 
     def __post_init__(self) -> None:
         modes = {"qk_dot": ("widen", "native"), "v_widen": ("tile", "operand")}

@@ -1,0 +1,166 @@
+"""Sweep the 8-bit KV decode attention paths on the GPU in one short call (issue 13), one row each.
+
+    source benchmarks/gpu_env.sh && python benchmarks/sweep_kv8.py [--budget 80]
+
+Qwen3-8B heads (32 q / 8 KV, head_dim 128, page 16), equal contexts, pages shuffled over the pool. Each
+8-bit row sits beside the bf16 kernel of the same shape in the same run: µs (CUDA-graph median), speed-up
+over bf16, % of 4.25 TB/s counted on the bytes actually read (1-byte values + the fp32 per-token-head
+scales + q + out), max_err = max |out - reference on the dequantized cache| (the precision a path costs
+beyond the cache's own). Rows print as they finish; variants stop when the time budget runs out.
+
+Diagnostics (the kv8 kernel's bench-only Kv8Path.diag, outputs meaningless): "load" reads the tiles and
+scales and folds them with xor/add (the memory-only time of this access pattern), "convert" also widens
+them to fp16 (no dots); the full kernel adds the dots and the softmax.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import replace
+
+import torch
+from bench_kernels import (
+    BF16,
+    COPY_BW,
+    KV8_DTYPES,
+    KVH,
+    attn_bytes,
+    num_sets,
+    paged_batch,
+    reference,
+    time_graph,
+)
+from kvpilot.runtime.kernels.decode_attention_triton import (
+    DecodeConfig,
+    DecodePlan,
+    default_decode_config,
+    paged_decode_attention_triton,
+    plan_decode,
+)
+from kvpilot.runtime.kernels.kv8_path import Kv8Path
+from kvpilot.runtime.kernels.triton_utils import num_sms
+
+SCALE = 128**-0.5
+Variant = tuple[DecodeConfig | None, DecodePlan | None]
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _split(ctx: int, splits: int, bn: int) -> DecodePlan:
+    return DecodePlan(splits, _cdiv(_cdiv(ctx, splits), bn) * bn)
+
+
+def variants(ctx: int, breadth: bool) -> dict[str, Variant]:
+    """The 8-bit rows of one shape: the shipped default, the diagnostics, the kv8 kernel's paths."""
+    legacy = replace(default_decode_config(torch.int8), kv8=None)
+    base = replace(legacy, kv8=Kv8Path())
+    best = replace(base, kv8=Kv8Path(cvt="bias", qk="native", swap=True))
+    out: dict[str, Variant] = {"default (shipped)": (None, None)}
+    if breadth:
+        for name, path in (("bias native swap", best.kv8), ("ptx swap", Kv8Path(swap=True))):
+            out[f"kv8 {name}"] = (replace(base, kv8=path), None)
+        return out
+    paths = {  # in order of priority (a spent time budget cuts the tail)
+        "diag load": Kv8Path(diag="load"),
+        "diag convert ptx": Kv8Path(diag="convert"),
+        "ptx": Kv8Path(cvt="ptx"),
+        "bias native swap": best.kv8,
+        "ptx swap": Kv8Path(swap=True),
+        "bias swap": Kv8Path(cvt="bias", swap=True),
+        "ptx native swap": Kv8Path(qk="native", swap=True),
+        "bias": Kv8Path(cvt="bias"),
+        "cast": Kv8Path(cvt="cast"),
+        "ptx native": Kv8Path(qk="native"),
+        "diag convert bias": Kv8Path(cvt="bias", diag="convert"),
+    }
+    out |= {f"kv8 {name} bn128 w4 s2": (replace(base, kv8=p), None) for name, p in paths.items()}
+    swap = replace(base, kv8=Kv8Path(swap=True))
+    for splits in (2, 4):
+        out[f"kv8 bias native swap, {splits} splits"] = (best, _split(ctx, splits, 128))
+        out[f"kv8 ptx swap, {splits} splits"] = (swap, _split(ctx, splits, 128))
+    out["kv8 diag load, 2 splits"] = (replace(base, kv8=Kv8Path(diag="load")), _split(ctx, 2, 128))
+    for bn, warps, stages in ((64, 4, 2), (128, 4, 3), (128, 8, 2), (256, 4, 2), (128, 4, 4)):
+        cfg = replace(best, block_n=bn, num_warps=warps, num_stages=stages)
+        out[f"kv8 bias native swap bn{bn} w{warps} s{stages}"] = (cfg, None)
+    out["kv8 bias swap s3, 2 splits"] = (replace(swap, kv8=Kv8Path(cvt="bias", swap=True), num_stages=3),
+                                         _split(ctx, 2, 128))  # fmt: skip
+    return out
+
+
+def call(b: dict[str, torch.Tensor], cfg: DecodeConfig | None, plan: DecodePlan | None):
+    return lambda: paged_decode_attention_triton(
+        b["q"], b["k"], b["v"], b["ctx"], b["bt"], SCALE, config=cfg, plan=plan, k_scale=b.get("ks"),
+        v_scale=b.get("vs"),
+    )  # fmt: skip
+
+
+def run_shape(batch: int, ctx: int, breadth: bool, replays: int, deadline: float) -> None:
+    """bf16, then each variant for fp8 and int8 in turn (so a spent budget cuts both alike)."""
+    shape = f"{batch}x{ctx}"
+    sets = [paged_batch(batch, ctx, 1) for _ in range(num_sets(attn_bytes(batch, ctx, 1)))]
+    bf16_us = time_graph([call(b, None, None) for b in sets], replays)
+    err = (call(sets[0], None, None)().float() - reference(sets[0], SCALE).float()).abs().max()
+    row(shape, "bf16", "default", bf16_us, bf16_us, attn_bytes(batch, ctx, 1), float(err), "")
+    del sets
+    sms = num_sms(torch.device("cuda"))
+    data = {}
+    for kv, dtype in KV8_DTYPES.items():
+        nbytes = attn_bytes(batch, ctx, 1, dtype)
+        sets = [paged_batch(batch, ctx, 1, dtype) for _ in range(num_sets(nbytes))]
+        data[kv] = (sets, reference(sets[0], SCALE).float(), nbytes)
+    for name, (cfg, plan) in variants(ctx, breadth).items():
+        if time.time() > deadline:
+            print(f"| {shape} | | (time budget spent: the remaining variants are skipped) |")
+            break
+        for kv, (sets, ref, nbytes) in data.items():
+            chosen = plan or plan_decode(batch, KVH, ctx, sms, cfg or default_decode_config(KV8_DTYPES[kv]))
+            try:
+                err = float((call(sets[0], cfg, plan)().float() - ref).abs().max())
+                us = time_graph([call(b, cfg, plan) for b in sets], replays)
+            except Exception as e:  # a variant that does not compile (e.g. shared memory): report, go on
+                row(
+                    shape,
+                    kv,
+                    name,
+                    float("nan"),
+                    bf16_us,
+                    nbytes,
+                    float("nan"),
+                    str(e)[-60:].replace("\n", " "),
+                )
+                continue
+            row(shape, kv, name, us, bf16_us, nbytes, err, f"splits {chosen.num_splits}")
+
+
+def row(
+    shape: str, kv: str, name: str, us: float, bf16_us: float, nbytes: float, err: float, note: str
+) -> None:
+    pct = 100 * nbytes / (us * 1e-6) / COPY_BW
+    print(
+        f"| {shape} | {kv} | {name} | {us:.1f} | {bf16_us / us:.2f}x | {pct:.0f}% | {err:.1e} | {note} |",
+        flush=True,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget", type=float, default=70.0, help="seconds before variants are skipped")
+    parser.add_argument("--replays", type=int, default=5)
+    args = parser.parse_args()
+    start = time.time()
+    torch.manual_seed(0)
+    print(f"{torch.cuda.get_device_name()}; Triton kernels; bf16 {BF16}")
+    print("| shape | kv | variant | µs | vs bf16 | % of 4.25 TB/s | max_err | note |")
+    print("|---|---|---|---|---|---|---|---|")
+    deadline = start + args.budget
+    run_shape(64, 4096, False, args.replays, deadline - 20)  # the target; leave time for breadth
+    for batch, ctx in ((16, 8192), (32, 512)):
+        run_shape(batch, ctx, True, args.replays, deadline)
+    print(f"total {time.time() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
