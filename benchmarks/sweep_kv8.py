@@ -21,11 +21,11 @@ from dataclasses import replace
 
 import torch
 from bench_kernels import (
-    BF16,
     COPY_BW,
     KV8_DTYPES,
     KVH,
     attn_bytes,
+    copy_bandwidth,
     num_sets,
     paged_batch,
     reference,
@@ -152,7 +152,7 @@ def main() -> None:
     args = parser.parse_args()
     start = time.time()
     torch.manual_seed(0)
-    print(f"{torch.cuda.get_device_name()}; Triton kernels; bf16 {BF16}")
+    print(f"{torch.cuda.get_device_name()}; copy bandwidth now {copy_bandwidth() / 1e12:.2f} TB/s")
     print("| shape | kv | variant | µs | vs bf16 | % of 4.25 TB/s | max_err | note |")
     print("|---|---|---|---|---|---|---|---|")
     deadline = start + args.budget
