@@ -20,6 +20,7 @@ INTERPRET = interpret_without_gpu()  # before anything imports triton
 from kvpilot.runtime.kernels.decode_attention_triton import (  # noqa: E402
     DecodeConfig,
     DecodePlan,
+    default_decode_config,
     paged_decode_attention_triton,
 )
 from kvpilot.runtime.kernels.kv8_path import Kv8Path  # noqa: E402
@@ -100,12 +101,13 @@ def test_path_rejects_unknown_modes() -> None:
 
 
 # ---- GPU: Qwen3-8B heads, bf16 activations: the PTX widenings and the wgmma (swapped) dots -------------
-GPU_PATHS = {
-    "ptx": Kv8Path(cvt="ptx"),
-    "bias": Kv8Path(cvt="bias"),
-    "ptx swap": Kv8Path(cvt="ptx", swap=True),
-    "bias swap": Kv8Path(cvt="bias", swap=True),
-    "bias native swap": Kv8Path(cvt="bias", qk="native", swap=True),
+GPU_PATHS = {  # at the default's tile (64 positions, 5 stages); "default" is default_decode_config's
+    "default": None,
+    "swap native": Kv8Path(qk="native", swap=True),
+    "m16 widen": Kv8Path(),
+    "m16 native": Kv8Path(qk="native"),
+    "swap widen ptx": Kv8Path(cvt="ptx", swap=True),
+    "swap widen bias": Kv8Path(cvt="bias", swap=True),
 }
 
 
@@ -116,8 +118,10 @@ GPU_PATHS = {
 def test_gpu_kv8_paths(dtype: torch.dtype, path: str, num_seqs: int, ctx: int) -> None:
     ctx_lens = [ctx - 37 * i for i in range(num_seqs)]
     b = quantized_batch(ctx_lens, [1] * num_seqs, 32, 8, 128, 16, dtype, act_dtype=torch.bfloat16)
-    out = _decode(b, DecodeConfig(block_n=128, kv8=GPU_PATHS[path])).float()
-    if GPU_PATHS[path].qk == "native":
+    cfg = default_decode_config(dtype)
+    cfg = cfg if GPU_PATHS[path] is None else replace(cfg, kv8=GPU_PATHS[path])
+    out = _decode(b, cfg).float()
+    if cfg.kv8 is not None and cfg.kv8.qk == "native":
         assert (out - _ref32(b)).abs().max().item() < QK_NATIVE_TOL[dtype]
     else:
         torch.testing.assert_close(out, _ref32(b), atol=2e-2, rtol=2e-2)

@@ -379,11 +379,14 @@ def test_8bit_attention_stays_close_to_full_precision(dtype: torch.dtype, magnit
         assert not bool(torch.isfinite(old).all()) or (old - exact).abs().max() / magnitude > 0.2
 
 
-def test_decode_defaults_keep_the_tile_bytes_for_8bit_caches() -> None:
+def test_decode_defaults_pick_the_8bit_kernel_for_8bit_caches() -> None:
+    """8-bit caches decode with the kv8 kernel at >= 5 stages (where Triton overlaps a tile's loads with
+    the previous tile's dots, decode_plan.EIGHT_BIT_DECODE); 16-bit caches keep the shared kernel."""
     assert default_decode_config(torch.bfloat16) == DecodeConfig()
+    assert DecodeConfig().kv8 is None
     for dtype in EIGHT_BIT:
         cfg = default_decode_config(dtype)
-        assert cfg.block_n * dtype.itemsize == DecodeConfig().block_n * torch.bfloat16.itemsize
+        assert cfg.kv8 is not None and cfg.num_stages >= 5
 
 
 # ---- the engine --------------------------------------------------------------------------------------

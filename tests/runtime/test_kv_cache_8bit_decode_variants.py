@@ -90,10 +90,17 @@ def test_config_rejects_unknown_modes() -> None:
 
 
 def test_8bit_defaults_are_the_measured_fastest() -> None:
-    """H200, 64 x 4k (BENCHMARKS.md): the operand widening beat the tile widening and the native QK dot."""
+    """H200, 64 x 4k (benchmarks/sweep_kv8.py): the kv8 kernel's path and tile (kv8_decode_triton.py)."""
     for dtype in EIGHT_BIT:
         cfg = default_decode_config(dtype)
-        assert (cfg.v_widen, cfg.qk_dot, cfg.block_n, cfg.num_stages) == ("operand", "widen", 128, 2)
+        assert cfg.kv8 is not None
+        assert (cfg.kv8.cvt, cfg.kv8.qk, cfg.kv8.swap, cfg.block_n, cfg.num_stages) == (
+            "auto",
+            "widen",
+            True,
+            64,
+            5,
+        )
 
 
 # ---- GPU: Qwen3-8B heads, bf16 activations: every variant the sweep times is correct -------------------

@@ -30,10 +30,12 @@ from triton.compiler import ASTSource
 from . import (
     activation_triton,
     decode_attention_triton,
+    kv8_decode_triton,
     norm_triton,
     prefill_attention_triton,
     qkv_prepare_triton,
 )
+from .kv8_path import cvt_code
 
 
 @dataclass(frozen=True)
@@ -129,13 +131,13 @@ def kv8_specs() -> list[KernelSpec]:
     dec_consts = {"GROUP": 4, "BLOCK_H": 16, **_HEADS, "BLOCK_N": dec8.block_n, "SCALED": True}
     specs = []
     for kv in _KV8:
-        for split in (False, True):
+        for split in (False, True):  # the default: the kv8 kernel (kv8_decode_triton.py)
             specs.append(
                 KernelSpec(
                     f"decode_{'split' if split else 'single_pass'}_{kv}",
-                    decode_attention_triton._decode_kernel,
+                    kv8_decode_triton._decode8_kernel if dec8.kv8 else decode_attention_triton._decode_kernel,
                     _scaled(dec_types, kv),
-                    {**dec_consts, "SPLIT": split, **_dot_modes(dec8, kv)},
+                    {**dec_consts, "SPLIT": split, **_dot_modes(dec8, kv), **_kv8_consts(dec8, kv)},
                     dec8.num_warps,
                     dec8.num_stages,
                     _DEC_NODIV,
@@ -186,8 +188,9 @@ def kv8_specs() -> list[KernelSpec]:
 
 
 def decode8_variants(kv: str) -> dict[str, decode_attention_triton.DecodeConfig]:
-    """Named non-default 8-bit decode configurations (the defaults are compiled as decode_*_{kv})."""
-    base = decode_attention_triton.EIGHT_BIT_DECODE
+    """The shared kernel's 8-bit alternatives (DecodeConfig.kv8 None: the 8-bit default before the kv8
+    kernel, and what it can still select); the defaults are compiled as decode_*_{kv}."""
+    base = dataclasses.replace(decode_attention_triton.EIGHT_BIT_DECODE, kv8=None, block_n=128, num_stages=2)
     out = {
         "v_tile": dataclasses.replace(base, v_widen="tile"),
         "qk_native": dataclasses.replace(base, qk_dot="native", v_widen="tile"),
@@ -203,6 +206,20 @@ def _dot_modes(cfg: decode_attention_triton.DecodeConfig, kv: str) -> dict[str, 
         "V_TILE": scaled and cfg.v_widen == "tile",
         "WIDEN_ASM": True,
         "QMAX": 448.0 if kv == "fp8" else 127.0,
+    }
+
+
+def _kv8_consts(cfg: decode_attention_triton.DecodeConfig, kv: str) -> dict[str, Any]:
+    """The kv8 kernel's own constants for cfg (none when cfg selects the shared kernel)."""
+    if cfg.kv8 is None:
+        return {}
+    return {
+        "DOT16": True,  # bf16 activations
+        "CVT": cvt_code(cfg.kv8.cvt, kv == "int8"),
+        "NATIVE": cfg.kv8.qk == "native",
+        "SWAP": cfg.kv8.swap,
+        "PREFETCH": cfg.kv8.prefetch,
+        "DIAG": 0,
     }
 
 

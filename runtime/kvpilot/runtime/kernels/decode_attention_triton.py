@@ -315,7 +315,7 @@ def paged_decode_attention_triton(
     if scaled and cfg.kv8 is not None:  # the 8-bit kernel (same arguments, plus its path's constants)
         from .kv8_decode_triton import kv8_kernel  # it imports this module's device helpers
 
-        kernel, kv8_consts = kv8_kernel(cfg.kv8, q, block_d)
+        kernel, kv8_consts = kv8_kernel(cfg.kv8, q, k_cache, block_d)
     kernel[(plan.num_splits, num_kv_heads, num_seqs)](
         q,
         k_cache,

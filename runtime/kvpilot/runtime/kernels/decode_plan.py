@@ -61,10 +61,13 @@ class DecodeConfig:
             raise ValueError(f"DecodeConfig.block_n must be a power of two >= 16, got {self.block_n}")
 
 
-# An 8-bit tile of 128 positions is as many bytes as a 16-bit tile of 64: the same bytes in flight per
-# program, half the tiles per sequence. The long-partition plans were measured for 16-bit caches only
-# (8-bit tiles at 5 stages were slower at 64 x 4k), so 8-bit caches keep the short plans.
-EIGHT_BIT_DECODE = DecodeConfig(block_n=128, long_split_waves=0.0)
+# 8-bit caches: the kv8 kernel (kv8_decode_triton.py). At 2-4 stages Triton issues a tile's K/V copies
+# at the end of the previous iteration and waits for them at the top of the next (no overlap with the
+# dots); from 5 stages it keeps a tile in flight while computing. 64-position tiles keep 3 programs per
+# SM at 5 stages (~140 registers, 64 KB shared). The short split plans stay (long_split_waves 0).
+EIGHT_BIT_DECODE = DecodeConfig(
+    block_n=64, num_stages=5, long_split_waves=0.0, kv8=Kv8Path(cvt="auto", qk="widen", swap=True)
+)
 
 
 def default_decode_config(cache_dtype: torch.dtype) -> DecodeConfig:

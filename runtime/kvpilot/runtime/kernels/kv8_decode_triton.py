@@ -4,7 +4,7 @@ The same grid, plan and outputs as decode_attention_triton._decode_kernel (one p
 and sequence; split partials merged by its _decode_reduce_kernel), with the tile step chosen by Kv8Path
 (kv8_path.py): how the codes are widened (kv8_convert_triton.py), whether the QK dot runs on 8-bit
 operands, whether the dots are computed transposed (context positions or head_dim as the M side), and
-whether whether to run diagnostics instead.
+whether whether the next tile is loaded into registers before the current one is computed.
 
 Dequantization is exact and done on the score tile, as in attention_tile_triton.py: K's scale multiplies
 score column n, V's scale the softmax weight p[:, n]. The fp16 dots need q and p in fp16 range: q is
@@ -22,7 +22,7 @@ import triton.language as tl
 
 from .decode_attention_triton import _partition_for, _quantize_rows
 from .kv8_convert_triton import widen8
-from .kv8_path import CVT_CODES, DIAG_CODES, Kv8Path
+from .kv8_path import DIAG_CODES, Kv8Path, cvt_code
 
 
 @triton.jit
@@ -125,7 +125,7 @@ def _decode8_kernel(
     SCALED: tl.constexpr, QK_NATIVE: tl.constexpr, V_TILE: tl.constexpr,  # _decode_kernel's; unused here
     WIDEN_ASM: tl.constexpr, QMAX: tl.constexpr,
     DOT16: tl.constexpr, CVT: tl.constexpr, NATIVE: tl.constexpr, SWAP: tl.constexpr,
-    DIAG: tl.constexpr,
+    PREFETCH: tl.constexpr, DIAG: tl.constexpr,
 ):  # fmt: skip
     """Pointers and shapes as decode_attention_triton._decode_kernel's (scales [num_blocks, PAGE, KVH])."""
     split, kv_head, seq = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -169,11 +169,24 @@ def _decode8_kernel(
     else:
         fold = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     s_fold = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for n0 in range(start, end, BLOCK_N):
-        k, v, k_s, v_s, valid = _load8(
-            k_ptrs0, v_ptrs0, k_scale_ptr, v_scale_ptr, bt_row, n0, end, strides, s_off,
+    if PREFETCH:  # tile i + 1 is loaded into registers while tile i is computed
+        k_n, v_n, ks_n, vs_n, _ = _load8(
+            k_ptrs0, v_ptrs0, k_scale_ptr, v_scale_ptr, bt_row, start, end, strides, s_off,
             HEAD_DIM, BLOCK_D, PAGE, BLOCK_N,
         )  # fmt: skip
+    for n0 in range(start, end, BLOCK_N):
+        if PREFETCH:
+            k, v, k_s, v_s = k_n, v_n, ks_n, vs_n
+            valid = n0 + tl.arange(0, BLOCK_N) < end
+            k_n, v_n, ks_n, vs_n, _ = _load8(
+                k_ptrs0, v_ptrs0, k_scale_ptr, v_scale_ptr, bt_row, n0 + BLOCK_N, end, strides, s_off,
+                HEAD_DIM, BLOCK_D, PAGE, BLOCK_N,
+            )  # fmt: skip
+        else:
+            k, v, k_s, v_s, valid = _load8(
+                k_ptrs0, v_ptrs0, k_scale_ptr, v_scale_ptr, bt_row, n0, end, strides, s_off,
+                HEAD_DIM, BLOCK_D, PAGE, BLOCK_N,
+            )  # fmt: skip
         if DIAG == 0:
             acc, l_i, m_i = _attend8(
                 acc, l_i, m_i, qd, q_row, q_sum, k, v, k_s, v_s, valid, DOT16, CVT, NATIVE, SWAP, WIDEN_ASM
@@ -194,13 +207,16 @@ def _decode8_kernel(
         tl.store(o_ptrs, (acc / l_safe[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-def kv8_kernel(path: Kv8Path, q: torch.Tensor, block_d: int) -> tuple[Any, dict[str, Any]]:
+def kv8_kernel(
+    path: Kv8Path, q: torch.Tensor, k_cache: torch.Tensor, block_d: int
+) -> tuple[Any, dict[str, Any]]:
     """(_decode8_kernel, its constants beyond _decode_kernel's) for paged_decode_attention_triton, which
     launches it with _decode_kernel's arguments and merges split partials with its reduce kernel."""
     return _decode8_kernel, {
         "DOT16": q.dtype != torch.float32,
-        "CVT": CVT_CODES[path.cvt],
+        "CVT": cvt_code(path.cvt, k_cache.dtype == torch.int8),
         "NATIVE": path.qk == "native" and block_d >= 32,  # 8-bit tensor-core dots need K >= 32
         "SWAP": path.swap,
+        "PREFETCH": path.prefetch,
         "DIAG": DIAG_CODES[path.diag],
     }
