@@ -55,46 +55,75 @@ def _split(ctx: int, splits: int, bn: int) -> DecodePlan:
     return DecodePlan(splits, _cdiv(_cdiv(ctx, splits), bn) * bn)
 
 
-def variants(ctx: int, breadth: bool) -> dict[str, Variant]:
-    """The 8-bit rows of one shape: the legacy kernel, the diagnostics, the kv8 kernel's paths.
+def _kv8(bn: int = 128, warps: int = 4, stages: int = 2, **path: object) -> DecodeConfig:
+    base = replace(default_decode_config(torch.float8_e4m3fn), kv8=None)  # 8-bit plans (short splits)
+    return replace(base, block_n=bn, num_warps=warps, num_stages=stages, kv8=Kv8Path(**path))  # type: ignore[arg-type]
 
-    Round 1 (commit 81c6e1a) found the kv8 kernel's loads not overlapped with its dots below 5 stages
-    (Triton waits for a tile's copies at the top of the iteration after issuing them at the end of the
-    previous one); these rows are its 5-stage configurations."""
-    legacy = replace(default_decode_config(torch.int8), kv8=None, block_n=128, num_stages=2)
-    s5 = replace(legacy, block_n=64, num_stages=5)
 
-    def kv8(bn: int = 64, warps: int = 4, stages: int = 5, **path: object) -> DecodeConfig:
-        return replace(s5, block_n=bn, num_warps=warps, num_stages=stages, kv8=Kv8Path(**path))  # type: ignore[arg-type]
+LEGACY = replace(default_decode_config(torch.float8_e4m3fn), kv8=None, block_n=128, num_stages=2)
 
-    out: dict[str, Variant] = {"legacy kernel bn128 w4 s2 (shipped before)": (legacy, None)}
-    out["default"] = (None, None)
-    if breadth:
-        out["swap native bn64 s5"] = (kv8(swap=True, qk="native"), None)
-        out["m16 widen bn64 s5"] = (kv8(), None)
-        return out
-    rows = {  # in order of priority (a spent time budget cuts the tail); cvt "auto": bias int8, ptx e4m3
-        "diag load bn64 s5": kv8(diag="load"),
-        "swap widen bn64 s5": kv8(swap=True),
-        "swap native bn64 s5": kv8(swap=True, qk="native"),
-        "m16 widen bn64 s5": kv8(),
-        "m16 native bn64 s5": kv8(qk="native"),
-        "m16 widen bn32 s5": kv8(bn=32),
-        "m16 native bn32 s5": kv8(bn=32, qk="native"),
-        "swap widen bn128 s5": kv8(bn=128, swap=True),
-        "swap native bn128 s5": kv8(bn=128, swap=True, qk="native"),
-        "swap native bn128 w8 s5": kv8(bn=128, warps=8, swap=True, qk="native"),
-        "diag convert bn64 s5": kv8(diag="convert"),
-        "swap widen ptx bn64 s5": kv8(swap=True, cvt="ptx"),
-        "swap widen bias bn64 s5": kv8(swap=True, cvt="bias"),
-        "swap native bn64 s4 (no overlap)": kv8(stages=4, swap=True, qk="native"),
+
+def round1(ctx: int) -> dict[str, Variant]:
+    """Commit 81c6e1a: diagnostics, the widenings, native QK, swapped dots, tiles, splits (2 stages)."""
+    rows = {
+        "diag load": _kv8(diag="load"),
+        "diag convert ptx": _kv8(diag="convert", cvt="ptx"),
+        "ptx": _kv8(cvt="ptx"),
+        "bias native swap": _kv8(cvt="bias", qk="native", swap=True),
+        "ptx swap": _kv8(cvt="ptx", swap=True),
+        "bias swap": _kv8(cvt="bias", swap=True),
+        "ptx native swap": _kv8(cvt="ptx", qk="native", swap=True),
+        "bias": _kv8(cvt="bias"),
+        "cast": _kv8(cvt="cast"),
+        "ptx native": _kv8(cvt="ptx", qk="native"),
+        "diag convert bias": _kv8(diag="convert", cvt="bias"),
     }
-    out |= {name: (cfg, None) for name, cfg in rows.items()}
-    for splits in (2, 3):
-        out[f"swap widen bn64 s5, {splits} splits"] = (kv8(swap=True), _split(ctx, splits, 64))
-        out[f"swap native bn64 s5, {splits} splits"] = (kv8(swap=True, qk="native"), _split(ctx, splits, 64))
-        out[f"m16 widen bn64 s5, {splits} splits"] = (kv8(), _split(ctx, splits, 64))
+    out = {f"{name} bn128 w4 s2": (cfg, None) for name, cfg in rows.items()}
+    for splits in (2, 4):
+        out[f"bias native swap, {splits} splits"] = (rows["bias native swap"], _split(ctx, splits, 128))
+    for bn, warps, stages in ((64, 4, 2), (128, 4, 3), (128, 8, 2), (256, 4, 2), (128, 4, 4)):
+        cfg = _kv8(bn, warps, stages, cvt="bias", qk="native", swap=True)
+        out[f"bias native swap bn{bn} w{warps} s{stages}"] = (cfg, None)
     return out
+
+
+def round2(ctx: int) -> dict[str, Variant]:
+    """Commit d719aff: 5 stages (where Triton first keeps a tile's copies in flight during the dots)."""
+    rows = {
+        "diag load bn64 s5": _kv8(64, 4, 5, diag="load"),
+        "swap widen bn64 s5": _kv8(64, 4, 5, swap=True),
+        "swap native bn64 s5": _kv8(64, 4, 5, swap=True, qk="native"),
+        "m16 widen bn64 s5": _kv8(64, 4, 5),
+        "m16 native bn64 s5": _kv8(64, 4, 5, qk="native"),
+        "m16 native bn32 s5": _kv8(32, 4, 5, qk="native"),
+        "swap widen bn128 s5": _kv8(128, 4, 5, swap=True),
+        "swap native bn128 s5": _kv8(128, 4, 5, swap=True, qk="native"),
+        "diag convert bn64 s5": _kv8(64, 4, 5, diag="convert"),
+        "swap native bn64 s4": _kv8(64, 4, 4, swap=True, qk="native"),
+    }
+    out = {name: (cfg, None) for name, cfg in rows.items()}
+    out["swap native bn64 s5, 2 splits"] = (rows["swap native bn64 s5"], _split(ctx, 2, 64))
+    return out
+
+
+def final(ctx: int) -> dict[str, Variant]:
+    """The defaults against the kernel they replace and the fastest native e4m3 path (not shipped)."""
+    return {
+        "default": (None, None),
+        "int8 default path: m16 native ptx bn128 s2": (_kv8(cvt="ptx", qk="native"), None),
+        "bias native swap bn128 s3": (_kv8(stages=3, cvt="bias", qk="native", swap=True), None),
+    }
+
+
+SETS = {"round1": round1, "round2": round2, "final": final}
+
+
+def variants(ctx: int, breadth: bool, which: str = "final") -> dict[str, Variant]:
+    """The 8-bit rows of one shape: the shared (legacy) kernel, the default, then the set's variants."""
+    out: dict[str, Variant] = {"shared kernel bn128 w4 s2 (the 8-bit default before)": (LEGACY, None)}
+    out["default"] = (None, None)
+    table = final(ctx) if breadth else SETS[which](ctx)
+    return out | {name: v for name, v in table.items() if not (breadth and "swap" in name)}
 
 
 def call(b: dict[str, torch.Tensor], cfg: DecodeConfig | None, plan: DecodePlan | None):
@@ -104,9 +133,9 @@ def call(b: dict[str, torch.Tensor], cfg: DecodeConfig | None, plan: DecodePlan 
     )  # fmt: skip
 
 
-def run_shape(batch: int, ctx: int, breadth: bool, replays: int, deadline: float, repeats: int = 0) -> None:
-    """bf16, then each variant for fp8 and int8 in turn (so a spent budget cuts both alike); then the
-    fastest exact (qk widen) and the fastest variant per 8-bit type again, `repeats` times (the spread)."""
+def run_shape(batch: int, ctx: int, which: str, replays: int, deadline: float, repeats: int = 0) -> None:
+    """bf16, then each variant for fp8 and int8 in turn (so a spent budget cuts both alike); then every
+    non-diagnostic variant again, `repeats` times (the spread)."""
     shape = f"{batch}x{ctx}"
     sets = [paged_batch(batch, ctx, 1) for _ in range(num_sets(attn_bytes(batch, ctx, 1)))]
     bf16_us = time_graph([call(b, None, None) for b in sets], replays)
@@ -119,8 +148,7 @@ def run_shape(batch: int, ctx: int, breadth: bool, replays: int, deadline: float
         nbytes = attn_bytes(batch, ctx, 1, dtype)
         sets = [paged_batch(batch, ctx, 1, dtype) for _ in range(num_sets(nbytes))]
         data[kv] = (sets, reference(sets[0], SCALE).float(), nbytes)
-    table = variants(ctx, breadth)
-    done: dict[str, list[tuple[float, str]]] = {kv: [] for kv in data}
+    table = variants(ctx, which == "breadth", which)
     for name, (cfg, plan) in table.items():
         if time.time() > deadline:
             print(f"| {shape} | | (time budget spent: the remaining variants are skipped) |")
@@ -131,25 +159,13 @@ def run_shape(batch: int, ctx: int, breadth: bool, replays: int, deadline: float
                 err = float((call(sets[0], cfg, plan)().float() - ref).abs().max())
                 us = time_graph([call(b, cfg, plan) for b in sets], replays)
             except Exception as e:  # a variant that does not compile (e.g. shared memory): report, go on
-                row(
-                    shape,
-                    kv,
-                    name,
-                    float("nan"),
-                    bf16_us,
-                    nbytes,
-                    float("nan"),
-                    str(e)[-60:].replace("\n", " "),
-                )
+                note = str(e)[-60:].replace("\n", " ")
+                row(shape, kv, name, float("nan"), bf16_us, nbytes, float("nan"), note)
                 continue
             row(shape, kv, name, us, bf16_us, nbytes, err, f"splits {chosen.num_splits}")
-            if not name.startswith(("diag", "legacy")):
-                done[kv].append((us, name))
-    for kv, (sets, _, nbytes) in data.items():
-        exact = [r for r in done[kv] if "native" not in r[1]]
-        picks = {name for _, name in sorted(exact)[:1] + sorted(done[kv])[:1] + [(0.0, "default")]}
-        for name in sorted(picks) * repeats:
-            cfg, plan = table[name]
+    for name in [n for n in table if not n.startswith("diag")] * repeats:
+        cfg, plan = table[name]
+        for kv, (sets, _, nbytes) in data.items():
             us = time_graph([call(b, cfg, plan) for b in sets], replays)
             row(shape, kv, f"{name} (repeat)", us, bf16_us, nbytes, float("nan"), "")
 
@@ -166,6 +182,8 @@ def row(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--set", default="final", choices=sorted(SETS), help="the 64x4k variants")
+    parser.add_argument("--repeats", type=int, default=2, help="64x4k re-timings of every variant")
     parser.add_argument("--budget", type=float, default=70.0, help="seconds before variants are skipped")
     parser.add_argument("--replays", type=int, default=5)
     args = parser.parse_args()
@@ -175,9 +193,11 @@ def main() -> None:
     print("| shape | kv | variant | µs | vs bf16 | % of 4.25 TB/s | max_err | note |")
     print("|---|---|---|---|---|---|---|---|")
     deadline = start + args.budget
-    run_shape(64, 4096, False, args.replays, deadline - 20, repeats=2)  # the target; time left for breadth
+    run_shape(
+        64, 4096, args.set, args.replays, deadline - 20, args.repeats
+    )  # the target; time left for breadth
     for batch, ctx in ((16, 8192), (32, 512)):
-        run_shape(batch, ctx, True, args.replays, deadline)
+        run_shape(batch, ctx, "breadth", args.replays, deadline)
     print(f"total {time.time() - start:.0f} s")
 
 

@@ -66,11 +66,13 @@ def test_widening_paths_match_the_reference(dtype: torch.dtype, cvt: str, swap: 
 
 
 @pytest.mark.parametrize("dtype", EIGHT_BIT, ids=IDS)
-def test_fp32_activations_are_exact(dtype: torch.dtype) -> None:
-    """fp32 activations (the interpreter's engine dtype) widen to fp32: the reference's precision."""
-    b = quantized_batch([37, 5, 48], [1, 1, 1], 6, 2, 16, 4, dtype, seed=22)
-    out = _decode(b, replace(SMALL, kv8=Kv8Path(cvt="bias", swap=True)), DecodePlan(3, 16))
-    torch.testing.assert_close(out, _ref(b, 16**-0.5), **TOL)
+@pytest.mark.parametrize("qk", ["widen", "native"])
+def test_fp32_activations_are_exact(dtype: torch.dtype, qk: str) -> None:
+    """fp32 activations (the CPU engine's dtype) widen to fp32, the native QK dot included: the
+    reference's precision."""
+    b = quantized_batch([37, 5, 48], [1, 1, 1], 8, 2, 32, 4, dtype, seed=22)
+    out = _decode(b, replace(SMALL, kv8=Kv8Path(cvt="bias", qk=qk, swap=True)), DecodePlan(3, 16))
+    torch.testing.assert_close(out, _ref(b, 32**-0.5), **TOL)
 
 
 @pytest.mark.parametrize("dtype", EIGHT_BIT, ids=IDS)
@@ -101,13 +103,12 @@ def test_path_rejects_unknown_modes() -> None:
 
 
 # ---- GPU: Qwen3-8B heads, bf16 activations: the PTX widenings and the wgmma (swapped) dots -------------
-GPU_PATHS = {  # at the default's tile (64 positions, 5 stages); "default" is default_decode_config's
+GPU_PATHS = {  # 128-position tiles, 2 stages; "default" is default_decode_config's (int8: m16 native ptx)
     "default": None,
-    "swap native": Kv8Path(qk="native", swap=True),
-    "m16 widen": Kv8Path(),
-    "m16 native": Kv8Path(qk="native"),
-    "swap widen ptx": Kv8Path(cvt="ptx", swap=True),
-    "swap widen bias": Kv8Path(cvt="bias", swap=True),
+    "m16 native ptx": Kv8Path(cvt="ptx", qk="native"),
+    "m16 widen auto": Kv8Path(),
+    "swap native bias": Kv8Path(cvt="bias", qk="native", swap=True),
+    "swap widen auto": Kv8Path(swap=True),
 }
 
 
@@ -119,7 +120,7 @@ def test_gpu_kv8_paths(dtype: torch.dtype, path: str, num_seqs: int, ctx: int) -
     ctx_lens = [ctx - 37 * i for i in range(num_seqs)]
     b = quantized_batch(ctx_lens, [1] * num_seqs, 32, 8, 128, 16, dtype, act_dtype=torch.bfloat16)
     cfg = default_decode_config(dtype)
-    cfg = cfg if GPU_PATHS[path] is None else replace(cfg, kv8=GPU_PATHS[path])
+    cfg = cfg if GPU_PATHS[path] is None else replace(cfg, block_n=128, num_stages=2, kv8=GPU_PATHS[path])
     out = _decode(b, cfg).float()
     if cfg.kv8 is not None and cfg.kv8.qk == "native":
         assert (out - _ref32(b)).abs().max().item() < QK_NATIVE_TOL[dtype]

@@ -379,14 +379,16 @@ def test_8bit_attention_stays_close_to_full_precision(dtype: torch.dtype, magnit
         assert not bool(torch.isfinite(old).all()) or (old - exact).abs().max() / magnitude > 0.2
 
 
-def test_decode_defaults_pick_the_8bit_kernel_for_8bit_caches() -> None:
-    """8-bit caches decode with the kv8 kernel at >= 5 stages (where Triton overlaps a tile's loads with
-    the previous tile's dots, decode_plan.EIGHT_BIT_DECODE); 16-bit caches keep the shared kernel."""
+def test_decode_defaults_for_8bit_caches() -> None:
+    """int8 caches decode with the kv8 kernel (int8 x int8 QK dot); e4m3 caches with the shared kernel's
+    exact widening, 128-position tiles (as many bytes as the 16-bit default's 64) - decode_plan.py."""
     assert default_decode_config(torch.bfloat16) == DecodeConfig()
     assert DecodeConfig().kv8 is None
-    for dtype in EIGHT_BIT:
-        cfg = default_decode_config(dtype)
-        assert cfg.kv8 is not None and cfg.num_stages >= 5
+    int8, fp8 = default_decode_config(torch.int8), default_decode_config(torch.float8_e4m3fn)
+    assert int8.kv8 is not None and int8.kv8.qk == "native"
+    assert fp8.kv8 is None and fp8.qk_dot == "widen"
+    for cfg in (int8, fp8):
+        assert cfg.block_n == 2 * DecodeConfig().block_n and cfg.long_split_waves == 0.0
 
 
 # ---- the engine --------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -111,6 +112,7 @@ _QKV_PREPARE_CONSTS = {
 _SCALE_NODIV = ("stride_ss", "stride_sh")
 _DEC_NODIV = ("partition_size", "num_splits", "num_heads", "stride_bt", *_SCALE_NODIV)
 _KV8 = {"fp8": "*fp8e4nv", "int8": "*i8"}
+_KV8_DTYPES = {"fp8": torch.float8_e4m3fn, "int8": torch.int8}
 
 
 def _scaled(types: dict[str, str], kv: str) -> dict[str, str]:
@@ -125,19 +127,25 @@ def _scaled(types: dict[str, str], kv: str) -> dict[str, str]:
 
 def kv8_specs() -> list[KernelSpec]:
     """The decode (single pass and split), prefill and store kernels over 8-bit pages."""
-    dec8 = decode_attention_triton.EIGHT_BIT_DECODE
     pre = prefill_attention_triton.PrefillConfig()
     dec_types = {**_ATTN, "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
-    dec_consts = {"GROUP": 4, "BLOCK_H": 16, **_HEADS, "BLOCK_N": dec8.block_n, "SCALED": True}
+    dec_consts = {"GROUP": 4, "BLOCK_H": 16, **_HEADS, "SCALED": True}
     specs = []
     for kv in _KV8:
-        for split in (False, True):  # the default: the kv8 kernel (kv8_decode_triton.py)
+        dec8 = decode_attention_triton.default_decode_config(_KV8_DTYPES[kv])
+        for split in (False, True):  # the defaults (int8: the kv8 kernel, kv8_decode_triton.py)
             specs.append(
                 KernelSpec(
                     f"decode_{'split' if split else 'single_pass'}_{kv}",
                     kv8_decode_triton._decode8_kernel if dec8.kv8 else decode_attention_triton._decode_kernel,
                     _scaled(dec_types, kv),
-                    {**dec_consts, "SPLIT": split, **_dot_modes(dec8, kv), **_kv8_consts(dec8, kv)},
+                    {
+                        **dec_consts,
+                        "BLOCK_N": dec8.block_n,
+                        "SPLIT": split,
+                        **_dot_modes(dec8, kv),
+                        **_kv8_consts(dec8, kv),
+                    },
                     dec8.num_warps,
                     dec8.num_stages,
                     _DEC_NODIV,
@@ -188,9 +196,8 @@ def kv8_specs() -> list[KernelSpec]:
 
 
 def decode8_variants(kv: str) -> dict[str, decode_attention_triton.DecodeConfig]:
-    """The shared kernel's 8-bit alternatives (DecodeConfig.kv8 None: the 8-bit default before the kv8
-    kernel, and what it can still select); the defaults are compiled as decode_*_{kv}."""
-    base = dataclasses.replace(decode_attention_triton.EIGHT_BIT_DECODE, kv8=None, block_n=128, num_stages=2)
+    """The shared kernel's 8-bit alternatives (the defaults are compiled as decode_*_{kv})."""
+    base = decode_attention_triton.EIGHT_BIT_DECODE
     out = {
         "v_tile": dataclasses.replace(base, v_widen="tile"),
         "qk_native": dataclasses.replace(base, qk_dot="native", v_widen="tile"),

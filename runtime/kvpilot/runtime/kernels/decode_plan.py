@@ -61,17 +61,23 @@ class DecodeConfig:
             raise ValueError(f"DecodeConfig.block_n must be a power of two >= 16, got {self.block_n}")
 
 
-# 8-bit caches: the kv8 kernel (kv8_decode_triton.py). At 2-4 stages Triton issues a tile's K/V copies
-# at the end of the previous iteration and waits for them at the top of the next (no overlap with the
-# dots); from 5 stages it keeps a tile in flight while computing. 64-position tiles keep 3 programs per
-# SM at 5 stages (~140 registers, 64 KB shared). The short split plans stay (long_split_waves 0).
-EIGHT_BIT_DECODE = DecodeConfig(
-    block_n=64, num_stages=5, long_split_waves=0.0, kv8=Kv8Path(cvt="auto", qk="widen", swap=True)
-)
+# An 8-bit tile of 128 positions is as many bytes as a 16-bit tile of 64: the same bytes in flight per
+# program, half the tiles per sequence. The long-partition plans were measured for 16-bit caches only
+# (8-bit tiles at 5 stages were slower at 64 x 4k), so 8-bit caches keep the short plans.
+EIGHT_BIT_DECODE = DecodeConfig(block_n=128, long_split_waves=0.0)
+# int8 caches: the kv8 kernel (kv8_decode_triton.py) with q quantized per row to int8 for an int8 x int8
+# QK dot (K never widened; q's rounding: at most 0.4% of its row maximum per element) and V widened by
+# the 0x6400 magic number in its load layout. H200, 64 x 4k (benchmarks/sweep_kv8.py): 213.8 µs vs
+# 227.5 for EIGHT_BIT_DECODE. e4m3 caches keep EIGHT_BIT_DECODE (exact): the kv8 kernel's exact paths
+# were slower there, and its native e4m3 QK dot (q rounded to e4m3, ~10% faster) costs perplexity
+# (SmolLM2, emulated: +1.03% vs a bf16 cache where the fp8 cache alone is +0.66%).
+INT8_DECODE = DecodeConfig(block_n=128, long_split_waves=0.0, kv8=Kv8Path(cvt="ptx", qk="native"))
 
 
 def default_decode_config(cache_dtype: torch.dtype) -> DecodeConfig:
     """The launch defaults for a cache of this dtype (keeps the bytes per tile of the 16-bit default)."""
+    if cache_dtype == torch.int8:
+        return INT8_DECODE
     return EIGHT_BIT_DECODE if cache_dtype.itemsize == 1 else DecodeConfig()
 
 

@@ -215,7 +215,8 @@ def kv8_kernel(
     return _decode8_kernel, {
         "DOT16": q.dtype != torch.float32,
         "CVT": cvt_code(path.cvt, k_cache.dtype == torch.int8),
-        "NATIVE": path.qk == "native" and block_d >= 32,  # 8-bit tensor-core dots need K >= 32
+        # 8-bit tensor-core dots need K >= 32; fp32 activations ask for fp32 precision: exact widening
+        "NATIVE": path.qk == "native" and block_d >= 32 and q.dtype != torch.float32,
         "SWAP": path.swap,
         "PREFETCH": path.prefetch,
         "DIAG": DIAG_CODES[path.diag],

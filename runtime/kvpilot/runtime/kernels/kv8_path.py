@@ -13,6 +13,7 @@ class Kv8Path:
         for int8 (two instructions per four codes), "ptx" for e4m3 (the one-instruction cvt per pair).
     qk: "widen": fp16 QK dot on widened K; "native": q quantized per row to the cache's type and the QK
         dot on 8-bit operands (int8 x int8 -> int32, e4m3 x e4m3 -> fp32; K is never widened).
+        16-bit activations only: with fp32 activations (the CPU engine) K is widened exactly.
     swap: compute S^T = K q^T and O^T = V^T P^T, so the context positions (BLOCK_N) or head_dim are the
         M side of the dots (M >= 64: Hopper's wgmma, operands read from shared memory) instead of the
         16-row padded query group (4 real rows at GQA 4).
