@@ -4,7 +4,7 @@ The same grid, plan and outputs as decode_attention_triton._decode_kernel (one p
 and sequence; split partials merged by its _decode_reduce_kernel), with the tile step chosen by Kv8Path
 (kv8_path.py): how the codes are widened (kv8_convert_triton.py), whether the QK dot runs on 8-bit
 operands, whether the dots are computed transposed (context positions or head_dim as the M side), and
-whether whether the next tile is loaded into registers before the current one is computed.
+whether the next tile is loaded into registers before the current one is computed.
 
 Dequantization is exact and done on the score tile, as in attention_tile_triton.py: K's scale multiplies
 score column n, V's scale the softmax weight p[:, n]. The fp16 dots need q and p in fp16 range: q is
