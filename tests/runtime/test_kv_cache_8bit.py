@@ -379,11 +379,16 @@ def test_8bit_attention_stays_close_to_full_precision(dtype: torch.dtype, magnit
         assert not bool(torch.isfinite(old).all()) or (old - exact).abs().max() / magnitude > 0.2
 
 
-def test_decode_defaults_keep_the_tile_bytes_for_8bit_caches() -> None:
+def test_decode_defaults_for_8bit_caches() -> None:
+    """int8 caches decode with the kv8 kernel (int8 x int8 QK dot); e4m3 caches with the shared kernel's
+    exact widening, 128-position tiles (as many bytes as the 16-bit default's 64) - decode_plan.py."""
     assert default_decode_config(torch.bfloat16) == DecodeConfig()
-    for dtype in EIGHT_BIT:
-        cfg = default_decode_config(dtype)
-        assert cfg.block_n * dtype.itemsize == DecodeConfig().block_n * torch.bfloat16.itemsize
+    assert DecodeConfig().kv8 is None
+    int8, fp8 = default_decode_config(torch.int8), default_decode_config(torch.float8_e4m3fn)
+    assert int8.kv8 is not None and int8.kv8.qk == "native"
+    assert fp8.kv8 is None and fp8.qk_dot == "widen"
+    for cfg in (int8, fp8):
+        assert cfg.block_n == 2 * DecodeConfig().block_n and cfg.long_split_waves == 0.0
 
 
 # ---- the engine --------------------------------------------------------------------------------------

@@ -90,10 +90,25 @@ def test_config_rejects_unknown_modes() -> None:
 
 
 def test_8bit_defaults_are_the_measured_fastest() -> None:
-    """H200, 64 x 4k (BENCHMARKS.md): the operand widening beat the tile widening and the native QK dot."""
-    for dtype in EIGHT_BIT:
-        cfg = default_decode_config(dtype)
-        assert (cfg.v_widen, cfg.qk_dot, cfg.block_n, cfg.num_stages) == ("operand", "widen", 128, 2)
+    """H200, 64 x 4k (benchmarks/sweep_kv8.py, decode_plan.py): int8: the kv8 kernel's int8 x int8 QK dot
+    with V widened by the magic number, 128 x 2 stages; e4m3: the shared kernel's operand widening."""
+    int8 = default_decode_config(torch.int8)
+    assert int8.kv8 is not None
+    assert (int8.kv8.cvt, int8.kv8.qk, int8.kv8.swap, int8.block_n, int8.num_stages) == (
+        "ptx",
+        "native",
+        False,
+        128,
+        2,
+    )
+    fp8 = default_decode_config(torch.float8_e4m3fn)
+    assert (fp8.kv8, fp8.v_widen, fp8.qk_dot, fp8.block_n, fp8.num_stages) == (
+        None,
+        "operand",
+        "widen",
+        128,
+        2,
+    )
 
 
 # ---- GPU: Qwen3-8B heads, bf16 activations: every variant the sweep times is correct -------------------

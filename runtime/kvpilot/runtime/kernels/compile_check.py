@@ -23,6 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -30,10 +31,12 @@ from triton.compiler import ASTSource
 from . import (
     activation_triton,
     decode_attention_triton,
+    kv8_decode_triton,
     norm_triton,
     prefill_attention_triton,
     qkv_prepare_triton,
 )
+from .kv8_path import cvt_code
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,7 @@ _QKV_PREPARE_CONSTS = {
 _SCALE_NODIV = ("stride_ss", "stride_sh")
 _DEC_NODIV = ("partition_size", "num_splits", "num_heads", "stride_bt", *_SCALE_NODIV)
 _KV8 = {"fp8": "*fp8e4nv", "int8": "*i8"}
+_KV8_DTYPES = {"fp8": torch.float8_e4m3fn, "int8": torch.int8}
 
 
 def _scaled(types: dict[str, str], kv: str) -> dict[str, str]:
@@ -123,19 +127,25 @@ def _scaled(types: dict[str, str], kv: str) -> dict[str, str]:
 
 def kv8_specs() -> list[KernelSpec]:
     """The decode (single pass and split), prefill and store kernels over 8-bit pages."""
-    dec8 = decode_attention_triton.EIGHT_BIT_DECODE
     pre = prefill_attention_triton.EIGHT_BIT_PREFILL
     dec_types = {**_ATTN, "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
-    dec_consts = {"GROUP": 4, "BLOCK_H": 16, **_HEADS, "BLOCK_N": dec8.block_n, "SCALED": True}
+    dec_consts = {"GROUP": 4, "BLOCK_H": 16, **_HEADS, "SCALED": True}
     specs = []
     for kv in _KV8:
-        for split in (False, True):
+        dec8 = decode_attention_triton.default_decode_config(_KV8_DTYPES[kv])
+        for split in (False, True):  # the defaults (int8: the kv8 kernel, kv8_decode_triton.py)
             specs.append(
                 KernelSpec(
                     f"decode_{'split' if split else 'single_pass'}_{kv}",
-                    decode_attention_triton._decode_kernel,
+                    kv8_decode_triton._decode8_kernel if dec8.kv8 else decode_attention_triton._decode_kernel,
                     _scaled(dec_types, kv),
-                    {**dec_consts, "SPLIT": split, **_dot_modes(dec8, kv)},
+                    {
+                        **dec_consts,
+                        "BLOCK_N": dec8.block_n,
+                        "SPLIT": split,
+                        **_dot_modes(dec8, kv),
+                        **_kv8_consts(dec8, kv),
+                    },
                     dec8.num_warps,
                     dec8.num_stages,
                     _DEC_NODIV,
@@ -186,7 +196,7 @@ def kv8_specs() -> list[KernelSpec]:
 
 
 def decode8_variants(kv: str) -> dict[str, decode_attention_triton.DecodeConfig]:
-    """Named non-default 8-bit decode configurations (the defaults are compiled as decode_*_{kv})."""
+    """The shared kernel's 8-bit alternatives (the defaults are compiled as decode_*_{kv})."""
     base = decode_attention_triton.EIGHT_BIT_DECODE
     out = {
         "v_tile": dataclasses.replace(base, v_widen="tile"),
@@ -203,6 +213,20 @@ def _dot_modes(cfg: decode_attention_triton.DecodeConfig, kv: str) -> dict[str, 
         "V_TILE": scaled and cfg.v_widen == "tile",
         "WIDEN_ASM": True,
         "QMAX": 448.0 if kv == "fp8" else 127.0,
+    }
+
+
+def _kv8_consts(cfg: decode_attention_triton.DecodeConfig, kv: str) -> dict[str, Any]:
+    """The kv8 kernel's own constants for cfg (none when cfg selects the shared kernel)."""
+    if cfg.kv8 is None:
+        return {}
+    return {
+        "DOT16": True,  # bf16 activations
+        "CVT": cvt_code(cfg.kv8.cvt, kv == "int8"),
+        "NATIVE": cfg.kv8.qk == "native",
+        "SWAP": cfg.kv8.swap,
+        "PREFETCH": cfg.kv8.prefetch,
+        "DIAG": 0,
     }
 
 

@@ -329,7 +329,13 @@ def paged_decode_attention_triton(
         part_out = part_lse = out  # unused by the single-pass specialisation
     block_d = next_power_of_2(head_dim)
     scaled = k_scale is not None
-    _decode_kernel[(plan.num_splits, num_kv_heads, num_seqs)](
+    # the shared kernel's pipelining choice, or the 8-bit kernel's path constants (it has no pages-ahead mode)
+    kernel, kernel_consts = _decode_kernel, {"PAGES_AHEAD": plan.pages_ahead}
+    if scaled and cfg.kv8 is not None:  # the 8-bit kernel (same arguments, plus its path's constants)
+        from .kv8_decode_triton import kv8_kernel  # it imports this module's device helpers
+
+        kernel, kernel_consts = kv8_kernel(cfg.kv8, q, k_cache, block_d)
+    kernel[(plan.num_splits, num_kv_heads, num_seqs)](
         q,
         k_cache,
         v_cache,
@@ -367,7 +373,7 @@ def paged_decode_attention_triton(
         V_TILE=scaled and cfg.v_widen == "tile",
         WIDEN_ASM=q.device.type == "cuda",
         QMAX=QUANT_MAX.get(k_cache.dtype, 448.0),
-        PAGES_AHEAD=plan.pages_ahead,
+        **kernel_consts,
         num_warps=cfg.num_warps,
         num_stages=plan.num_stages or cfg.num_stages,
     )

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .kv8_path import Kv8Path
+
 
 @dataclass(frozen=True)
 class DecodeConfig:
@@ -57,6 +59,9 @@ class DecodeConfig:
     # QK), so the defaults stay "widen"/"operand" (BENCHMARKS.md, 8-bit decode).
     qk_dot: str = "widen"
     v_widen: str = "operand"
+    # 8-bit caches only: not None -> the 8-bit decode kernel (kv8_decode_triton.py) with this tile path;
+    # qk_dot and v_widen then do not apply. None: the shared kernel above.
+    kv8: Kv8Path | None = None
 
     def __post_init__(self) -> None:
         modes = {"qk_dot": ("widen", "native"), "v_widen": ("tile", "operand")}
@@ -71,10 +76,21 @@ class DecodeConfig:
 # program, half the tiles per sequence. The long-partition plans were measured for 16-bit caches only
 # (8-bit tiles at 5 stages were slower at 64 x 4k), so 8-bit caches keep the short plans.
 EIGHT_BIT_DECODE = DecodeConfig(block_n=128, long_split_waves=0.0, pages_ahead=False)
+# int8 caches: the kv8 kernel (kv8_decode_triton.py) with q quantized per row to int8 for an int8 x int8
+# QK dot (K never widened; q's rounding: at most 0.4% of its row maximum per element) and V widened by
+# the 0x6400 magic number in its load layout. H200, 64 x 4k (benchmarks/sweep_kv8.py): 213.8 µs vs
+# 227.5 for EIGHT_BIT_DECODE. e4m3 caches keep EIGHT_BIT_DECODE (exact): the kv8 kernel's exact paths
+# were slower there, and its native e4m3 QK dot (q rounded to e4m3, ~10% faster) costs perplexity
+# (SmolLM2, emulated: +1.03% vs a bf16 cache where the fp8 cache alone is +0.66%).
+INT8_DECODE = DecodeConfig(
+    block_n=128, long_split_waves=0.0, pages_ahead=False, kv8=Kv8Path(cvt="ptx", qk="native")
+)
 
 
 def default_decode_config(cache_dtype: torch.dtype) -> DecodeConfig:
     """The launch defaults for a cache of this dtype (keeps the bytes per tile of the 16-bit default)."""
+    if cache_dtype == torch.int8:
+        return INT8_DECODE
     return EIGHT_BIT_DECODE if cache_dtype.itemsize == 1 else DecodeConfig()
 
 
