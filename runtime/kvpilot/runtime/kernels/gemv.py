@@ -5,7 +5,7 @@ oracle for the Triton kernels and the "torch"/"cpu" kernel sets' fused entries."
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -26,9 +26,8 @@ def norm_linear_ref(
     weight: torch.Tensor,  # [N, K]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rmsnorm(h) W^T [M, N], h) with h = hidden + residual (hidden itself without a residual)."""
-    if residual is None:
-        return F.linear(rms_norm_ref(hidden, norm_weight, eps), weight), hidden
-    normed, h = rms_norm_ref(hidden, norm_weight, eps, residual)
+    h = hidden if residual is None else hidden + residual
+    normed = cast(torch.Tensor, rms_norm_ref(h, norm_weight, eps))  # no residual: one tensor back
     return F.linear(normed, weight), h
 
 
