@@ -312,7 +312,8 @@ def paged_decode_attention_triton(
     block_d = next_power_of_2(head_dim)
     scaled = k_scale is not None
     kernel, kv8_consts = _decode_kernel, {}
-    if scaled and cfg.kv8 is not None:  # the 8-bit kernel (same arguments, plus its path's constants)
+    # 8-bit caches: the kv8 kernel where the config selects it (_decode_kernel's arguments + its constants)
+    if scaled and cfg.kv8 is not None and (cfg.kv8.split_plans or not split):
         from .kv8_decode_triton import kv8_kernel  # it imports this module's device helpers
 
         kernel, kv8_consts = kv8_kernel(cfg.kv8, q, k_cache, block_d)
