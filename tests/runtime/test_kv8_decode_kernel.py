@@ -93,6 +93,24 @@ def test_zero_context_rows_give_zeros() -> None:
     torch.testing.assert_close(out[0].float(), _ref32(b)[0], **BF16_TOL)
 
 
+@pytest.mark.parametrize(("splits", "kv8_used"), [(1, True), (3, False)])
+def test_int8_default_takes_the_kv8_kernel_for_single_pass_plans_only(
+    splits: int, kv8_used: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """decode_plan.INT8_DECODE: split-KV plans keep the shared kernel (Kv8Path.split_plans False)."""
+    from kvpilot.runtime.kernels import kv8_decode_triton
+
+    calls = []
+    real = kv8_decode_triton.kv8_kernel
+    monkeypatch.setattr(kv8_decode_triton, "kv8_kernel", lambda *a: calls.append(a) or real(*a))
+    # fp32 activations: the interpreter's bf16 dots (the shared kernel's, for int8) are broken
+    b = quantized_batch([37, 5, 48], [1, 1, 1], 8, 2, 32, 4, torch.int8, seed=25)
+    cfg = replace(default_decode_config(torch.int8), block_n=16, min_partition=16)
+    out = _decode(b, cfg, DecodePlan(splits, 16 if splits > 1 else 64))
+    assert bool(calls) == kv8_used
+    torch.testing.assert_close(out, _ref(b, 32**-0.5), **TOL)
+
+
 def test_path_rejects_unknown_modes() -> None:
     with pytest.raises(ValueError, match="cvt"):
         Kv8Path(cvt="lut")

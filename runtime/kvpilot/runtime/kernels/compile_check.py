@@ -137,14 +137,16 @@ def kv8_specs() -> list[KernelSpec]:
             specs.append(
                 KernelSpec(
                     f"decode_{'split' if split else 'single_pass'}_{kv}",
-                    kv8_decode_triton._decode8_kernel if dec8.kv8 else decode_attention_triton._decode_kernel,
+                    kv8_decode_triton._decode8_kernel
+                    if _kv8_consts(dec8, kv, split)
+                    else decode_attention_triton._decode_kernel,
                     _scaled(dec_types, kv),
                     {
                         **dec_consts,
                         "BLOCK_N": dec8.block_n,
                         "SPLIT": split,
                         **_dot_modes(dec8, kv),
-                        **_kv8_consts(dec8, kv),
+                        **_kv8_consts(dec8, kv, split),
                     },
                     dec8.num_warps,
                     dec8.num_stages,
@@ -216,9 +218,9 @@ def _dot_modes(cfg: decode_attention_triton.DecodeConfig, kv: str) -> dict[str, 
     }
 
 
-def _kv8_consts(cfg: decode_attention_triton.DecodeConfig, kv: str) -> dict[str, Any]:
+def _kv8_consts(cfg: decode_attention_triton.DecodeConfig, kv: str, split: bool) -> dict[str, Any]:
     """The kv8 kernel's own constants for cfg (none when cfg selects the shared kernel)."""
-    if cfg.kv8 is None:
+    if cfg.kv8 is None or (split and not cfg.kv8.split_plans):
         return {}
     return {
         "DOT16": True,  # bf16 activations

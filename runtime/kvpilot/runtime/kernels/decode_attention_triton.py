@@ -329,9 +329,10 @@ def paged_decode_attention_triton(
         part_out = part_lse = out  # unused by the single-pass specialisation
     block_d = next_power_of_2(head_dim)
     scaled = k_scale is not None
-    # the shared kernel's pipelining choice, or the 8-bit kernel's path constants (it has no pages-ahead mode)
+    # the shared kernel's pipelining choice, or the 8-bit kernel's path constants (it has no pages-ahead
+    # mode); 8-bit caches take the kv8 kernel where the config selects it
     kernel, kernel_consts = _decode_kernel, {"PAGES_AHEAD": plan.pages_ahead}
-    if scaled and cfg.kv8 is not None:  # the 8-bit kernel (same arguments, plus its path's constants)
+    if scaled and cfg.kv8 is not None and (cfg.kv8.split_plans or not split):
         from .kv8_decode_triton import kv8_kernel  # it imports this module's device helpers
 
         kernel, kernel_consts = kv8_kernel(cfg.kv8, q, k_cache, block_d)

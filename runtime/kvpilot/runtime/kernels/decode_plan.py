@@ -82,8 +82,12 @@ EIGHT_BIT_DECODE = DecodeConfig(block_n=128, long_split_waves=0.0, pages_ahead=F
 # 227.5 for EIGHT_BIT_DECODE. e4m3 caches keep EIGHT_BIT_DECODE (exact): the kv8 kernel's exact paths
 # were slower there, and its native e4m3 QK dot (q rounded to e4m3, ~10% faster) costs perplexity
 # (SmolLM2, emulated: +1.03% vs a bf16 cache where the fp8 cache alone is +0.66%).
+# Split-KV plans (few sequences) keep the shared kernel: the kv8 kernel was not measured faster there.
 INT8_DECODE = DecodeConfig(
-    block_n=128, long_split_waves=0.0, pages_ahead=False, kv8=Kv8Path(cvt="ptx", qk="native")
+    block_n=128,
+    long_split_waves=0.0,
+    pages_ahead=False,
+    kv8=Kv8Path(cvt="ptx", qk="native", split_plans=False),
 )
 
 

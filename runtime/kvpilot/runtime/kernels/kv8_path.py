@@ -19,6 +19,8 @@ class Kv8Path:
         16-row padded query group (4 real rows at GQA 4).
     prefetch: load tile i + 1 into registers before computing tile i, so each program keeps a tile in
         flight while it computes (with num_stages 1: no shared-memory staging of the loads).
+    split_plans: False: only single-pass plans (one partition per sequence: large batches) take this
+        path; split-KV plans (few sequences) keep the shared kernel.
     diag: bench-only diagnostics: "none"; "load": load the tiles and scales and fold them with xor/add
         (no conversion, no dots); "convert": widen them too (no dots). Outputs are meaningless then.
     """
@@ -27,6 +29,7 @@ class Kv8Path:
     qk: str = "widen"
     swap: bool = False
     prefetch: bool = False
+    split_plans: bool = True
     diag: str = "none"
 
     def __post_init__(self) -> None:
