@@ -37,6 +37,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .kv8_convert_triton import e4m3_to_f16_ptx, int8_to_f16_ptx
+
 
 @triton.jit
 def _widen_opaque(x):
@@ -44,32 +46,10 @@ def _widen_opaque(x):
     conversion happens in the load's (vectorized) layout and the 16-bit tile then goes to the dot
     operand layout with ldmatrix.trans, instead of byte-wise shared loads of the 8-bit tile (what
     Triton emits for an 8-bit B operand whose K dimension is not contiguous: V in P.V)."""
-    if x.dtype == tl.int8:  # 0x64XX is the fp16 1024 + XX: bias the byte to unsigned, subtract 1152
-        return tl.inline_asm_elementwise(
-            asm="""{
-            .reg .b32 u, bias;
-            xor.b32 u, $2, 0x80808080;
-            mov.b32 bias, 0x64806480;
-            prmt.b32 $0, u, 0x64646464, 0x5140;
-            prmt.b32 $1, u, 0x64646464, 0x5342;
-            sub.f16x2 $0, $0, bias;
-            sub.f16x2 $1, $1, bias;
-            }""",
-            constraints="=r,=r,r",
-            args=[x],
-            dtype=tl.float16,
-            is_pure=False,
-            pack=4,
-        )
+    if x.dtype == tl.int8:
+        return int8_to_f16_ptx(x, False)
     else:
-        return tl.inline_asm_elementwise(
-            asm="cvt.rn.f16x2.e4m3x2 $0, $1;",
-            constraints="=r,h",
-            args=[x],
-            dtype=tl.float16,
-            is_pure=False,
-            pack=2,
-        )
+        return e4m3_to_f16_ptx(x)
 
 
 @triton.jit

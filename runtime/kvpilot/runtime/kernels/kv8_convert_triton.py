@@ -21,7 +21,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _e4m3_to_f16_ptx(x):
+def e4m3_to_f16_ptx(x):
     return tl.inline_asm_elementwise(
         asm="cvt.rn.f16x2.e4m3x2 $0, $1;",
         constraints="=r,h",
@@ -56,7 +56,7 @@ def _e4m3_to_f16_div256(x):
 
 
 @triton.jit
-def _int8_to_f16_ptx(x, BIASED: tl.constexpr):
+def int8_to_f16_ptx(x, BIASED: tl.constexpr):
     """int8 codes -> fp16: the byte + 128 under the exponent of 1024 (x + 1152); minus 1152 unless BIASED."""
     if BIASED:
         return tl.inline_asm_elementwise(
@@ -106,9 +106,9 @@ def widen8(x, DOT16: tl.constexpr, CVT: tl.constexpr, ASM: tl.constexpr):
         elif CVT == 2:
             y = y * (1.0 / 256.0)
     elif x.dtype == tl.int8:
-        y = _int8_to_f16_ptx(x, CVT == 2)
+        y = int8_to_f16_ptx(x, CVT == 2)
     elif CVT == 2:
         y = _e4m3_to_f16_div256(x)
     else:
-        y = _e4m3_to_f16_ptx(x)
+        y = e4m3_to_f16_ptx(x)
     return y
