@@ -66,6 +66,17 @@ class EagerGraph:
         self._outputs[self._size] = self._run()
 
 
+def capture_graph(run: Callable[[], torch.Tensor], pool: Any) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """One graph of run() in memory pool `pool` (None: a new one; the graph's is graph.pool()), after an
+    eager warm-up so Triton compiles and cuBLAS picks its kernels outside the capture; (graph, output)."""
+    run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        output = run()
+    return graph, output
+
+
 class StepGraphs:
     """Captured step graphs for sequences of `query_len` query tokens each. `forward(input_ids, positions,
     meta) -> logits [rows, vocab]` is the model step (embedding to LM head); it must only use the tensors
@@ -125,12 +136,7 @@ class StepGraphs:
                 self.graphs[size] = EagerGraph(functools.partial(self._run_eagerly, size), self.outputs, size)
             return
         for size in reversed(self.sizes):
-            args = self._args(size)
-            self.forward(*args)  # warm-up: triton autotuning/compilation happens outside the capture
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[size] = self.forward(*args)
+            graph, self.outputs[size] = capture_graph(functools.partial(self._run_eagerly, size), pool)
             pool = graph.pool()
             self.graphs[size] = graph
         self.pool = pool

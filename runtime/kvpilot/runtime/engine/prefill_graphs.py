@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 from kvpilot.runtime.engine.batch import StepBatch
-from kvpilot.runtime.engine.cuda_graphs import EagerGraph, _Replayable
+from kvpilot.runtime.engine.cuda_graphs import EagerGraph, _Replayable, capture_graph
 from kvpilot.runtime.engine.model_inputs import ModelInputs
 from kvpilot.runtime.layers.attention import AttentionMetadata
 
@@ -113,15 +113,11 @@ class PrefillGraphs:
         for bucket in reversed(self.buckets):
             # a valid layout to capture with: all rows padding except the last, which is the "chunk"
             self._write_layout(bucket, bucket - 1)
+            run = functools.partial(self._run_eagerly, bucket)
             if eager:
-                run = functools.partial(self._run_eagerly, bucket)
                 self.graphs[bucket] = EagerGraph(run, self.outputs, bucket)
                 continue
-            self.forward(*self._args(bucket))  # warm-up: Triton compiles and cuBLAS picks outside capture
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[bucket] = self.forward(*self._args(bucket))
+            graph, self.outputs[bucket] = capture_graph(run, pool)
             pool = graph.pool()
             self.graphs[bucket] = graph
         if not eager:
