@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,7 @@ from kvpilot.runtime.kernels.kv_cache import (  # noqa: E402
 )
 from kvpilot.runtime.kernels.prefill_attention_triton import (  # noqa: E402
     PrefillConfig,
+    default_prefill_config,
     paged_prefill_attention_triton,
 )
 from kvpilot.runtime.kernels.qkv_prepare import qkv_prepare_ref  # noqa: E402
@@ -296,8 +298,9 @@ def test_decode_kernel_dequantizes_like_the_reference(
 
 @pytest.mark.parametrize("dtype", EIGHT_BIT, ids=IDS)
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 2), (6, 2)])
+@pytest.mark.parametrize("v_tile", [False, True], ids=["v_operand", "v_tile"])
 def test_prefill_and_extend_kernel_dequantizes_like_the_reference(
-    dtype: torch.dtype, num_heads: int, num_kv_heads: int
+    dtype: torch.dtype, num_heads: int, num_kv_heads: int, v_tile: bool
 ) -> None:
     """A whole prompt, an extend over a cached prefix, and a decode row, in one varlen batch."""
     b = quantized_batch([21, 30, 9], [21, 7, 1], num_heads, num_kv_heads, 16, 4, dtype, seed=2)
@@ -310,7 +313,7 @@ def test_prefill_and_extend_kernel_dequantizes_like_the_reference(
         b["context_lens"],
         b["block_tables"],
         scale,
-        config=SMALL_PREFILL,
+        config=replace(SMALL_PREFILL, v_tile=v_tile),
         k_scale=b["k_scale"],
         v_scale=b["v_scale"],
     )
@@ -531,6 +534,25 @@ def test_gpu_prefill_full_size(dtype: torch.dtype) -> None:
         b["block_tables"],
         scale,
         max_q_len=1500,
+        k_scale=b["k_scale"],
+        v_scale=b["v_scale"],
+    )
+    ref = _ref({**b, "q": b["q"].float()}, scale)
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", EIGHT_BIT, ids=IDS)
+@pytest.mark.parametrize("v_tile", [False, True], ids=["v_operand", "v_tile"])
+def test_gpu_prefill_kernel_configs(dtype: torch.dtype, v_tile: bool) -> None:
+    """The prefill kernel's 8-bit V paths at full size (v_tile widens V by PTX, then fp16 P.V dots)."""
+    b = quantized_batch([1024, 2048], [1024, 700], 32, 8, 128, 16, dtype, act_dtype=torch.bfloat16)
+    scale = 128**-0.5
+    out = paged_prefill_attention_triton(
+        *(b[n] for n in ("q", "k_cache", "v_cache", "cu_seqlens_q", "context_lens", "block_tables")),
+        scale,
+        max_q_len=1024,
+        config=replace(default_prefill_config(dtype), v_tile=v_tile),
         k_scale=b["k_scale"],
         v_scale=b["v_scale"],
     )

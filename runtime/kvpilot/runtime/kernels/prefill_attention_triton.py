@@ -95,6 +95,8 @@ def _prefill_kernel(
     PRESCALED: tl.constexpr = False,  # PrefillConfig.fold_scale
     PAGES_AHEAD: tl.constexpr = False,  # PrefillConfig.pages_ahead
     HEADS_FIRST: tl.constexpr = False,  # PrefillConfig.heads_first: axes 0 and 1 swapped
+    V_TILE: tl.constexpr = False,  # PrefillConfig.v_tile (8-bit caches)
+    WIDEN_ASM: tl.constexpr = True,  # False under the CPU interpreter (no PTX)
 ):
     # A run-time switch (not a constexpr): both grids share one compiled kernel, so choosing per step
     # never compiles while serving.
@@ -200,6 +202,8 @@ def _prefill_kernel(
             PRESCALED=PRESCALED,
             tile_pages=tile_pages,
             PAGES_GIVEN=PAGES_AHEAD,
+            V_TILE=V_TILE,
+            WIDEN_ASM=WIDEN_ASM,
         )
     for n0 in range(full_end, kv_end, BLOCK_N):
         tile_pages = pages.to(tl.int64)
@@ -240,6 +244,8 @@ def _prefill_kernel(
             PRESCALED=PRESCALED,
             tile_pages=tile_pages,
             PAGES_GIVEN=PAGES_AHEAD,
+            V_TILE=V_TILE,
+            WIDEN_ASM=WIDEN_ASM,
         )
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
@@ -329,6 +335,8 @@ def paged_prefill_attention_triton(
         PRESCALED=cfg.fold_scale and k_scale is None,
         PAGES_AHEAD=cfg.pages_ahead and step_kv is None,
         HEADS_FIRST=cfg.heads_first,
+        V_TILE=cfg.v_tile and k_scale is not None,
+        WIDEN_ASM=q.device.type == "cuda",
         num_warps=cfg.num_warps,
         num_stages=cfg.step_kv_num_stages if step_kv is not None else cfg.num_stages,
     )

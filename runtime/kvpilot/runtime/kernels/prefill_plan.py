@@ -45,6 +45,10 @@ class PrefillConfig:
     # which then finish last: at 1 x 1024 (512 programs, 2 per SM) a list-scheduling model gives a
     # makespan of 26 tile-times against 17 (the longest program is 16); measured 49.5 -> 38.3 µs.
     heads_first: bool = True
+    # v_tile (8-bit caches): widen V in its load layout by inline PTX (attention_tile_triton's V_TILE)
+    # instead of leaving the widening to Triton, which gathers the transposed 8-bit P.V operand from
+    # shared memory one byte at a time.
+    v_tile: bool = False
 
 
 # 8-bit pages keep the configuration they were measured with (the pipelining and order options were
