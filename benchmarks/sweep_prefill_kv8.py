@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -26,6 +27,7 @@ from bench_kernels import (  # benchmarks/ is on sys.path when this file runs as
     paged_batch,
     reference,
 )
+from kvpilot.runtime.kernels.kv_cache import dequantize_ref
 from kvpilot.runtime.kernels.prefill_attention_triton import paged_prefill_attention_triton
 from kvpilot.runtime.kernels.prefill_plan import PrefillConfig, default_prefill_config
 
@@ -33,22 +35,37 @@ SCALE = 128**-0.5
 CASES = (("8k prompt", 8192, 8192), ("last 4k of 8k", 8192, 4096), ("1x1024", 1024, 1024))
 
 
+STEP_ROWS = "default + step rows (own tokens from the step's 16-bit K/V, prefix from the pages)"
+
+
+def own_rows(b: dict[str, torch.Tensor], ctx: int, q_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunk's own K/V as the step's bf16 rows [q_len, KVH, D]: the dequantized page values, so the
+    reference on the pages still applies."""
+    pos = torch.arange(ctx - q_len, ctx, device=b["bt"].device)
+    blk, off = b["bt"][0, pos // 16].long(), pos % 16
+    k = dequantize_ref(b["k"][blk, off], b["ks"][blk, off] if "ks" in b else None)
+    v = dequantize_ref(b["v"][blk, off], b["vs"][blk, off] if "vs" in b else None)
+    return k.to(BF16), v.to(BF16)
+
+
+def make_call(b: dict, cfg: PrefillConfig, ctx: int, q_len: int, rows: bool) -> Callable[[], torch.Tensor]:
+    a = (b["q"], b["k"], b["v"], b["cu"], b["ctx"], b["bt"], SCALE)
+    kv = own_rows(b, ctx, q_len) if rows else None
+    scales = {"k_scale": b.get("ks"), "v_scale": b.get("vs")}
+    return lambda: paged_prefill_attention_triton(
+        *a, max_q_len=q_len, config=cfg, step_kv=kv, prefix_free=ctx == q_len, **scales
+    )
+
+
 def variants(dtype: torch.dtype) -> dict[str, PrefillConfig]:
     d = default_prefill_config(dtype)
-    out = {"default": d}
+    out = {"default": d, STEP_ROWS: d}
     if dtype == BF16:
         return out
-    hf = replace(d, heads_first=True)
-    vt = replace(hf, v_tile=True)
     return out | {
-        "heads_first": hf,
         "v_tile": replace(d, v_tile=True),
-        "hf v_tile": vt,
-        "hf v_tile s3": replace(vt, num_stages=3),
-        "hf v_tile bn32": replace(vt, block_n=32),
-        "hf v_tile bm128 w8": replace(vt, block_m=128, num_warps=8),
-        "hf bn32": replace(hf, block_n=32),
-        "hf bm128 w8": replace(hf, block_m=128, num_warps=8),
+        "bm128 w8": replace(d, block_m=128, num_warps=8),
+        "old default (tile axis first)": replace(d, heads_first=False),
     }
 
 
@@ -72,14 +89,8 @@ def main() -> None:
                     print(f"| {case} | {name} | {vname} | skipped (budget) |")
                     continue
 
-                def call(b: dict, cfg: PrefillConfig = cfg, n: int = q_len):
-                    a = (b["q"], b["k"], b["v"], b["cu"], b["ctx"], b["bt"], SCALE)
-                    return lambda: paged_prefill_attention_triton(
-                        *a, max_q_len=n, config=cfg, k_scale=b.get("ks"), v_scale=b.get("vs")
-                    )
-
                 try:
-                    calls = [call(b) for b in sets]
+                    calls = [make_call(b, cfg, ctx, q_len, vname == STEP_ROWS) for b in sets]
                     err = float((calls[0]().float() - ref).abs().max())
                     us = measure(calls, args.replays)[0]
                 except Exception as e:  # report a variant that does not compile, go on

@@ -1,6 +1,7 @@
 """PagedAttention on the triton kernels: a prefix-free prefill step reads its K/V rows from the qkv
-projection (qkv_prepare's k_to_qkv, the prefill kernel's step_kv) and matches the torch kernels; steps with
-cached context, decode steps and 8-bit caches read the pages. Interpreted on CPU without CUDA."""
+projection (qkv_prepare's k_to_qkv, the prefill kernel's step_kv) and matches the torch kernels; on a 16-bit
+cache, steps with cached context and decode steps read the pages (8-bit caches: test_prefill_step_rows.py).
+Interpreted on CPU without CUDA."""
 
 from __future__ import annotations
 
@@ -86,14 +87,11 @@ def test_prefix_free_prefill_reads_the_steps_rows(
     assert seen == [step_kv]
 
 
-def test_step_kv_needs_a_16_bit_cache_and_a_prefill() -> None:
+def test_step_kv_needs_a_prefill_on_triton() -> None:
     layer = PagedAttention(H, KVH, D, D**-0.5, kernel_ops("triton"))
     _, _, prompts = step([9, 5], [9, 5], seed=2)
     _, _, decode = step([1, 1], [1, 1], seed=3)
     bf16 = KVCache(torch.zeros(4, PAGE, KVH, D), torch.zeros(4, PAGE, KVH, D))
-    int8 = KVCache(*(torch.zeros(4, PAGE, KVH, D, dtype=torch.int8) for _ in range(2)),
-                   *(torch.ones(4, PAGE, KVH) for _ in range(2)))  # fmt: skip
     assert layer.uses_step_kv(bf16, prompts)
-    assert not layer.uses_step_kv(int8, prompts)
     assert not layer.uses_step_kv(bf16, decode)  # one token each: the decode kernel reads the pages
-    assert not PagedAttention(H, KVH, D, 1.0, kernel_ops("torch")).uses_step_kv(bf16, prompts)
+    assert not PagedAttention(H, KVH, D, 1.0, kernel_ops("cpu")).uses_step_kv(bf16, prompts)

@@ -26,7 +26,7 @@ EXPECTED = {
     "silu_and_mul",
     *(
         f"{k}_{kv}"
-        for k in ("decode_single_pass", "decode_split", "prefill", "qkv_prepare")
+        for k in ("decode_single_pass", "decode_split", "prefill", "prefill_step_kv", "qkv_prepare")
         for kv in ("fp8", "int8")
     ),
     *(
@@ -49,8 +49,8 @@ def test_kernels_compile_for_sm90() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     reports = {r["name"]: r for r in json.loads(done.stdout.strip().splitlines()[-1])}
     assert set(reports) == EXPECTED
-    attention = ("decode_single_pass", "decode_split", "prefill")
-    bf16_only = ("decode_split_pages_ahead", "prefill_step_kv")
+    attention = ("decode_single_pass", "decode_split", "prefill", "prefill_step_kv")
+    bf16_only = ("decode_split_pages_ahead",)
     for name in (*attention, *bf16_only, *(f"{k}_{kv}" for k in attention for kv in ("fp8", "int8"))):
         assert reports[name]["async_copies"] > 0, f"{name}: K/V loads are no longer pipelined"
         # Triton 3.9 here reports no stack; 3.6 (the GPU image) a 16-byte frame for the decode kernel.

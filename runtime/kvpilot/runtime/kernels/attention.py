@@ -49,7 +49,11 @@ def paged_attention_ref(
     max_q_len: int | None = None,  # the triton kernels' host-side hint; the reference needs none
     k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] fp32, 8-bit caches
     v_scale: torch.Tensor | None = None,
+    step_kv: tuple[torch.Tensor, torch.Tensor] | None = None,  # each [num_tokens, num_kv_heads, head_dim]
+    prefix_free: bool = False,  # the triton kernels' launch hint; the reference needs none
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """step_kv: the step's own K/V rows, attended for each chunk's own positions instead of the pages
+    (the same values on a 16-bit cache; full precision on an 8-bit one)."""
     check_scales(k_cache, v_cache, k_scale, v_scale)
     num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -58,8 +62,12 @@ def paged_attention_ref(
     for s, ctx in enumerate(context_lens.tolist()):
         qs = q[cu[s] : cu[s + 1]].float()  # [q_len, H, D]
         q_len = qs.shape[0]
-        k = gather_kv_float_ref(k_cache, k_scale, block_tables[s], ctx).repeat_interleave(group, dim=1)
-        v = gather_kv_float_ref(v_cache, v_scale, block_tables[s], ctx).repeat_interleave(group, dim=1)
+        k = gather_kv_float_ref(k_cache, k_scale, block_tables[s], ctx)  # [ctx, KVH, D]
+        v = gather_kv_float_ref(v_cache, v_scale, block_tables[s], ctx)
+        if step_kv is not None and q_len:
+            k[ctx - q_len :] = step_kv[0][cu[s] : cu[s + 1]].float()
+            v[ctx - q_len :] = step_kv[1][cu[s] : cu[s + 1]].float()
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", qs, k) * scale  # [H, q_len, ctx]
         q_pos = torch.arange(ctx - q_len, ctx, device=q.device)[:, None]
         k_pos = torch.arange(ctx, device=q.device)[None, :]

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import torch
 
+from .attention_route import uniform_query_len
 from .decode_attention_triton import paged_decode_attention_triton
 from .kv_cache import check_scales
 from .prefill_attention_triton import paged_prefill_attention_triton
 from .triton_utils import require_last_dim_contiguous, require_same_device
-from .verify_attention_triton import MAX_VERIFY_QUERY_LEN, paged_verify_attention_triton
+from .verify_attention_triton import paged_verify_attention_triton
 
 _INDEX_DTYPE = torch.int32
 
@@ -82,11 +83,12 @@ def paged_attention_triton(
     k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] fp32: 8-bit caches
     v_scale: torch.Tensor | None = None,
     step_kv: tuple[torch.Tensor, torch.Tensor] | None = None,  # each [num_tokens, num_kv_heads, head_dim]
+    prefix_free: bool = False,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """is_decode defaults to max_q_len == 1 when given, else to num_tokens == num_seqs (chunks are never
     empty, so that means one token each); both are decided without reading device memory. step_kv: the
-    step's K/V rows when no sequence has cached context; the prefill kernel reads them instead of the
-    pages (decode and verification read the pages)."""
+    step's K/V rows, which the prefill kernel reads for each chunk's own positions (prefix_free: no
+    sequence has cached context); decode and verification read the pages."""
     check_paged_attention_inputs(
         q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, k_scale, v_scale
     )
@@ -101,7 +103,7 @@ def paged_attention_triton(
         return paged_decode_attention_triton(
             q, k_cache, v_cache, context_lens, block_tables, scale, k_scale=k_scale, v_scale=v_scale
         )
-    if _uniform_query_len(q.shape[0], num_seqs, max_q_len):
+    if uniform_query_len(q.shape[0], num_seqs, max_q_len):
         return paged_verify_attention_triton(
             q, k_cache, v_cache, context_lens, block_tables, scale, k_scale=k_scale, v_scale=v_scale
         )
@@ -117,12 +119,5 @@ def paged_attention_triton(
         k_scale=k_scale,
         v_scale=v_scale,
         step_kv=step_kv,
+        prefix_free=prefix_free,
     )
-
-
-def _uniform_query_len(num_tokens: int, num_seqs: int, max_q_len: int | None) -> bool:
-    """Every sequence has exactly max_q_len (<= MAX_VERIFY_QUERY_LEN) query tokens: chunks are never
-    empty and none exceeds max_q_len, so num_tokens == num_seqs * max_q_len says it without a sync."""
-    if max_q_len is None or not 1 < max_q_len <= MAX_VERIFY_QUERY_LEN:
-        return False
-    return num_tokens == num_seqs * max_q_len

@@ -85,6 +85,8 @@ _ATTN = {
     "context_lens_ptr": "*i32",
     "block_tables_ptr": "*i32",
     "qk_scale": "fp32",
+    "kr_ptr": "*bf16",
+    "vr_ptr": "*bf16",
 }
 _HEADS = {"HEAD_DIM": 128, "BLOCK_D": 128, "PAGE": 16}
 _QKV_PREPARE = {
@@ -172,6 +174,17 @@ def kv8_specs() -> list[KernelSpec]:
                 prefill_attention_triton._prefill_kernel,
                 _scaled({**_ATTN, "cu_seqlens_q_ptr": "*i32"}, kv),
                 {**_prefill_consts(pre), "SCALED": True},
+                pre.num_warps,
+                pre.num_stages,
+                ("stride_bt", "num_seqs", "flat", *_SCALE_NODIV),
+            )
+        )
+        specs.append(  # prefill steps: own positions from the step's K/V rows, the prefix from 8-bit pages
+            KernelSpec(
+                f"prefill_step_kv_{kv}",
+                prefill_attention_triton._prefill_kernel,
+                _scaled({**_ATTN, "cu_seqlens_q_ptr": "*i32"}, kv),
+                {**_prefill_consts(pre), "SCALED": True, "CONTIG": True},
                 pre.num_warps,
                 pre.num_stages,
                 ("stride_bt", "num_seqs", "flat", *_SCALE_NODIV),
@@ -321,7 +334,7 @@ def default_specs() -> list[KernelSpec]:
             "prefill_step_kv",  # prefix-free steps: K/V rows of the step, no block table
             prefill_attention_triton._prefill_kernel,
             {**_ATTN, "cu_seqlens_q_ptr": "*i32"},
-            {**_prefill_consts(pre), "SCALED": False, "CONTIG": True},
+            {**_prefill_consts(pre), "SCALED": False, "CONTIG": True, "PREFIX": False},
             pre.num_warps,
             pre.step_kv_num_stages,
             ("stride_bt", "num_seqs", "flat"),

@@ -8,9 +8,12 @@ Grid: (kv heads, query tiles, sequences), longest query tiles first (PrefillConf
 axis first without it). A program takes BLOCK_Q query tokens x all GROUP query heads of one KV head as the
 BLOCK_M = BLOCK_Q * GROUP_PAD rows of its tile (GQA packing), so each K/V tile it loads serves every head
 that shares it. Row r is token r // GROUP_PAD, head r % GROUP_PAD of the group. Tiles entirely left of the
-diagonal run without masks; the remaining ones apply the causal mask. A step whose sequences have no
-cached context may pass its K/V rows (step_kv): the kernel reads them directly instead of gathering pages
-through the block table (the configuration lives in prefill_plan.py).
+diagonal run without masks; the remaining ones apply the causal mask. The step's own K/V rows may be passed
+(step_kv): each chunk's own positions are then read from them directly (no block-table gather, and for an
+8-bit cache at the activations' precision and without widening: a prefill over 8-bit pages runs at
+0.5-0.6x of bf16's speed on the H200, BENCHMARKS.md), and only the positions cached before the chunk from
+the pages (as SGLang's extend attends the new tokens over a ragged K/V and the prefix over the pages).
+The configuration lives in prefill_plan.py.
 """
 
 from __future__ import annotations
@@ -51,6 +54,64 @@ def _flat_tile(cu_seqlens_q_ptr, num_seqs, pid, BLOCK_Q: tl.constexpr, BLOCK_SEQ
     return seq, count - 1 - (pid - first)
 
 
+@triton.jit
+def _attend_range(
+    acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, bt_row, lo, hi, end, qk_scale, k_head_off, v_head_off,
+    stride_kb, stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr, s_head_off, stride_sb, stride_ss,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASK: tl.constexpr, CAUSAL: tl.constexpr, SCALED: tl.constexpr, CONTIG: tl.constexpr,
+    PRESCALED: tl.constexpr, PAGES_AHEAD: tl.constexpr, V_TILE: tl.constexpr = False,
+    WIDEN_ASM: tl.constexpr = True,
+):  # fmt: skip
+    """attend_tile over the tiles starting at lo, lo + BLOCK_N, ... below hi (positions >= end masked
+    when MASK). PAGES_AHEAD: each tile's block-table entries are loaded one tile early."""
+    offs_n = tl.arange(0, BLOCK_N)
+    if PAGES_AHEAD:  # [BLOCK_N] table entries of the first tile
+        pages = tl.load(bt_row + (lo + offs_n) // PAGE, mask=lo + offs_n < end, other=0)
+    else:
+        pages = offs_n  # unused: attend_tile looks its pages up
+    for n0 in range(lo, hi, BLOCK_N):
+        tile_pages = pages.to(tl.int64)
+        if PAGES_AHEAD:
+            nxt = n0 + BLOCK_N + offs_n
+            pages = tl.load(bt_row + nxt // PAGE, mask=nxt < end, other=0)
+        acc, l_i, m_i = attend_tile(
+            acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, bt_row, n0, end, qk_scale, k_head_off, v_head_off,
+            stride_kb, stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr, s_head_off, stride_sb,
+            stride_ss, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, MASK=MASK, CAUSAL=CAUSAL, SCALED=SCALED,
+            CONTIG=CONTIG, PRESCALED=PRESCALED, tile_pages=tile_pages, PAGES_GIVEN=PAGES_AHEAD,
+            V_TILE=V_TILE, WIDEN_ASM=WIDEN_ASM,
+        )  # fmt: skip
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attend_prefix(
+    acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, bt_row, prefix, qk_scale, k_head_off, v_head_off, stride_kb,
+    stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr, s_head_off, stride_sb, stride_ss,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+    SCALED: tl.constexpr, PRESCALED: tl.constexpr, PAGES_AHEAD: tl.constexpr, V_TILE: tl.constexpr,
+    WIDEN_ASM: tl.constexpr,
+):  # fmt: skip
+    """The cached positions [0, prefix) from the pages, visible to every row: whole tiles unmasked, then
+    the partial last one."""
+    if SCALED and q.dtype != tl.float32 and k_ptr.dtype.element_ty != tl.int8:
+        q = q.to(tl.float16)  # e4m3 pages, 16-bit activations: fp16 dots (attention_tile_triton.py)
+    prefix_full = prefix // BLOCK_N * BLOCK_N
+    acc, l_i, m_i = _attend_range(
+        acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, bt_row, 0, prefix_full, prefix, qk_scale, k_head_off,
+        v_head_off, stride_kb, stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr, s_head_off,
+        stride_sb, stride_ss, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, False, False, SCALED, False, PRESCALED,
+        PAGES_AHEAD, V_TILE, WIDEN_ASM,
+    )  # fmt: skip
+    return _attend_range(
+        acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, bt_row, prefix_full, prefix, prefix, qk_scale, k_head_off,
+        v_head_off, stride_kb, stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr, s_head_off,
+        stride_sb, stride_ss, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, True, False, SCALED, False, PRESCALED,
+        False, V_TILE, WIDEN_ASM,
+    )  # fmt: skip
+
+
 # stride_bt is the step's block-table width: specialising on it (== 1, % 16) would compile mid-serving
 @triton.jit(do_not_specialize=["stride_bt", "num_seqs", "flat"])
 def _prefill_kernel(
@@ -78,6 +139,12 @@ def _prefill_kernel(
     stride_sb,
     stride_ss,
     stride_sh,
+    kr_ptr,  # [num_tokens, num_kv_heads, head_dim] this step's K rows (read when CONTIG)
+    vr_ptr,
+    stride_krt,  # token, head strides of the step's K and V rows
+    stride_krh,
+    stride_vrt,
+    stride_vrh,
     num_seqs,
     flat,  # 1: grid (existing tiles, kv heads, 1), see PrefillConfig.flat_grid; 0: (tiles, kv heads, seqs)
     GROUP: tl.constexpr,
@@ -91,7 +158,8 @@ def _prefill_kernel(
     SCALED: tl.constexpr,  # 8-bit cache: q stays in its dtype, scales dequantize the scores/weights
     BLOCK_SEQS: tl.constexpr = 256,  # num_seqs rounded up to a power of two (flat grid)
     PACK: tl.constexpr = True,  # GQA packing (PrefillConfig.gqa_pack); False: axis 1 is the query head
-    CONTIG: tl.constexpr = False,  # K/V are [num_tokens, kv_heads, head_dim] rows of this step (no prefix)
+    CONTIG: tl.constexpr = False,  # the chunk's own K/V from the step's rows (kr/vr), the prefix from pages
+    PREFIX: tl.constexpr = True,  # CONTIG: some chunk may have cached positions (False: prefix-free step)
     PRESCALED: tl.constexpr = False,  # PrefillConfig.fold_scale
     PAGES_AHEAD: tl.constexpr = False,  # PrefillConfig.pages_ahead
     HEADS_FIRST: tl.constexpr = False,  # PrefillConfig.heads_first: axes 0 and 1 swapped
@@ -142,111 +210,58 @@ def _prefill_kernel(
         q = (q.to(tl.float32) * qk_scale).to(k_cache_ptr.dtype.element_ty)
     elif not SCALED:  # a 16/32-bit cache: the dots run in its type
         q = q.to(k_cache_ptr.dtype.element_ty)
-    elif q.dtype != tl.float32 and k_cache_ptr.dtype.element_ty != tl.int8:
+    elif not CONTIG and q.dtype != tl.float32 and k_cache_ptr.dtype.element_ty != tl.int8:
         q = q.to(tl.float16)  # e4m3 pages, 16-bit activations: fp16 dots (attention_tile_triton.py)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    if CONTIG:  # position p of this sequence is row q_start + p (its whole context is this chunk)
-        k_cache_ptr += q_start.to(tl.int64) * stride_ks
-        v_cache_ptr += q_start.to(tl.int64) * stride_vs
     k_head_off = kv_head * stride_kh
     v_head_off = kv_head * stride_vh
     s_head_off = kv_head * stride_sh
-    first_pos = ctx - q_len + t0  # lowest query position of this tile: every row sees 0..first_pos
-    kv_end = ctx - q_len + tl.minimum(t0 + BLOCK_Q, q_len)  # one past the highest query position
-    full_end = (first_pos + 1) // BLOCK_N * BLOCK_N  # tiles below this are visible to every row
-    offs_n = tl.arange(0, BLOCK_N)
-    if PAGES_AHEAD:  # noqa: SIM108 (constexpr branch); [BLOCK_N] table entries of the next tile
-        pages = tl.load(bt_row + offs_n // PAGE, mask=offs_n < kv_end, other=0)
+    prefix = ctx - q_len  # cached positions before this chunk
+    first_pos = prefix + t0  # lowest query position of this tile: every row sees 0..first_pos
+    kv_end = prefix + tl.minimum(t0 + BLOCK_Q, q_len)  # one past the highest query position
+    if CONTIG:
+        # The chunk's own positions [prefix, kv_end) come from the step's K/V rows (position p is row
+        # q_start + p - prefix), tiles counted from `prefix`; the first holds position `prefix`, which every
+        # row sees, so m_i is finite after it. Then the cached prefix [0, prefix) from the pages.
+        row0 = (q_start - prefix).to(tl.int64)
+        own_full = prefix + (t0 + 1) // BLOCK_N * BLOCK_N  # own tiles below this: visible to every row
+        acc, l_i, m_i = _attend_range(
+            acc, l_i, m_i, q, q_pos, kr_ptr + row0 * stride_krt, vr_ptr + row0 * stride_vrt, bt_row,
+            prefix, own_full, kv_end, qk_scale, kv_head * stride_krh, kv_head * stride_vrh, 0,
+            stride_krt, 0, stride_vrt, k_scale_ptr, v_scale_ptr, s_head_off, stride_sb, stride_ss,
+            HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, False, False, False, True, PRESCALED, False,
+        )  # fmt: skip
+        acc, l_i, m_i = _attend_range(
+            acc, l_i, m_i, q, q_pos, kr_ptr + row0 * stride_krt, vr_ptr + row0 * stride_vrt, bt_row,
+            own_full, kv_end, kv_end, qk_scale, kv_head * stride_krh, kv_head * stride_vrh, 0,
+            stride_krt, 0, stride_vrt, k_scale_ptr, v_scale_ptr, s_head_off, stride_sb, stride_ss,
+            HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, True, True, False, True, PRESCALED, False,
+        )  # fmt: skip
+        if PREFIX:  # a separate compile: 16-bit prefix-free steps keep their registers (no spills)
+            acc, l_i, m_i = _attend_prefix(
+                acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, prefix, qk_scale, k_head_off,
+                v_head_off, stride_kb, stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr,
+                s_head_off, stride_sb, stride_ss, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, SCALED, PRESCALED,
+                PAGES_AHEAD, V_TILE, WIDEN_ASM,
+            )  # fmt: skip
     else:
-        pages = offs_n  # unused: attend_tile looks its pages up
-    for n0 in range(0, full_end, BLOCK_N):
-        tile_pages = pages.to(tl.int64)
-        if PAGES_AHEAD:
-            nxt = n0 + BLOCK_N + offs_n
-            pages = tl.load(bt_row + nxt // PAGE, mask=nxt < kv_end, other=0)
-        acc, l_i, m_i = attend_tile(
-            acc,
-            l_i,
-            m_i,
-            q,
-            q_pos,
-            k_cache_ptr,
-            v_cache_ptr,
-            bt_row,
-            n0,
-            kv_end,
-            qk_scale,
-            k_head_off,
-            v_head_off,
-            stride_kb,
-            stride_ks,
-            stride_vb,
-            stride_vs,
-            k_scale_ptr,
-            v_scale_ptr,
-            s_head_off,
-            stride_sb,
-            stride_ss,
-            HEAD_DIM,
-            BLOCK_D,
-            PAGE,
-            BLOCK_N,
-            MASK=False,
-            CAUSAL=False,
-            SCALED=SCALED,
-            CONTIG=CONTIG,
-            PRESCALED=PRESCALED,
-            tile_pages=tile_pages,
-            PAGES_GIVEN=PAGES_AHEAD,
-            V_TILE=V_TILE,
-            WIDEN_ASM=WIDEN_ASM,
-        )
-    for n0 in range(full_end, kv_end, BLOCK_N):
-        tile_pages = pages.to(tl.int64)
-        if PAGES_AHEAD:
-            nxt = n0 + BLOCK_N + offs_n
-            pages = tl.load(bt_row + nxt // PAGE, mask=nxt < kv_end, other=0)
-        acc, l_i, m_i = attend_tile(
-            acc,
-            l_i,
-            m_i,
-            q,
-            q_pos,
-            k_cache_ptr,
-            v_cache_ptr,
-            bt_row,
-            n0,
-            kv_end,
-            qk_scale,
-            k_head_off,
-            v_head_off,
-            stride_kb,
-            stride_ks,
-            stride_vb,
-            stride_vs,
-            k_scale_ptr,
-            v_scale_ptr,
-            s_head_off,
-            stride_sb,
-            stride_ss,
-            HEAD_DIM,
-            BLOCK_D,
-            PAGE,
-            BLOCK_N,
-            MASK=True,
-            CAUSAL=True,
-            SCALED=SCALED,
-            CONTIG=CONTIG,
-            PRESCALED=PRESCALED,
-            tile_pages=tile_pages,
-            PAGES_GIVEN=PAGES_AHEAD,
-            V_TILE=V_TILE,
-            WIDEN_ASM=WIDEN_ASM,
-        )
+        full_end = (first_pos + 1) // BLOCK_N * BLOCK_N  # tiles below this are visible to every row
+        acc, l_i, m_i = _attend_range(
+            acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, 0, full_end, kv_end, qk_scale,
+            k_head_off, v_head_off, stride_kb, stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr,
+            s_head_off, stride_sb, stride_ss, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, False, False, SCALED,
+            False, PRESCALED, PAGES_AHEAD, V_TILE, WIDEN_ASM,
+        )  # fmt: skip
+        acc, l_i, m_i = _attend_range(
+            acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, full_end, kv_end, kv_end, qk_scale,
+            k_head_off, v_head_off, stride_kb, stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr,
+            s_head_off, stride_sb, stride_ss, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, True, True, SCALED,
+            False, PRESCALED, PAGES_AHEAD, V_TILE, WIDEN_ASM,
+        )  # fmt: skip
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o = (acc / l_safe[:, None]).to(out_ptr.dtype.element_ty)
@@ -268,10 +283,13 @@ def paged_prefill_attention_triton(
     k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] fp32: 8-bit caches
     v_scale: torch.Tensor | None = None,
     step_kv: tuple[torch.Tensor, torch.Tensor] | None = None,  # each [num_tokens, num_kv_heads, head_dim]
+    prefix_free: bool = False,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """max_q_len sizes the per-sequence grid (PrefillConfig.flat_grid); without it the flat grid runs,
-    which needs no host sync. step_kv: this step's K/V rows (token-aligned with q), read instead of the
-    pages when no sequence has cached context (context_lens == chunk lengths: the caller's promise)."""
+    which needs no host sync. step_kv: this step's K/V rows (token-aligned with q, in q's dtype), read
+    for each chunk's own positions instead of the pages; positions before the chunk still come from the
+    pages (dequantized, for 8-bit caches). prefix_free: no sequence has cached context (the caller's
+    promise), so only step_kv is read (its own launch configuration)."""
     cfg = config or default_prefill_config(k_cache.dtype)
     num_tokens, num_heads, head_dim = q.shape
     page, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -293,19 +311,11 @@ def paged_prefill_attention_triton(
             max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max().item())
         tiles = triton.cdiv(max_q_len, block_q)
         grid = (heads_axis, tiles, num_seqs) if cfg.heads_first else (tiles, heads_axis, num_seqs)
-    if step_kv is not None and k_scale is not None:
-        raise ValueError("step_kv reads 16-bit K/V rows; an 8-bit cache needs its pages and scales")
-    k, v = step_kv or (k_cache, v_cache)
-    # step_kv rows [tokens, kv_heads, d] as pages of one position each: (block, slot) strides (0, token)
-    kv_strides = (
-        (0, k.stride(0), k.stride(1), 0, v.stride(0), v.stride(1))
-        if step_kv is not None
-        else (k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2))
-    )
+    k_rows, v_rows = step_kv or (q, q)  # without step_kv, q stands in for the unread row pointers
     _prefill_kernel[grid](
         q,
-        k,
-        v,
+        k_cache,
+        v_cache,
         out,
         cu_seqlens_q,
         context_lens,
@@ -315,9 +325,16 @@ def paged_prefill_attention_triton(
         q.stride(1),
         out.stride(0),
         out.stride(1),
-        *kv_strides,
+        *k_cache.stride()[:3],
+        *v_cache.stride()[:3],
         block_tables.stride(0),
         *_scale_args(k_cache, k_scale, v_scale),
+        k_rows,
+        v_rows,
+        k_rows.stride(0),
+        k_rows.stride(1),
+        v_rows.stride(0),
+        v_rows.stride(1),
         num_seqs,
         int(flat),
         GROUP=group,
@@ -332,12 +349,13 @@ def paged_prefill_attention_triton(
         BLOCK_SEQS=max(256, next_power_of_2(num_seqs)),  # one compile up to 256 sequences
         PACK=cfg.gqa_pack,
         CONTIG=step_kv is not None,
+        PREFIX=not prefix_free,
         PRESCALED=cfg.fold_scale and k_scale is None,
         PAGES_AHEAD=cfg.pages_ahead and step_kv is None,
         HEADS_FIRST=cfg.heads_first,
         V_TILE=cfg.v_tile and k_scale is not None,
         WIDEN_ASM=q.device.type == "cuda",
         num_warps=cfg.num_warps,
-        num_stages=cfg.step_kv_num_stages if step_kv is not None else cfg.num_stages,
+        num_stages=cfg.step_kv_num_stages if step_kv is not None and prefix_free else cfg.num_stages,
     )
     return out

@@ -54,9 +54,11 @@ def qkv_prepare_ref(
     *,
     k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] fp32: 8-bit caches
     v_scale: torch.Tensor | None = None,
+    k_to_qkv: bool = False,
 ) -> torch.Tensor:
     """Returns q [num_tokens, num_heads, head_dim] (normed, rotated); writes k (normed, rotated) and v
-    (quantized per token and head, their scales beside them, when the cache is 8-bit)."""
+    (quantized per token and head, their scales beside them, when the cache is 8-bit). k_to_qkv: also
+    writes the normed, rotated k over qkv's k columns (the step's K rows that attention may read)."""
     num_heads, num_kv_heads, head_dim = qkv_heads(qkv, k_cache)
     has_norm = check_qk_norm(q_norm_weight, k_norm_weight, head_dim)
     num_tokens = qkv.shape[0]
@@ -66,4 +68,6 @@ def qkv_prepare_ref(
         k = rms_norm_ref(k.reshape(-1, head_dim), k_norm_weight, eps).view(k.shape)  # type: ignore[union-attr]
     q, k = apply_rotary_ref(positions, q, k, cos_sin_cache)
     store_kv_cache_ref(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
+    if k_to_qkv:
+        qkv.view(num_tokens, -1, head_dim)[:, num_heads : num_heads + num_kv_heads] = k.to(qkv.dtype)
     return q

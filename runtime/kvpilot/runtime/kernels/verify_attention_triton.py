@@ -36,7 +36,6 @@ from .decode_attention_triton import (
 from .triton_utils import next_power_of_2, num_sms
 from .triton_utils import scale_launch_args as _scale_args
 
-MAX_VERIFY_QUERY_LEN = 16  # Q above this goes to the prefill kernel (tiles of Q x GROUP rows get large)
 # 8-bit pages: the decode kernel's 128-position tiles; with 5 x 4 query rows (32 after padding) that needs
 # 8 warps to stay clear of spills (sm_90 compile: 4 warps spill 80 B for e4m3; 8 warps, 195 registers)
 EIGHT_BIT_VERIFY = DecodeConfig(block_n=128, num_warps=8, pages_ahead=False)

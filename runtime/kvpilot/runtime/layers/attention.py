@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from kvpilot.runtime.kernels.attention_route import uniform_query_len
 from kvpilot.runtime.kernels.kv_cache import KVCache
 from kvpilot.runtime.layers.kernel_ops import KernelOps
 from torch import nn
@@ -43,10 +44,19 @@ class PagedAttention(nn.Module):
         self._step_kv = ops.step_kv
 
     def uses_step_kv(self, kv_cache: KVCache, meta: AttentionMetadata) -> bool:
-        """A prefix-free prefill step over a 16-bit cache on kernels that support it: store_qkv leaves the
-        rotated k in qkv's k columns and forward reads K/V from qkv, not from the pages (no gather; H200
-        1 x 1024: 30.9 vs 38.7 µs paged, torch SDPA 32.3; benchmarks/sweep_attention2.py)."""
-        return self._step_kv and meta.prefix_free and meta.max_q_len > 1 and kv_cache.k_scale is None
+        """On kernels that support it, store_qkv leaves the rotated k in qkv's k columns and forward reads
+        each chunk's own K/V from qkv rather than from the pages: for prefix-free prefill steps over a
+        16-bit cache (no gather; H200 1 x 1024: 30.9 vs 38.7 µs paged, torch SDPA 32.3;
+        benchmarks/sweep_attention2.py), and for every prefill step over an 8-bit cache, whose pages the
+        prefill kernel reads at 0.5-0.6x of bf16's speed (benchmarks/sweep_prefill_kv8.py): only the
+        cached prefix comes from them then, and a chunk attends over its own tokens at full precision.
+        Steps of the verify kernel's shape (every chunk 2-16 tokens long) read the pages."""
+        if not self._step_kv or meta.max_q_len <= 1:
+            return False
+        if kv_cache.k_scale is None:
+            return meta.prefix_free
+        num_tokens, num_seqs = meta.slot_mapping.shape[0], meta.context_lens.shape[0]
+        return not uniform_query_len(num_tokens, num_seqs, meta.max_q_len)
 
     def store_qkv(
         self,
@@ -89,6 +99,7 @@ class PagedAttention(nn.Module):
             # views of qkv's k and v columns: [T, KVH, D] each, token stride (H + 2 KVH) * D
             k_rows = qkv[:, h * d : (h + kvh) * d].view(t, kvh, d)
             extra["step_kv"] = (k_rows, qkv[:, (h + kvh) * d :].view(t, kvh, d))
+            extra["prefix_free"] = meta.prefix_free
         # max_q_len is known on the host, so the triton kernel choice and grid never read device memory
         return self._attend(
             q,

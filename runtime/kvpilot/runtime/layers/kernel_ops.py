@@ -34,7 +34,7 @@ class KernelOps:
     norm_linear: Callable[..., Any]  # (hidden, residual | None, norm_weight, eps, weight) -> (y, h)
     silu_linear: Callable[..., Any]  # (gate_up [T, 2I], weight [N, I]) -> silu(gate) * up @ W^T
     # step_kv: qkv_prepare takes k_to_qkv=True and paged_attention step_kv=(k_rows, v_rows) for
-    # prefix-free prefill steps (PagedAttention.uses_step_kv)
+    # prefill steps (PagedAttention.uses_step_kv says which)
     step_kv: bool = False
 
 
@@ -54,6 +54,7 @@ def torch_ops() -> KernelOps:
         paged_attention_ref,
         norm_linear_ref,
         silu_linear_ref,
+        step_kv=True,  # the triton set's semantics, so tests can compare the two on 8-bit caches
     )
 
 
