@@ -176,3 +176,34 @@ def attend_tile(
     else:
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return acc, l_i, m_new
+
+
+@triton.jit
+def attend_range(
+    acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, bt_row, lo, hi, end, qk_scale, k_head_off, v_head_off,
+    stride_kb, stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr, s_head_off, stride_sb, stride_ss,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASK: tl.constexpr, CAUSAL: tl.constexpr, SCALED: tl.constexpr, CONTIG: tl.constexpr,
+    PRESCALED: tl.constexpr, PAGES_AHEAD: tl.constexpr, V_TILE: tl.constexpr = False,
+    WIDEN_ASM: tl.constexpr = True,
+):  # fmt: skip
+    """attend_tile over the tiles starting at lo, lo + BLOCK_N, ... below hi (positions >= end masked
+    when MASK). PAGES_AHEAD: each tile's block-table entries are loaded one tile early."""
+    offs_n = tl.arange(0, BLOCK_N)
+    if PAGES_AHEAD:  # [BLOCK_N] table entries of the first tile
+        pages = tl.load(bt_row + (lo + offs_n) // PAGE, mask=lo + offs_n < end, other=0)
+    else:
+        pages = offs_n  # unused: attend_tile looks its pages up
+    for n0 in range(lo, hi, BLOCK_N):
+        tile_pages = pages.to(tl.int64)
+        if PAGES_AHEAD:
+            nxt = n0 + BLOCK_N + offs_n
+            pages = tl.load(bt_row + nxt // PAGE, mask=nxt < end, other=0)
+        acc, l_i, m_i = attend_tile(
+            acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, bt_row, n0, end, qk_scale, k_head_off, v_head_off,
+            stride_kb, stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr, s_head_off, stride_sb,
+            stride_ss, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, MASK=MASK, CAUSAL=CAUSAL, SCALED=SCALED,
+            CONTIG=CONTIG, PRESCALED=PRESCALED, tile_pages=tile_pages, PAGES_GIVEN=PAGES_AHEAD,
+            V_TILE=V_TILE, WIDEN_ASM=WIDEN_ASM,
+        )  # fmt: skip
+    return acc, l_i, m_i

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention_tile_triton import attend_tile
+from .attention_tile_triton import attend_range
 from .prefill_plan import EIGHT_BIT_PREFILL, PrefillConfig, default_prefill_config, use_flat_grid
 from .triton_utils import next_power_of_2
 from .triton_utils import scale_launch_args as _scale_args
@@ -55,37 +55,6 @@ def _flat_tile(cu_seqlens_q_ptr, num_seqs, pid, BLOCK_Q: tl.constexpr, BLOCK_SEQ
 
 
 @triton.jit
-def _attend_range(
-    acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, bt_row, lo, hi, end, qk_scale, k_head_off, v_head_off,
-    stride_kb, stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr, s_head_off, stride_sb, stride_ss,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-    MASK: tl.constexpr, CAUSAL: tl.constexpr, SCALED: tl.constexpr, CONTIG: tl.constexpr,
-    PRESCALED: tl.constexpr, PAGES_AHEAD: tl.constexpr, V_TILE: tl.constexpr = False,
-    WIDEN_ASM: tl.constexpr = True,
-):  # fmt: skip
-    """attend_tile over the tiles starting at lo, lo + BLOCK_N, ... below hi (positions >= end masked
-    when MASK). PAGES_AHEAD: each tile's block-table entries are loaded one tile early."""
-    offs_n = tl.arange(0, BLOCK_N)
-    if PAGES_AHEAD:  # [BLOCK_N] table entries of the first tile
-        pages = tl.load(bt_row + (lo + offs_n) // PAGE, mask=lo + offs_n < end, other=0)
-    else:
-        pages = offs_n  # unused: attend_tile looks its pages up
-    for n0 in range(lo, hi, BLOCK_N):
-        tile_pages = pages.to(tl.int64)
-        if PAGES_AHEAD:
-            nxt = n0 + BLOCK_N + offs_n
-            pages = tl.load(bt_row + nxt // PAGE, mask=nxt < end, other=0)
-        acc, l_i, m_i = attend_tile(
-            acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, bt_row, n0, end, qk_scale, k_head_off, v_head_off,
-            stride_kb, stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr, s_head_off, stride_sb,
-            stride_ss, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, MASK=MASK, CAUSAL=CAUSAL, SCALED=SCALED,
-            CONTIG=CONTIG, PRESCALED=PRESCALED, tile_pages=tile_pages, PAGES_GIVEN=PAGES_AHEAD,
-            V_TILE=V_TILE, WIDEN_ASM=WIDEN_ASM,
-        )  # fmt: skip
-    return acc, l_i, m_i
-
-
-@triton.jit
 def _attend_prefix(
     acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, bt_row, prefix, qk_scale, k_head_off, v_head_off, stride_kb,
     stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr, s_head_off, stride_sb, stride_ss,
@@ -98,13 +67,13 @@ def _attend_prefix(
     if SCALED and q.dtype != tl.float32 and k_ptr.dtype.element_ty != tl.int8:
         q = q.to(tl.float16)  # e4m3 pages, 16-bit activations: fp16 dots (attention_tile_triton.py)
     prefix_full = prefix // BLOCK_N * BLOCK_N
-    acc, l_i, m_i = _attend_range(
+    acc, l_i, m_i = attend_range(
         acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, bt_row, 0, prefix_full, prefix, qk_scale, k_head_off,
         v_head_off, stride_kb, stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr, s_head_off,
         stride_sb, stride_ss, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, False, False, SCALED, False, PRESCALED,
         PAGES_AHEAD, V_TILE, WIDEN_ASM,
     )  # fmt: skip
-    return _attend_range(
+    return attend_range(
         acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, bt_row, prefix_full, prefix, prefix, qk_scale, k_head_off,
         v_head_off, stride_kb, stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr, s_head_off,
         stride_sb, stride_ss, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, True, False, SCALED, False, PRESCALED,
@@ -229,13 +198,13 @@ def _prefill_kernel(
         # row sees, so m_i is finite after it. Then the cached prefix [0, prefix) from the pages.
         row0 = (q_start - prefix).to(tl.int64)
         own_full = prefix + (t0 + 1) // BLOCK_N * BLOCK_N  # own tiles below this: visible to every row
-        acc, l_i, m_i = _attend_range(
+        acc, l_i, m_i = attend_range(
             acc, l_i, m_i, q, q_pos, kr_ptr + row0 * stride_krt, vr_ptr + row0 * stride_vrt, bt_row,
             prefix, own_full, kv_end, qk_scale, kv_head * stride_krh, kv_head * stride_vrh, 0,
             stride_krt, 0, stride_vrt, k_scale_ptr, v_scale_ptr, s_head_off, stride_sb, stride_ss,
             HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, False, False, False, True, PRESCALED, False,
         )  # fmt: skip
-        acc, l_i, m_i = _attend_range(
+        acc, l_i, m_i = attend_range(
             acc, l_i, m_i, q, q_pos, kr_ptr + row0 * stride_krt, vr_ptr + row0 * stride_vrt, bt_row,
             own_full, kv_end, kv_end, qk_scale, kv_head * stride_krh, kv_head * stride_vrh, 0,
             stride_krt, 0, stride_vrt, k_scale_ptr, v_scale_ptr, s_head_off, stride_sb, stride_ss,
@@ -250,13 +219,13 @@ def _prefill_kernel(
             )  # fmt: skip
     else:
         full_end = (first_pos + 1) // BLOCK_N * BLOCK_N  # tiles below this are visible to every row
-        acc, l_i, m_i = _attend_range(
+        acc, l_i, m_i = attend_range(
             acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, 0, full_end, kv_end, qk_scale,
             k_head_off, v_head_off, stride_kb, stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr,
             s_head_off, stride_sb, stride_ss, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, False, False, SCALED,
             False, PRESCALED, PAGES_AHEAD, V_TILE, WIDEN_ASM,
         )  # fmt: skip
-        acc, l_i, m_i = _attend_range(
+        acc, l_i, m_i = attend_range(
             acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, full_end, kv_end, kv_end, qk_scale,
             k_head_off, v_head_off, stride_kb, stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr,
             s_head_off, stride_sb, stride_ss, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, True, True, SCALED,
