@@ -186,6 +186,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="64x4k re-timings of every variant")
     parser.add_argument("--budget", type=float, default=70.0, help="seconds before variants are skipped")
     parser.add_argument("--replays", type=int, default=5)
+    parser.add_argument("--shapes", default="", help="only these BATCHxCONTEXT shapes, defaults only")
     args = parser.parse_args()
     start = time.time()
     torch.manual_seed(0)
@@ -193,6 +194,11 @@ def main() -> None:
     print("| shape | kv | variant | µs | vs bf16 | % of 4.25 TB/s | max_err | note |")
     print("|---|---|---|---|---|---|---|---|")
     deadline = start + args.budget
+    if args.shapes:
+        for shape in args.shapes.split(","):
+            batch, ctx = (int(x) for x in shape.split("x"))
+            run_shape(batch, ctx, "breadth", args.replays, deadline)
+        return
     run_shape(
         64, 4096, args.set, args.replays, deadline - 20, args.repeats
     )  # the target; time left for breadth
