@@ -5,12 +5,17 @@ Interpreted on CPU without CUDA."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from kvpilot.runtime.kernels.triton_utils import interpret_without_gpu
 
 INTERPRET = interpret_without_gpu()  # before anything imports triton
 
+from kvpilot.runtime.engine.batch import SeqChunk, StepBatch  # noqa: E402
+from kvpilot.runtime.engine.model_inputs import prepare_inputs  # noqa: E402
+from kvpilot.runtime.kernels import attention_triton  # noqa: E402
 from kvpilot.runtime.kernels.attention import paged_attention_ref  # noqa: E402
 from kvpilot.runtime.kernels.kv_cache import KVCache, dequantize_ref  # noqa: E402
 from kvpilot.runtime.kernels.prefill_attention_triton import (  # noqa: E402
@@ -21,7 +26,7 @@ from kvpilot.runtime.layers.attention import PagedAttention  # noqa: E402
 from kvpilot.runtime.layers.kernel_ops import kernel_ops  # noqa: E402
 
 from tests.runtime.test_attention_step_kv import step  # noqa: E402
-from tests.runtime.test_kv_cache_8bit import EIGHT_BIT, IDS, quantized_batch  # noqa: E402
+from tests.runtime.test_kv_cache_8bit import EIGHT_BIT, IDS, _runner, quantized_batch  # noqa: E402
 
 TOL = {"atol": 1e-4, "rtol": 1e-4} if INTERPRET else {"atol": 2e-2, "rtol": 2e-2}
 SMALL = PrefillConfig(block_m=16, block_n=16)
@@ -88,3 +93,62 @@ def test_layer_takes_the_step_rows_for_8_bit_prefill_steps() -> None:
     assert layer.uses_step_kv(int8, prompts) and layer.uses_step_kv(int8, extend)
     assert layer.uses_step_kv(bf16, prompts) and not layer.uses_step_kv(bf16, extend)
     assert not layer.uses_step_kv(int8, decode)  # one token each: the decode kernel reads the pages
+
+
+def _mixed_steps() -> list[StepBatch]:
+    """Two prompts, then steps as the scheduler builds them: decodes first, then chunks (a prompt's
+    second chunk, a new prompt); the split staging must rebase the chunks' metadata."""
+    a, b, c = [5, 9, 17, 33, 2, 8, 40, 41], [7, 7, 100, 250, 3, 9], [4, 8, 15, 16, 23, 42, 11]
+    return [
+        StepBatch([SeqChunk(0, a[:5], 0, [3, 0], False), SeqChunk(1, b, 0, [1, 2], True)]),
+        StepBatch(
+            [
+                SeqChunk(1, [77], 6, [1, 2], True),
+                SeqChunk(0, a[5:], 5, [3, 0, 6], True),
+                SeqChunk(2, c, 0, [4, 5], True),
+            ]
+        ),
+        StepBatch(
+            [
+                SeqChunk(1, [5], 7, [1, 2], True),
+                SeqChunk(0, [12], 8, [3, 0, 6], True),
+                SeqChunk(2, [6, 6, 6], 7, [4, 5, 7], True),
+            ]
+        ),
+    ]
+
+
+def test_mixed_steps_are_staged_split() -> None:
+    inputs = prepare_inputs(_mixed_steps()[1], 4, torch.device("cpu"))
+    split = inputs.meta.mixed
+    assert split is not None and split.num_decode_seqs == 1 and not split.prefix_free
+    assert split.cu_seqlens_q.tolist() == [0, 3, 10]
+    assert split.context_lens.tolist() == [8, 7]
+    assert split.block_tables.tolist() == inputs.meta.block_tables[1:].tolist()
+    for t in (split.cu_seqlens_q, split.context_lens, split.block_tables):
+        assert t.data_ptr() % 16 == 0  # Triton specialises on 16-byte alignment
+    assert prepare_inputs(_mixed_steps()[0], 4, torch.device("cpu")).meta.mixed is None
+
+
+@pytest.mark.parametrize("kv", ["auto", "int8", "fp8"])
+def test_mixed_steps_split_decodes_from_chunks(
+    kv: str, qwen3_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """triton (interpreted on CPU) and torch kernel sets split mixed steps; the cpu set does not. On a
+    16-bit cache the three agree; on 8-bit caches triton and torch (same rules) agree."""
+    decoded: list[int] = []
+    real = attention_triton.paged_decode_attention_triton
+
+    def spy(q: torch.Tensor, *a: object, **k: object) -> torch.Tensor:
+        decoded.append(q.shape[0])
+        return real(q, *a, **k)
+
+    monkeypatch.setattr(attention_triton, "paged_decode_attention_triton", spy)
+    backends = ("torch", "triton", "cpu") if kv == "auto" else ("torch", "triton")
+    runners = {b: _runner(qwen3_checkpoint, kv, b) for b in backends}
+    for batch in _mixed_steps():
+        logits = {b: r.execute(batch) for b, r in runners.items()}
+        for b in backends[1:]:
+            torch.testing.assert_close(logits[b], logits["torch"], **TOL)
+    layers = runners["triton"].model_config.num_hidden_layers
+    assert decoded == [1] * layers + [2] * layers  # each mixed step's decodes, in every layer

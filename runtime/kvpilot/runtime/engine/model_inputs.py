@@ -15,7 +15,7 @@ from itertools import chain
 import numpy as np
 import torch
 from kvpilot.runtime.engine.batch import SeqChunk, StepBatch
-from kvpilot.runtime.layers.attention import AttentionMetadata
+from kvpilot.runtime.layers.attention import AttentionMetadata, MixedSplit
 
 
 @dataclass
@@ -163,6 +163,12 @@ def _stage(host: _HostArrays, device: torch.device) -> ModelInputs:
     16-byte aligned, so views at offsets that move with the batch would compile new variants mid-serving."""
     int64_parts = [host.input_ids, host.positions, host.slots, host.sample_indices]
     int32_parts = [host.cu_seqlens, host.context_lens, host.block_tables.reshape(-1)]
+    num_decodes = _leading_decodes(host.cu_seqlens)
+    mixed = 0 < num_decodes < host.context_lens.shape[0]
+    if mixed:  # the sequences after the decodes, staged aligned of their own (MixedSplit)
+        n = num_decodes
+        rest_cu = (host.cu_seqlens[n:] - host.cu_seqlens[n]).astype(np.int32)
+        int32_parts += [rest_cu, host.context_lens[n:], host.block_tables[n:].reshape(-1)]
     offsets64, n64 = _aligned_offsets([p.size for p in int64_parts], _ALIGN_BYTES // 8)
     offsets32, n32 = _aligned_offsets([p.size for p in int32_parts], _ALIGN_BYTES // 4)
     pin = device.type == "cuda"
@@ -186,7 +192,23 @@ def _stage(host: _HostArrays, device: torch.device) -> ModelInputs:
         # context >= chunk for each sequence, so equal sums mean no sequence has cached tokens
         prefix_free=bool(num_seqs) and int(host.context_lens.sum()) == int(host.cu_seqlens[-1]),
     )
+    if mixed:
+        rest_ctx = host.context_lens[num_decodes:]
+        meta.mixed = MixedSplit(
+            num_decode_seqs=num_decodes,
+            cu_seqlens_q=i32[3],
+            context_lens=i32[4],
+            block_tables=i32[5].view(num_seqs - num_decodes, width),
+            prefix_free=int(rest_ctx.sum()) == int(host.cu_seqlens[-1] - host.cu_seqlens[num_decodes]),
+        )
     return ModelInputs(i64[0], i64[1], meta, i64[3])
+
+
+def _leading_decodes(cu_seqlens: np.ndarray) -> int:
+    """How many sequences at the start of the step have exactly one query token (the scheduler puts a
+    step's decodes first)."""
+    ones = np.diff(cu_seqlens) == 1
+    return int(ones.size) if ones.all() else int(np.argmin(ones))
 
 
 _ALIGN_BYTES = 16

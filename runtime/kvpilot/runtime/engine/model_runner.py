@@ -63,7 +63,10 @@ log = logging.getLogger(__name__)
 # Decode graphs fix the block-table width, and the split-KV decode plan is sized for that width: with a
 # 32k-40k max_model_len every short sequence would get a few long partitions (too few programs at small
 # batch). Graphs cover contexts up to this; longer decodes run eagerly with a plan sized to the batch.
-GRAPH_MAX_CONTEXT = 8192
+# (16k, not 8k: W2L's 8k prompts + 256 tokens decoded eagerly were host-bound with an 8-bit cache, 25.2 ms
+# per step against 20.1 ms of kernels; BENCHMARKS.md, fourth session. The kernels size each sequence's
+# partitions from its own context, so a wider table costs short sequences little.)
+GRAPH_MAX_CONTEXT = 16384
 
 
 def fill_placeholders(input_ids: torch.Tensor, sampled: torch.Tensor) -> torch.Tensor:

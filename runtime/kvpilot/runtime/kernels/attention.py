@@ -51,13 +51,14 @@ def paged_attention_ref(
     v_scale: torch.Tensor | None = None,
     step_kv: tuple[torch.Tensor, torch.Tensor] | None = None,  # each [num_tokens, num_kv_heads, head_dim]
     prefix_free: bool = False,  # the triton kernels' launch hint; the reference needs none
+    out: torch.Tensor | None = None,  # written and returned when given (like q)
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """step_kv: the step's own K/V rows, attended for each chunk's own positions instead of the pages
     (the same values on a 16-bit cache; full precision on an 8-bit one)."""
     check_scales(k_cache, v_cache, k_scale, v_scale)
     num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if out is None else out
     cu = cu_seqlens_q.tolist()
     for s, ctx in enumerate(context_lens.tolist()):
         qs = q[cu[s] : cu[s + 1]].float()  # [q_len, H, D]

@@ -84,6 +84,7 @@ def paged_attention_triton(
     v_scale: torch.Tensor | None = None,
     step_kv: tuple[torch.Tensor, torch.Tensor] | None = None,  # each [num_tokens, num_kv_heads, head_dim]
     prefix_free: bool = False,
+    out: torch.Tensor | None = None,  # like q: written and returned (decode and prefill kernels)
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """is_decode defaults to max_q_len == 1 when given, else to num_tokens == num_seqs (chunks are never
     empty, so that means one token each); both are decided without reading device memory. step_kv: the
@@ -101,12 +102,13 @@ def paged_attention_triton(
                 f"decode needs one query token per sequence: {q.shape[0]} tokens, {num_seqs} sequences"
             )
         return paged_decode_attention_triton(
-            q, k_cache, v_cache, context_lens, block_tables, scale, k_scale=k_scale, v_scale=v_scale
+            q, k_cache, v_cache, context_lens, block_tables, scale, k_scale=k_scale, v_scale=v_scale, out=out
         )
     if uniform_query_len(q.shape[0], num_seqs, max_q_len):
-        return paged_verify_attention_triton(
+        res = paged_verify_attention_triton(
             q, k_cache, v_cache, context_lens, block_tables, scale, k_scale=k_scale, v_scale=v_scale
         )
+        return res if out is None else out.copy_(res)
     return paged_prefill_attention_triton(
         q,
         k_cache,
@@ -120,4 +122,5 @@ def paged_attention_triton(
         v_scale=v_scale,
         step_kv=step_kv,
         prefix_free=prefix_free,
+        out=out,
     )

@@ -309,6 +309,7 @@ def paged_decode_attention_triton(
     sms: int | None = None,
     k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] fp32: 8-bit caches
     v_scale: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,  # like q (a slice of a larger output is fine): written, returned
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     cfg = config or default_decode_config(k_cache.dtype)
     num_seqs, num_heads, head_dim = q.shape
@@ -317,7 +318,7 @@ def paged_decode_attention_triton(
     max_context = block_tables.shape[1] * page
     if plan is None:
         plan = plan_decode(num_seqs, num_kv_heads, max_context, sms or num_sms(q.device), cfg)
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if out is None else out
     if num_seqs == 0:
         return out
     split = plan.num_splits > 1

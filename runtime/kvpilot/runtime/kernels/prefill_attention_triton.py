@@ -253,6 +253,7 @@ def paged_prefill_attention_triton(
     v_scale: torch.Tensor | None = None,
     step_kv: tuple[torch.Tensor, torch.Tensor] | None = None,  # each [num_tokens, num_kv_heads, head_dim]
     prefix_free: bool = False,
+    out: torch.Tensor | None = None,  # like q (a slice of a larger output is fine): written, returned
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """max_q_len sizes the per-sequence grid (PrefillConfig.flat_grid); without it the flat grid runs,
     which needs no host sync. step_kv: this step's K/V rows (token-aligned with q, in q's dtype), read
@@ -263,7 +264,7 @@ def paged_prefill_attention_triton(
     num_tokens, num_heads, head_dim = q.shape
     page, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     num_seqs = cu_seqlens_q.shape[0] - 1
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if out is None else out
     if num_tokens == 0 or num_seqs == 0:
         return out
     group = num_heads // num_kv_heads

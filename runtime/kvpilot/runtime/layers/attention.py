@@ -11,7 +11,20 @@ from kvpilot.runtime.kernels.kv_cache import KVCache
 from kvpilot.runtime.layers.kernel_ops import KernelOps
 from torch import nn
 
-__all__ = ["AttentionMetadata", "KVCache", "PagedAttention"]
+__all__ = ["AttentionMetadata", "KVCache", "MixedSplit", "PagedAttention"]
+
+
+@dataclass
+class MixedSplit:
+    """A mixed step's sequences past its leading decodes (one query token each), staged on their own so
+    the decodes can go to the decode kernel and the rest to the prefill kernel (16-byte aligned tensors:
+    views at a moving offset would make Triton compile new variants while serving)."""
+
+    num_decode_seqs: int
+    cu_seqlens_q: torch.Tensor  # [num_seqs - num_decode_seqs + 1] int32, from 0
+    context_lens: torch.Tensor  # [num_seqs - num_decode_seqs] int32
+    block_tables: torch.Tensor  # [num_seqs - num_decode_seqs, max_blocks] int32
+    prefix_free: bool  # none of those sequences has cached tokens
 
 
 @dataclass
@@ -27,6 +40,8 @@ class AttentionMetadata:
     # every sequence's whole context is this step's chunk (no cached tokens): the prefill attention may
     # read the step's K/V rows instead of the pages (PagedAttention)
     prefix_free: bool = False
+    # a step of decodes followed by longer chunks (model_inputs stages this for every such step)
+    mixed: MixedSplit | None = None
 
 
 class PagedAttention(nn.Module):
@@ -44,19 +59,23 @@ class PagedAttention(nn.Module):
         self._step_kv = ops.step_kv
 
     def uses_step_kv(self, kv_cache: KVCache, meta: AttentionMetadata) -> bool:
-        """On kernels that support it, store_qkv leaves the rotated k in qkv's k columns and forward reads
-        each chunk's own K/V from qkv rather than from the pages: for prefix-free prefill steps over a
-        16-bit cache (no gather; H200 1 x 1024: 30.9 vs 38.7 µs paged, torch SDPA 32.3;
+        """On kernels that support it, store_qkv leaves the rotated k in qkv's k columns and the prefill
+        kernel reads each chunk's own K/V from qkv rather than from the pages: for prefix-free prefill steps
+        over a 16-bit cache (no gather; H200 1 x 1024: 30.9 vs 38.7 µs paged, torch SDPA 32.3;
         benchmarks/sweep_attention2.py), and for every prefill step over an 8-bit cache, whose pages the
         prefill kernel reads at 0.5-0.6x of bf16's speed (benchmarks/sweep_prefill_kv8.py): only the
         cached prefix comes from them then, and a chunk attends over its own tokens at full precision.
-        Steps of the verify kernel's shape (every chunk 2-16 tokens long) read the pages."""
+        Steps of the verify kernel's shape (every chunk 2-16 tokens long) read the pages. A mixed step
+        decides for the sequences after its decodes (the decode kernel reads the pages)."""
         if not self._step_kv or meta.max_q_len <= 1:
             return False
+        tokens, seqs, prefix_free = meta.slot_mapping.shape[0], meta.context_lens.shape[0], meta.prefix_free
+        if meta.mixed is not None:
+            tokens, seqs = tokens - meta.mixed.num_decode_seqs, seqs - meta.mixed.num_decode_seqs
+            prefix_free = meta.mixed.prefix_free
         if kv_cache.k_scale is None:
-            return meta.prefix_free
-        num_tokens, num_seqs = meta.slot_mapping.shape[0], meta.context_lens.shape[0]
-        return not uniform_query_len(num_tokens, num_seqs, meta.max_q_len)
+            return prefix_free
+        return not uniform_query_len(tokens, seqs, meta.max_q_len)
 
     def store_qkv(
         self,
@@ -92,24 +111,51 @@ class PagedAttention(nn.Module):
         self, q: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata, qkv: torch.Tensor | None = None
     ) -> torch.Tensor:
         """q [T, H, D] over the caches [num_blocks, block_size, KVH, D] -> [T, H, D] (8-bit caches are
-        dequantized in registers). qkv: the projection store_qkv ran on (read when uses_step_kv)."""
-        extra = {}
+        dequantized in registers). qkv: the projection store_qkv ran on (read when uses_step_kv). On
+        kernels that take the step's rows, a mixed step runs its decodes through the decode kernel and the
+        other sequences through the prefill kernel (one launch each, into one output)."""
+        rows = None
         if qkv is not None and self.uses_step_kv(kv_cache, meta):
             t, h, kvh, d = qkv.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
             # views of qkv's k and v columns: [T, KVH, D] each, token stride (H + 2 KVH) * D
-            k_rows = qkv[:, h * d : (h + kvh) * d].view(t, kvh, d)
-            extra["step_kv"] = (k_rows, qkv[:, (h + kvh) * d :].view(t, kvh, d))
-            extra["prefix_free"] = meta.prefix_free
+            rows = (qkv[:, h * d : (h + kvh) * d].view(t, kvh, d), qkv[:, (h + kvh) * d :].view(t, kvh, d))
+        split = meta.mixed if self._step_kv else None
+        if split is None:
+            extra: dict[str, object] = {}
+            if rows is not None:
+                extra = {"step_kv": rows, "prefix_free": meta.prefix_free}
+            return self._call(q, kv_cache, meta.cu_seqlens_q, meta.context_lens, meta.block_tables,
+                              meta.max_q_len, **extra)  # fmt: skip
+        n, out = split.num_decode_seqs, torch.empty_like(q)
+        self._call(q[:n], kv_cache, meta.cu_seqlens_q[: n + 1], meta.context_lens[:n],
+                   meta.block_tables[:n], 1, out=out[:n])  # fmt: skip
+        extra = {}
+        if rows is not None:
+            extra = {"step_kv": (rows[0][n:], rows[1][n:]), "prefix_free": split.prefix_free}
+        self._call(q[n:], kv_cache, split.cu_seqlens_q, split.context_lens, split.block_tables,
+                   meta.max_q_len, out=out[n:], **extra)  # fmt: skip
+        return out
+
+    def _call(
+        self,
+        q: torch.Tensor,
+        kv_cache: KVCache,
+        cu_seqlens_q: torch.Tensor,
+        context_lens: torch.Tensor,
+        block_tables: torch.Tensor,
+        max_q_len: int,
+        **extra: object,
+    ) -> torch.Tensor:
         # max_q_len is known on the host, so the triton kernel choice and grid never read device memory
         return self._attend(
             q,
             kv_cache.k,
             kv_cache.v,
-            meta.cu_seqlens_q,
-            meta.context_lens,
-            meta.block_tables,
+            cu_seqlens_q,
+            context_lens,
+            block_tables,
             self.scale,
-            max_q_len=meta.max_q_len,
+            max_q_len=max_q_len,
             k_scale=kv_cache.k_scale,
             v_scale=kv_cache.v_scale,
             **extra,
