@@ -17,7 +17,7 @@ import torch
 from kvpilot.runtime.bench_workloads import write_model_dir
 from kvpilot.runtime.engine.batch import SeqChunk, StepBatch
 from kvpilot.runtime.engine.engine_args import EngineArgs
-from kvpilot.runtime.engine.model_runner import ModelRunner
+from kvpilot.runtime.engine.model_runner import GRAPH_MAX_CONTEXT, ModelRunner
 
 pytestmark = pytest.mark.gpu
 BLOCK = 16
@@ -121,5 +121,5 @@ def test_cuda_graphs_with_a_long_max_model_len_match_eager(qwen3_06b_dir: Path) 
     """max_model_len 32k: graphs cover contexts up to GRAPH_MAX_CONTEXT, with the decode plan sized for it."""
     eager = _runner(qwen3_06b_dir, "triton", True, max_model_len=32768)
     graphed = _runner(qwen3_06b_dir, "triton", False, max_model_len=32768)
-    assert graphed.graphs is not None and graphed.graphs.max_blocks == 8192 // BLOCK
+    assert graphed.graphs is not None and graphed.graphs.max_blocks == GRAPH_MAX_CONTEXT // BLOCK
     assert_agree(teacher_forced_logits(eager, graphed), atol=0.05)
