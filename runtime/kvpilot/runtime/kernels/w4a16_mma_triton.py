@@ -1,0 +1,210 @@
+"""Weight-only integer GEMM for 16 < M <= a few hundred tokens (short prefills, big decode batches):
+y [M, N] = x [M, K] @ W^T, each weight tile dequantized in registers ONCE for all BLOCK_M rows (up to
+128) and fed to the tensor cores. The torch reference is quant_reference.int_gemm_ref.
+
+Why beside the GEMV (int_gemv_triton): the GEMV pads M to 16 and, above 32 tokens, runs two row blocks
+that each unpack the same weight tile; and it keeps two float32 accumulators (the tile's partial sum and
+the scaled total), which at 64 x 128 fills half the registers of a 4-warp program. Here the scale is put
+on the dequantized operand: w = ((OFFSET + q) - (OFFSET + z)) * s in x's dtype, which is exactly the
+reference's bf16((q - z) * s) (q - z is a small integer, the product of two bf16 values rounds once),
+so one accumulator takes acc = dot(x, w, acc) for any group size that holds whole dots. The partial-sum
+form (SCALE_W = False: dot into a per-tile sum scaled once per tile, groups of whole pack tiles) is kept
+for the sweep.
+Layout: the canonical interleaved one (quant_reference.pack_rows), unchanged: a K step is one pack tile of
+TILE rows whose [CHUNK, BLOCK_N] words give, in value j, W^T rows j*CHUNK .. (j+1)*CHUNK: PER_WORD dots
+of CHUNK rows (16 for int4, 32 for int8) against the matching x columns.
+SWAP: the dot is taken transposed (acc [BLOCK_N, BLOCK_M] = W^T' x^T), the weight as the left operand,
+tokens as the MMA's narrow side: the sweep's alternative for M <= 64.
+Split-K (kernels/split_k_triton.py) when the output tiles alone do not fill the SMs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from kvpilot.runtime.kernels.int_gemv_triton import _MAGIC16, _PAIRS_HIGH, _PAIRS_LOW
+from kvpilot.runtime.kernels.quant_reference import pack_tile
+from kvpilot.runtime.kernels.split_k_triton import REDUCES, split_output, store_split
+from kvpilot.runtime.kernels.triton_utils import num_sms
+
+
+@dataclass(frozen=True)
+class MmaGemmConfig:
+    """One launch shape (benchmarks/sweep_w4_mma.py times the alternatives)."""
+
+    block_m: int = 64
+    block_n: int = 128
+    split_k: int = 0  # 0: auto_split_k with per_sm programs per SM
+    per_sm: int = 2
+    num_warps: int = 4
+    num_stages: int = 3
+    scale_w: bool = True  # the scale on the operand (one accumulator); False: per-tile partial sums
+    swap: bool = False  # acc [BLOCK_N, BLOCK_M]: the weight as the dot's left operand
+    pair_asm: bool = True  # int4 + bf16 on a GPU: operands by the GEMV's inline PTX pairs
+    reduce: str = "fixup"
+
+
+@triton.jit
+def _operand(words, j: tl.constexpr, BITS: tl.constexpr, MAGIC16: tl.constexpr, PAIR_ASM: tl.constexpr,
+             dtype: tl.constexpr):  # fmt: skip
+    """Value j of each word as OFFSET + q in `dtype` (exact; no int -> float conversion instruction)."""
+    q = (words >> (j * BITS)) & ((1 << BITS) - 1)
+    if PAIR_ASM:  # int4 + bf16: 128 + q built two at a time (int_gemv_triton._PAIRS_LOW)
+        shift = tl.full(words.shape, (j % 4) * 4, tl.int32)
+        if j < 4:
+            w = tl.inline_asm_elementwise(
+                _PAIRS_LOW, "=r,r,r,r,r", [words, shift], dtype=tl.bfloat16, is_pure=True, pack=2
+            )
+        else:
+            w = tl.inline_asm_elementwise(
+                _PAIRS_HIGH, "=r,r,r,r,r", [words, shift], dtype=tl.bfloat16, is_pure=True, pack=2
+            )
+    elif MAGIC16 != 0:  # (MAGIC16 | q) as 16 bits is OFFSET + q
+        w = (q | MAGIC16).to(tl.int16).to(dtype, bitcast=True)
+    else:  # (2**23 + q) - 2**23 in float32, exact; OFFSET is 0
+        w = ((q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0).to(dtype)
+    return w
+
+
+@triton.jit(do_not_specialize=["M", "split_k"])
+def _w4_mma_kernel(
+    x_ptr,  # [M, K] activations (rows stride_xm apart)
+    qw_ptr,  # int32 [K / PER_WORD, N], interleaved per TILE rows (quant_reference.pack_rows)
+    s_ptr,  # [K / GROUP, N]
+    z_ptr,  # [K / GROUP, N]
+    out_ptr,  # y [M, N] (or the float32 buffer of atomic_f32)
+    ws_ptr,  # float32 [SPLIT_K, M, N] (workspace, fixup)
+    counter_ptr,  # int32 [tiles] (fixup)
+    M,
+    N,
+    stride_xm,
+    K_PER_SPLIT,
+    split_k,
+    GROUP: tl.constexpr,
+    BITS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TILE: tl.constexpr,  # = pack_tile(K, BITS)
+    MAGIC16: tl.constexpr,  # 0x4300 (bf16) / 0x6400 (fp16) when OFFSET + q fits x's dtype, else 0
+    OFFSET: tl.constexpr,  # the value MAGIC16 adds (128 / 1024), 0.0 without it
+    SCALE_W: tl.constexpr,
+    SWAP: tl.constexpr,
+    PAIR_ASM: tl.constexpr,
+    SPLIT_MODE: tl.constexpr,  # split_k_triton._MODES
+    DOT_IEEE: tl.constexpr,  # float32 activations: exact float32 dots, not tf32
+):
+    PER_WORD: tl.constexpr = 32 // BITS
+    CHUNK: tl.constexpr = TILE // PER_WORD  # word rows per tile; value j of them = rows j*CHUNK..
+    ONE_GROUP: tl.constexpr = GROUP % TILE == 0  # a whole tile shares one scale row
+    PREC: tl.constexpr = "ieee" if DOT_IEEE else "tf32"  # ignored for 16-bit operands
+    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_c = tl.arange(0, CHUNK)
+    m_mask, n_mask = offs_m < M, offs_n < N
+    dtype = x_ptr.dtype.element_ty
+    if SWAP:  # [BLOCK_N, BLOCK_M]: acc^T, words^T, x^T
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        w_at = qw_ptr + offs_c[None, :] * N + offs_n[:, None]  # [BN, CHUNK]
+        x_at = x_ptr + offs_m[None, :] * stride_xm + offs_c[:, None]  # [CHUNK, BM]
+        w_mask, x_mask = n_mask[:, None], m_mask[None, :]
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        w_at = qw_ptr + offs_c[:, None] * N + offs_n[None, :]  # [CHUNK, BN]
+        x_at = x_ptr + offs_m[:, None] * stride_xm + offs_c[None, :]  # [BM, CHUNK]
+        w_mask, x_mask = n_mask[None, :], m_mask[:, None]
+    k_start = pid_k * K_PER_SPLIT
+    for k0 in range(k_start, k_start + K_PER_SPLIT, TILE):
+        words = tl.load(w_at + (k0 // PER_WORD) * N, mask=w_mask, other=0)
+        if ONE_GROUP:
+            g = (k0 // GROUP) * N + offs_n
+            zt = (tl.load(z_ptr + g, mask=n_mask, other=0.0).to(tl.float32) + OFFSET).to(dtype)
+            st = tl.load(s_ptr + g, mask=n_mask, other=0.0)
+            part = tl.zeros_like(acc)  # this tile's sum x (q - z) (SCALE_W = False)
+        for j in tl.static_range(PER_WORD):
+            kj = k0 + j * CHUNK  # rows kj .. kj + CHUNK of W^T, all in group kj // GROUP
+            x = tl.load(x_at + kj, mask=x_mask, other=0.0)
+            w = _operand(words, j, BITS, MAGIC16, PAIR_ASM, dtype)
+            if ONE_GROUP:
+                z, s = zt, st
+            else:
+                gj = (kj // GROUP) * N + offs_n
+                z = (tl.load(z_ptr + gj, mask=n_mask, other=0.0).to(tl.float32) + OFFSET).to(dtype)
+                s = tl.load(s_ptr + gj, mask=n_mask, other=0.0)
+            if SWAP:
+                w = w - z[:, None]
+                if SCALE_W or not ONE_GROUP:
+                    acc = tl.dot(w * s[:, None].to(dtype), x, acc, input_precision=PREC)
+                else:
+                    part = tl.dot(w, x, part, input_precision=PREC)
+            else:
+                w = w - z[None, :]
+                if SCALE_W or not ONE_GROUP:
+                    acc = tl.dot(x, w * s[None, :].to(dtype), acc, input_precision=PREC)
+                else:
+                    part = tl.dot(x, w, part, input_precision=PREC)
+        if ONE_GROUP and not SCALE_W:
+            if SWAP:
+                acc += part * st.to(tl.float32)[:, None]
+            else:
+                acc += part * st.to(tl.float32)[None, :]
+    if SWAP:
+        offs = offs_m[None, :] * N + offs_n[:, None]
+        mask = m_mask[None, :] & n_mask[:, None]
+    else:
+        offs = offs_m[:, None] * N + offs_n[None, :]
+        mask = m_mask[:, None] & n_mask[None, :]
+    store_split(acc, out_ptr, ws_ptr, counter_ptr, offs, mask, pid_k, split_k, M * N, SPLIT_MODE)
+
+
+def auto_split_k(tiles: int, steps: int, sms: int, per_sm: int) -> int:
+    """The fewest K splits (dividing the `steps` pack tiles, each split >= 2 of them) giving >= per_sm
+    programs per SM; the most allowed when none does."""
+    fits = [s for s in (1, 2, 3, 4, 6, 8, 12, 16) if steps % s == 0 and steps // s >= 2]
+    return next((s for s in fits if tiles * s >= per_sm * sms), fits[-1] if fits else 1)
+
+
+def mma_supported(k: int, group: int, bits: int) -> bool:
+    """Every dot of CHUNK rows lies inside one group and is >= 16 rows (the smallest tl.dot)."""
+    chunk = pack_tile(k, bits) // (32 // bits)
+    return chunk >= 16 and group % chunk == 0
+
+
+def w4a16_mma(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    bits: int,
+    config: MmaGemmConfig | None = None,
+    counters: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [M, K] (dense rows) @ W^T -> [M, N] in x's dtype. counters: the weight's persistent split-K
+    counters (split_k_triton.split_counters; made per call when too few)."""
+    m, k = x.shape
+    n = qweight.shape[1]
+    group = k // scales.shape[0]
+    cfg = config or MmaGemmConfig()
+    tile = pack_tile(k, bits)
+    if not mma_supported(k, group, bits) or cfg.reduce not in REDUCES:
+        raise ValueError(f"w4a16_mma cannot take K {k}, {bits}-bit groups of {group}, config {cfg}")
+    grid_nm = triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m)
+    split = cfg.split_k or auto_split_k(grid_nm[0] * grid_nm[1], k // tile, num_sms(x.device), cfg.per_sm)
+    if (k // tile) % split:
+        raise ValueError(f"split_k {split} must divide the {k // tile} pack tiles of K {k}")
+    magic, offset = _MAGIC16.get(x.dtype, (0, 0.0)) if bits == 4 else (0, 0.0)
+    if x.dtype == torch.float16 and bits == 8:
+        magic, offset = _MAGIC16[torch.float16]  # 1024 + q holds every 8-bit q
+    pair_asm = cfg.pair_asm and bits == 4 and x.dtype == torch.bfloat16 and x.is_cuda
+    buf = split_output(x, m, n, split, cfg.reduce, counters, grid_nm[0] * grid_nm[1])
+    _w4_mma_kernel[(*grid_nm, split)](
+        x, qweight, scales, zeros, buf.target, buf.workspace, buf.counters, m, n, x.stride(0),
+        k // split, split,
+        GROUP=group, BITS=bits, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TILE=tile, MAGIC16=magic,
+        OFFSET=offset, SCALE_W=cfg.scale_w, SWAP=cfg.swap, PAIR_ASM=pair_asm, SPLIT_MODE=buf.mode,
+        DOT_IEEE=x.dtype == torch.float32, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return buf.finish()

@@ -1,0 +1,102 @@
+"""The weight-only tensor-core GEMM for M > 16 (kernels/w4a16_mma_triton.py) against its torch reference.
+
+Without CUDA it runs under TRITON_INTERPRET=1 at tiny shapes (float32 activations: IEEE dots, so the
+tolerance is tight); tests marked `gpu` run Qwen3-8B layer shapes in bf16.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kvpilot.runtime.kernels.triton_utils import interpret_without_gpu
+
+INTERPRET = interpret_without_gpu()  # before anything imports triton
+
+from kvpilot.runtime.kernels.quant_reference import int_gemm_ref  # noqa: E402
+from kvpilot.runtime.kernels.split_k_triton import split_counters  # noqa: E402
+from kvpilot.runtime.kernels.w4a16_mma_triton import (  # noqa: E402
+    MmaGemmConfig,
+    auto_split_k,
+    mma_supported,
+    w4a16_mma,
+)
+from kvpilot.runtime.quant.int_weight import quantize_rtn  # noqa: E402
+
+DEVICE = torch.device("cpu" if INTERPRET else "cuda")
+TOL = {"rtol": 1e-4, "atol": 1e-4}
+
+
+def weights(
+    n: int, k: int, bits: int, group: int, dtype: torch.dtype, sym: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(n + k + bits + group)
+    w = quantize_rtn(torch.randn(n, k, generator=gen).to(DEVICE), bits, group, sym=sym)
+    return w.qweight.to(DEVICE), w.scales.to(DEVICE, dtype), w.zeros.to(DEVICE, dtype)
+
+
+# (M, bits, group, sym, config): ragged M (17, 40) against 16/32-row blocks, N = 48 not a multiple of
+# BLOCK_N (masked columns), K = 256: two pack tiles, split in two by the fixup / workspace reduce
+CASES = [
+    (17, 4, 32, False, MmaGemmConfig(block_m=16, block_n=32, split_k=2)),
+    (40, 4, 64, True, MmaGemmConfig(block_m=32, block_n=32, split_k=1)),
+    (40, 4, 128, False, MmaGemmConfig(block_m=32, block_n=16, split_k=2, scale_w=False)),
+    (17, 4, 128, False, MmaGemmConfig(block_m=16, block_n=32, split_k=2, swap=True, reduce="workspace")),
+    (40, 8, -1, True, MmaGemmConfig(block_m=16, block_n=32, split_k=2)),
+    (17, 8, 32, True, MmaGemmConfig(block_m=32, block_n=16, split_k=1, swap=True)),
+]
+
+
+@pytest.mark.parametrize(("m", "bits", "group", "sym", "config"), CASES)
+def test_matches_reference(m: int, bits: int, group: int, sym: bool, config: MmaGemmConfig) -> None:
+    n, k = 48, 256
+    qweight, scales, zeros = weights(n, k, bits, group, torch.float32, sym)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(DEVICE)
+    got = w4a16_mma(x, qweight, scales, zeros, bits, config, split_counters(n, DEVICE, max_m=64))
+    torch.testing.assert_close(got, int_gemm_ref(x, qweight, scales, zeros, bits), **TOL)
+
+
+def test_fp16_activations_use_the_magic_operand() -> None:
+    """16-bit x: the operand is (OFFSET + q) - (OFFSET + z) times s in x's dtype, the reference's
+    dequantized value exactly, so only the float32 accumulation order differs."""
+    n, k, m = 32, 128, 20
+    qweight, scales, zeros = weights(n, k, 4, 32, torch.float16, False)
+    x = (0.5 * torch.randn(m, k, generator=torch.Generator().manual_seed(1))).to(DEVICE, torch.float16)
+    got = w4a16_mma(x, qweight, scales, zeros, 4, MmaGemmConfig(block_m=32, block_n=32, split_k=1))
+    want = int_gemm_ref(x.float(), qweight, scales.float(), zeros.float(), 4)
+    torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2)
+
+
+def test_rejects_what_it_cannot_tile() -> None:
+    assert mma_supported(4096, 128, 4) and mma_supported(4096, 4096, 8)
+    assert not mma_supported(4096, 8, 4)  # a dot of 16 rows would span two groups
+    qweight, scales, zeros = weights(16, 256, 4, 128, torch.float32, False)
+    with pytest.raises(ValueError, match="split_k"):
+        w4a16_mma(torch.zeros(20, 256, device=DEVICE), qweight, scales, zeros, 4, MmaGemmConfig(split_k=3))
+
+
+def test_auto_split_k_fills_the_sms_with_whole_tiles() -> None:
+    # Qwen3-8B at M = 64, 64 x 128 tiles, 2 programs per SM on 132 SMs: qkv 48 tiles x 8 splits,
+    # gate_up 192 tiles alone, down (96 pack tiles) 32 x 12
+    assert auto_split_k(48, 32, 132, 2) == 8
+    assert auto_split_k(192, 32, 132, 2) == 2
+    assert auto_split_k(32, 96, 132, 2) == 12
+    assert auto_split_k(1, 3, 132, 2) == 1  # nothing divides: no split
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [17, 64, 256])
+@pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 12288)])
+@pytest.mark.parametrize(
+    "config",
+    [MmaGemmConfig(), MmaGemmConfig(swap=True), MmaGemmConfig(scale_w=False, pair_asm=False)],
+    ids=["default", "swap", "partial"],
+)
+def test_qwen3_8b_shapes_bf16(m: int, n: int, k: int, config: MmaGemmConfig) -> None:
+    """Qwen3-8B's qkv and down projections, int4 group 128 and int8 per channel, bf16."""
+    for bits, group, sym in ((4, 128, False), (8, -1, True)):
+        qweight, scales, zeros = weights(n, k, bits, group, torch.bfloat16, sym)
+        x = (0.1 * torch.randn(m, k)).to(DEVICE, torch.bfloat16)
+        got = w4a16_mma(x, qweight, scales, zeros, bits, config, split_counters(n, DEVICE)).float()
+        want = int_gemm_ref(x.float(), qweight, scales.float(), zeros.float(), bits)
+        err = (got - want).norm() / want.norm()
+        assert float(err) < 1e-2, (bits, m, n, k, float(err))
