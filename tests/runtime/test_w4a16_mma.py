@@ -43,6 +43,8 @@ CASES = [
     (17, 4, 128, False, MmaGemmConfig(block_m=16, block_n=32, split_k=2, swap=True, reduce="workspace")),
     (40, 8, -1, True, MmaGemmConfig(block_m=16, block_n=32, split_k=2)),
     (17, 8, 32, True, MmaGemmConfig(block_m=32, block_n=16, split_k=1, swap=True)),
+    (40, 4, 128, True, MmaGemmConfig(block_m=16, block_n=32, split_k=2, whole_tile=True)),
+    (17, 8, 256, True, MmaGemmConfig(block_m=32, block_n=16, split_k=1, whole_tile=True)),
 ]
 
 
@@ -88,8 +90,13 @@ def test_auto_split_k_fills_the_sms_with_whole_tiles() -> None:
 @pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 12288)])
 @pytest.mark.parametrize(
     "config",
-    [MmaGemmConfig(), MmaGemmConfig(swap=True), MmaGemmConfig(scale_w=False, pair_asm=False)],
-    ids=["default", "swap", "partial"],
+    [
+        MmaGemmConfig(),
+        MmaGemmConfig(swap=True),
+        MmaGemmConfig(scale_w=False, pair_asm=False),
+        MmaGemmConfig(whole_tile=True),
+    ],
+    ids=["default", "swap", "partial", "whole"],
 )
 def test_qwen3_8b_shapes_bf16(m: int, n: int, k: int, config: MmaGemmConfig) -> None:
     """Qwen3-8B's qkv and down projections, int4 group 128 and int8 per channel, bf16."""

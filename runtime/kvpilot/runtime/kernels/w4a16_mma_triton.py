@@ -43,15 +43,25 @@ class MmaGemmConfig:
     num_stages: int = 3
     scale_w: bool = True  # the scale on the operand (one accumulator); False: per-tile partial sums
     swap: bool = False  # acc [BLOCK_N, BLOCK_M]: the weight as the dot's left operand
+    whole_tile: bool = False  # one dot per pack tile (groups of whole tiles; not with swap)
     pair_asm: bool = True  # int4 + bf16 on a GPU: operands by the GEMV's inline PTX pairs
     reduce: str = "fixup"
 
 
 @triton.jit
+def _magic(q, MAGIC16: tl.constexpr, dtype: tl.constexpr):
+    """Unsigned values q (int32) as OFFSET + q in `dtype`, exactly, with no int -> float conversion."""
+    if MAGIC16 != 0:  # (MAGIC16 | q) as 16 bits is OFFSET + q
+        w = (q | MAGIC16).to(tl.int16).to(dtype, bitcast=True)
+    else:  # (2**23 + q) - 2**23 in float32, exact; OFFSET is 0
+        w = ((q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0).to(dtype)
+    return w
+
+
+@triton.jit
 def _operand(words, j: tl.constexpr, BITS: tl.constexpr, MAGIC16: tl.constexpr, PAIR_ASM: tl.constexpr,
              dtype: tl.constexpr):  # fmt: skip
-    """Value j of each word as OFFSET + q in `dtype` (exact; no int -> float conversion instruction)."""
-    q = (words >> (j * BITS)) & ((1 << BITS) - 1)
+    """Value j of each word as OFFSET + q in `dtype` (the words' shape and layout kept)."""
     if PAIR_ASM:  # int4 + bf16: 128 + q built two at a time (int_gemv_triton._PAIRS_LOW)
         shift = tl.full(words.shape, (j % 4) * 4, tl.int32)
         if j < 4:
@@ -62,11 +72,76 @@ def _operand(words, j: tl.constexpr, BITS: tl.constexpr, MAGIC16: tl.constexpr, 
             w = tl.inline_asm_elementwise(
                 _PAIRS_HIGH, "=r,r,r,r,r", [words, shift], dtype=tl.bfloat16, is_pure=True, pack=2
             )
-    elif MAGIC16 != 0:  # (MAGIC16 | q) as 16 bits is OFFSET + q
-        w = (q | MAGIC16).to(tl.int16).to(dtype, bitcast=True)
-    else:  # (2**23 + q) - 2**23 in float32, exact; OFFSET is 0
-        w = ((q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0).to(dtype)
+    else:
+        w = _magic((words >> (j * BITS)) & ((1 << BITS) - 1), MAGIC16, dtype)
     return w
+
+
+@triton.jit
+def _whole_tile(acc, words, x_ptr, offs_m, m_mask, stride_xm, s_ptr, z_ptr, offs_n, n_mask, N, k0,
+                GROUP: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr, TILE: tl.constexpr,
+                MAGIC16: tl.constexpr, OFFSET: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
+    """acc + x[:, k0 : k0 + TILE] @ W^T[k0 : k0 + TILE] as ONE dot of TILE rows (one group per tile): value
+    j of the [CHUNK, BN] words holds the tile's rows j*CHUNK + r, so the values stacked on a leading axis
+    [PER_WORD, CHUNK, BN] and merged with the word rows are the tile's rows in order. One dot (one wait
+    for the tensor cores) per tile instead of PER_WORD."""
+    PER_WORD: tl.constexpr = 32 // BITS
+    dtype = x_ptr.dtype.element_ty
+    offs_t = tl.arange(0, TILE)
+    x = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k0 + offs_t)[None, :], mask=m_mask[:, None], other=0.0)
+    shifts = (tl.arange(0, PER_WORD) * BITS)[:, None, None]
+    q = (words[None, :, :] >> shifts) & ((1 << BITS) - 1)  # [PER_WORD, CHUNK, BN]
+    w = tl.reshape(_magic(q, MAGIC16, dtype), (TILE, BLOCK_N))  # [TILE, BN]: rows k0 .. k0 + TILE
+    g = (k0 // GROUP) * N + offs_n
+    z = (tl.load(z_ptr + g, mask=n_mask, other=0.0).to(tl.float32) + OFFSET).to(dtype)
+    s = tl.load(s_ptr + g, mask=n_mask, other=0.0).to(dtype)
+    return tl.dot(x, (w - z[None, :]) * s[None, :], acc, input_precision=PREC)
+
+
+@triton.jit
+def _by_values(acc, words, x_at, x_mask, s_ptr, z_ptr, offs_n, n_mask, N, k0, GROUP: tl.constexpr,
+               BITS: tl.constexpr, TILE: tl.constexpr, MAGIC16: tl.constexpr, OFFSET: tl.constexpr,
+               SCALE_W: tl.constexpr, SWAP: tl.constexpr, PAIR_ASM: tl.constexpr,
+               PREC: tl.constexpr):  # fmt: skip
+    """acc + one pack tile as PER_WORD dots of CHUNK rows, value j of the words against x's columns
+    k0 + j*CHUNK .. (each dot inside one group). SWAP: acc, words and x (x_at) transposed."""
+    PER_WORD: tl.constexpr = 32 // BITS
+    CHUNK: tl.constexpr = TILE // PER_WORD
+    ONE_GROUP: tl.constexpr = GROUP % TILE == 0
+    dtype = x_at.dtype.element_ty
+    if ONE_GROUP:
+        g = (k0 // GROUP) * N + offs_n
+        zt = (tl.load(z_ptr + g, mask=n_mask, other=0.0).to(tl.float32) + OFFSET).to(dtype)
+        st = tl.load(s_ptr + g, mask=n_mask, other=0.0)
+        part = tl.zeros_like(acc)  # this tile's sum x (q - z) (SCALE_W = False)
+    for j in tl.static_range(PER_WORD):
+        kj = k0 + j * CHUNK  # rows kj .. kj + CHUNK of W^T, all in group kj // GROUP
+        x = tl.load(x_at + kj, mask=x_mask, other=0.0)
+        w = _operand(words, j, BITS, MAGIC16, PAIR_ASM, dtype)
+        if ONE_GROUP:
+            z, s = zt, st
+        else:
+            gj = (kj // GROUP) * N + offs_n
+            z = (tl.load(z_ptr + gj, mask=n_mask, other=0.0).to(tl.float32) + OFFSET).to(dtype)
+            s = tl.load(s_ptr + gj, mask=n_mask, other=0.0)
+        if SWAP:
+            w = w - z[:, None]
+            if SCALE_W or not ONE_GROUP:
+                acc = tl.dot(w * s[:, None].to(dtype), x, acc, input_precision=PREC)
+            else:
+                part = tl.dot(w, x, part, input_precision=PREC)
+        else:
+            w = w - z[None, :]
+            if SCALE_W or not ONE_GROUP:
+                acc = tl.dot(x, w * s[None, :].to(dtype), acc, input_precision=PREC)
+            else:
+                part = tl.dot(x, w, part, input_precision=PREC)
+    if ONE_GROUP and not SCALE_W:
+        if SWAP:
+            acc += part * st.to(tl.float32)[:, None]
+        else:
+            acc += part * st.to(tl.float32)[None, :]
+    return acc
 
 
 @triton.jit(do_not_specialize=["M", "split_k"])
@@ -92,20 +167,18 @@ def _w4_mma_kernel(
     OFFSET: tl.constexpr,  # the value MAGIC16 adds (128 / 1024), 0.0 without it
     SCALE_W: tl.constexpr,
     SWAP: tl.constexpr,
+    WHOLE_TILE: tl.constexpr,  # one dot per pack tile (_whole_tile; groups of whole tiles, not SWAP)
     PAIR_ASM: tl.constexpr,
     SPLIT_MODE: tl.constexpr,  # split_k_triton._MODES
-    DOT_IEEE: tl.constexpr,  # float32 activations: exact float32 dots, not tf32
+    PREC: tl.constexpr,  # "ieee" for float32 activations (exact float32 dots, not tf32), else None
 ):
     PER_WORD: tl.constexpr = 32 // BITS
     CHUNK: tl.constexpr = TILE // PER_WORD  # word rows per tile; value j of them = rows j*CHUNK..
-    ONE_GROUP: tl.constexpr = GROUP % TILE == 0  # a whole tile shares one scale row
-    PREC: tl.constexpr = "ieee" if DOT_IEEE else "tf32"  # ignored for 16-bit operands
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_c = tl.arange(0, CHUNK)
     m_mask, n_mask = offs_m < M, offs_n < N
-    dtype = x_ptr.dtype.element_ty
     if SWAP:  # [BLOCK_N, BLOCK_M]: acc^T, words^T, x^T
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         w_at = qw_ptr + offs_c[None, :] * N + offs_n[:, None]  # [BN, CHUNK]
@@ -119,38 +192,16 @@ def _w4_mma_kernel(
     k_start = pid_k * K_PER_SPLIT
     for k0 in range(k_start, k_start + K_PER_SPLIT, TILE):
         words = tl.load(w_at + (k0 // PER_WORD) * N, mask=w_mask, other=0)
-        if ONE_GROUP:
-            g = (k0 // GROUP) * N + offs_n
-            zt = (tl.load(z_ptr + g, mask=n_mask, other=0.0).to(tl.float32) + OFFSET).to(dtype)
-            st = tl.load(s_ptr + g, mask=n_mask, other=0.0)
-            part = tl.zeros_like(acc)  # this tile's sum x (q - z) (SCALE_W = False)
-        for j in tl.static_range(PER_WORD):
-            kj = k0 + j * CHUNK  # rows kj .. kj + CHUNK of W^T, all in group kj // GROUP
-            x = tl.load(x_at + kj, mask=x_mask, other=0.0)
-            w = _operand(words, j, BITS, MAGIC16, PAIR_ASM, dtype)
-            if ONE_GROUP:
-                z, s = zt, st
-            else:
-                gj = (kj // GROUP) * N + offs_n
-                z = (tl.load(z_ptr + gj, mask=n_mask, other=0.0).to(tl.float32) + OFFSET).to(dtype)
-                s = tl.load(s_ptr + gj, mask=n_mask, other=0.0)
-            if SWAP:
-                w = w - z[:, None]
-                if SCALE_W or not ONE_GROUP:
-                    acc = tl.dot(w * s[:, None].to(dtype), x, acc, input_precision=PREC)
-                else:
-                    part = tl.dot(w, x, part, input_precision=PREC)
-            else:
-                w = w - z[None, :]
-                if SCALE_W or not ONE_GROUP:
-                    acc = tl.dot(x, w * s[None, :].to(dtype), acc, input_precision=PREC)
-                else:
-                    part = tl.dot(x, w, part, input_precision=PREC)
-        if ONE_GROUP and not SCALE_W:
-            if SWAP:
-                acc += part * st.to(tl.float32)[:, None]
-            else:
-                acc += part * st.to(tl.float32)[None, :]
+        if WHOLE_TILE:
+            acc = _whole_tile(
+                acc, words, x_ptr, offs_m, m_mask, stride_xm, s_ptr, z_ptr, offs_n, n_mask, N, k0, GROUP,
+                BITS, BLOCK_N, TILE, MAGIC16, OFFSET, PREC,
+            )  # fmt: skip
+        else:
+            acc = _by_values(
+                acc, words, x_at, x_mask, s_ptr, z_ptr, offs_n, n_mask, N, k0, GROUP, BITS, TILE, MAGIC16,
+                OFFSET, SCALE_W, SWAP, PAIR_ASM, PREC,
+            )  # fmt: skip
     if SWAP:
         offs = offs_m[None, :] * N + offs_n[:, None]
         mask = m_mask[None, :] & n_mask[:, None]
@@ -189,6 +240,7 @@ def w4a16_mma(
     group = k // scales.shape[0]
     cfg = config or MmaGemmConfig()
     tile = pack_tile(k, bits)
+    whole = cfg.whole_tile and group % tile == 0 and not cfg.swap
     if not mma_supported(k, group, bits) or cfg.reduce not in REDUCES:
         raise ValueError(f"w4a16_mma cannot take K {k}, {bits}-bit groups of {group}, config {cfg}")
     grid_nm = triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m)
@@ -204,7 +256,8 @@ def w4a16_mma(
         x, qweight, scales, zeros, buf.target, buf.workspace, buf.counters, m, n, x.stride(0),
         k // split, split,
         GROUP=group, BITS=bits, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TILE=tile, MAGIC16=magic,
-        OFFSET=offset, SCALE_W=cfg.scale_w, SWAP=cfg.swap, PAIR_ASM=pair_asm, SPLIT_MODE=buf.mode,
-        DOT_IEEE=x.dtype == torch.float32, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        OFFSET=offset, SCALE_W=cfg.scale_w, SWAP=cfg.swap, WHOLE_TILE=whole, PAIR_ASM=pair_asm,
+        SPLIT_MODE=buf.mode, PREC="ieee" if x.dtype == torch.float32 else None, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )  # fmt: skip
     return buf.finish()
