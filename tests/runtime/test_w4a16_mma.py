@@ -15,8 +15,12 @@ INTERPRET = interpret_without_gpu()  # before anything imports triton
 from kvpilot.runtime.kernels.quant_reference import int_gemm_ref  # noqa: E402
 from kvpilot.runtime.kernels.split_k_triton import split_counters  # noqa: E402
 from kvpilot.runtime.kernels.w4a16_mma_triton import (  # noqa: E402
+    MMA_BUCKETS,
     MmaGemmConfig,
     auto_split_k,
+    bucket_config,
+    int_gemm_mma,
+    mma_dispatched,
     mma_supported,
     w4a16_mma,
 )
@@ -85,6 +89,29 @@ def test_auto_split_k_fills_the_sms_with_whole_tiles() -> None:
     assert auto_split_k(1, 3, 132, 2) == 1  # nothing divides: no split
 
 
+def test_dispatch_takes_16_to_256_tokens_with_one_shape_per_bucket() -> None:
+    assert not mma_dispatched(16, 4096, 128, 4) and mma_dispatched(17, 4096, 128, 4)
+    assert mma_dispatched(256, 12288, 12288, 8) and not mma_dispatched(257, 4096, 128, 4)
+    assert not mma_dispatched(64, 4096, 8, 4)  # groups smaller than a dot: the GEMV / dequantize path
+    for bits, buckets in MMA_BUCKETS.items():
+        lo = 17
+        for top, _ in buckets:  # M's bucket alone picks the shape: Triton compiles them all at load
+            shapes = {bucket_config(m, 6144, 4096, bits, 132) for m in range(lo, top + 1)}
+            assert len(shapes) == 1, (bits, top, shapes)
+            lo = top + 1
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_dispatched_gemm_takes_leading_dims_and_act_order(bits: int) -> None:
+    n, k = 40, 256
+    qweight, scales, zeros = weights(n, k, bits, 128, torch.float32, bits == 8)
+    perm = torch.randperm(k, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    x = torch.randn(2, 10, k, generator=torch.Generator().manual_seed(4)).to(DEVICE)  # M = 20
+    got = int_gemm_mma(x, qweight, scales, zeros, bits, perm, split_counters(n, DEVICE))
+    want = int_gemm_ref(x.reshape(20, k), qweight, scales, zeros, bits, perm).reshape(2, 10, n)
+    torch.testing.assert_close(got, want, **TOL)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [17, 64, 256])
 @pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 12288)])
@@ -104,6 +131,20 @@ def test_qwen3_8b_shapes_bf16(m: int, n: int, k: int, config: MmaGemmConfig) -> 
         qweight, scales, zeros = weights(n, k, bits, group, torch.bfloat16, sym)
         x = (0.1 * torch.randn(m, k)).to(DEVICE, torch.bfloat16)
         got = w4a16_mma(x, qweight, scales, zeros, bits, config, split_counters(n, DEVICE)).float()
+        want = int_gemm_ref(x.float(), qweight, scales.float(), zeros.float(), bits)
+        err = (got - want).norm() / want.norm()
+        assert float(err) < 1e-2, (bits, m, n, k, float(err))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [17, 48, 64, 100, 256])
+@pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 12288)])
+def test_dispatched_shapes_bf16(m: int, n: int, k: int) -> None:
+    """The buckets' launch shapes (int_gemm_mma, as quant/methods.py calls it) at Qwen3-8B's shapes."""
+    for bits, group, sym in ((4, 128, False), (8, -1, True)):
+        qweight, scales, zeros = weights(n, k, bits, group, torch.bfloat16, sym)
+        x = (0.1 * torch.randn(m, k)).to(DEVICE, torch.bfloat16)
+        got = int_gemm_mma(x, qweight, scales, zeros, bits, None, split_counters(n, DEVICE)).float()
         want = int_gemm_ref(x.float(), qweight, scales.float(), zeros.float(), bits)
         err = (got - want).norm() / want.norm()
         assert float(err) < 1e-2, (bits, m, n, k, float(err))

@@ -261,3 +261,70 @@ def w4a16_mma(
         num_stages=cfg.num_stages,
     )  # fmt: skip
     return buf.finish()
+
+
+# The dispatch's launch shape by bits and bucket of M: (largest M, config). A shape depends on the bucket
+# only (split-K counted at the bucket's largest M), so warm_up_mma compiles every variant at load.
+MMA_BUCKETS: dict[int, tuple[tuple[int, MmaGemmConfig], ...]] = {
+    4: (
+        (32, MmaGemmConfig(32, 128, num_stages=4)),
+        (64, MmaGemmConfig(whole_tile=True)),
+        (128, MmaGemmConfig(whole_tile=True)),
+        (256, MmaGemmConfig(128, 128, num_warps=8, whole_tile=True)),
+    ),
+    8: (
+        (32, MmaGemmConfig(32, 128, num_stages=4)),
+        (64, MmaGemmConfig(whole_tile=True)),
+        (128, MmaGemmConfig(whole_tile=True)),
+        (256, MmaGemmConfig(128, 128, num_warps=8, whole_tile=True)),
+    ),
+}
+MMA_MIN_M = 17  # M <= 16: the decode GEMVs (w4a16_triton.int_gemm)
+
+
+def mma_dispatched(m: int, k: int, group: int, bits: int) -> bool:
+    """Whether the dispatch (quant/methods.IntWeightMethod) sends M tokens here: 16 < M <= the last
+    bucket, and a layout whose dots fit (else w4a16_triton.int_gemm: GEMV, or dequantize + cuBLAS)."""
+    buckets = MMA_BUCKETS.get(bits, ())
+    return bool(buckets) and MMA_MIN_M <= m <= buckets[-1][0] and mma_supported(k, group, bits)
+
+
+def bucket_config(m: int, n: int, k: int, bits: int, sms: int) -> MmaGemmConfig:
+    """M's bucket's config, its split-K fixed for the bucket's largest M."""
+    top, cfg = next(b for b in MMA_BUCKETS[bits] if m <= b[0])
+    tiles = triton.cdiv(n, cfg.block_n) * triton.cdiv(top, cfg.block_m)
+    split = cfg.split_k or auto_split_k(tiles, k // pack_tile(k, bits), sms, cfg.per_sm)
+    return MmaGemmConfig(**{**cfg.__dict__, "split_k": split})
+
+
+def int_gemm_mma(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    bits: int,
+    perm: torch.Tensor | None = None,
+    counters: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [..., K] @ W^T -> [..., N] with the bucket's launch shape (mma_dispatched M only)."""
+    lead = x.shape[:-1]
+    x = x.reshape(-1, x.shape[-1])
+    x = x[:, perm] if perm is not None else (x if x.stride(-1) == 1 else x.contiguous())
+    cfg = bucket_config(x.shape[0], qweight.shape[1], x.shape[1], bits, num_sms(x.device))
+    y = w4a16_mma(x, qweight, scales, zeros, bits, cfg, counters)
+    return y.reshape(*lead, y.shape[-1])
+
+
+def warm_up_mma(
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    bits: int,
+    dtype: torch.dtype,
+    counters: torch.Tensor | None = None,
+) -> None:
+    """Run each bucket's launch shape once (zeros in), so Triton compiles them while the model loads."""
+    k = qweight.shape[0] * (32 // bits)
+    for top, _ in MMA_BUCKETS.get(bits, ()):
+        x = torch.zeros(top, k, device=qweight.device, dtype=dtype)
+        int_gemm_mma(x, qweight, scales, zeros, bits, None, counters)
