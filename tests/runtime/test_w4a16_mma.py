@@ -6,6 +6,11 @@ tolerance is tight); tests marked `gpu` run Qwen3-8B layer shapes in bf16.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from kvpilot.runtime.kernels.triton_utils import interpret_without_gpu
@@ -110,6 +115,43 @@ def test_dispatched_gemm_takes_leading_dims_and_act_order(bits: int) -> None:
     got = int_gemm_mma(x, qweight, scales, zeros, bits, perm, split_counters(n, DEVICE))
     want = int_gemm_ref(x.reshape(20, k), qweight, scales, zeros, bits, perm).reshape(2, 10, n)
     torch.testing.assert_close(got, want, **TOL)
+
+
+COMPILE = """
+import dataclasses, json
+from kvpilot.runtime.kernels import w4a16_mma_triton as mm
+from kvpilot.runtime.kernels.compile_check import KernelSpec, compile_kernel
+
+types = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "out_ptr": "*bf16",
+         "ws_ptr": "*fp32", "counter_ptr": "*i32"}
+reports = []
+for bits, buckets in mm.MMA_BUCKETS.items():
+    for top, c in buckets:
+        consts = {"GROUP": 128 if bits == 4 else 4096, "BITS": bits, "BLOCK_M": c.block_m,
+                  "BLOCK_N": c.block_n, "TILE": 128, "MAGIC16": 0x4300 if bits == 4 else 0,
+                  "OFFSET": 128.0 if bits == 4 else 0.0, "SCALE_W": c.scale_w, "SWAP": c.swap,
+                  "WHOLE_TILE": c.whole_tile and not c.swap, "PAIR_ASM": c.pair_asm and bits == 4,
+                  "SPLIT_MODE": 3, "PREC": None}
+        spec = KernelSpec(f"w{bits}_m{top}", mm._w4_mma_kernel, types, consts, c.num_warps, c.num_stages,
+                          ("M", "split_k"))
+        reports.append(dataclasses.asdict(compile_kernel(spec, 90)))
+print(json.dumps(reports))
+"""
+
+
+def test_dispatched_shapes_compile_for_sm90_without_spilling() -> None:
+    """Every bucket's launch shape lowers to Hopper code through the real compiler (no GPU needed):
+    no register spills, and the weight / activation loads are software-pipelined (async copies)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-c", COMPILE], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    reports = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(reports) == sum(len(b) for b in MMA_BUCKETS.values())
+    for r in reports:
+        assert (r["stack_bytes"] or 0) <= 32, f"{r['name']} spills registers: {r}"
+        assert r["async_copies"] > 0, f"{r['name']}: loads are not pipelined: {r}"
 
 
 @pytest.mark.gpu
