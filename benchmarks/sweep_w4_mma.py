@@ -2,14 +2,14 @@
 dispatch (w4a16_triton.int_gemm: the GEMV up to M = 64, dequantize + cuBLAS above) and the launch shapes
 of kernels/w4a16_mma_triton.py, Qwen3-8B's layer shapes, side by side in one run of about 80 s.
 
-    source benchmarks/gpu_env.sh && python benchmarks/sweep_w4_mma.py [--ms 16,32,64,128,256] [--repeat 1]
+    source benchmarks/gpu_env.sh && python benchmarks/sweep_w4_mma.py [--ms 16,32,64,128,256] [--repeat 2]
 
 Times: bench_w4a16.graph_us (a CUDA graph over 400 MiB of weight copies, so each call streams from HBM).
 One row per (format, M, variant): µs per layer with its speed-up over bf16 cuBLAS, the sum of the four
 (one decoder layer) and its speed-up. Each variant is first checked against the bf16 GEMM of its
 dequantized weight (relative error > 1e-2 is flagged "!err"). Variant names: "m<BLOCK_M> n<BLOCK_N>
-w<warps> s<stages>", "<P>/sm" programs per SM that split-K aims at (default 2), "swap" the transposed dot,
-"partial" per-tile partial sums (no scale on the operand), "noasm" operands without inline PTX.
+w<warps> s<stages>", "<P>/sm" programs per SM that split-K aims at (default 2), "split<S>" a fixed split,
+"swap" the transposed dot (the weight as the left operand, from registers), "whole" one dot per pack tile.
 Triton compiles every variant first in worker processes (its on-disk cache), in parallel.
 """
 
@@ -33,35 +33,37 @@ LAYERS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "dow
 Fn = Callable[..., torch.Tensor]
 C = MmaGemmConfig
 INT4 = {
-    "m16 n128 w4 s4": C(16, 128, num_stages=4),
-    "m32 n128 w4 s4": C(32, 128, num_stages=4),
-    "m32 n64 w4 s4": C(32, 64, num_stages=4),
-    "m32 n128 whole w4 s3": C(32, 128, whole_tile=True),
     "swap m32 n128 w4 s3": C(32, 128, swap=True),
-    "m64 n128 w4 s3": C(),
-    "m64 n128 w4 s3 4/sm": C(per_sm=4),
-    "m64 n64 w4 s4": C(64, 64, num_stages=4),
-    "m64 n128 partial": C(scale_w=False),
-    "m64 n128 noasm": C(pair_asm=False),
+    "swap m32 n64 w4 s3": C(32, 64, swap=True),
+    "swap m32 n64 w4 s3 1/sm": C(32, 64, swap=True, per_sm=1),
+    "swap m32 n64 w4 s4 4/sm": C(32, 64, swap=True, per_sm=4, num_stages=4),
     "swap m64 n128 w4 s3": C(swap=True),
-    "m64 n128 whole w4 s3": C(whole_tile=True),
-    "m64 n128 whole w4 s2": C(whole_tile=True, num_stages=2),
-    "m64 n128 whole w4 s3 1/sm": C(whole_tile=True, per_sm=1),
-    "m64 n128 whole w4 s3 4/sm": C(whole_tile=True, per_sm=4),
-    "m64 n64 whole w4 s4": C(64, 64, whole_tile=True, num_stages=4),
-    "m64 n128 whole w8 s3": C(whole_tile=True, num_warps=8),
-    "m64 n256 whole w8 s3": C(64, 256, whole_tile=True, num_warps=8),
-    "m128 n128 w8 s3": C(128, 128, num_warps=8),
-    "m128 n128 whole w8 s3": C(128, 128, whole_tile=True, num_warps=8),
-    "m128 n64 whole w4 s3": C(128, 64, whole_tile=True),
+    "swap m64 n128 w4 s3 1/sm": C(swap=True, per_sm=1),
+    "swap m64 n64 w4 s3": C(64, 64, swap=True),
+    "swap m64 n64 w4 s3 1/sm": C(64, 64, swap=True, per_sm=1),
+    "swap m64 n64 w4 s3 4/sm": C(64, 64, swap=True, per_sm=4),
+    "swap m64 n64 w4 s4": C(64, 64, swap=True, num_stages=4),
+    "swap m64 n64 w4 s3 split2": C(64, 64, swap=True, split_k=2),
+    "swap m64 n128 w8 s3": C(swap=True, num_warps=8),
+    "swap m64 n256 w8 s3": C(64, 256, swap=True, num_warps=8),
+    "swap m64 n128 whole w4 s3": C(swap=True, whole_tile=True),
+    "swap m64 n128 whole w4 s3 1/sm": C(swap=True, whole_tile=True, per_sm=1),
+    "swap m64 n64 whole w4 s3": C(64, 64, swap=True, whole_tile=True),
+    "swap m128 n64 w4 s3": C(128, 64, swap=True),
+    "swap m128 n64 w4 s3 1/sm": C(128, 64, swap=True, per_sm=1),
+    "swap m128 n128 w8 s3": C(128, 128, swap=True, num_warps=8),
+    "swap m128 n64 whole w4 s3": C(128, 64, swap=True, whole_tile=True),
+    "swap m128 n64 w8 s3": C(128, 64, swap=True, num_warps=8),
 }
 INT8 = (
-    "m32 n128 w4 s4",
-    "m64 n128 w4 s3",
-    "m64 n128 whole w4 s3",
-    "m64 n256 whole w8 s3",
+    "swap m32 n128 w4 s3",
     "swap m64 n128 w4 s3",
-    "m128 n128 whole w8 s3",
+    "swap m64 n128 w4 s3 1/sm",
+    "swap m64 n64 w4 s3",
+    "swap m32 n64 w4 s3",
+    "swap m64 n128 whole w4 s3",
+    "swap m128 n64 w4 s3",
+    "swap m128 n128 w8 s3",
 )
 
 
@@ -190,7 +192,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--budget", type=float, default=80.0, help="seconds for the whole run")
     p.add_argument("--ms", default="16,32,64,128,256")
-    p.add_argument("--repeat", type=int, default=1, help="time everything this many times (spread)")
+    p.add_argument("--repeat", type=int, default=1, help="time the --repeat-ms rows this many times in all")
+    p.add_argument("--repeat-ms", default="64", help="the Ms the repeats time again (the spread)")
     p.add_argument("--workers", type=int, default=12)
     args = p.parse_args()
     start = time.monotonic()
@@ -200,9 +203,10 @@ def main() -> int:
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
     failed = warm_up(ms, args.workers, 0.55 * args.budget)
     for run in range(args.repeat):
+        run_ms = ms if run == 0 else tuple(int(v) for v in args.repeat_ms.split(","))
         left = start + args.budget - 2 - time.monotonic()
-        print(f"# run {run + 1} of {args.repeat}", flush=True)
-        report(measure(ms, time.monotonic() + left / (args.repeat - run), failed), ms)
+        print(f"# run {run + 1} of {args.repeat}: M {run_ms}", flush=True)
+        report(measure(run_ms, time.monotonic() + left / (args.repeat - run), failed), run_ms)
     print(f"# total {time.monotonic() - start:.1f}s", flush=True)
     return 0
 

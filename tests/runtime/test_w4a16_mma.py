@@ -21,6 +21,7 @@ from kvpilot.runtime.kernels.quant_reference import int_gemm_ref  # noqa: E402
 from kvpilot.runtime.kernels.split_k_triton import split_counters  # noqa: E402
 from kvpilot.runtime.kernels.w4a16_mma_triton import (  # noqa: E402
     MMA_BUCKETS,
+    MMA_MIN_M,
     MmaGemmConfig,
     auto_split_k,
     bucket_config,
@@ -38,8 +39,8 @@ TOL = {"rtol": 1e-4, "atol": 1e-4}
 def weights(
     n: int, k: int, bits: int, group: int, dtype: torch.dtype, sym: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(n + k + bits + group)
-    w = quantize_rtn(torch.randn(n, k, generator=gen).to(DEVICE), bits, group, sym=sym)
+    gen = torch.Generator(device=DEVICE).manual_seed(n + k + bits + group)  # on the GPU: 50M values
+    w = quantize_rtn(torch.randn(n, k, generator=gen, device=DEVICE), bits, group, sym=sym)
     return w.qweight.to(DEVICE), w.scales.to(DEVICE, dtype), w.zeros.to(DEVICE, dtype)
 
 
@@ -48,12 +49,13 @@ def weights(
 CASES = [
     (17, 4, 32, False, MmaGemmConfig(block_m=16, block_n=32, split_k=2)),
     (40, 4, 64, True, MmaGemmConfig(block_m=32, block_n=32, split_k=1)),
-    (40, 4, 128, False, MmaGemmConfig(block_m=32, block_n=16, split_k=2, scale_w=False)),
+    (40, 4, 128, False, MmaGemmConfig(block_m=32, block_n=16, split_k=2, swap=True, whole_tile=True)),
     (17, 4, 128, False, MmaGemmConfig(block_m=16, block_n=32, split_k=2, swap=True, reduce="workspace")),
     (40, 8, -1, True, MmaGemmConfig(block_m=16, block_n=32, split_k=2)),
     (17, 8, 32, True, MmaGemmConfig(block_m=32, block_n=16, split_k=1, swap=True)),
     (40, 4, 128, True, MmaGemmConfig(block_m=16, block_n=32, split_k=2, whole_tile=True)),
     (17, 8, 256, True, MmaGemmConfig(block_m=32, block_n=16, split_k=1, whole_tile=True)),
+    (40, 8, 128, True, MmaGemmConfig(block_m=16, block_n=16, split_k=2, swap=True, whole_tile=True)),
 ]
 
 
@@ -94,16 +96,17 @@ def test_auto_split_k_fills_the_sms_with_whole_tiles() -> None:
     assert auto_split_k(1, 3, 132, 2) == 1  # nothing divides: no split
 
 
-def test_dispatch_takes_16_to_256_tokens_with_one_shape_per_bucket() -> None:
-    assert not mma_dispatched(16, 4096, 128, 4) and mma_dispatched(17, 4096, 128, 4)
-    assert mma_dispatched(256, 12288, 12288, 8) and not mma_dispatched(257, 4096, 128, 4)
+def test_dispatch_takes_the_buckets_with_a_shape_above_16_tokens() -> None:
     assert not mma_dispatched(64, 4096, 8, 4)  # groups smaller than a dot: the GEMV / dequantize path
     for bits, buckets in MMA_BUCKETS.items():
-        lo = 17
-        for top, _ in buckets:  # M's bucket alone picks the shape: Triton compiles them all at load
-            shapes = {bucket_config(m, 6144, 4096, bits, 132) for m in range(lo, top + 1)}
-            assert len(shapes) == 1, (bits, top, shapes)
+        lo = 1
+        for top, cfg in buckets:  # M's bucket alone picks the shape: Triton compiles them all at load
+            ms = range(max(lo, MMA_MIN_M), top + 1)
+            assert all(mma_dispatched(m, 4096, 128, bits) == (cfg is not None) for m in ms), (bits, top)
+            if cfg is not None:
+                assert len({bucket_config(m, 6144, 4096, bits, 132) for m in ms}) == 1, (bits, top)
             lo = top + 1
+        assert not any(mma_dispatched(m, 4096, 128, bits) for m in (*range(1, MMA_MIN_M), lo))
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -111,9 +114,9 @@ def test_dispatched_gemm_takes_leading_dims_and_act_order(bits: int) -> None:
     n, k = 40, 256
     qweight, scales, zeros = weights(n, k, bits, 128, torch.float32, bits == 8)
     perm = torch.randperm(k, generator=torch.Generator().manual_seed(3)).to(DEVICE)
-    x = torch.randn(2, 10, k, generator=torch.Generator().manual_seed(4)).to(DEVICE)  # M = 20
+    x = torch.randn(2, 20, k, generator=torch.Generator().manual_seed(4)).to(DEVICE)  # M = 40
     got = int_gemm_mma(x, qweight, scales, zeros, bits, perm, split_counters(n, DEVICE))
-    want = int_gemm_ref(x.reshape(20, k), qweight, scales, zeros, bits, perm).reshape(2, 10, n)
+    want = int_gemm_ref(x.reshape(40, k), qweight, scales, zeros, bits, perm).reshape(2, 20, n)
     torch.testing.assert_close(got, want, **TOL)
 
 
@@ -126,11 +129,11 @@ types = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16",
          "ws_ptr": "*fp32", "counter_ptr": "*i32"}
 reports = []
 for bits, buckets in mm.MMA_BUCKETS.items():
-    for top, c in buckets:
+    for top, c in [b for b in buckets if b[1] is not None]:
         consts = {"GROUP": 128 if bits == 4 else 4096, "BITS": bits, "BLOCK_M": c.block_m,
                   "BLOCK_N": c.block_n, "TILE": 128, "MAGIC16": 0x4300 if bits == 4 else 0,
-                  "OFFSET": 128.0 if bits == 4 else 0.0, "SCALE_W": c.scale_w, "SWAP": c.swap,
-                  "WHOLE_TILE": c.whole_tile and not c.swap, "PAIR_ASM": c.pair_asm and bits == 4,
+                  "OFFSET": 128.0 if bits == 4 else 0.0, "SWAP": c.swap, "WHOLE_TILE": c.whole_tile,
+                  "PAIR_ASM": c.pair_asm and bits == 4,
                   "SPLIT_MODE": 3, "PREC": None}
         spec = KernelSpec(f"w{bits}_m{top}", mm._w4_mma_kernel, types, consts, c.num_warps, c.num_stages,
                           ("M", "split_k"))
@@ -148,7 +151,7 @@ def test_dispatched_shapes_compile_for_sm90_without_spilling() -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     reports = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(reports) == sum(len(b) for b in MMA_BUCKETS.values())
+    assert len(reports) == sum(c is not None for b in MMA_BUCKETS.values() for _, c in b)
     for r in reports:
         assert (r["stack_bytes"] or 0) <= 32, f"{r['name']} spills registers: {r}"
         assert r["async_copies"] > 0, f"{r['name']}: loads are not pipelined: {r}"
@@ -162,10 +165,11 @@ def test_dispatched_shapes_compile_for_sm90_without_spilling() -> None:
     [
         MmaGemmConfig(),
         MmaGemmConfig(swap=True),
-        MmaGemmConfig(scale_w=False, pair_asm=False),
-        MmaGemmConfig(whole_tile=True),
+        MmaGemmConfig(swap=True, whole_tile=True, pair_asm=False),
+        MmaGemmConfig(64, 64, swap=True, per_sm=1),
+        MmaGemmConfig(128, 64, swap=True, whole_tile=True),
     ],
-    ids=["default", "swap", "partial", "whole"],
+    ids=["default", "swap", "swap-whole", "swap-n64", "swap-m128-whole"],
 )
 def test_qwen3_8b_shapes_bf16(m: int, n: int, k: int, config: MmaGemmConfig) -> None:
     """Qwen3-8B's qkv and down projections, int4 group 128 and int8 per channel, bf16."""
@@ -179,7 +183,7 @@ def test_qwen3_8b_shapes_bf16(m: int, n: int, k: int, config: MmaGemmConfig) -> 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [17, 48, 64, 100, 256])
+@pytest.mark.parametrize("m", [33, 48, 64, 100, 128])
 @pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 12288)])
 def test_dispatched_shapes_bf16(m: int, n: int, k: int) -> None:
     """The buckets' launch shapes (int_gemm_mma, as quant/methods.py calls it) at Qwen3-8B's shapes."""

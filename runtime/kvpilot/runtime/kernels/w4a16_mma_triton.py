@@ -4,17 +4,17 @@ y [M, N] = x [M, K] @ W^T, each weight tile dequantized in registers ONCE for al
 
 Why beside the GEMV (int_gemv_triton): the GEMV pads M to 16 and, above 32 tokens, runs two row blocks
 that each unpack the same weight tile; and it keeps two float32 accumulators (the tile's partial sum and
-the scaled total), which at 64 x 128 fills half the registers of a 4-warp program. Here the scale is put
-on the dequantized operand: w = ((OFFSET + q) - (OFFSET + z)) * s in x's dtype, which is exactly the
-reference's bf16((q - z) * s) (q - z is a small integer, the product of two bf16 values rounds once),
-so one accumulator takes acc = dot(x, w, acc) for any group size that holds whole dots. The partial-sum
-form (SCALE_W = False: dot into a per-tile sum scaled once per tile, groups of whole pack tiles) is kept
-for the sweep.
+the scaled total). Here the scale is put on the dequantized operand: w = ((OFFSET + q) - (OFFSET + z)) * s
+in x's dtype, exactly the reference's bf16((q - z) * s) (q - z is a small integer, the product of two
+bf16 values rounds once), so one accumulator takes acc = dot(x, w, acc) for any group that holds whole
+dots (per-tile partial sums scaled afterwards were slower on the H200 at every M).
 Layout: the canonical interleaved one (quant_reference.pack_rows), unchanged: a K step is one pack tile of
 TILE rows whose [CHUNK, BLOCK_N] words give, in value j, W^T rows j*CHUNK .. (j+1)*CHUNK: PER_WORD dots
-of CHUNK rows (16 for int4, 32 for int8) against the matching x columns.
-SWAP: the dot is taken transposed (acc [BLOCK_N, BLOCK_M] = W^T' x^T), the weight as the left operand,
-tokens as the MMA's narrow side: the sweep's alternative for M <= 64.
+of CHUNK rows (16 for int4, 32 for int8) against the matching x columns, or one dot of TILE rows
+(WHOLE_TILE: the values stacked and merged with the word rows, _whole_tile).
+SWAP: the dot taken transposed (acc [BLOCK_N, BLOCK_M] = W x^T): the dequantized weight is the left
+operand, which Hopper's wgmma reads from registers (the other way round it is stored to shared memory
+first, one round trip per dot), and the tokens are the MMA's narrow side.
 Split-K (kernels/split_k_triton.py) when the output tiles alone do not fill the SMs.
 """
 
@@ -39,11 +39,11 @@ class MmaGemmConfig:
     block_n: int = 128
     split_k: int = 0  # 0: auto_split_k with per_sm programs per SM
     per_sm: int = 2
+    min_steps: int = 4  # auto_split_k: pack tiles per split at least
     num_warps: int = 4
     num_stages: int = 3
-    scale_w: bool = True  # the scale on the operand (one accumulator); False: per-tile partial sums
     swap: bool = False  # acc [BLOCK_N, BLOCK_M]: the weight as the dot's left operand
-    whole_tile: bool = False  # one dot per pack tile (groups of whole tiles; not with swap)
+    whole_tile: bool = False  # one dot per pack tile (groups of whole tiles)
     pair_asm: bool = True  # int4 + bf16 on a GPU: operands by the GEMV's inline PTX pairs
     reduce: str = "fixup"
 
@@ -80,67 +80,62 @@ def _operand(words, j: tl.constexpr, BITS: tl.constexpr, MAGIC16: tl.constexpr, 
 @triton.jit
 def _whole_tile(acc, words, x_ptr, offs_m, m_mask, stride_xm, s_ptr, z_ptr, offs_n, n_mask, N, k0,
                 GROUP: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr, TILE: tl.constexpr,
-                MAGIC16: tl.constexpr, OFFSET: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
+                MAGIC16: tl.constexpr, OFFSET: tl.constexpr, SWAP: tl.constexpr,
+                PREC: tl.constexpr):  # fmt: skip
     """acc + x[:, k0 : k0 + TILE] @ W^T[k0 : k0 + TILE] as ONE dot of TILE rows (one group per tile): value
-    j of the [CHUNK, BN] words holds the tile's rows j*CHUNK + r, so the values stacked on a leading axis
-    [PER_WORD, CHUNK, BN] and merged with the word rows are the tile's rows in order. One dot (one wait
-    for the tensor cores) per tile instead of PER_WORD."""
+    j of the [CHUNK, BN] words holds the tile's rows j*CHUNK + r, so the values stacked on a new axis
+    before the word rows ([PER_WORD, CHUNK, BN]) and merged with them are the tile's rows in order. One
+    dot (one wait for the tensor cores) per tile instead of PER_WORD. SWAP: words [BN, CHUNK] ->
+    [BN, PER_WORD, CHUNK] -> [BN, TILE], the dot's left operand (registers), x^T [TILE, BM] its right."""
     PER_WORD: tl.constexpr = 32 // BITS
     dtype = x_ptr.dtype.element_ty
     offs_t = tl.arange(0, TILE)
-    x = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k0 + offs_t)[None, :], mask=m_mask[:, None], other=0.0)
-    shifts = (tl.arange(0, PER_WORD) * BITS)[:, None, None]
-    q = (words[None, :, :] >> shifts) & ((1 << BITS) - 1)  # [PER_WORD, CHUNK, BN]
-    w = tl.reshape(_magic(q, MAGIC16, dtype), (TILE, BLOCK_N))  # [TILE, BN]: rows k0 .. k0 + TILE
+    shifts = tl.arange(0, PER_WORD) * BITS
     g = (k0 // GROUP) * N + offs_n
     z = (tl.load(z_ptr + g, mask=n_mask, other=0.0).to(tl.float32) + OFFSET).to(dtype)
     s = tl.load(s_ptr + g, mask=n_mask, other=0.0).to(dtype)
-    return tl.dot(x, (w - z[None, :]) * s[None, :], acc, input_precision=PREC)
+    if SWAP:
+        x = tl.load(
+            x_ptr + offs_m[None, :] * stride_xm + (k0 + offs_t)[:, None], mask=m_mask[None, :], other=0.0
+        )
+        q = (words[:, None, :] >> shifts[None, :, None]) & ((1 << BITS) - 1)  # [BN, PER_WORD, CHUNK]
+        w = tl.reshape(_magic(q, MAGIC16, dtype), (BLOCK_N, TILE))  # [BN, TILE]: W rows, k0 .. k0 + TILE
+        acc = tl.dot((w - z[:, None]) * s[:, None], x, acc, input_precision=PREC)
+    else:
+        x = tl.load(
+            x_ptr + offs_m[:, None] * stride_xm + (k0 + offs_t)[None, :], mask=m_mask[:, None], other=0.0
+        )
+        q = (words[None, :, :] >> shifts[:, None, None]) & ((1 << BITS) - 1)  # [PER_WORD, CHUNK, BN]
+        w = tl.reshape(_magic(q, MAGIC16, dtype), (TILE, BLOCK_N))  # [TILE, BN]: rows k0 .. k0 + TILE
+        acc = tl.dot(x, (w - z[None, :]) * s[None, :], acc, input_precision=PREC)
+    return acc
 
 
 @triton.jit
 def _by_values(acc, words, x_at, x_mask, s_ptr, z_ptr, offs_n, n_mask, N, k0, GROUP: tl.constexpr,
                BITS: tl.constexpr, TILE: tl.constexpr, MAGIC16: tl.constexpr, OFFSET: tl.constexpr,
-               SCALE_W: tl.constexpr, SWAP: tl.constexpr, PAIR_ASM: tl.constexpr,
-               PREC: tl.constexpr):  # fmt: skip
+               SWAP: tl.constexpr, PAIR_ASM: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
     """acc + one pack tile as PER_WORD dots of CHUNK rows, value j of the words against x's columns
     k0 + j*CHUNK .. (each dot inside one group). SWAP: acc, words and x (x_at) transposed."""
     PER_WORD: tl.constexpr = 32 // BITS
     CHUNK: tl.constexpr = TILE // PER_WORD
-    ONE_GROUP: tl.constexpr = GROUP % TILE == 0
+    ONE_GROUP: tl.constexpr = GROUP % TILE == 0  # one scale row per tile: loaded (and laid out) once
     dtype = x_at.dtype.element_ty
-    if ONE_GROUP:
-        g = (k0 // GROUP) * N + offs_n
-        zt = (tl.load(z_ptr + g, mask=n_mask, other=0.0).to(tl.float32) + OFFSET).to(dtype)
-        st = tl.load(s_ptr + g, mask=n_mask, other=0.0)
-        part = tl.zeros_like(acc)  # this tile's sum x (q - z) (SCALE_W = False)
+    g = (k0 // GROUP) * N + offs_n
+    z = (tl.load(z_ptr + g, mask=n_mask, other=0.0).to(tl.float32) + OFFSET).to(dtype)
+    s = tl.load(s_ptr + g, mask=n_mask, other=0.0).to(dtype)
     for j in tl.static_range(PER_WORD):
         kj = k0 + j * CHUNK  # rows kj .. kj + CHUNK of W^T, all in group kj // GROUP
         x = tl.load(x_at + kj, mask=x_mask, other=0.0)
         w = _operand(words, j, BITS, MAGIC16, PAIR_ASM, dtype)
-        if ONE_GROUP:
-            z, s = zt, st
-        else:
+        if not ONE_GROUP:
             gj = (kj // GROUP) * N + offs_n
             z = (tl.load(z_ptr + gj, mask=n_mask, other=0.0).to(tl.float32) + OFFSET).to(dtype)
-            s = tl.load(s_ptr + gj, mask=n_mask, other=0.0)
+            s = tl.load(s_ptr + gj, mask=n_mask, other=0.0).to(dtype)
         if SWAP:
-            w = w - z[:, None]
-            if SCALE_W or not ONE_GROUP:
-                acc = tl.dot(w * s[:, None].to(dtype), x, acc, input_precision=PREC)
-            else:
-                part = tl.dot(w, x, part, input_precision=PREC)
+            acc = tl.dot((w - z[:, None]) * s[:, None], x, acc, input_precision=PREC)
         else:
-            w = w - z[None, :]
-            if SCALE_W or not ONE_GROUP:
-                acc = tl.dot(x, w * s[None, :].to(dtype), acc, input_precision=PREC)
-            else:
-                part = tl.dot(x, w, part, input_precision=PREC)
-    if ONE_GROUP and not SCALE_W:
-        if SWAP:
-            acc += part * st.to(tl.float32)[:, None]
-        else:
-            acc += part * st.to(tl.float32)[None, :]
+            acc = tl.dot(x, (w - z[None, :]) * s[None, :], acc, input_precision=PREC)
     return acc
 
 
@@ -165,9 +160,8 @@ def _w4_mma_kernel(
     TILE: tl.constexpr,  # = pack_tile(K, BITS)
     MAGIC16: tl.constexpr,  # 0x4300 (bf16) / 0x6400 (fp16) when OFFSET + q fits x's dtype, else 0
     OFFSET: tl.constexpr,  # the value MAGIC16 adds (128 / 1024), 0.0 without it
-    SCALE_W: tl.constexpr,
     SWAP: tl.constexpr,
-    WHOLE_TILE: tl.constexpr,  # one dot per pack tile (_whole_tile; groups of whole tiles, not SWAP)
+    WHOLE_TILE: tl.constexpr,  # one dot per pack tile (_whole_tile; groups of whole tiles)
     PAIR_ASM: tl.constexpr,
     SPLIT_MODE: tl.constexpr,  # split_k_triton._MODES
     PREC: tl.constexpr,  # "ieee" for float32 activations (exact float32 dots, not tf32), else None
@@ -195,12 +189,12 @@ def _w4_mma_kernel(
         if WHOLE_TILE:
             acc = _whole_tile(
                 acc, words, x_ptr, offs_m, m_mask, stride_xm, s_ptr, z_ptr, offs_n, n_mask, N, k0, GROUP,
-                BITS, BLOCK_N, TILE, MAGIC16, OFFSET, PREC,
+                BITS, BLOCK_N, TILE, MAGIC16, OFFSET, SWAP, PREC,
             )  # fmt: skip
         else:
             acc = _by_values(
                 acc, words, x_at, x_mask, s_ptr, z_ptr, offs_n, n_mask, N, k0, GROUP, BITS, TILE, MAGIC16,
-                OFFSET, SCALE_W, SWAP, PAIR_ASM, PREC,
+                OFFSET, SWAP, PAIR_ASM, PREC,
             )  # fmt: skip
     if SWAP:
         offs = offs_m[None, :] * N + offs_n[:, None]
@@ -211,10 +205,11 @@ def _w4_mma_kernel(
     store_split(acc, out_ptr, ws_ptr, counter_ptr, offs, mask, pid_k, split_k, M * N, SPLIT_MODE)
 
 
-def auto_split_k(tiles: int, steps: int, sms: int, per_sm: int) -> int:
-    """The fewest K splits (dividing the `steps` pack tiles, each split >= 2 of them) giving >= per_sm
-    programs per SM; the most allowed when none does."""
-    fits = [s for s in (1, 2, 3, 4, 6, 8, 12, 16) if steps % s == 0 and steps // s >= 2]
+def auto_split_k(tiles: int, steps: int, sms: int, per_sm: int, min_steps: int = 4) -> int:
+    """The fewest K splits (dividing the `steps` pack tiles, each split >= min_steps of them) giving
+    >= per_sm programs per SM; the most allowed when none does. (Each split adds a float32 [M, N]
+    partial to write and sum, as many bytes as an int4 weight at M = 64: splits are not free.)"""
+    fits = [s for s in (1, 2, 3, 4, 6, 8, 12, 16) if steps % s == 0 and steps // s >= min_steps]
     return next((s for s in fits if tiles * s >= per_sm * sms), fits[-1] if fits else 1)
 
 
@@ -240,11 +235,13 @@ def w4a16_mma(
     group = k // scales.shape[0]
     cfg = config or MmaGemmConfig()
     tile = pack_tile(k, bits)
-    whole = cfg.whole_tile and group % tile == 0 and not cfg.swap
+    whole = cfg.whole_tile and group % tile == 0
     if not mma_supported(k, group, bits) or cfg.reduce not in REDUCES:
         raise ValueError(f"w4a16_mma cannot take K {k}, {bits}-bit groups of {group}, config {cfg}")
     grid_nm = triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m)
-    split = cfg.split_k or auto_split_k(grid_nm[0] * grid_nm[1], k // tile, num_sms(x.device), cfg.per_sm)
+    split = cfg.split_k or auto_split_k(
+        grid_nm[0] * grid_nm[1], k // tile, num_sms(x.device), cfg.per_sm, cfg.min_steps
+    )
     if (k // tile) % split:
         raise ValueError(f"split_k {split} must divide the {k // tile} pack tiles of K {k}")
     magic, offset = _MAGIC16.get(x.dtype, (0, 0.0)) if bits == 4 else (0, 0.0)
@@ -256,44 +253,42 @@ def w4a16_mma(
         x, qweight, scales, zeros, buf.target, buf.workspace, buf.counters, m, n, x.stride(0),
         k // split, split,
         GROUP=group, BITS=bits, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TILE=tile, MAGIC16=magic,
-        OFFSET=offset, SCALE_W=cfg.scale_w, SWAP=cfg.swap, WHOLE_TILE=whole, PAIR_ASM=pair_asm,
+        OFFSET=offset, SWAP=cfg.swap, WHOLE_TILE=whole, PAIR_ASM=pair_asm,
         SPLIT_MODE=buf.mode, PREC="ieee" if x.dtype == torch.float32 else None, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )  # fmt: skip
     return buf.finish()
 
 
-# The dispatch's launch shape by bits and bucket of M: (largest M, config). A shape depends on the bucket
-# only (split-K counted at the bucket's largest M), so warm_up_mma compiles every variant at load.
-MMA_BUCKETS: dict[int, tuple[tuple[int, MmaGemmConfig], ...]] = {
-    4: (
-        (32, MmaGemmConfig(32, 128, num_stages=4)),
-        (64, MmaGemmConfig(whole_tile=True)),
-        (128, MmaGemmConfig(whole_tile=True)),
-        (256, MmaGemmConfig(128, 128, num_warps=8, whole_tile=True)),
-    ),
-    8: (
-        (32, MmaGemmConfig(32, 128, num_stages=4)),
-        (64, MmaGemmConfig(whole_tile=True)),
-        (128, MmaGemmConfig(whole_tile=True)),
-        (256, MmaGemmConfig(128, 128, num_warps=8, whole_tile=True)),
-    ),
+# The dispatch's launch shape by bits and bucket of M: (largest M, config; None: not dispatched here,
+# w4a16_triton.int_gemm runs it). A shape depends on the bucket only (split-K counted at the bucket's
+# largest M), so warm_up_mma compiles every variant at load.
+MMA_BUCKETS: dict[int, tuple[tuple[int, MmaGemmConfig | None], ...]] = {
+    4: ((32, None), (64, MmaGemmConfig(swap=True)), (128, MmaGemmConfig(swap=True)), (256, None)),
+    8: ((32, None), (64, MmaGemmConfig(swap=True)), (128, MmaGemmConfig(swap=True)), (256, None)),
 }
-MMA_MIN_M = 17  # M <= 16: the decode GEMVs (w4a16_triton.int_gemm)
+MMA_MIN_M = 17  # M <= 16: the decode GEMVs (w4a16_triton.int_gemm), never here
+
+
+def _bucket(m: int, bits: int) -> MmaGemmConfig | None:
+    if m < MMA_MIN_M:
+        return None
+    return next((cfg for top, cfg in MMA_BUCKETS.get(bits, ()) if m <= top), None)
 
 
 def mma_dispatched(m: int, k: int, group: int, bits: int) -> bool:
-    """Whether the dispatch (quant/methods.IntWeightMethod) sends M tokens here: 16 < M <= the last
-    bucket, and a layout whose dots fit (else w4a16_triton.int_gemm: GEMV, or dequantize + cuBLAS)."""
-    buckets = MMA_BUCKETS.get(bits, ())
-    return bool(buckets) and MMA_MIN_M <= m <= buckets[-1][0] and mma_supported(k, group, bits)
+    """Whether the dispatch (quant/methods.IntWeightMethod) sends M tokens here: a bucket of M > 16 with a
+    config, and a layout whose dots fit (else w4a16_triton.int_gemm: the GEMV or dequantize + cuBLAS)."""
+    return _bucket(m, bits) is not None and mma_supported(k, group, bits)
 
 
 def bucket_config(m: int, n: int, k: int, bits: int, sms: int) -> MmaGemmConfig:
     """M's bucket's config, its split-K fixed for the bucket's largest M."""
     top, cfg = next(b for b in MMA_BUCKETS[bits] if m <= b[0])
+    if cfg is None:
+        raise ValueError(f"M = {m} is not dispatched to w4a16_mma ({bits}-bit)")
     tiles = triton.cdiv(n, cfg.block_n) * triton.cdiv(top, cfg.block_m)
-    split = cfg.split_k or auto_split_k(tiles, k // pack_tile(k, bits), sms, cfg.per_sm)
+    split = cfg.split_k or auto_split_k(tiles, k // pack_tile(k, bits), sms, cfg.per_sm, cfg.min_steps)
     return MmaGemmConfig(**{**cfg.__dict__, "split_k": split})
 
 
@@ -325,6 +320,8 @@ def warm_up_mma(
 ) -> None:
     """Run each bucket's launch shape once (zeros in), so Triton compiles them while the model loads."""
     k = qweight.shape[0] * (32 // bits)
-    for top, _ in MMA_BUCKETS.get(bits, ()):
+    for top, cfg in MMA_BUCKETS.get(bits, ()):
+        if cfg is None:
+            continue
         x = torch.zeros(top, k, device=qweight.device, dtype=dtype)
         int_gemm_mma(x, qweight, scales, zeros, bits, None, counters)
