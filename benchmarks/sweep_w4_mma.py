@@ -9,7 +9,8 @@ One row per (format, M, variant): µs per layer with its speed-up over bf16 cuBL
 (one decoder layer) and its speed-up. Each variant is first checked against the bf16 GEMM of its
 dequantized weight (relative error > 1e-2 is flagged "!err"). Variant names: "m<BLOCK_M> n<BLOCK_N>
 w<warps> s<stages>", "<P>/sm" programs per SM that split-K aims at (default 2), "split<S>" a fixed split,
-"swap" the transposed dot (the weight as the left operand, from registers), "whole" one dot per pack tile.
+"swap" the transposed dot (the weight as the left operand, from registers); "dispatch" the new dispatch
+(quant/methods.py: w4a16_mma_triton.int_gemm_mma in its buckets, int_gemm elsewhere). --only times a subset.
 Triton compiles every variant first in worker processes (its on-disk cache), in parallel.
 """
 
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 from bench_w4a16 import copies, graph_us
 from kvpilot.runtime.kernels.quant_reference import dequantize_int_ref
 from kvpilot.runtime.kernels.split_k_triton import split_counters
-from kvpilot.runtime.kernels.w4a16_mma_triton import MmaGemmConfig, w4a16_mma
+from kvpilot.runtime.kernels.w4a16_mma_triton import MmaGemmConfig, int_gemm_mma, mma_dispatched, w4a16_mma
 from kvpilot.runtime.kernels.w4a16_triton import int_gemm
 from kvpilot.runtime.quant.int_weight import quantize_rtn
 
@@ -46,13 +47,9 @@ INT4 = {
     "swap m64 n64 w4 s3 split2": C(64, 64, swap=True, split_k=2),
     "swap m64 n128 w8 s3": C(swap=True, num_warps=8),
     "swap m64 n256 w8 s3": C(64, 256, swap=True, num_warps=8),
-    "swap m64 n128 whole w4 s3": C(swap=True, whole_tile=True),
-    "swap m64 n128 whole w4 s3 1/sm": C(swap=True, whole_tile=True, per_sm=1),
-    "swap m64 n64 whole w4 s3": C(64, 64, swap=True, whole_tile=True),
     "swap m128 n64 w4 s3": C(128, 64, swap=True),
     "swap m128 n64 w4 s3 1/sm": C(128, 64, swap=True, per_sm=1),
     "swap m128 n128 w8 s3": C(128, 128, swap=True, num_warps=8),
-    "swap m128 n64 whole w4 s3": C(128, 64, swap=True, whole_tile=True),
     "swap m128 n64 w8 s3": C(128, 64, swap=True, num_warps=8),
 }
 INT8 = (
@@ -61,7 +58,6 @@ INT8 = (
     "swap m64 n128 w4 s3 1/sm",
     "swap m64 n64 w4 s3",
     "swap m32 n64 w4 s3",
-    "swap m64 n128 whole w4 s3",
     "swap m128 n64 w4 s3",
     "swap m128 n128 w8 s3",
 )
@@ -73,13 +69,23 @@ def applies(cfg: MmaGemmConfig, m: int) -> bool:
     return cfg.block_m <= pow2 and 4 * cfg.block_m >= m
 
 
-def variants(fmt: str, m: int, counters: torch.Tensor) -> Iterator[tuple[str, Fn]]:
-    """(name, fn(x, *weight tensors)) of one format at M = m."""
+def variants(
+    fmt: str, m: int, counters: torch.Tensor, only: tuple[str, ...] = ()
+) -> Iterator[tuple[str, Fn]]:
+    """(name, fn(x, *weight tensors)) of one format at M = m (only: these names, when given)."""
+    for name, fn in _variants(fmt, m, counters):
+        if not only or fmt == "bf16" or name in only:
+            yield name, fn
+
+
+def _variants(fmt: str, m: int, counters: torch.Tensor) -> Iterator[tuple[str, Fn]]:
     if fmt == "bf16":
         yield "cublas", F.linear
         return
     bits = 4 if fmt == "int4" else 8
     yield "cur", lambda x, *t: int_gemm(x, *t, bits, counters=counters)
+    if mma_dispatched(m, 4096, 128 if bits == 4 else 4096, bits):  # as quant/methods.py dispatches
+        yield "dispatch", lambda x, *t: int_gemm_mma(x, *t, bits, None, counters)
     for name, cfg in INT4.items():
         if applies(cfg, m) and (bits == 4 or name in INT8):
             yield name, lambda x, *t, c=cfg: w4a16_mma(x, *t, bits, c, counters)
@@ -113,9 +119,13 @@ def _warm(job: tuple[str, str, tuple[int, ...]]) -> tuple[tuple[str, str, tuple[
     return job, ""
 
 
-def warm_up(ms: tuple[int, ...], workers: int, timeout: float) -> dict[tuple[str, str], str]:
-    jobs = [("int4", "cur", ms), ("int8", "cur", ms)]
-    jobs += [("int4", name, ms) for name in INT4] + [("int8", name, ms) for name in INT8]
+def warm_up(
+    ms: tuple[int, ...], workers: int, timeout: float, only: tuple[str, ...]
+) -> dict[tuple[str, str], str]:
+    names = {"int4": ("cur", "dispatch", *INT4), "int8": ("cur", "dispatch", *INT8)}
+    jobs = [
+        (fmt, name, ms) for fmt, fmt_names in names.items() for name in fmt_names if not only or name in only
+    ]
     start = time.monotonic()
     with mp.get_context("spawn").Pool(workers) as pool:
         res = pool.map_async(_warm, jobs, chunksize=1)
@@ -135,7 +145,9 @@ def warm_up(ms: tuple[int, ...], workers: int, timeout: float) -> dict[tuple[str
 Results = dict[tuple[str, int, str], dict[str, tuple[float, float]]]
 
 
-def measure(ms: tuple[int, ...], deadline: float, failed: dict[tuple[str, str], str]) -> Results:
+def measure(
+    ms: tuple[int, ...], deadline: float, failed: dict[tuple[str, str], str], only: tuple[str, ...]
+) -> Results:
     """{(format, M, variant): {layer: (µs, relative error)}}, one layer's copies at a time."""
     res: Results = {}
     for layer, (n, k) in LAYERS.items():
@@ -147,7 +159,7 @@ def measure(ms: tuple[int, ...], deadline: float, failed: dict[tuple[str, str], 
             for m in ms:
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 0.5
                 want = F.linear(x, dense).float()
-                for name, fn in variants(fmt, m, counters):
+                for name, fn in variants(fmt, m, counters, only):
                     if time.monotonic() > deadline or (fmt, name) in failed:
                         continue
                     try:
@@ -195,18 +207,20 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=1, help="time the --repeat-ms rows this many times in all")
     p.add_argument("--repeat-ms", default="64", help="the Ms the repeats time again (the spread)")
     p.add_argument("--workers", type=int, default=12)
+    p.add_argument("--only", default="", help="comma-separated variant names (bf16 always)")
     args = p.parse_args()
     start = time.monotonic()
     ms = tuple(int(v) for v in args.ms.split(","))
+    only = tuple(v for v in args.only.split(",") if v)
     import triton
 
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
-    failed = warm_up(ms, args.workers, 0.55 * args.budget)
+    failed = warm_up(ms, args.workers, 0.55 * args.budget, only)
     for run in range(args.repeat):
         run_ms = ms if run == 0 else tuple(int(v) for v in args.repeat_ms.split(","))
         left = start + args.budget - 2 - time.monotonic()
         print(f"# run {run + 1} of {args.repeat}: M {run_ms}", flush=True)
-        report(measure(run_ms, time.monotonic() + left / (args.repeat - run), failed), run_ms)
+        report(measure(run_ms, time.monotonic() + left / (args.repeat - run), failed, only), run_ms)
     print(f"# total {time.monotonic() - start:.1f}s", flush=True)
     return 0
 

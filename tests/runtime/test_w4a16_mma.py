@@ -49,13 +49,11 @@ def weights(
 CASES = [
     (17, 4, 32, False, MmaGemmConfig(block_m=16, block_n=32, split_k=2)),
     (40, 4, 64, True, MmaGemmConfig(block_m=32, block_n=32, split_k=1)),
-    (40, 4, 128, False, MmaGemmConfig(block_m=32, block_n=16, split_k=2, swap=True, whole_tile=True)),
+    (40, 4, 128, False, MmaGemmConfig(block_m=32, block_n=16, split_k=2, swap=True)),
     (17, 4, 128, False, MmaGemmConfig(block_m=16, block_n=32, split_k=2, swap=True, reduce="workspace")),
     (40, 8, -1, True, MmaGemmConfig(block_m=16, block_n=32, split_k=2)),
     (17, 8, 32, True, MmaGemmConfig(block_m=32, block_n=16, split_k=1, swap=True)),
-    (40, 4, 128, True, MmaGemmConfig(block_m=16, block_n=32, split_k=2, whole_tile=True)),
-    (17, 8, 256, True, MmaGemmConfig(block_m=32, block_n=16, split_k=1, whole_tile=True)),
-    (40, 8, 128, True, MmaGemmConfig(block_m=16, block_n=16, split_k=2, swap=True, whole_tile=True)),
+    (40, 8, 128, True, MmaGemmConfig(block_m=16, block_n=16, split_k=2, swap=True, reduce="fixup_wide")),
 ]
 
 
@@ -132,7 +130,7 @@ for bits, buckets in mm.MMA_BUCKETS.items():
     for top, c in [b for b in buckets if b[1] is not None]:
         consts = {"GROUP": 128 if bits == 4 else 4096, "BITS": bits, "BLOCK_M": c.block_m,
                   "BLOCK_N": c.block_n, "TILE": 128, "MAGIC16": 0x4300 if bits == 4 else 0,
-                  "OFFSET": 128.0 if bits == 4 else 0.0, "SWAP": c.swap, "WHOLE_TILE": c.whole_tile,
+                  "OFFSET": 128.0 if bits == 4 else 0.0, "SWAP": c.swap,
                   "PAIR_ASM": c.pair_asm and bits == 4,
                   "SPLIT_MODE": 3, "PREC": None}
         spec = KernelSpec(f"w{bits}_m{top}", mm._w4_mma_kernel, types, consts, c.num_warps, c.num_stages,
@@ -165,11 +163,11 @@ def test_dispatched_shapes_compile_for_sm90_without_spilling() -> None:
     [
         MmaGemmConfig(),
         MmaGemmConfig(swap=True),
-        MmaGemmConfig(swap=True, whole_tile=True, pair_asm=False),
-        MmaGemmConfig(64, 64, swap=True, per_sm=1),
-        MmaGemmConfig(128, 64, swap=True, whole_tile=True),
+        MmaGemmConfig(swap=True, pair_asm=False, num_warps=8),
+        MmaGemmConfig(32, 64, swap=True),
+        MmaGemmConfig(128, 64, swap=True),
     ],
-    ids=["default", "swap", "swap-whole", "swap-n64", "swap-m128-whole"],
+    ids=["default", "swap", "swap-w8-noasm", "swap-m32-n64", "swap-m128-n64"],
 )
 def test_qwen3_8b_shapes_bf16(m: int, n: int, k: int, config: MmaGemmConfig) -> None:
     """Qwen3-8B's qkv and down projections, int4 group 128 and int8 per channel, bf16."""
@@ -183,7 +181,7 @@ def test_qwen3_8b_shapes_bf16(m: int, n: int, k: int, config: MmaGemmConfig) -> 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [33, 48, 64, 100, 128])
+@pytest.mark.parametrize("m", [17, 32, 48, 64, 100, 128])
 @pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 12288)])
 def test_dispatched_shapes_bf16(m: int, n: int, k: int) -> None:
     """The buckets' launch shapes (int_gemm_mma, as quant/methods.py calls it) at Qwen3-8B's shapes."""

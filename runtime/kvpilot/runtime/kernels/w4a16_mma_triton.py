@@ -10,8 +10,9 @@ bf16 values rounds once), so one accumulator takes acc = dot(x, w, acc) for any 
 dots (per-tile partial sums scaled afterwards were slower on the H200 at every M).
 Layout: the canonical interleaved one (quant_reference.pack_rows), unchanged: a K step is one pack tile of
 TILE rows whose [CHUNK, BLOCK_N] words give, in value j, W^T rows j*CHUNK .. (j+1)*CHUNK: PER_WORD dots
-of CHUNK rows (16 for int4, 32 for int8) against the matching x columns, or one dot of TILE rows
-(WHOLE_TILE: the values stacked and merged with the word rows, _whole_tile).
+of CHUNK rows (16 for int4, 32 for int8) against the matching x columns. (One dot of all TILE rows, the
+values stacked and merged with the word rows by a reshape, compiled to a layout conversion per tile and
+ran 2-4x slower on the H200 with Triton 3.6: removed.)
 SWAP: the dot taken transposed (acc [BLOCK_N, BLOCK_M] = W x^T): the dequantized weight is the left
 operand, which Hopper's wgmma reads from registers (the other way round it is stored to shared memory
 first, one round trip per dot), and the tokens are the MMA's narrow side.
@@ -43,19 +44,8 @@ class MmaGemmConfig:
     num_warps: int = 4
     num_stages: int = 3
     swap: bool = False  # acc [BLOCK_N, BLOCK_M]: the weight as the dot's left operand
-    whole_tile: bool = False  # one dot per pack tile (groups of whole tiles)
     pair_asm: bool = True  # int4 + bf16 on a GPU: operands by the GEMV's inline PTX pairs
     reduce: str = "fixup"
-
-
-@triton.jit
-def _magic(q, MAGIC16: tl.constexpr, dtype: tl.constexpr):
-    """Unsigned values q (int32) as OFFSET + q in `dtype`, exactly, with no int -> float conversion."""
-    if MAGIC16 != 0:  # (MAGIC16 | q) as 16 bits is OFFSET + q
-        w = (q | MAGIC16).to(tl.int16).to(dtype, bitcast=True)
-    else:  # (2**23 + q) - 2**23 in float32, exact; OFFSET is 0
-        w = ((q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0).to(dtype)
-    return w
 
 
 @triton.jit
@@ -72,43 +62,12 @@ def _operand(words, j: tl.constexpr, BITS: tl.constexpr, MAGIC16: tl.constexpr, 
             w = tl.inline_asm_elementwise(
                 _PAIRS_HIGH, "=r,r,r,r,r", [words, shift], dtype=tl.bfloat16, is_pure=True, pack=2
             )
-    else:
-        w = _magic((words >> (j * BITS)) & ((1 << BITS) - 1), MAGIC16, dtype)
+    elif MAGIC16 != 0:  # (MAGIC16 | q) as 16 bits is OFFSET + q
+        w = (((words >> (j * BITS)) & ((1 << BITS) - 1)) | MAGIC16).to(tl.int16).to(dtype, bitcast=True)
+    else:  # (2**23 + q) - 2**23 in float32, exact; OFFSET is 0
+        q = (words >> (j * BITS)) & ((1 << BITS) - 1)
+        w = ((q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0).to(dtype)
     return w
-
-
-@triton.jit
-def _whole_tile(acc, words, x_ptr, offs_m, m_mask, stride_xm, s_ptr, z_ptr, offs_n, n_mask, N, k0,
-                GROUP: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr, TILE: tl.constexpr,
-                MAGIC16: tl.constexpr, OFFSET: tl.constexpr, SWAP: tl.constexpr,
-                PREC: tl.constexpr):  # fmt: skip
-    """acc + x[:, k0 : k0 + TILE] @ W^T[k0 : k0 + TILE] as ONE dot of TILE rows (one group per tile): value
-    j of the [CHUNK, BN] words holds the tile's rows j*CHUNK + r, so the values stacked on a new axis
-    before the word rows ([PER_WORD, CHUNK, BN]) and merged with them are the tile's rows in order. One
-    dot (one wait for the tensor cores) per tile instead of PER_WORD. SWAP: words [BN, CHUNK] ->
-    [BN, PER_WORD, CHUNK] -> [BN, TILE], the dot's left operand (registers), x^T [TILE, BM] its right."""
-    PER_WORD: tl.constexpr = 32 // BITS
-    dtype = x_ptr.dtype.element_ty
-    offs_t = tl.arange(0, TILE)
-    shifts = tl.arange(0, PER_WORD) * BITS
-    g = (k0 // GROUP) * N + offs_n
-    z = (tl.load(z_ptr + g, mask=n_mask, other=0.0).to(tl.float32) + OFFSET).to(dtype)
-    s = tl.load(s_ptr + g, mask=n_mask, other=0.0).to(dtype)
-    if SWAP:
-        x = tl.load(
-            x_ptr + offs_m[None, :] * stride_xm + (k0 + offs_t)[:, None], mask=m_mask[None, :], other=0.0
-        )
-        q = (words[:, None, :] >> shifts[None, :, None]) & ((1 << BITS) - 1)  # [BN, PER_WORD, CHUNK]
-        w = tl.reshape(_magic(q, MAGIC16, dtype), (BLOCK_N, TILE))  # [BN, TILE]: W rows, k0 .. k0 + TILE
-        acc = tl.dot((w - z[:, None]) * s[:, None], x, acc, input_precision=PREC)
-    else:
-        x = tl.load(
-            x_ptr + offs_m[:, None] * stride_xm + (k0 + offs_t)[None, :], mask=m_mask[:, None], other=0.0
-        )
-        q = (words[None, :, :] >> shifts[:, None, None]) & ((1 << BITS) - 1)  # [PER_WORD, CHUNK, BN]
-        w = tl.reshape(_magic(q, MAGIC16, dtype), (TILE, BLOCK_N))  # [TILE, BN]: rows k0 .. k0 + TILE
-        acc = tl.dot(x, (w - z[None, :]) * s[None, :], acc, input_precision=PREC)
-    return acc
 
 
 @triton.jit
@@ -161,7 +120,6 @@ def _w4_mma_kernel(
     MAGIC16: tl.constexpr,  # 0x4300 (bf16) / 0x6400 (fp16) when OFFSET + q fits x's dtype, else 0
     OFFSET: tl.constexpr,  # the value MAGIC16 adds (128 / 1024), 0.0 without it
     SWAP: tl.constexpr,
-    WHOLE_TILE: tl.constexpr,  # one dot per pack tile (_whole_tile; groups of whole tiles)
     PAIR_ASM: tl.constexpr,
     SPLIT_MODE: tl.constexpr,  # split_k_triton._MODES
     PREC: tl.constexpr,  # "ieee" for float32 activations (exact float32 dots, not tf32), else None
@@ -186,16 +144,10 @@ def _w4_mma_kernel(
     k_start = pid_k * K_PER_SPLIT
     for k0 in range(k_start, k_start + K_PER_SPLIT, TILE):
         words = tl.load(w_at + (k0 // PER_WORD) * N, mask=w_mask, other=0)
-        if WHOLE_TILE:
-            acc = _whole_tile(
-                acc, words, x_ptr, offs_m, m_mask, stride_xm, s_ptr, z_ptr, offs_n, n_mask, N, k0, GROUP,
-                BITS, BLOCK_N, TILE, MAGIC16, OFFSET, SWAP, PREC,
-            )  # fmt: skip
-        else:
-            acc = _by_values(
-                acc, words, x_at, x_mask, s_ptr, z_ptr, offs_n, n_mask, N, k0, GROUP, BITS, TILE, MAGIC16,
-                OFFSET, SWAP, PAIR_ASM, PREC,
-            )  # fmt: skip
+        acc = _by_values(
+            acc, words, x_at, x_mask, s_ptr, z_ptr, offs_n, n_mask, N, k0, GROUP, BITS, TILE, MAGIC16, OFFSET,
+            SWAP, PAIR_ASM, PREC,
+        )  # fmt: skip
     if SWAP:
         offs = offs_m[None, :] * N + offs_n[:, None]
         mask = m_mask[None, :] & n_mask[:, None]
@@ -235,7 +187,6 @@ def w4a16_mma(
     group = k // scales.shape[0]
     cfg = config or MmaGemmConfig()
     tile = pack_tile(k, bits)
-    whole = cfg.whole_tile and group % tile == 0
     if not mma_supported(k, group, bits) or cfg.reduce not in REDUCES:
         raise ValueError(f"w4a16_mma cannot take K {k}, {bits}-bit groups of {group}, config {cfg}")
     grid_nm = triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m)
@@ -253,7 +204,7 @@ def w4a16_mma(
         x, qweight, scales, zeros, buf.target, buf.workspace, buf.counters, m, n, x.stride(0),
         k // split, split,
         GROUP=group, BITS=bits, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TILE=tile, MAGIC16=magic,
-        OFFSET=offset, SWAP=cfg.swap, WHOLE_TILE=whole, PAIR_ASM=pair_asm,
+        OFFSET=offset, SWAP=cfg.swap, PAIR_ASM=pair_asm,
         SPLIT_MODE=buf.mode, PREC="ieee" if x.dtype == torch.float32 else None, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )  # fmt: skip
@@ -262,10 +213,17 @@ def w4a16_mma(
 
 # The dispatch's launch shape by bits and bucket of M: (largest M, config; None: not dispatched here,
 # w4a16_triton.int_gemm runs it). A shape depends on the bucket only (split-K counted at the bucket's
-# largest M), so warm_up_mma compiles every variant at load.
+# largest M), so warm_up_mma compiles every variant at load. From the H200 sweep (benchmarks/
+# sweep_w4_mma.py, commit 8094540), sums of Qwen3-8B's four layer GEMMs, µs (bf16 cuBLAS / before / here):
+#   int4  M=32 110.3 / 94.4 (GEMV) / 89.8    M=64 111.7 / 140.1 (GEMV) / 129.3
+#         M=128 119.2 / 263.3 (dequantize + cuBLAS) / 196.3    M=256 155.6 / 293.0 / 340.0 (not taken)
+#   int8  M=32 110.3 / 117.6 / 102.4        M=64 111.7 / 180.8 / 120.5    M=128 119.2 / 280.9 / 201.9
+#         M=256 155.6 / 312.2 / 331.3 (not taken)
+_SWAP_32, _SWAP_64 = MmaGemmConfig(32, 64, swap=True), MmaGemmConfig(64, 64, swap=True)
+_SWAP_64_W8 = MmaGemmConfig(64, 128, swap=True, num_warps=8)
 MMA_BUCKETS: dict[int, tuple[tuple[int, MmaGemmConfig | None], ...]] = {
-    4: ((32, None), (64, MmaGemmConfig(swap=True)), (128, MmaGemmConfig(swap=True)), (256, None)),
-    8: ((32, None), (64, MmaGemmConfig(swap=True)), (128, MmaGemmConfig(swap=True)), (256, None)),
+    4: ((32, _SWAP_32), (64, _SWAP_64_W8), (128, _SWAP_64_W8), (256, None)),
+    8: ((32, _SWAP_32), (64, _SWAP_64), (128, _SWAP_64), (256, None)),
 }
 MMA_MIN_M = 17  # M <= 16: the decode GEMVs (w4a16_triton.int_gemm), never here
 
