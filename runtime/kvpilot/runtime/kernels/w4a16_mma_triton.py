@@ -160,7 +160,7 @@ def _w4_mma_kernel(
 def auto_split_k(tiles: int, steps: int, sms: int, per_sm: int, min_steps: int = 4) -> int:
     """The fewest K splits (dividing the `steps` pack tiles, each split >= min_steps of them) giving
     >= per_sm programs per SM; the most allowed when none does. (Each split adds a float32 [M, N]
-    partial to write and sum, as many bytes as an int4 weight at M = 64: splits are not free.)"""
+    partial to write and sum: at M = 64, 8 splits move as many bytes as the int4 weight of K = 4096.)"""
     fits = [s for s in (1, 2, 3, 4, 6, 8, 12, 16) if steps % s == 0 and steps // s >= min_steps]
     return next((s for s in fits if tiles * s >= per_sm * sms), fits[-1] if fits else 1)
 
