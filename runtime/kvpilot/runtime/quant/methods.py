@@ -156,12 +156,14 @@ class IntWeightMethod(_Collecting):
         """Compile the GEMM's launch shapes now, not on the first request of a new size."""
         if self.backend != "triton":
             return
+        from kvpilot.runtime.kernels.w4a16_mma_triton import warm_up_mma
         from kvpilot.runtime.kernels.w4a16_triton import fused_supported, warm_up_int_gemm
 
         for p, counters in zip(self.parts, self.counters, strict=True):
             k = p.qweight.shape[0] * (32 // p.bits)
             if fused_supported(k, k // p.scales.shape[0], p.bits) and k % 16 == 0:
                 warm_up_int_gemm(p.qweight, p.scales, p.zeros, p.bits, self.dtype, counters)
+                warm_up_mma(p.qweight, p.scales, p.zeros, p.bits, self.dtype, counters)
 
     def _build(self, t: dict[str, torch.Tensor]) -> IntWeight:
         q = self.quant
@@ -189,6 +191,10 @@ class IntWeightMethod(_Collecting):
             return (x if w.perm is None else x[..., w.perm]) @ self.dense[index].to(x.dtype)
         k, groups = x.shape[-1], w.scales.shape[0]
         if self.backend == "triton" and x.is_cuda and k % 16 == 0 and (k // groups) % 16 == 0:
+            from kvpilot.runtime.kernels.w4a16_mma_triton import int_gemm_mma, mma_dispatched
+
+            if mma_dispatched(x.numel() // k, k, k // groups, w.bits):  # 16 < M <= 256: tensor-core GEMM
+                return int_gemm_mma(x, w.qweight, w.scales, w.zeros, w.bits, w.perm, self.counters[index])
             from kvpilot.runtime.kernels.w4a16_triton import int_gemm
 
             return int_gemm(x, w.qweight, w.scales, w.zeros, w.bits, w.perm, self.counters[index])
