@@ -30,6 +30,14 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from kvpilot.runtime.kernels.gemv_triton import (
+    _NORM,
+    _PLAIN,
+    _SILU,
+    _input_tile,
+    _row_sum_squares,
+    _write_h,
+)
 from kvpilot.runtime.kernels.quant_reference import pack_tile
 from kvpilot.runtime.kernels.split_k_triton import REDUCES, split_output, store_split
 from kvpilot.runtime.kernels.triton_utils import num_sms
@@ -71,22 +79,22 @@ class GemvConfig:
     pair_asm: bool = False  # dot, int4, bf16 on a GPU: operands built by inline PTX (_PAIRS_LOW)
     block_m: int = 16  # dot: tokens per program (M padded to it; 32 or 64 for 16 < M <= 64)
     block_k: int = 128  # fp8_gemv_triton only: K per tile
+    pdl: bool = False  # programmatic dependent launch (sm_90+; gemv_triton.GemvBf16Config.pdl)
 
 
 @triton.jit(do_not_specialize=["M", "split_k"])
 def _int_gemv_kernel(
-    x_ptr,  # [M, K] activations (rows stride_xm apart)
+    x_ptr,  # [M, K] activations (plain, norm: hidden) or [M, 2K] (silu: gate | up); rows stride_xm apart
+    r_ptr,  # norm: residual [M, K] (rows stride_rm apart)
+    nw_ptr,  # norm: RMSNorm weight [K]
+    h_ptr,  # norm with residual: h = hidden + residual [M, K], dense (written)
     qw_ptr,  # int32 [K / PER_WORD, N], interleaved per TILE rows (quant_reference.pack_rows)
     s_ptr,  # [K / GROUP, N]
     z_ptr,  # [K / GROUP, N]
     out_ptr,  # y [M, N], or the float32 buffer of atomic_f32 (split_k_triton)
     ws_ptr,  # float32 [SPLIT_K, M, N] (workspace, fixup)
     counter_ptr,  # int32 [tiles] (fixup)
-    M,
-    N,
-    stride_xm,
-    K_PER_SPLIT,
-    split_k,
+    M, N, K, stride_xm, stride_rm, K_PER_SPLIT, split_k, eps,
     GROUP: tl.constexpr,
     BITS: tl.constexpr,
     BLOCK_M: tl.constexpr,  # dot: 16; fma: 1 (one program row per token)
@@ -99,18 +107,36 @@ def _int_gemv_kernel(
     SPLIT_MODE: tl.constexpr,  # split_k_triton._MODES
     DOT_IEEE: tl.constexpr,  # float32 activations: exact float32 dots, not tf32
     PAIR_ASM: tl.constexpr,  # int4 + bf16 dots: operands from _PAIRS_LOW / _PAIRS_HIGH
-):
+    PROLOGUE: tl.constexpr,  # dot only: gemv_triton's _PLAIN / _NORM / _SILU
+    HAS_RESIDUAL: tl.constexpr,
+    PDL: tl.constexpr,  # programmatic dependent launch (gemv_triton.GemvBf16Config.pdl)
+):  # fmt: skip
+    if PDL:  # the next kernel may launch now: its own gdc_wait orders it after this one's writes
+        tl.extra.cuda.gdc_launch_dependents()
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     k_start = pid_k * K_PER_SPLIT
+    if PDL:  # x and the outputs belong to the previous kernel until it has finished
+        tl.extra.cuda.gdc_wait()
     if USE_DOT:
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_mask = offs_m < M
-        acc = _dot_partial(
-            x_ptr, qw_ptr, s_ptr, z_ptr, offs_m, m_mask, offs_n, n_mask, N, stride_xm, k_start,
-            K_PER_SPLIT, GROUP, BITS, BLOCK_M, BLOCK_N, TILE, MAGIC16, OFFSET, DOT_IEEE, PAIR_ASM,
+        acc, row_ss = _dot_partial(
+            x_ptr, r_ptr, nw_ptr, qw_ptr, s_ptr, z_ptr, offs_m, m_mask, offs_n, n_mask, N, K, stride_xm,
+            stride_rm, k_start, K_PER_SPLIT, GROUP, BITS, BLOCK_M, BLOCK_N, TILE, MAGIC16, OFFSET, DOT_IEEE,
+            PAIR_ASM, PROLOGUE, HAS_RESIDUAL,
         )  # fmt: skip
+        if PROLOGUE == 1:  # 1 / rms(h) out of the sum; a split program saw only its K: the whole row's
+            if K_PER_SPLIT != K:
+                row_ss = _row_sum_squares(
+                    x_ptr, r_ptr, offs_m, m_mask, stride_xm, stride_rm, K, BLOCK_M, TILE, HAS_RESIDUAL
+                )
+            acc = acc * tl.rsqrt(row_ss / K + eps)[:, None]
+            if HAS_RESIDUAL:
+                _write_h(
+                    x_ptr, r_ptr, h_ptr, offs_m, m_mask, k_start, K_PER_SPLIT, stride_xm, stride_rm, K, TILE
+                )
         offs = offs_m[:, None] * N + offs_n[None, :]
         mask = m_mask[:, None] & n_mask[None, :]
     else:
@@ -125,19 +151,23 @@ def _int_gemv_kernel(
 
 @triton.jit
 def _dot_partial(
-    x_ptr, qw_ptr, s_ptr, z_ptr, offs_m, m_mask, offs_n, n_mask, N, stride_xm, k_start, K_PER_SPLIT,
+    x_ptr, r_ptr, nw_ptr, qw_ptr, s_ptr, z_ptr, offs_m, m_mask, offs_n, n_mask, N, K, stride_xm, stride_rm,
+    k_start, K_PER_SPLIT,
     GROUP: tl.constexpr, BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     TILE: tl.constexpr, MAGIC16: tl.constexpr, OFFSET: tl.constexpr, DOT_IEEE: tl.constexpr,
-    PAIR_ASM: tl.constexpr,
+    PAIR_ASM: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
 ):  # fmt: skip
-    """[BLOCK_M, BLOCK_N] float32 sum over this split's K rows, tensor-core dots of CHUNK rows.
-    A tile inside one group subtracts OFFSET + z from the 16-bit operand (packed two per instruction;
-    q - z is a small integer, exact); smaller groups take z out after each dot with sum x."""
+    """([BLOCK_M, BLOCK_N] float32 sum over this split's K rows, tensor-core dots of CHUNK rows; norm:
+    [BLOCK_M] sum of h^2 over them). A tile inside one group subtracts OFFSET + z from the 16-bit operand
+    (packed two per instruction; q - z is a small integer, exact); smaller groups take z out after each
+    dot with sum x. The x operand comes from gemv_triton's prologue (norm: h w_norm, rounded to x's
+    dtype for the dot; 1 / rms(h) is applied by the caller)."""
     PER_WORD: tl.constexpr = 32 // BITS
     CHUNK: tl.constexpr = TILE // PER_WORD  # word rows per tile; value j of them = rows j*CHUNK..
     ONE_GROUP: tl.constexpr = GROUP % TILE == 0
     offs_c = tl.arange(0, CHUNK)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    ss = tl.zeros((BLOCK_M, CHUNK), dtype=tl.float32)
     for k0 in range(k_start, k_start + K_PER_SPLIT, TILE):
         words_at = qw_ptr + (k0 // PER_WORD + offs_c)[:, None] * N + offs_n[None, :]
         words = tl.load(words_at, mask=n_mask[None, :], other=0)  # [CHUNK, BN]
@@ -148,9 +178,14 @@ def _dot_partial(
             z_x = z.to(x_ptr.dtype.element_ty)  # OFFSET + z: an integer below 2**8, exact
         for j in tl.static_range(PER_WORD):
             kj = k0 + j * CHUNK  # rows kj .. kj + CHUNK of W^T, all in group kj // GROUP
-            x = tl.load(
-                x_ptr + offs_m[:, None] * stride_xm + (kj + offs_c)[None, :], mask=m_mask[:, None], other=0.0
-            )
+            x = _input_tile(
+                x_ptr, r_ptr, offs_m[:, None], m_mask[:, None], (kj + offs_c)[None, :], stride_xm, stride_rm, K,
+                PROLOGUE, HAS_RESIDUAL,
+            )  # fmt: skip
+            if PROLOGUE == 1:
+                xf = x.to(tl.float32)
+                ss += xf * xf
+                x = (xf * tl.load(nw_ptr + kj + offs_c).to(tl.float32)[None, :]).to(x_ptr.dtype.element_ty)
             q = (words >> (j * BITS)) & ((1 << BITS) - 1)  # [CHUNK, BN], the words' layout kept
             if PAIR_ASM:  # 128 + q as bf16, built two at a time (words shifted after pairing)
                 shift = tl.full((CHUNK, BLOCK_N), (j % 4) * 4, tl.int32)
@@ -182,7 +217,7 @@ def _dot_partial(
                 acc += (d - x_sum[:, None] * zj[None, :]) * sj[None, :]
         if ONE_GROUP:
             acc += part * tl.load(s_ptr + g, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    return acc
+    return acc, tl.sum(ss, axis=1)
 
 
 @triton.jit
@@ -269,6 +304,51 @@ def default_gemv_config(m: int, n: int, k: int, bits: int, sms: int) -> GemvConf
     return GemvConfig(True, block_n, split, num_stages=stages, pair_asm=True, block_m=block_m)
 
 
+def _launch(
+    prologue: int,
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor | None,
+    w: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    bits: int,
+    eps: float,
+    config: GemvConfig | None,
+    counters: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The kernel on x [M, K] (silu: [M, 2K]); w = (qweight, scales, zeros); (y, h or None)."""
+    qweight, scales, zeros = w
+    m, n = x.shape[0], qweight.shape[1]
+    k = qweight.shape[0] * (32 // bits)
+    group = k // scales.shape[0]
+    tile = pack_tile(k, bits)
+    cfg = config or default_gemv_config(m, n, k, bits, num_sms(x.device))
+    step = tile * (1 if cfg.use_dot else cfg.tiles)
+    if k % (cfg.split_k * step) or cfg.reduce not in REDUCES:
+        raise ValueError(f"gemv config {cfg} does not fit K {k} (tiles of {tile} rows)")
+    if prologue != _PLAIN and not cfg.use_dot:
+        raise ValueError(f"int gemv: a fused prologue takes the dot path ({cfg})")
+    magic, offset = _MAGIC16.get(x.dtype, (0, 0.0)) if bits == 4 else (0, 0.0)
+    if x.dtype == torch.float16 and bits == 8:
+        magic, offset = _MAGIC16[torch.float16]  # 1024 + q holds every 8-bit q
+    block_m = cfg.block_m if cfg.use_dot else 1
+    pair_asm = cfg.pair_asm and cfg.use_dot and bits == 4 and x.dtype == torch.bfloat16 and x.is_cuda
+    grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, block_m), cfg.split_k)
+    buf = split_output(x, m, n, cfg.split_k, cfg.reduce, counters, grid[0] * grid[1])
+    h = torch.empty(m, k, device=x.device, dtype=x.dtype) if residual is not None else None
+    r = residual if residual is not None else x
+    _int_gemv_kernel[grid](
+        x, r, norm_weight if norm_weight is not None else x, h if h is not None else x, qweight, scales,
+        zeros, buf.target, buf.workspace, buf.counters, m, n, k, x.stride(0), r.stride(0), k // cfg.split_k,
+        cfg.split_k, eps,
+        GROUP=group, BITS=bits, BLOCK_M=block_m, BLOCK_N=cfg.block_n, TILE=tile, TILES=cfg.tiles,
+        USE_DOT=cfg.use_dot, MAGIC16=magic, OFFSET=offset, SPLIT_MODE=buf.mode,
+        DOT_IEEE=x.dtype == torch.float32, PAIR_ASM=pair_asm, PROLOGUE=prologue,
+        HAS_RESIDUAL=residual is not None, PDL=cfg.pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **({"launch_pdl": True} if cfg.pdl else {}),
+    )  # fmt: skip
+    return buf.finish(), h
+
+
 def int_gemv(
     x: torch.Tensor,
     qweight: torch.Tensor,
@@ -282,27 +362,36 @@ def int_gemv(
     Every K must be a whole number of pack tiles whose 32/bits dots span >= 16 rows inside one group
     (w4a16_triton.fused_supported).
     counters: this weight's persistent fixup counters (split_k_triton.split_counters)."""
-    m, k = x.shape
-    n = qweight.shape[1]
-    group = k // scales.shape[0]
-    tile = pack_tile(k, bits)
-    cfg = config or default_gemv_config(m, n, k, bits, num_sms(x.device))
-    step = tile * (1 if cfg.use_dot else cfg.tiles)
-    if k % (cfg.split_k * step) or cfg.reduce not in REDUCES:
-        raise ValueError(f"gemv config {cfg} does not fit K {k} (tiles of {tile} rows)")
-    magic, offset = _MAGIC16.get(x.dtype, (0, 0.0)) if bits == 4 else (0, 0.0)
-    if x.dtype == torch.float16 and bits == 8:
-        magic, offset = _MAGIC16[torch.float16]  # 1024 + q holds every 8-bit q
-    block_m = cfg.block_m if cfg.use_dot else 1
-    pair_asm = cfg.pair_asm and cfg.use_dot and bits == 4 and x.dtype == torch.bfloat16 and x.is_cuda
-    grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, block_m), cfg.split_k)
-    buf = split_output(x, m, n, cfg.split_k, cfg.reduce, counters, grid[0] * grid[1])
-    _int_gemv_kernel[grid](
-        x, qweight, scales, zeros, buf.target, buf.workspace, buf.counters, m, n, x.stride(0),
-        k // cfg.split_k, cfg.split_k,
-        GROUP=group, BITS=bits, BLOCK_M=block_m, BLOCK_N=cfg.block_n, TILE=tile, TILES=cfg.tiles,
-        USE_DOT=cfg.use_dot, MAGIC16=magic, OFFSET=offset, SPLIT_MODE=buf.mode,
-        DOT_IEEE=x.dtype == torch.float32, PAIR_ASM=pair_asm, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )  # fmt: skip
-    return buf.finish()
+    return _launch(_PLAIN, x, None, None, (qweight, scales, zeros), bits, 0.0, config, counters)[0]
+
+
+def norm_int_gemv(
+    hidden: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    w: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    bits: int,
+    config: GemvConfig | None = None,
+    counters: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rmsnorm(h) W^T [M, N], h [M, K]), h = hidden + residual (hidden without one), w = (qweight,
+    scales, zeros): one launch of the dot path (kernels/gemv.py composed_norm_linear is the oracle)."""
+    if residual is not None and residual.shape != hidden.shape:
+        raise ValueError(f"residual {tuple(residual.shape)} must match hidden {tuple(hidden.shape)}")
+    y, h = _launch(_NORM, hidden, residual, norm_weight, w, bits, eps, config, counters)
+    return y, (hidden if h is None else h)
+
+
+def silu_int_gemv(
+    gate_up: torch.Tensor,
+    w: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    bits: int,
+    config: GemvConfig | None = None,
+    counters: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """gate_up [M, 2K] -> (silu(gate) * up) [M, K] @ W^T -> [M, N] in one launch of the dot path."""
+    k = w[0].shape[0] * (32 // bits)
+    if gate_up.shape[1] != 2 * k:
+        raise ValueError(f"gate_up {tuple(gate_up.shape)} must be [M, 2 x {k}]")
+    return _launch(_SILU, gate_up, None, None, w, bits, 0.0, config, counters)[0]
