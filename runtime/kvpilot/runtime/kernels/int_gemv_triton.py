@@ -179,8 +179,8 @@ def _dot_partial(
         for j in tl.static_range(PER_WORD):
             kj = k0 + j * CHUNK  # rows kj .. kj + CHUNK of W^T, all in group kj // GROUP
             x = _input_tile(
-                x_ptr, r_ptr, offs_m[:, None], m_mask[:, None], (kj + offs_c)[None, :], stride_xm, stride_rm, K,
-                PROLOGUE, HAS_RESIDUAL,
+                x_ptr, r_ptr, offs_m[:, None], m_mask[:, None], (kj + offs_c)[None, :], stride_xm,
+                stride_rm, K, PROLOGUE, HAS_RESIDUAL,
             )  # fmt: skip
             if PROLOGUE == 1:
                 xf = x.to(tl.float32)
