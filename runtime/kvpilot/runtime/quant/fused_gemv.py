@@ -1,0 +1,155 @@
+"""Batch-1 decode GEMVs of the quantized weight formats with the op before the projection fused in (the
+bf16 counterpart: kernels/gemv_dispatch.py; the quant methods in quant/methods.py call these):
+
+  norm  h = hidden + residual, RMSNorm(h) * w -> GEMV (qkv, gate_up); h returned for the next residual
+  silu  silu(gate) * up -> GEMV (down)
+
+  fp8   the weight-only GEMV's one-warp multiply-add path (kernels/fp8_gemv_triton.py)
+  int   int4 / int8 through the tensor-core GEMV's dot path (kernels/int_gemv_triton.py). int4 layers the
+        plain dispatch gives to the mma GEMV (int4_mma_gemv_triton: gate_up) keep it behind a separate
+        norm unless FUSE_NORM_OVER_MMA (the mma GEMV loads x inside its PTX: it has no prologue).
+
+Each entry returns None where it has no fused kernel (M != FUSED_M, no GPU, a layout the kernel does not
+take); the caller then runs the separate ops, as the unfused layer does. Launches use programmatic
+dependent launch on sm_90+ (gemv_dispatch.pdl_enabled).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+from kvpilot.runtime.kernels.fp8_gemv_triton import default_fp8_gemv_config, norm_fp8_gemv, silu_fp8_gemv
+from kvpilot.runtime.kernels.gemv_dispatch import pdl_enabled
+from kvpilot.runtime.kernels.int4_mma_gemv_triton import int4_mma_dispatched
+from kvpilot.runtime.kernels.int_gemv_triton import (
+    GemvConfig,
+    default_gemv_config,
+    int_gemv,
+    norm_int_gemv,
+    silu_int_gemv,
+)
+from kvpilot.runtime.kernels.quant_reference import pack_tile
+from kvpilot.runtime.kernels.triton_utils import num_sms
+from kvpilot.runtime.quant.int_weight import IntWeight
+
+FUSED_M = 1  # the decoder layer fuses at <= gemv.GEMV_MAX_M tokens; the fused kernels were tuned at 1
+# int4 gate_up (the mma GEMV's layer at M = 1) with the norm fused into the dot GEMV instead of the norm
+# kernel + the mma GEMV
+FUSE_NORM_OVER_MMA = True
+
+
+def _takes(x: torch.Tensor, k: int) -> bool:
+    """x [FUSED_M, k] dense on a GPU, 16-bit."""
+    return (
+        x.is_cuda
+        and x.dim() == 2
+        and x.shape[0] == FUSED_M
+        and x.shape[1] == k
+        and x.stride(-1) == 1
+        and x.dtype in (torch.bfloat16, torch.float16)
+    )
+
+
+def fp8_config(n: int, k: int, device: torch.device) -> GemvConfig:
+    """The fp8 GEMV's M = 1 shape (default_fp8_gemv_config), PDL where the GPU has it."""
+    return replace(default_fp8_gemv_config(1, n, k, num_sms(device)), pdl=pdl_enabled(device))
+
+
+def fp8_norm_linear(
+    hidden: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,  # float8_e4m3fn [N, K]
+    weight_scale: torch.Tensor,  # float32 [N]
+    counters: torch.Tensor | None,
+    config: GemvConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(rmsnorm(h) (W s)^T, h) in one launch, or None (see the module doc)."""
+    n, k = weight.shape
+    if not _takes(hidden, k) or (residual is not None and not _takes(residual, k)):
+        return None
+    cfg = config or fp8_config(n, k, hidden.device)
+    return norm_fp8_gemv(hidden, residual, norm_weight, eps, weight, weight_scale, cfg, counters)
+
+
+def fp8_silu_linear(
+    gate_up: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    counters: torch.Tensor | None,
+    config: GemvConfig | None = None,
+) -> torch.Tensor | None:
+    """silu(gate) * up @ (W s)^T in one launch, or None."""
+    n, k = weight.shape
+    if not _takes(gate_up, 2 * k):
+        return None
+    cfg = config or fp8_config(n, k, gate_up.device)
+    return silu_fp8_gemv(gate_up, weight, weight_scale, cfg, counters)
+
+
+def int_config(w: IntWeight, device: torch.device) -> GemvConfig:
+    """The dot GEMV's M = 1 shape (default_gemv_config), PDL where the GPU has it."""
+    k = w.qweight.shape[0] * (32 // w.bits)
+    cfg = default_gemv_config(1, w.out_features, k, w.bits, num_sms(device))
+    return replace(cfg, pdl=pdl_enabled(device))
+
+
+def _int_takes(x: torch.Tensor, w: IntWeight, k: int) -> bool:
+    """The dot GEMV takes this weight: no act-order permutation, whole pack tiles, every dot of 16+ rows
+    inside one group (w4a16_triton.fused_supported's rule)."""
+    rows = w.qweight.shape[0] * (32 // w.bits)
+    tile = pack_tile(rows, w.bits)
+    chunk = tile // (32 // w.bits)
+    group = rows // w.scales.shape[0]
+    layout = w.perm is None and rows % tile == 0 and chunk >= 16 and group % chunk == 0
+    return layout and _takes(x, k)
+
+
+def int_norm_linear(
+    hidden: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    w: IntWeight,
+    counters: torch.Tensor | None,
+    config: GemvConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(rmsnorm(h) W^T, h) in one launch, or None."""
+    k = w.qweight.shape[0] * (32 // w.bits)
+    if not _int_takes(hidden, w, k) or (residual is not None and not _takes(residual, k)):
+        return None
+    if config is None and not FUSE_NORM_OVER_MMA and _mma(hidden, w, k):
+        return None
+    cfg = config or int_config(w, hidden.device)
+    return norm_int_gemv(
+        hidden, residual, norm_weight, eps, (w.qweight, w.scales, w.zeros), w.bits, cfg, counters
+    )
+
+
+def int_silu_linear(
+    gate_up: torch.Tensor, w: IntWeight, counters: torch.Tensor | None, config: GemvConfig | None = None
+) -> torch.Tensor | None:
+    """silu(gate) * up @ W^T in one launch, or None."""
+    k = w.qweight.shape[0] * (32 // w.bits)
+    if not _int_takes(gate_up, w, 2 * k):
+        return None
+    cfg = config or int_config(w, gate_up.device)
+    return silu_int_gemv(gate_up, (w.qweight, w.scales, w.zeros), w.bits, cfg, counters)
+
+
+def int_linear(
+    x: torch.Tensor, w: IntWeight, counters: torch.Tensor | None, config: GemvConfig | None = None
+) -> torch.Tensor | None:
+    """x W^T through the dot GEMV with PDL (o_proj at batch 1), or None: layers the plain dispatch gives
+    another kernel (w4a16_triton.int_gemm: int4 mma, int8 multiply-adds) keep it."""
+    k = w.qweight.shape[0] * (32 // w.bits)
+    if not _int_takes(x, w, k) or (config is None and (w.bits == 8 or _mma(x, w, k))):
+        return None
+    return int_gemv(x, w.qweight, w.scales, w.zeros, w.bits, config or int_config(w, x.device), counters)
+
+
+def _mma(x: torch.Tensor, w: IntWeight, k: int) -> bool:
+    """Whether the plain dispatch sends x @ W^T to the int4 mma GEMV."""
+    return w.bits == 4 and int4_mma_dispatched(x, w.out_features, k // w.scales.shape[0])
