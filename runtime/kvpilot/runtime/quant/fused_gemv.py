@@ -39,15 +39,20 @@ FUSED_M = 1  # the decoder layer fuses at <= gemv.GEMV_MAX_M tokens; the fused k
 FUSE_NORM_OVER_MMA = True
 
 
+def kernels_run_on(x: torch.Tensor) -> bool:
+    """Whether the fused kernels take tensors on x's device: a GPU (the CPU tests let the interpreter)."""
+    return x.is_cuda
+
+
 def _takes(x: torch.Tensor, k: int) -> bool:
-    """x [FUSED_M, k] dense on a GPU, 16-bit."""
+    """x [FUSED_M, k], dense rows of 16- or 32-bit floats, where the kernels run."""
     return (
-        x.is_cuda
+        kernels_run_on(x)
         and x.dim() == 2
         and x.shape[0] == FUSED_M
         and x.shape[1] == k
         and x.stride(-1) == 1
-        and x.dtype in (torch.bfloat16, torch.float16)
+        and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
     )
 
 
