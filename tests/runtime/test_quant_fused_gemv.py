@@ -154,6 +154,60 @@ def test_fused_launches_refuse_what_they_cannot_run() -> None:
         silu_fp8_gemv(gate_up[:, :K], weight, scale)
 
 
+Entries = tuple[Callable[..., torch.Tensor], Callable[..., object], Callable[..., object]]
+
+
+def _dispatched(fmt: str, w: torch.Tensor) -> Entries:
+    """(reference linear, fused norm entry, fused silu entry) of quant/fused_gemv.py for W [N, K] in fmt."""
+    if fmt == "fp8":
+        weight, scale = quantize_fp8_rows_ref(w)
+        scale = scale.view(-1)
+
+        def ref(x: torch.Tensor, _w: object, _b: object) -> torch.Tensor:
+            return fp8_weight_only_ref(x, weight, scale)
+
+        def norm(h: torch.Tensor, r: torch.Tensor, nw: torch.Tensor) -> object:
+            return fused_gemv.fp8_norm_linear(h, r, nw, EPS, weight, scale, None)
+
+        return ref, norm, lambda gu: fused_gemv.fp8_silu_linear(gu, weight, scale, None)
+    bits = 4 if fmt == "int4" else 8
+    q = quantize_rtn(w, bits, 128 if bits == 4 else -1, sym=bits == 8)
+    q = type(q)(q.qweight, q.scales.bfloat16(), q.zeros.bfloat16(), bits)
+
+    def int_ref(x: torch.Tensor, _w: object, _b: object) -> torch.Tensor:
+        return int_gemm_ref(x.float(), q.qweight, q.scales.float(), q.zeros.float(), bits)
+
+    def int_norm(h: torch.Tensor, r: torch.Tensor, nw: torch.Tensor) -> object:
+        return fused_gemv.int_norm_linear(h, r, nw, EPS, q, None)
+
+    return int_ref, int_norm, lambda gu: fused_gemv.int_silu_linear(gu, q, None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["fp8", "int4", "int8"])
+@pytest.mark.parametrize(
+    ("n", "k", "prologue"), [(6144, 4096, "norm"), (24576, 4096, "norm"), (4096, 12288, "silu")]
+)
+def test_dispatched_fused_gemvs_at_qwen3_8b_shapes_bf16(fmt: str, n: int, k: int, prologue: str) -> None:
+    """quant/fused_gemv.py's entries as the model calls them (bf16, the dispatch's shapes and split-K,
+    PDL, int4's paired PTX operands) on qkv / gate_up (norm) and down (silu), against the references."""
+    w = (torch.randn(n, k, generator=torch.Generator().manual_seed(n)) * k**-0.5).to(DEVICE)
+    hidden, residual, norm_weight, gate_up = _vectors(k, torch.bfloat16, seed=n)
+    ref, norm, silu = _dispatched(fmt, w)
+    if prologue == "norm":
+        got = norm(hidden, residual, norm_weight)
+        assert isinstance(got, tuple)
+        want, want_h = composed_norm_linear(rms_norm_ref, ref)(hidden, residual, norm_weight, EPS, None)
+        assert torch.equal(got[1], want_h)
+        got_y = got[0]
+    else:
+        got_y = silu(gate_up)
+        assert isinstance(got_y, torch.Tensor)
+        want = composed_silu_linear(silu_and_mul_ref, ref)(gate_up, None)
+    err = (got_y.float() - want.float()).norm() / want.float().norm()
+    assert float(err) < 1e-2, (fmt, n, k, float(err))
+
+
 # ---------------------------------------------------------------- the model's fused decode path, quantized
 
 
