@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from kvpilot.runtime.kernels.activation_triton import silu_and_mul_triton
-from kvpilot.runtime.kernels.fp8_gemv_triton import FP8_M1_BLOCK_K, fp8_gemv
+from kvpilot.runtime.kernels.fp8_gemv_triton import fp8_gemv
 from kvpilot.runtime.kernels.gemv_dispatch import norm_linear_triton, silu_linear_triton
 from kvpilot.runtime.kernels.int4_mma_gemv_triton import default_mma_config, int4_mma_gemv
 from kvpilot.runtime.kernels.int_gemv_triton import GemvConfig
@@ -33,14 +33,14 @@ SHAPES = {"qkv": (QKV, HIDDEN), "o": (HIDDEN, Q), "gate_up": (2 * INTER, HIDDEN)
 BYTES_PER_VALUE = {"bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 
 
-def make_layer(quant: str) -> Layer:
+def make_layer(quant: str, device: str = "cuda", dtype: torch.dtype = BF16) -> Layer:
     """Random weights of one layer in `quant`'s kernel layout, each with its own split-K counters."""
     layer: Layer = {
-        "nw1": 1 + 0.1 * torch.randn(HIDDEN, device="cuda", dtype=BF16),
-        "nw2": 1 + 0.1 * torch.randn(HIDDEN, device="cuda", dtype=BF16),
+        "nw1": 1 + 0.1 * torch.randn(HIDDEN, device=device, dtype=dtype),
+        "nw2": 1 + 0.1 * torch.randn(HIDDEN, device=device, dtype=dtype),
     }
     for name, (n, k) in SHAPES.items():
-        w = torch.randn(n, k, device="cuda", dtype=BF16) * k**-0.5
+        w = torch.randn(n, k, device=device, dtype=dtype) * k**-0.5
         counters = split_counters(n, w.device)
         if quant == "bf16":
             layer[name] = w
@@ -60,79 +60,73 @@ def weight_bytes(quant: str) -> float:
 
 @dataclass(frozen=True)
 class Opts:
-    fused: bool = True
-    pdl: bool = True
-    reduce: str = "fixup"  # split-K reduction of the fused launches (and the mma GEMV's)
-    mma: bool = False  # int4 gate_up: norm kernel + the mma GEMV, not the fused dot GEMV
+    fused: bool = True  # False: every op apart, as main ran them before the fused quantized GEMVs
+    norm: bool = True  # fuse the norms (int: qkv, and gate_up with gateup_dot)
+    silu: bool | None = None  # fuse the SiLU (None: as the model, quant/fused_gemv.py's switches)
+    pdl: bool | None = None  # None: as the model (fp8 on, int off)
+    gateup_dot: bool = False  # int4 gate_up: the fused dot GEMV instead of the norm kernel + the mma GEMV
     l2_ahead: int = 0  # the mma GEMV's L2 prefetch distance
-    norm_tile: tuple[int, int] = (0, 0)  # fp8 norm launches: (rows per program, warps); 0: the default
-    silu_tile: tuple[int, int] = (0, 0)
-    o_pdl: bool = False  # int: O through the dot GEMV with PDL (the model: int_gemm, no PDL)
+    reduce: str = "fixup"  # split-K reduction of the fused launches and the mma GEMV
+    tile: dict[str, tuple[int, int]] | None = None  # fp8: {"norm"/"silu": (rows, warps)}
+    prefetch: bool = False  # fp8 fused launches: the next weight tile loaded early
 
 
-def _fp8_cfg(n: int, k: int, tile: tuple[int, int], o: Opts) -> GemvConfig:
-    cfg = fg.fp8_config(n, k, torch.device("cuda"))
-    if tile[0]:  # split-K until the warps fill the SMs 8 deep, as the default's rule
-        blocks, steps = -(-n // tile[0]), k // FP8_M1_BLOCK_K
-        want = 8 * num_sms(torch.device("cuda"))
-        split = next((s for s in (1, 2, 4, 8) if steps % s == 0 and blocks * s * tile[1] >= want), 8)
-        cfg = replace(cfg, block_n=tile[0], num_warps=tile[1], split_k=split)
-    return replace(cfg, pdl=o.pdl, reduce=o.reduce)
+def _fp8_cfg(kind: str, w: torch.Tensor, o: Opts) -> GemvConfig:
+    default = fg.FP8_SILU_TILE if kind == "silu" else None
+    tile = (o.tile or {}).get(kind, default)
+    cfg = fg.fp8_config(*w.shape, w.device, tile, o.prefetch)
+    return replace(cfg, reduce=o.reduce, pdl=cfg.pdl if o.pdl is None else o.pdl)
 
 
 def _int_cfg(w: IntWeight, o: Opts) -> GemvConfig:
-    return replace(fg.int_config(w, torch.device("cuda")), pdl=o.pdl, reduce=o.reduce)
+    cfg = fg.int_config(w, w.qweight.device)
+    return replace(cfg, reduce=o.reduce, pdl=cfg.pdl if o.pdl is None else o.pdl)
 
 
-def _plain(x: torch.Tensor, p: Any, quant: str, o: Opts) -> torch.Tensor:
+def _plain(x: torch.Tensor, p: Any, quant: str, o: Opts, mma: bool = False) -> torch.Tensor:
     if quant == "bf16":
         return F.linear(x, p)
     if quant == "fp8":
         w, s, c = p
         return fp8_linear(x, w, s, None, counters=c) if o.fused else fp8_gemv(x, w, s, counters=c)
     w, c = p
-    if o.o_pdl:
-        out = fg.int_linear(x, w, c, _int_cfg(w, o))
-        assert out is not None
-        return out
+    if mma and o.fused and (o.l2_ahead or o.reduce != "fixup"):  # the mma GEMV with this variant's options
+        cfg = default_mma_config(w.out_features, x.shape[1], num_sms(x.device))
+        cfg = replace(cfg, l2_ahead=o.l2_ahead, reduce=o.reduce)
+        return int4_mma_gemv(x, w.qweight, w.scales, w.zeros, cfg, c)
     return int_gemm(x, w.qweight, w.scales, w.zeros, w.bits, None, c)
 
 
 def _norm(
     x: torch.Tensor, r: torch.Tensor, nw: torch.Tensor, p: Any, quant: str, o: Opts, mlp: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if not o.fused or (quant == "int4" and mlp and o.mma):
-        y, r = rms_norm_triton(x, nw, EPS, r)
-        if o.fused and o.mma:  # the mma GEMV with this variant's options
-            w, c = p
-            cfg = replace(default_mma_config(w.out_features, HIDDEN, num_sms(x.device)), l2_ahead=o.l2_ahead)
-            return int4_mma_gemv(y, w.qweight, w.scales, w.zeros, replace(cfg, reduce=o.reduce), c), r
-        return _plain(y, p, quant, o), r
-    if quant == "bf16":
+    mma = quant == "int4" and mlp  # gate_up: the mma GEMV's layer
+    if quant == "bf16" and o.fused:
         return norm_linear_triton(x, r, nw, EPS, p)
-    if quant == "fp8":
+    out = None
+    if o.fused and o.norm and quant == "fp8":
         w, s, c = p
-        out = fg.fp8_norm_linear(x, r, nw, EPS, w, s, c, _fp8_cfg(*w.shape, o.norm_tile, o))
-    else:
+        out = fg.fp8_norm_linear(x, r, nw, EPS, w, s, c, _fp8_cfg("norm", w, o))
+    elif o.fused and o.norm and quant in ("int4", "int8") and (not mma or o.gateup_dot):
         w, c = p
         out = fg.int_norm_linear(x, r, nw, EPS, w, c, _int_cfg(w, o))
-    assert out is not None
-    return out
+    if out is not None:
+        return out
+    y, r = rms_norm_triton(x, nw, EPS, r)
+    return _plain(y, p, quant, o, mma), r
 
 
 def _silu(gu: torch.Tensor, p: Any, quant: str, o: Opts) -> torch.Tensor:
-    if not o.fused:
-        return _plain(silu_and_mul_triton(gu), p, quant, o)
-    if quant == "bf16":
+    if quant == "bf16" and o.fused:
         return silu_linear_triton(gu, p)
-    if quant == "fp8":
+    out = None
+    if quant == "fp8" and o.fused and (fg.FUSE_FP8_SILU if o.silu is None else o.silu):
         w, s, c = p
-        out = fg.fp8_silu_linear(gu, w, s, c, _fp8_cfg(*w.shape, o.silu_tile, o))
-    else:
+        out = fg.fp8_silu_linear(gu, w, s, c, _fp8_cfg("silu", w, o))
+    elif quant in ("int4", "int8") and o.fused and (fg.FUSE_INT_SILU if o.silu is None else o.silu):
         w, c = p
         out = fg.int_silu_linear(gu, w, c, _int_cfg(w, o))
-    assert out is not None
-    return out
+    return out if out is not None else _plain(silu_and_mul_triton(gu), p, quant, o)
 
 
 def layer_fn(quant: str, o: Opts) -> LayerFn:
@@ -146,19 +140,30 @@ def layer_fn(quant: str, o: Opts) -> LayerFn:
 
 
 def variants(quant: str) -> dict[str, LayerFn]:
-    opts = {"unfused": Opts(fused=False), "fused": Opts(), "fused-nopdl": Opts(pdl=False)}
+    """ "fused" is the model's defaults; the others change one thing."""
+    opts = {"unfused": Opts(fused=False), "fused": Opts()}
     if quant in ("int4", "int8"):
-        opts |= {"fused-wide": Opts(reduce="fixup_wide"), "fused-o-pdl": Opts(o_pdl=True)}
+        opts |= {
+            "fused+silu": Opts(silu=True),
+            "fused+pdl": Opts(pdl=True),
+            "fused-wide": Opts(reduce="fixup_wide"),
+        }
     if quant == "int4":
         opts |= {
-            "fused-mma": Opts(mma=True),
-            "fused-mma-l2a1": Opts(mma=True, l2_ahead=1),
-            "fused-mma-l2a2": Opts(mma=True, l2_ahead=2),
-            "fused-mma-wide": Opts(mma=True, reduce="fixup_wide"),
-            "fused-mma-l2a2-wide": Opts(mma=True, l2_ahead=2, reduce="fixup_wide"),
+            "fused+gateup-dot": Opts(gateup_dot=True),
+            "fused+gateup-dot+silu": Opts(gateup_dot=True, silu=True),
+            "fused-mma-l2a1": Opts(l2_ahead=1),
+            "fused-norm-off": Opts(norm=False),
         }
     if quant == "fp8":
-        for rows, warps in ((8, 1), (8, 2), (16, 2), (16, 4)):
-            opts[f"fused-norm{rows}x{warps}w"] = Opts(norm_tile=(rows, warps))
-            opts[f"fused-silu{rows}x{warps}w"] = Opts(silu_tile=(rows, warps))
+        opts |= {
+            "fused-nopdl": Opts(pdl=False),
+            "fused-prefetch": Opts(prefetch=True),
+            "fused-norm-only": Opts(silu=False),
+            "fused-silu-only": Opts(norm=False),
+            "fused-silu4x1w": Opts(tile={"silu": (4, 1)}),
+            "fused-silu16x4w": Opts(tile={"silu": (16, 4)}),
+            "fused-norm8x2w": Opts(tile={"norm": (8, 2)}),
+            "fused-norm8x2w-prefetch": Opts(tile={"norm": (8, 2)}, prefetch=True),
+        }
     return {name: layer_fn(quant, o) for name, o in opts.items()}

@@ -177,10 +177,12 @@ def _dispatched(fmt: str, w: torch.Tensor) -> Entries:
     def int_ref(x: torch.Tensor, _w: object, _b: object) -> torch.Tensor:
         return int_gemm_ref(x.float(), q.qweight, q.scales.float(), q.zeros.float(), bits)
 
-    def int_norm(h: torch.Tensor, r: torch.Tensor, nw: torch.Tensor) -> object:
-        return fused_gemv.int_norm_linear(h, r, nw, EPS, q, None)
+    cfg = fused_gemv.int_config(q, DEVICE)  # the dispatch's shape, past the switches (gate_up: mma)
 
-    return int_ref, int_norm, lambda gu: fused_gemv.int_silu_linear(gu, q, None)
+    def int_norm(h: torch.Tensor, r: torch.Tensor, nw: torch.Tensor) -> object:
+        return fused_gemv.int_norm_linear(h, r, nw, EPS, q, None, cfg)
+
+    return int_ref, int_norm, lambda gu: fused_gemv.int_silu_linear(gu, q, None, cfg)
 
 
 @pytest.mark.gpu
@@ -236,6 +238,7 @@ def test_quantized_fused_decode_path_matches_unfused(
     (the fused GEMVs through Linear.norm_linear / silu_linear and the quant method) gives the unfused
     runner's logits, and its fused kernels ran at every site (qkv, gate_up, down of every layer)."""
     monkeypatch.setattr(fused_gemv, "kernels_run_on", lambda x: True)  # the interpreter on CPU
+    monkeypatch.setattr(fused_gemv, "FUSE_INT_SILU", True)  # off by default (its module doc): wired too
     calls = {"norm": 0, "silu": 0}
     names = {"norm": "norm_fp8_gemv", "silu": "silu_fp8_gemv"}
     if quantization != "fp8":

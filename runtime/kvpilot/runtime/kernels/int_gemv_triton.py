@@ -35,6 +35,7 @@ from kvpilot.runtime.kernels.gemv_triton import (
     _PLAIN,
     _SILU,
     _input_tile,
+    _pow2_divisor,
     _row_sum_squares,
     _write_h,
 )
@@ -80,6 +81,7 @@ class GemvConfig:
     block_m: int = 16  # dot: tokens per program (M padded to it; 32 or 64 for 16 < M <= 64)
     block_k: int = 128  # fp8_gemv_triton only: K per tile
     pdl: bool = False  # programmatic dependent launch (sm_90+; gemv_triton.GemvBf16Config.pdl)
+    prefetch: bool = False  # fp8_gemv_triton's multiply-adds only: the next weight tile loaded early
 
 
 @triton.jit(do_not_specialize=["M", "split_k"])
@@ -110,6 +112,7 @@ def _int_gemv_kernel(
     PROLOGUE: tl.constexpr,  # dot only: gemv_triton's _PLAIN / _NORM / _SILU
     HAS_RESIDUAL: tl.constexpr,
     PDL: tl.constexpr,  # programmatic dependent launch (gemv_triton.GemvBf16Config.pdl)
+    SS_BLOCK: tl.constexpr,  # norm: K per step of the sum of h^2 (a power of two dividing K)
 ):  # fmt: skip
     if PDL:  # the next kernel may launch now: its own gdc_wait orders it after this one's writes
         tl.extra.cuda.gdc_launch_dependents()
@@ -122,20 +125,20 @@ def _int_gemv_kernel(
     if USE_DOT:
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_mask = offs_m < M
-        acc, row_ss = _dot_partial(
+        acc = _dot_partial(
             x_ptr, r_ptr, nw_ptr, qw_ptr, s_ptr, z_ptr, offs_m, m_mask, offs_n, n_mask, N, K, stride_xm,
             stride_rm, k_start, K_PER_SPLIT, GROUP, BITS, BLOCK_M, BLOCK_N, TILE, MAGIC16, OFFSET, DOT_IEEE,
             PAIR_ASM, PROLOGUE, HAS_RESIDUAL,
         )  # fmt: skip
-        if PROLOGUE == 1:  # 1 / rms(h) out of the sum; a split program saw only its K: the whole row's
-            if K_PER_SPLIT != K:
-                row_ss = _row_sum_squares(
-                    x_ptr, r_ptr, offs_m, m_mask, stride_xm, stride_rm, K, BLOCK_M, TILE, HAS_RESIDUAL
-                )
-            acc = acc * tl.rsqrt(row_ss / K + eps)[:, None]
+        if PROLOGUE == 1:  # one token: 1 / rms(h) from the whole row, after the weight stream
+            token = pid_m * BLOCK_M + tl.arange(0, 1)
+            ss = _row_sum_squares(
+                x_ptr, r_ptr, token, token < M, stride_xm, stride_rm, K, 1, SS_BLOCK, HAS_RESIDUAL
+            )
+            acc = acc * tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
             if HAS_RESIDUAL:
                 _write_h(
-                    x_ptr, r_ptr, h_ptr, offs_m, m_mask, k_start, K_PER_SPLIT, stride_xm, stride_rm, K, TILE
+                    x_ptr, r_ptr, h_ptr, token, token < M, k_start, K_PER_SPLIT, stride_xm, stride_rm, K, TILE
                 )
         offs = offs_m[:, None] * N + offs_n[None, :]
         mask = m_mask[:, None] & n_mask[None, :]
@@ -157,17 +160,21 @@ def _dot_partial(
     TILE: tl.constexpr, MAGIC16: tl.constexpr, OFFSET: tl.constexpr, DOT_IEEE: tl.constexpr,
     PAIR_ASM: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
 ):  # fmt: skip
-    """([BLOCK_M, BLOCK_N] float32 sum over this split's K rows, tensor-core dots of CHUNK rows; norm:
-    [BLOCK_M] sum of h^2 over them). A tile inside one group subtracts OFFSET + z from the 16-bit operand
-    (packed two per instruction; q - z is a small integer, exact); smaller groups take z out after each
-    dot with sum x. The x operand comes from gemv_triton's prologue (norm: h w_norm, rounded to x's
-    dtype for the dot; 1 / rms(h) is applied by the caller)."""
+    """[BLOCK_M, BLOCK_N] float32 sum over this split's K rows, tensor-core dots of CHUNK rows. A tile
+    inside one group subtracts OFFSET + z from the 16-bit operand (packed two per instruction; q - z is a
+    small integer, exact); smaller groups take z out after each dot with sum x.
+    Prologues (x holds one token, padded to 16 rows for the dots, so nothing is computed on x's side:
+    work on the padded tile costs 16 times the work on the token, and bound the kernel):
+      norm  x (w_norm (q - z)) + r (w_norm (q - z)): hidden and residual are two dot operands straight
+            from memory and the norm weight multiplies W's rows (q - z exact, the product rounded once
+            to x's dtype); 1 / rms(h) is applied by the caller.
+      silu  silu(gate) * up made on the padded tile (gemv_triton._input_tile): instruction-bound, kept
+            for measurement (quant/fused_gemv.py does not dispatch it)."""
     PER_WORD: tl.constexpr = 32 // BITS
     CHUNK: tl.constexpr = TILE // PER_WORD  # word rows per tile; value j of them = rows j*CHUNK..
     ONE_GROUP: tl.constexpr = GROUP % TILE == 0
     offs_c = tl.arange(0, CHUNK)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    ss = tl.zeros((BLOCK_M, CHUNK), dtype=tl.float32)
     for k0 in range(k_start, k_start + K_PER_SPLIT, TILE):
         words_at = qw_ptr + (k0 // PER_WORD + offs_c)[:, None] * N + offs_n[None, :]
         words = tl.load(words_at, mask=n_mask[None, :], other=0)  # [CHUNK, BN]
@@ -178,46 +185,68 @@ def _dot_partial(
             z_x = z.to(x_ptr.dtype.element_ty)  # OFFSET + z: an integer below 2**8, exact
         for j in tl.static_range(PER_WORD):
             kj = k0 + j * CHUNK  # rows kj .. kj + CHUNK of W^T, all in group kj // GROUP
-            x = _input_tile(
-                x_ptr, r_ptr, offs_m[:, None], m_mask[:, None], (kj + offs_c)[None, :], stride_xm,
-                stride_rm, K, PROLOGUE, HAS_RESIDUAL,
-            )  # fmt: skip
-            if PROLOGUE == 1:
-                xf = x.to(tl.float32)
-                ss += xf * xf
-                x = (xf * tl.load(nw_ptr + kj + offs_c).to(tl.float32)[None, :]).to(x_ptr.dtype.element_ty)
-            q = (words >> (j * BITS)) & ((1 << BITS) - 1)  # [CHUNK, BN], the words' layout kept
-            if PAIR_ASM:  # 128 + q as bf16, built two at a time (words shifted after pairing)
-                shift = tl.full((CHUNK, BLOCK_N), (j % 4) * 4, tl.int32)
-                if j < 4:
-                    w = tl.inline_asm_elementwise(
-                        _PAIRS_LOW, "=r,r,r,r,r", [words, shift], dtype=tl.bfloat16, is_pure=True, pack=2
-                    )
-                else:
-                    w = tl.inline_asm_elementwise(
-                        _PAIRS_HIGH, "=r,r,r,r,r", [words, shift], dtype=tl.bfloat16, is_pure=True, pack=2
-                    )
-            elif MAGIC16 != 0:  # (MAGIC16 | q) as 16 bits is exactly OFFSET + q in x's dtype
-                w = (q | MAGIC16).to(tl.int16).to(x.dtype, bitcast=True)
-            else:  # (2**23 + q) - 2**23: exact, no int -> float conversion; x's dtype holds q exactly
-                w = ((q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0).to(x.dtype)
+            rows, cols = offs_m[:, None], (kj + offs_c)[None, :]
+            if PROLOGUE == 2:
+                x = _input_tile(x_ptr, r_ptr, rows, m_mask[:, None], cols, stride_xm, stride_rm, K, 2, False)
+            else:
+                x = tl.load(x_ptr + rows * stride_xm + cols, mask=m_mask[:, None], other=0.0)
+            w = _operand(words, j, BITS, CHUNK, BLOCK_N, MAGIC16, PAIR_ASM, x.dtype)  # OFFSET + q
             if ONE_GROUP:
                 w = w - z_x[None, :]
-            if DOT_IEEE:
-                d = tl.dot(x, w, input_precision="ieee", out_dtype=tl.float32)
-            else:
-                d = tl.dot(x, w, out_dtype=tl.float32)
+            elif PROLOGUE == 1:  # q - z exactly, before the norm weight rounds the product
+                zj = tl.load(z_ptr + (kj // GROUP) * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+                w = (w.to(tl.float32) - (zj + OFFSET)[None, :]).to(x.dtype)
+            if PROLOGUE == 1:
+                nw = tl.load(nw_ptr + kj + offs_c).to(tl.float32)
+                w = (w.to(tl.float32) * nw[:, None]).to(x.dtype)
+            d = _dot(x, w, DOT_IEEE)
+            if PROLOGUE == 1 and HAS_RESIDUAL:
+                d += _dot(
+                    tl.load(r_ptr + rows * stride_rm + cols, mask=m_mask[:, None], other=0.0), w, DOT_IEEE
+                )
             if ONE_GROUP:
                 part += d
             else:
                 gj = (kj // GROUP) * N + offs_n
-                zj = tl.load(z_ptr + gj, mask=n_mask, other=0.0).to(tl.float32) + OFFSET
                 sj = tl.load(s_ptr + gj, mask=n_mask, other=0.0).to(tl.float32)
-                x_sum = tl.sum(x.to(tl.float32), axis=1)
-                acc += (d - x_sum[:, None] * zj[None, :]) * sj[None, :]
+                if PROLOGUE != 1:  # z out with sum x (norm took it out of w)
+                    zj = tl.load(z_ptr + gj, mask=n_mask, other=0.0).to(tl.float32) + OFFSET
+                    d = d - tl.sum(x.to(tl.float32), axis=1)[:, None] * zj[None, :]
+                acc += d * sj[None, :]
         if ONE_GROUP:
             acc += part * tl.load(s_ptr + g, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    return acc, tl.sum(ss, axis=1)
+    return acc
+
+
+@triton.jit
+def _operand(words, J: tl.constexpr, BITS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_N: tl.constexpr,
+             MAGIC16: tl.constexpr, PAIR_ASM: tl.constexpr, DTYPE: tl.constexpr):  # fmt: skip
+    """Value J of the words [CHUNK, BN] as OFFSET + q in x's dtype (DTYPE), in the words' layout."""
+    if PAIR_ASM:  # 128 + q as bf16, built two at a time (words shifted after pairing)
+        shift = tl.full((CHUNK, BLOCK_N), (J % 4) * 4, tl.int32)
+        if J < 4:
+            w = tl.inline_asm_elementwise(
+                _PAIRS_LOW, "=r,r,r,r,r", [words, shift], dtype=tl.bfloat16, is_pure=True, pack=2
+            )
+        else:
+            w = tl.inline_asm_elementwise(
+                _PAIRS_HIGH, "=r,r,r,r,r", [words, shift], dtype=tl.bfloat16, is_pure=True, pack=2
+            )
+    else:
+        q = (words >> (J * BITS)) & ((1 << BITS) - 1)  # [CHUNK, BN], the words' layout kept
+        if MAGIC16 != 0:  # (MAGIC16 | q) as 16 bits is exactly OFFSET + q in x's dtype
+            w = (q | MAGIC16).to(tl.int16).to(DTYPE, bitcast=True)
+        else:  # (2**23 + q) - 2**23: exact, no int -> float conversion; x's dtype holds q exactly
+            w = ((q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0).to(DTYPE)
+    return w
+
+
+@triton.jit
+def _dot(x, w, DOT_IEEE: tl.constexpr):
+    """x [BM, C] @ w [C, BN] in float32 (exact float32 dots for float32 x, not tf32)."""
+    if DOT_IEEE:
+        return tl.dot(x, w, input_precision="ieee", out_dtype=tl.float32)
+    return tl.dot(x, w, out_dtype=tl.float32)
 
 
 @triton.jit
@@ -327,6 +356,8 @@ def _launch(
         raise ValueError(f"gemv config {cfg} does not fit K {k} (tiles of {tile} rows)")
     if prologue != _PLAIN and not cfg.use_dot:
         raise ValueError(f"int gemv: a fused prologue takes the dot path ({cfg})")
+    if prologue == _NORM and m != 1:
+        raise ValueError(f"int gemv: the norm prologue takes one token (M = {m})")
     magic, offset = _MAGIC16.get(x.dtype, (0, 0.0)) if bits == 4 else (0, 0.0)
     if x.dtype == torch.float16 and bits == 8:
         magic, offset = _MAGIC16[torch.float16]  # 1024 + q holds every 8-bit q
@@ -343,7 +374,8 @@ def _launch(
         GROUP=group, BITS=bits, BLOCK_M=block_m, BLOCK_N=cfg.block_n, TILE=tile, TILES=cfg.tiles,
         USE_DOT=cfg.use_dot, MAGIC16=magic, OFFSET=offset, SPLIT_MODE=buf.mode,
         DOT_IEEE=x.dtype == torch.float32, PAIR_ASM=pair_asm, PROLOGUE=prologue,
-        HAS_RESIDUAL=residual is not None, PDL=cfg.pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        HAS_RESIDUAL=residual is not None, PDL=cfg.pdl, SS_BLOCK=_pow2_divisor(k, 512),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"launch_pdl": True} if cfg.pdl else {}),
     )  # fmt: skip
     return buf.finish(), h

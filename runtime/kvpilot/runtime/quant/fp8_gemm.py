@@ -40,16 +40,11 @@ def fp8_linear(
 def warm_up_fp8_gemv(
     weight: torch.Tensor, weight_scale: torch.Tensor, dtype: torch.dtype, counters: torch.Tensor
 ) -> None:
-    """Run the GEMV once per launch shape it uses (M = 1 multiply-adds, M > 1 dots), so Triton compiles
-    them while the model loads."""
+    """Run the GEMV once per launch shape it uses (M = 1 multiply-adds with PDL, M > 1 dots), so Triton
+    compiles them while the model loads."""
     for m in (1, 2):
-        fp8_gemv(
-            torch.zeros(m, weight.shape[1], device=weight.device, dtype=dtype),
-            weight,
-            weight_scale,
-            None,
-            counters,
-        )
+        x = torch.zeros(m, weight.shape[1], device=weight.device, dtype=dtype)
+        fp8_linear(x, weight, weight_scale, None, counters=counters)
 
 
 def fp8_scaled_mm(

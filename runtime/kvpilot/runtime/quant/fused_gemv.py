@@ -4,14 +4,21 @@ bf16 counterpart: kernels/gemv_dispatch.py; the quant methods in quant/methods.p
   norm  h = hidden + residual, RMSNorm(h) * w -> GEMV (qkv, gate_up); h returned for the next residual
   silu  silu(gate) * up -> GEMV (down)
 
-  fp8   the weight-only GEMV's one-warp multiply-add path (kernels/fp8_gemv_triton.py)
-  int   int4 / int8 through the tensor-core GEMV's dot path (kernels/int_gemv_triton.py). int4 layers the
-        plain dispatch gives to the mma GEMV (int4_mma_gemv_triton: gate_up) keep it behind a separate
-        norm unless FUSE_NORM_OVER_MMA (the mma GEMV loads x inside its PTX: it has no prologue).
+  fp8   the weight-only GEMV's one-warp multiply-add path (kernels/fp8_gemv_triton.py): norm and silu,
+        programmatic dependent launch on sm_90+ (gemv_dispatch.pdl_enabled).
+  int   int4 / int8 through the tensor-core GEMV's dot path (kernels/int_gemv_triton.py): the norm only
+        (its silu builds the input on x padded to 16 rows: instruction-bound, FUSE_INT_SILU), no PDL
+        (INT_PDL), and not where the plain dispatch takes the int4 mma GEMV (gate_up: its PTX loads x
+        itself, so it has no prologue; FUSE_NORM_OVER_MMA sends that layer to the fused dot GEMV).
+H200, 36 layers' GEMMs of Qwen3-8B in one CUDA graph (benchmarks/bench_gemv_chain.py, the first
+version of these kernels): the fused int dot GEMVs with the input made on the padded 16-row tile took
+5.5 ms/token (6.8 with PDL) against 2.4 unfused; fp8 2.65 fused against 2.41 unfused (the weight loads
+were issued after the prologue's loads had returned). Both kernels changed since (int norm: two dots
+straight from memory; fp8: weight loads first).
 
-Each entry returns None where it has no fused kernel (M != FUSED_M, no GPU, a layout the kernel does not
-take); the caller then runs the separate ops, as the unfused layer does. Launches use programmatic
-dependent launch on sm_90+ (gemv_dispatch.pdl_enabled).
+Each entry returns None where it does not fuse (a switch above off, M != FUSED_M, no GPU, a layout the
+kernel does not take); the layer then runs the separate ops, as unfused. A config passed in overrides
+the switches (the benchmark's sweeps).
 """
 
 from __future__ import annotations
@@ -34,9 +41,13 @@ from kvpilot.runtime.kernels.triton_utils import num_sms
 from kvpilot.runtime.quant.int_weight import IntWeight
 
 FUSED_M = 1  # the decoder layer fuses at <= gemv.GEMV_MAX_M tokens; the fused kernels were tuned at 1
-# int4 gate_up (the mma GEMV's layer at M = 1) with the norm fused into the dot GEMV instead of the norm
-# kernel + the mma GEMV
-FUSE_NORM_OVER_MMA = True
+FUSE_FP8_NORM, FUSE_FP8_SILU = True, True
+FUSE_INT_NORM, FUSE_INT_SILU = True, False
+FUSE_NORM_OVER_MMA = False
+INT_PDL = False  # PDL made the int dot GEMV ~12 µs slower per launch in the chain (6.8 vs 5.5 ms)
+# fp8 silu: 8 rows x 2 warps per program (the chain: 2.54 ms/token against 2.65 with 4 x 1, the rest
+# alike); norm: 4 x 1 as the plain GEMV (8 x 1, 8 x 2, 16 x 2 and 16 x 4 were 0.02-0.11 ms slower)
+FP8_SILU_TILE = (8, 2)
 
 
 def kernels_run_on(x: torch.Tensor) -> bool:
@@ -56,9 +67,20 @@ def _takes(x: torch.Tensor, k: int) -> bool:
     )
 
 
-def fp8_config(n: int, k: int, device: torch.device) -> GemvConfig:
-    """The fp8 GEMV's M = 1 shape (default_fp8_gemv_config), PDL where the GPU has it."""
-    return replace(default_fp8_gemv_config(1, n, k, num_sms(device)), pdl=pdl_enabled(device))
+def fp8_config(
+    n: int, k: int, device: torch.device, tile: tuple[int, int] | None = None, prefetch: bool = False
+) -> GemvConfig:
+    """The fp8 GEMV's M = 1 shape (default_fp8_gemv_config), PDL where the GPU has it; tile = (rows per
+    program, warps) with split-K until the warps fill the SMs 8 deep, as the default's rule."""
+    cfg = replace(
+        default_fp8_gemv_config(1, n, k, num_sms(device)), pdl=pdl_enabled(device), prefetch=prefetch
+    )
+    if tile is None:
+        return cfg
+    blocks, steps, want = -(-n // tile[0]), -(-k // cfg.block_k), 8 * num_sms(device)
+    fits = [s for s in (1, 2, 4, 8) if steps % s == 0]
+    split = next((s for s in fits if blocks * s * tile[1] >= want), fits[-1])
+    return replace(cfg, block_n=tile[0], num_warps=tile[1], split_k=split)
 
 
 def fp8_norm_linear(
@@ -73,7 +95,9 @@ def fp8_norm_linear(
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(rmsnorm(h) (W s)^T, h) in one launch, or None (see the module doc)."""
     n, k = weight.shape
-    if not _takes(hidden, k) or (residual is not None and not _takes(residual, k)):
+    if (config is None and not FUSE_FP8_NORM) or not _takes(hidden, k):
+        return None
+    if residual is not None and not _takes(residual, k):
         return None
     cfg = config or fp8_config(n, k, hidden.device)
     return norm_fp8_gemv(hidden, residual, norm_weight, eps, weight, weight_scale, cfg, counters)
@@ -88,17 +112,17 @@ def fp8_silu_linear(
 ) -> torch.Tensor | None:
     """silu(gate) * up @ (W s)^T in one launch, or None."""
     n, k = weight.shape
-    if not _takes(gate_up, 2 * k):
+    if (config is None and not FUSE_FP8_SILU) or not _takes(gate_up, 2 * k):
         return None
-    cfg = config or fp8_config(n, k, gate_up.device)
+    cfg = config or fp8_config(n, k, gate_up.device, FP8_SILU_TILE)
     return silu_fp8_gemv(gate_up, weight, weight_scale, cfg, counters)
 
 
 def int_config(w: IntWeight, device: torch.device) -> GemvConfig:
-    """The dot GEMV's M = 1 shape (default_gemv_config), PDL where the GPU has it."""
+    """The dot GEMV's M = 1 shape (default_gemv_config), PDL if INT_PDL."""
     k = w.qweight.shape[0] * (32 // w.bits)
     cfg = default_gemv_config(1, w.out_features, k, w.bits, num_sms(device))
-    return replace(cfg, pdl=pdl_enabled(device))
+    return replace(cfg, pdl=INT_PDL and pdl_enabled(device))
 
 
 def _int_takes(x: torch.Tensor, w: IntWeight, k: int) -> bool:
@@ -110,6 +134,11 @@ def _int_takes(x: torch.Tensor, w: IntWeight, k: int) -> bool:
     group = rows // w.scales.shape[0]
     layout = w.perm is None and rows % tile == 0 and chunk >= 16 and group % chunk == 0
     return layout and _takes(x, k)
+
+
+def _mma(x: torch.Tensor, w: IntWeight, k: int) -> bool:
+    """Whether the plain dispatch sends x @ W^T to the int4 mma GEMV."""
+    return w.bits == 4 and int4_mma_dispatched(x, w.out_features, k // w.scales.shape[0])
 
 
 def int_norm_linear(
@@ -125,7 +154,7 @@ def int_norm_linear(
     k = w.qweight.shape[0] * (32 // w.bits)
     if not _int_takes(hidden, w, k) or (residual is not None and not _takes(residual, k)):
         return None
-    if config is None and not FUSE_NORM_OVER_MMA and _mma(hidden, w, k):
+    if config is None and (not FUSE_INT_NORM or (_mma(hidden, w, k) and not FUSE_NORM_OVER_MMA)):
         return None
     cfg = config or int_config(w, hidden.device)
     return norm_int_gemv(
@@ -138,7 +167,7 @@ def int_silu_linear(
 ) -> torch.Tensor | None:
     """silu(gate) * up @ W^T in one launch, or None."""
     k = w.qweight.shape[0] * (32 // w.bits)
-    if not _int_takes(gate_up, w, 2 * k):
+    if (config is None and not FUSE_INT_SILU) or not _int_takes(gate_up, w, 2 * k):
         return None
     cfg = config or int_config(w, gate_up.device)
     return silu_int_gemv(gate_up, (w.qweight, w.scales, w.zeros), w.bits, cfg, counters)
@@ -147,14 +176,8 @@ def int_silu_linear(
 def int_linear(
     x: torch.Tensor, w: IntWeight, counters: torch.Tensor | None, config: GemvConfig | None = None
 ) -> torch.Tensor | None:
-    """x W^T through the dot GEMV with PDL (o_proj at batch 1), or None: layers the plain dispatch gives
-    another kernel (w4a16_triton.int_gemm: int4 mma, int8 multiply-adds) keep it."""
+    """x W^T through the dot GEMV with an explicit launch shape (the benchmark's sweeps), or None."""
     k = w.qweight.shape[0] * (32 // w.bits)
-    if not _int_takes(x, w, k) or (config is None and (w.bits == 8 or _mma(x, w, k))):
+    if config is None or not _int_takes(x, w, k):
         return None
-    return int_gemv(x, w.qweight, w.scales, w.zeros, w.bits, config or int_config(w, x.device), counters)
-
-
-def _mma(x: torch.Tensor, w: IntWeight, k: int) -> bool:
-    """Whether the plain dispatch sends x @ W^T to the int4 mma GEMV."""
-    return w.bits == 4 and int4_mma_dispatched(x, w.out_features, k // w.scales.shape[0])
+    return int_gemv(x, w.qweight, w.scales, w.zeros, w.bits, config, counters)
