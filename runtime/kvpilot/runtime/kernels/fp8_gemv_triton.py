@@ -9,6 +9,9 @@ dtype in registers; the per-channel scale multiplies the float32 sum once at the
 multiply paths and split-K reductions as kernels/int_gemv_triton.py (GemvConfig): tensor-core dots of
 x [16 (M padded), BLOCK_K] against W^T [BLOCK_K, BLOCK_N] for M > 1, float32 multiply-adds into a
 [BLOCK_N, BLOCK_K] accumulator for M = 1.
+The multiply-add path takes the op before the projection (norm_fp8_gemv, silu_fp8_gemv; dispatched by
+quant/fused_gemv.py at batch 1) from gemv_triton's prologue helpers: the input vector [BLOCK_K] is made
+once per step per program (each lane its own columns), then multiplies every weight row.
 """
 
 from __future__ import annotations

@@ -19,6 +19,9 @@ Two ways to multiply, chosen per launch (GemvConfig.use_dot):
        end; values read in place ((word & (15 << 4j)) | 0x4B000000 = 2**23 + q 16**j, x scaled by
        16**-j), zero points out per tile with sum x. About twice the instructions per byte of `dot` on
        sm_90 (counted in the SASS): kept for the sweep.
+Fused prologues (dot path, one token; norm_int_gemv / silu_int_gemv, quant/fused_gemv.py dispatches):
+the op before the projection, with gemv_triton's helpers (_input_tile, _row_sum_squares, _write_h). See
+_dot_partial for why the norm runs as two dots and the norm weight multiplies W.
 Split-K (kernels/split_k_triton.py): SPLIT_K programs share each output tile; by default the last of them
 sums the float32 partials in split order (one launch, deterministic).
 """
