@@ -4,13 +4,14 @@ data flow between them, as the engine replays them. Per weight format (--quant b
 
   unfused     rms_norm_triton / silu_and_mul_triton + the format's GEMM as main dispatched it before the
               fused quantized GEMVs (bf16: cuBLAS; fp8: fp8_gemv; int: w4a16_triton.int_gemm)
-  fused       the model's entries: bf16 kernels/gemv_dispatch.py, quantized quant/fused_gemv.py (norm /
-              SiLU in the GEMV, programmatic dependent launch)
-  the rest    fused with one option changed (benchmarks/chain_variants.py lists them): no PDL, split-K
-              partials summed 4 at a time (fixup_wide), int4 gate_up on the norm kernel + the mma GEMV
-              (with its l2_ahead prefetch), other fp8 prologue tiles.
-Measured (H200, 2026-12-01, bf16, 13.89 GB of weights, floor 3.269 ms): unfused 4.056 ms/token, fused GEMVs
-3.643 ms without PDL, 3.585 ms with it.
+  fused       the model's entries: bf16 kernels/gemv_dispatch.py, quantized quant/fused_gemv.py with its
+              switches (what fuses by default), programmatic dependent launch where the model uses it
+  the rest    fused with one thing changed (benchmarks/chain_variants.py lists them): a fusion the model
+              leaves off, no PDL, split-K partials summed 4 at a time (fixup_wide), the int4 mma GEMV's
+              l2_ahead prefetch, other fp8 prologue tiles.
+Measured (H200, 2026-12-01): bf16 (13.89 GB of weights, floor 3.269 ms) unfused 4.01-4.07 ms/token, fused
+GEMVs 3.64-3.65 (3.585 with PDL in an earlier run); the quantized formats' rows are in
+quant/fused_gemv.py's doc.
 
     source benchmarks/gpu_env.sh && python benchmarks/bench_gemv_chain.py --quant bf16,fp8,int4
 

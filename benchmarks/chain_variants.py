@@ -61,8 +61,8 @@ def weight_bytes(quant: str) -> float:
 @dataclass(frozen=True)
 class Opts:
     fused: bool = True  # False: every op apart, as main ran them before the fused quantized GEMVs
-    norm: bool = True  # fuse the norms (int: qkv, and gate_up with gateup_dot)
-    silu: bool | None = None  # fuse the SiLU (None: as the model, quant/fused_gemv.py's switches)
+    norm: bool | None = None  # fuse the norms (int: qkv, and gate_up with gateup_dot); None: as the model
+    silu: bool | None = None  # fuse the SiLU; None: as the model (quant/fused_gemv.py's switches)
     pdl: bool | None = None  # None: as the model (fp8 on, int off)
     gateup_dot: bool = False  # int4 gate_up: the fused dot GEMV instead of the norm kernel + the mma GEMV
     l2_ahead: int = 0  # the mma GEMV's L2 prefetch distance
@@ -104,10 +104,12 @@ def _norm(
     if quant == "bf16" and o.fused:
         return norm_linear_triton(x, r, nw, EPS, p)
     out = None
-    if o.fused and o.norm and quant == "fp8":
+    fp8_norm = fg.FUSE_FP8_NORM if o.norm is None else o.norm
+    int_norm = fg.FUSE_INT_NORM if o.norm is None else o.norm
+    if o.fused and fp8_norm and quant == "fp8":
         w, s, c = p
         out = fg.fp8_norm_linear(x, r, nw, EPS, w, s, c, _fp8_cfg("norm", w, o))
-    elif o.fused and o.norm and quant in ("int4", "int8") and (not mma or o.gateup_dot):
+    elif o.fused and int_norm and quant in ("int4", "int8") and (not mma or o.gateup_dot):
         w, c = p
         out = fg.int_norm_linear(x, r, nw, EPS, w, c, _int_cfg(w, o))
     if out is not None:
@@ -140,30 +142,23 @@ def layer_fn(quant: str, o: Opts) -> LayerFn:
 
 
 def variants(quant: str) -> dict[str, LayerFn]:
-    """ "fused" is the model's defaults; the others change one thing."""
+    """ "fused" is the model's defaults (quant/fused_gemv.py's switches); the others change one thing."""
     opts = {"unfused": Opts(fused=False), "fused": Opts()}
     if quant in ("int4", "int8"):
-        opts |= {
-            "fused+silu": Opts(silu=True),
-            "fused+pdl": Opts(pdl=True),
-            "fused-wide": Opts(reduce="fixup_wide"),
-        }
+        opts |= {"fused+norm": Opts(norm=True), "fused+silu": Opts(silu=True)}
     if quant == "int4":
         opts |= {
-            "fused+gateup-dot": Opts(gateup_dot=True),
-            "fused+gateup-dot+silu": Opts(gateup_dot=True, silu=True),
+            "fused+norm+pdl": Opts(norm=True, pdl=True),
+            "fused+norm+gateup-dot": Opts(norm=True, gateup_dot=True),
             "fused-mma-l2a1": Opts(l2_ahead=1),
-            "fused-norm-off": Opts(norm=False),
+            "fused-mma-wide": Opts(reduce="fixup_wide"),
         }
     if quant == "fp8":
         opts |= {
             "fused-nopdl": Opts(pdl=False),
-            "fused-prefetch": Opts(prefetch=True),
-            "fused-norm-only": Opts(silu=False),
-            "fused-silu-only": Opts(norm=False),
+            "fused+norm": Opts(norm=True),
+            "fused+norm8x2w": Opts(norm=True, tile={"norm": (8, 2)}),
             "fused-silu4x1w": Opts(tile={"silu": (4, 1)}),
             "fused-silu16x4w": Opts(tile={"silu": (16, 4)}),
-            "fused-norm8x2w": Opts(tile={"norm": (8, 2)}),
-            "fused-norm8x2w-prefetch": Opts(tile={"norm": (8, 2)}, prefetch=True),
         }
     return {name: layer_fn(quant, o) for name, o in opts.items()}

@@ -154,6 +154,22 @@ def test_fused_launches_refuse_what_they_cannot_run() -> None:
         silu_fp8_gemv(gate_up[:, :K], weight, scale)
 
 
+def test_by_default_only_fp8_silu_fuses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The H200 chain's verdict (quant/fused_gemv.py's doc): the fp8 SiLU fuses; the fp8 norm and every int
+    prologue leave the layer to the separate ops (None) unless a config asks for the kernel."""
+    monkeypatch.setattr(fused_gemv, "kernels_run_on", lambda x: True)
+    hidden, residual, norm_weight, gate_up = _vectors(K, torch.float32, seed=4)
+    weight, scale = quantize_fp8_rows_ref(torch.randn(N, K))
+    weight, scale = weight.to(DEVICE), scale.view(-1).to(DEVICE)
+    assert fused_gemv.fp8_norm_linear(hidden, residual, norm_weight, EPS, weight, scale, None) is None
+    assert fused_gemv.fp8_silu_linear(gate_up, weight, scale, None) is not None
+    w = quantize_rtn(torch.randn(N, K).to(DEVICE), 4, 128, sym=False)
+    assert fused_gemv.int_norm_linear(hidden, residual, norm_weight, EPS, w, None) is None
+    assert fused_gemv.int_silu_linear(gate_up, w, None) is None
+    cfg = fused_gemv.int_config(w, DEVICE)
+    assert fused_gemv.int_norm_linear(hidden, residual, norm_weight, EPS, w, None, cfg) is not None
+
+
 Entries = tuple[Callable[..., torch.Tensor], Callable[..., object], Callable[..., object]]
 
 
@@ -238,7 +254,8 @@ def test_quantized_fused_decode_path_matches_unfused(
     (the fused GEMVs through Linear.norm_linear / silu_linear and the quant method) gives the unfused
     runner's logits, and its fused kernels ran at every site (qkv, gate_up, down of every layer)."""
     monkeypatch.setattr(fused_gemv, "kernels_run_on", lambda x: True)  # the interpreter on CPU
-    monkeypatch.setattr(fused_gemv, "FUSE_INT_SILU", True)  # off by default (its module doc): wired too
+    for switch in ("FUSE_FP8_NORM", "FUSE_FP8_SILU", "FUSE_INT_NORM", "FUSE_INT_SILU"):
+        monkeypatch.setattr(fused_gemv, switch, True)  # most are off by default (the module doc): wired too
     calls = {"norm": 0, "silu": 0}
     names = {"norm": "norm_fp8_gemv", "silu": "silu_fp8_gemv"}
     if quantization != "fp8":

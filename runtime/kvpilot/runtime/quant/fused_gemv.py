@@ -4,21 +4,27 @@ bf16 counterpart: kernels/gemv_dispatch.py; the quant methods in quant/methods.p
   norm  h = hidden + residual, RMSNorm(h) * w -> GEMV (qkv, gate_up); h returned for the next residual
   silu  silu(gate) * up -> GEMV (down)
 
-  fp8   the weight-only GEMV's one-warp multiply-add path (kernels/fp8_gemv_triton.py): norm and silu,
+  fp8   the weight-only GEMV's one-warp multiply-add path (kernels/fp8_gemv_triton.py), with
         programmatic dependent launch on sm_90+ (gemv_dispatch.pdl_enabled).
-  int   int4 / int8 through the tensor-core GEMV's dot path (kernels/int_gemv_triton.py): the norm only
-        (its silu builds the input on x padded to 16 rows: instruction-bound, FUSE_INT_SILU), no PDL
-        (INT_PDL), and not where the plain dispatch takes the int4 mma GEMV (gate_up: its PTX loads x
-        itself, so it has no prologue; FUSE_NORM_OVER_MMA sends that layer to the fused dot GEMV).
-H200, 36 layers' GEMMs of Qwen3-8B in one CUDA graph (benchmarks/bench_gemv_chain.py, the first
-version of these kernels): the fused int dot GEMVs with the input made on the padded 16-row tile took
-5.5 ms/token (6.8 with PDL) against 2.4 unfused; fp8 2.65 fused against 2.41 unfused (the weight loads
-were issued after the prologue's loads had returned). Both kernels changed since (int norm: two dots
-straight from memory; fp8: weight loads first).
+  int   int4 / int8 through the tensor-core GEMV's dot path (kernels/int_gemv_triton.py); the int4 mma
+        GEMV (gate_up) has no prologue (its PTX loads x itself).
+Which fuse by default: what beat the separate ops on the H200 (benchmarks/bench_gemv_chain.py: 36
+layers' GEMMs of Qwen3-8B at batch 1 in one CUDA graph, ms/token, 2026-12-01, one run each):
 
-Each entry returns None where it does not fuse (a switch above off, M != FUSED_M, no GPU, a layout the
-kernel does not take); the layer then runs the separate ops, as unfused. A config passed in overrides
-the switches (the benchmark's sweeps).
+  fp8   unfused 2.384 | silu fused 2.326 | norm fused 2.435 | both 2.465 (2.513 without PDL)
+  int4  unfused 2.413 | qkv norm fused 2.762 | + gate_up norm on the dot GEMV, not the mma 3.813 |
+        + silu 4.062
+  int8  unfused 3.138 | norms fused 3.852 | + silu 5.030
+So only fp8's silu fuses (FUSE_*). Why the others lose: the fp8 norm adds the residual add, the sum of
+squares and the norm weight to every lane's 16 x values per step in a kernel already near its issue
+rate; the int dot GEMV pads the token to 16 rows, so a prologue on x's tile costs 16 times its work
+(silu: sigmoids on the padded tile), and the norm as two dots with the norm weight on W's rows still
+costs a second dot, a multiply per weight value and a pass over the row for the sum of squares. With
+these switches off the layer runs the separate ops, exactly as before.
+
+Each entry returns None where it does not fuse (a switch off, M != FUSED_M, no GPU, a layout the kernel
+does not take); the layer then runs the separate ops. A config passed in overrides the switches (the
+benchmark's sweeps, the tests).
 """
 
 from __future__ import annotations
@@ -41,12 +47,13 @@ from kvpilot.runtime.kernels.triton_utils import num_sms
 from kvpilot.runtime.quant.int_weight import IntWeight
 
 FUSED_M = 1  # the decoder layer fuses at <= gemv.GEMV_MAX_M tokens; the fused kernels were tuned at 1
-FUSE_FP8_NORM, FUSE_FP8_SILU = True, True
-FUSE_INT_NORM, FUSE_INT_SILU = True, False
-FUSE_NORM_OVER_MMA = False
-INT_PDL = False  # PDL made the int dot GEMV ~12 µs slower per launch in the chain (6.8 vs 5.5 ms)
-# fp8 silu: 8 rows x 2 warps per program (the chain: 2.54 ms/token against 2.65 with 4 x 1, the rest
-# alike); norm: 4 x 1 as the plain GEMV (8 x 1, 8 x 2, 16 x 2 and 16 x 4 were 0.02-0.11 ms slower)
+FUSE_FP8_NORM, FUSE_FP8_SILU = False, True
+FUSE_INT_NORM, FUSE_INT_SILU = False, False
+FUSE_NORM_OVER_MMA = False  # int4 gate_up: the fused dot GEMV instead of the norm kernel + the mma GEMV
+INT_PDL = False  # the chain: 2.771 with PDL vs 2.762 ms (int4), 3.796 vs 3.852 (int8): no clear gain
+# fp8 silu: 8 rows x 2 warps per program (the chain: 2.465 ms/token with both fused against 2.587 with
+# 4 x 1 and 2.461 with 16 x 4); the fp8 norm (if fused) as the plain GEMV, 4 x 1 (8 x 2: 2.535 vs 2.465);
+# the next weight tile prefetched in registers: 3.60 vs 2.47 (not used)
 FP8_SILU_TILE = (8, 2)
 
 
