@@ -15,12 +15,15 @@ layers' GEMMs of Qwen3-8B at batch 1 in one CUDA graph, ms/token, 2026-12-01, on
   int4  unfused 2.413 | qkv norm fused 2.762 | + gate_up norm on the dot GEMV, not the mma 3.813 |
         + silu 4.062
   int8  unfused 3.138 | norms fused 3.852 | + silu 5.030
-So only fp8's silu fuses (FUSE_*). Why the others lose: the fp8 norm adds the residual add, the sum of
-squares and the norm weight to every lane's 16 x values per step in a kernel already near its issue
-rate; the int dot GEMV pads the token to 16 rows, so a prologue on x's tile costs 16 times its work
-(silu: sigmoids on the padded tile), and the norm as two dots with the norm weight on W's rows still
-costs a second dot, a multiply per weight value and a pass over the row for the sum of squares. With
-these switches off the layer runs the separate ops, exactly as before.
+So only fp8's silu fuses (FUSE_*). W3 (`python -m kvpilot.runtime.bench --workloads W3`) was measured
+once, with an earlier choice of switches (fp8 norm and silu fused; int4 qkv's norm fused): fp8 3.29
+ms/token (3.3 before), int4 3.68 (3.4 before), as the chain predicts; W3 with these defaults was not run.
+Why the others lose: the fp8 norm adds the residual add, the sum of squares and the norm weight to every
+lane's 16 x values per step in a kernel already near its issue rate; the int dot GEMV pads the token to 16
+rows, so a prologue on x's tile costs 16 times its work (silu: sigmoids on the padded tile), and the norm as
+two dots with the norm weight on W's rows still costs a second dot, a multiply per weight value and a pass
+over the row for the sum of squares. With these switches off the layer runs the separate ops, exactly as
+before.
 
 Each entry returns None where it does not fuse (a switch off, M != FUSED_M, no GPU, a layout the kernel
 does not take); the layer then runs the separate ops. A config passed in overrides the switches (the
