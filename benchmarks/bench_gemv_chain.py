@@ -1,104 +1,66 @@
 """One decode token's GEMMs of Qwen3-8B at batch 1: 36 layers of (RMSNorm + residual -> QKV, a stand-in
 for attention, O, RMSNorm + residual -> gate/up, SiLU-and-mul -> down) in one CUDA graph, with the real
-data flow between them, as the engine replays them. Compares:
+data flow between them, as the engine replays them. Per weight format (--quant bf16,fp8,int4,int8):
 
-  unfused     rms_norm_triton / silu_and_mul_triton + cuBLAS (F.linear), as before the fused GEMVs
-  model       the "triton" kernel set's dispatch (kernels/gemv_dispatch.py): three GEMVs with the norm /
-              activation fused, a GEMV for O, launched with programmatic dependent launch (USE_PDL)
-  no-pdl      the same without programmatic dependent launch (GemvBf16Config.pdl = False)
-Measured (H200, 2026-12-01, 13.89 GB of weights, floor 3.269 ms): unfused 4.056 ms/token, fused GEMVs
-3.643 ms without PDL, 3.585 ms with it.
+  unfused     rms_norm_triton / silu_and_mul_triton + the format's GEMM as main dispatched it before the
+              fused quantized GEMVs (bf16: cuBLAS; fp8: fp8_gemv; int: w4a16_triton.int_gemm)
+  fused       the model's entries: bf16 kernels/gemv_dispatch.py, quantized quant/fused_gemv.py with its
+              switches (what fuses by default), programmatic dependent launch where the model uses it
+  the rest    fused with one thing changed (benchmarks/chain_variants.py lists them): a fusion the model
+              leaves off, no PDL, split-K partials summed 4 at a time (fixup_wide), the int4 mma GEMV's
+              l2_ahead prefetch, other fp8 prologue tiles.
+Measured (H200, 2026-12-01): bf16 (13.89 GB of weights, floor 3.269 ms) unfused 4.01-4.07 ms/token, fused
+GEMVs 3.64-3.65 (3.585 with PDL in an earlier run); the quantized formats' rows are in
+quant/fused_gemv.py's doc.
 
-    source benchmarks/gpu_env.sh && python benchmarks/bench_gemv_chain.py
+    source benchmarks/gpu_env.sh && python benchmarks/bench_gemv_chain.py --quant bf16,fp8,int4
 
 The stand-in for attention is one copy kernel (q out of qkv), launched normally: it ends any PDL overlap
 as the real attention kernels would. Prints ms per token of the chain, its weight bytes over the time,
-and each variant's output error against the unfused chain after the graph replays (PDL must not race).
+and each variant's output error against its format's unfused chain after the graph replays (PDL must
+not race).
 """
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing as mp
 import statistics
+import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from kvpilot.runtime.kernels.activation_triton import silu_and_mul_triton
-from kvpilot.runtime.kernels.gemv_dispatch import dispatch_config
-from kvpilot.runtime.kernels.gemv_triton import GemvBf16Config, gemv_bf16, norm_gemv_bf16, silu_gemv_bf16
-from kvpilot.runtime.kernels.norm_triton import rms_norm_triton
 
-LAYERS, HIDDEN, QKV, INTER, Q = 36, 4096, 6144, 12288, 4096
-EPS = 1e-6
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from chain_variants import HIDDEN, INTER, QKV, LayerFn, make_layer, variants, weight_bytes
+
+LAYERS = 36
 BF16 = torch.bfloat16
-Layer = dict[str, torch.Tensor]
-LayerFn = Callable[[torch.Tensor, torch.Tensor, Layer], tuple[torch.Tensor, torch.Tensor]]
 
 
-def make_layers(n: int) -> list[Layer]:
-    def w(rows: int, cols: int) -> torch.Tensor:
-        return torch.randn(rows, cols, device="cuda", dtype=BF16) * cols**-0.5
-
-    return [
-        {
-            "qkv": w(QKV, HIDDEN),
-            "o": w(HIDDEN, Q),
-            "gate_up": w(2 * INTER, HIDDEN),
-            "down": w(HIDDEN, INTER),
-            "nw1": 1 + 0.1 * torch.randn(HIDDEN, device="cuda", dtype=BF16),
-            "nw2": 1 + 0.1 * torch.randn(HIDDEN, device="cuda", dtype=BF16),
-        }
-        for _ in range(n)
-    ]
-
-
-def unfused(h: torch.Tensor, r: torch.Tensor, p: Layer) -> tuple[torch.Tensor, torch.Tensor]:
-    x, r = rms_norm_triton(h, p["nw1"], EPS, r)
-    a = F.linear(x, p["qkv"])[:, :Q].contiguous()  # the attention stand-in
-    x, r = rms_norm_triton(F.linear(a, p["o"]), p["nw2"], EPS, r)
-    return F.linear(silu_and_mul_triton(F.linear(x, p["gate_up"])), p["down"]), r
-
-
-def fused(pdl: bool | None) -> LayerFn:
-    def layer(h: torch.Tensor, r: torch.Tensor, p: Layer) -> tuple[torch.Tensor, torch.Tensor]:
-        def cfg(kind: str, w: torch.Tensor) -> GemvBf16Config:
-            cfg = dispatch_config(kind, 1, w)
-            return cfg if pdl is None else replace(cfg, pdl=pdl)
-
-        qkv, r = norm_gemv_bf16(h, r, p["nw1"], EPS, p["qkv"], cfg("norm", p["qkv"]))
-        o = gemv_bf16(qkv[:, :Q].contiguous(), p["o"], cfg("plain", p["o"]))
-        gu, r = norm_gemv_bf16(o, r, p["nw2"], EPS, p["gate_up"], cfg("norm", p["gate_up"]))
-        return silu_gemv_bf16(gu, p["down"], cfg("silu", p["down"])), r
-
-    return layer
-
-
-VARIANTS = {"unfused": unfused, "model": fused(None), "no-pdl": fused(False)}
-
-
-def forward(layer_fn: LayerFn, layers: list[Layer], h: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+def forward(layer_fn: LayerFn, layers: list[dict], h: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
     for p in layers:
         h, r = layer_fn(h, r, p)
     return h + r
 
 
-def _warm(name: str) -> str:
+def _warm(key: tuple[str, str]) -> str:
     """Worker: run one layer of a variant so that Triton compiles into the on-disk cache."""
+    quant, name = key
     torch.manual_seed(0)
-    layers = make_layers(1)
+    layers = [make_layer(quant)]
     h, r = torch.randn(2, 1, HIDDEN, device="cuda", dtype=BF16)
     try:
-        forward(VARIANTS[name], layers, h, r)
+        forward(variants(quant)[name], layers, h, r)
         torch.cuda.synchronize()
-        return f"{name} ok"
+        return ""
     except Exception as e:  # reported again by the timing process
-        return f"{name} failed: {e!r}"[:200]
+        return f"{quant}/{name} failed: {e!r}"[:200]
 
 
-def time_graph(fn: Callable[[], torch.Tensor], replays: int = 7) -> tuple[float, torch.Tensor]:
+def time_graph(fn: Callable[[], torch.Tensor], replays: int = 9) -> tuple[float, torch.Tensor]:
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -116,31 +78,46 @@ def time_graph(fn: Callable[[], torch.Tensor], replays: int = 7) -> tuple[float,
     return statistics.median(times), out
 
 
-def main() -> int:
-    t0 = time.monotonic()
-    with mp.get_context("spawn").Pool(len(VARIANTS)) as pool:
-        print("# warm-up:", "; ".join(pool.map(_warm, list(VARIANTS))), f"({time.monotonic() - t0:.1f}s)")
+def run_format(quant: str, only: set[str] | None) -> None:
     torch.manual_seed(0)
-    layers = make_layers(LAYERS)
-    nbytes = sum(p[k].numel() * 2 for p in layers for k in ("qkv", "o", "gate_up", "down"))
+    layers = [make_layer(quant) for _ in range(LAYERS)]
+    nbytes = LAYERS * weight_bytes(quant)
     h, r = torch.randn(2, 1, HIDDEN, device="cuda", dtype=BF16)
     ref = None
-    for name, fn in VARIANTS.items():
+    for name, fn in variants(quant).items():
+        if only and name not in only and name != "unfused":
+            continue
         try:
             ms, out = time_graph(lambda fn=fn: forward(fn, layers, h, r))
         except Exception as e:
-            print(f"{name:10} failed: {e!r}"[:300], flush=True)
+            print(f"{quant:5} {name:22} failed: {e!r}"[:300], flush=True)
             continue
         ref = out.clone() if ref is None else ref
         err = float((out.float() - ref.float()).norm() / ref.float().norm())
         tbps = nbytes / (ms * 1e-3) / 1e12
-        print(
-            f"{name:10} {ms:.3f} ms/token ({LAYERS} layers' GEMMs) {tbps:.2f} TB/s | err vs unfused {err:.1e}"
-        )
+        print(f"{quant:5} {name:22} {ms:.3f} ms/token {tbps:.2f} TB/s | err vs unfused {err:.1e}", flush=True)
     floor_ms = nbytes / 4.25e12 * 1e3
-    print(
-        f"# weights {nbytes / 1e9:.2f} GB, floor {floor_ms:.3f} ms at 4.25 TB/s; {time.monotonic() - t0:.1f}s"
-    )
+    print(f"# {quant}: weights {nbytes / 1e9:.2f} GB, floor {floor_ms:.3f} ms at 4.25 TB/s", flush=True)
+    layers.clear()
+    torch.cuda.empty_cache()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quant", default="bf16,fp8,int4", help="comma list of bf16, fp8, int4, int8")
+    parser.add_argument("--only", default="", help="comma list of variant names (unfused always runs)")
+    args = parser.parse_args()
+    formats = args.quant.split(",")
+    only = set(args.only.split(",")) if args.only else None
+    keys = [(q, n) for q in formats for n in variants(q) if not only or n in only or n == "unfused"]
+    t0 = time.monotonic()
+    with mp.get_context("spawn").Pool(min(len(keys), 16)) as pool:
+        failed = [msg for msg in pool.map(_warm, keys) if msg]
+    print(f"# warm-up of {len(keys)} variants: {time.monotonic() - t0:.1f}s; " + ("; ".join(failed) or "ok"))
+    print(f"# Qwen3-8B: hidden {HIDDEN}, qkv {QKV}, intermediate {INTER}, {LAYERS} layers, M = 1")
+    for quant in formats:
+        run_format(quant, only)
+    print(f"# {time.monotonic() - t0:.1f}s")
     return 0
 
 

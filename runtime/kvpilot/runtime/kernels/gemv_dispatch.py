@@ -38,12 +38,18 @@ def gemv_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return 1 <= m <= GEMV_MAX_M and k % 16 == 0 and dense and same_float
 
 
+def pdl_enabled(device: torch.device) -> bool:
+    """Programmatic dependent launch for the decode GEMVs: USE_PDL, on Hopper and newer (also the
+    quantized formats' fused GEMVs, quant/fused_gemv.py)."""
+    return USE_PDL and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def dispatch_config(prologue: str, m: int, weight: torch.Tensor) -> GemvBf16Config:
     """default_gemv_bf16_config for this weight; a split-K is summed by a second launch (the layers keep
     no fixup counters); PDL on Hopper and newer when USE_PDL."""
     n, k = weight.shape
     cfg = default_gemv_bf16_config(m, n, k, num_sms(weight.device), prologue)
-    pdl = USE_PDL and weight.is_cuda and torch.cuda.get_device_capability(weight.device)[0] >= 9
+    pdl = pdl_enabled(weight.device)
     return replace(cfg, reduce="workspace" if cfg.split_k > 1 else cfg.reduce, pdl=pdl)
 
 

@@ -29,8 +29,9 @@ Per 8 int4 values: 3 shifts, 4 LOP3, 4 bf16x2 subtract, 4 bf16x2 multiply and on
 per-warp mma; no shared memory. Split-K fills the SMs; partials combine by split_k_triton's fixup.
 Measured (H200, 2026-12-01): correct, but 1.7-2.2 TB/s at best (see MMA_DISPATCH_MAX_M): a warp spends
 ~2-3 µs per 4 KB step. The SASS shows why in part: ptxas places the next step's word loads after the
-step's mmas (the register prefetch is mostly lost) and the deep split-K's reduce is serial; l2_ahead and
-split_k_triton's fixup_wide are the untimed answers (benchmarks/sweep_quant_gemv.py has their rows).
+step's mmas (the register prefetch is mostly lost) and the deep split-K's reduce is serial. Neither
+answer helped in 36 layers' GEMMs at batch 1 (benchmarks/bench_gemv_chain.py, H200, two runs): l2_ahead
+1 / 2 moved int4 by -0.04 / +0.04 and +0.01 ms/token (noise), split_k_triton's fixup_wide cost +0.46.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ class MmaConfig:
     reduce: str = "fixup"
     # > 0: the words `l2_ahead` steps ahead prefetched into L2 at the top of every step (prefetch.global.L2:
     # no registers). On sm_90 ptxas sinks the register prefetch above below the step's mmas (it holds 32
-    # registers), so without it a warp waits out most of a DRAM latency per step; untimed, not a default.
+    # registers), so without it a warp waits out most of a DRAM latency per step; timed: no gain (doc).
     l2_ahead: int = 0
 
 

@@ -33,6 +33,20 @@ class LinearMethod(Protocol):
     def finish(self, layer: Linear) -> None: ...
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor: ...
 
+    # The decode entries (Linear.norm_linear / silu_linear; bias-free layers): `fuses` says the method has
+    # them; each returns None where it has no fused kernel for the call (the layer then runs the ops apart).
+    fuses: bool
+
+    def apply_norm(
+        self,
+        layer: Linear,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        norm_weight: torch.Tensor,
+        eps: float,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None: ...
+    def apply_silu(self, layer: Linear, gate_up: torch.Tensor) -> torch.Tensor | None: ...
+
 
 class Linear(nn.Module):
     """y = x W^T (+ b). shard_sizes: output rows of each fused part, in order (one part when not fused)."""
@@ -47,6 +61,7 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self._op = ops.linear
+        self._ops = ops
         # the slice of each fused part's checkpoint weight this tensor-parallel rank holds (None: all of
         # it); set by the parallel subclasses in parallel_linear.py
         self.weight_splits: tuple[TensorSplit | None, ...] = (None,) * len(self.shard_sizes)
@@ -71,6 +86,37 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x, self.bias)
+
+    @property
+    def fusable(self) -> bool:
+        """Whether norm_linear / silu_linear take this projection: no bias, and a float weight or a quant
+        method with the fused entries."""
+        return self.bias is None and (self.quant_method is None or self.quant_method.fuses)
+
+    def norm_linear(
+        self, hidden: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rmsnorm(h) W^T, h), h = hidden + residual (hidden without one), for any weight format: one
+        fused GEMV where the kernel set (float weights) or the quant method has one, else RMSNorm and the
+        GEMM apart. Decode steps of one rank only (no all-reduce, no bias)."""
+        method = self.quant_method
+        if method is None:
+            return self._ops.norm_linear(hidden, residual, norm_weight, eps, self.weight)
+        fused = method.apply_norm(self, hidden, residual, norm_weight, eps)
+        if fused is not None:
+            return fused
+        if residual is None:
+            return self.matmul(self._ops.rms_norm(hidden, norm_weight, eps), None), hidden
+        normed, h = self._ops.rms_norm(hidden, norm_weight, eps, residual)
+        return self.matmul(normed, None), h
+
+    def silu_linear(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """(silu(gate) * up) W^T of gate_up [T, 2I], as norm_linear: fused where a kernel has it."""
+        method = self.quant_method
+        if method is None:
+            return self._ops.silu_linear(gate_up, self.weight)
+        fused = method.apply_silu(self, gate_up)
+        return fused if fused is not None else self.matmul(self._ops.silu_and_mul(gate_up), None)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x W^T + bias through the float GEMM or the quant method (parallel subclasses pick the bias)."""

@@ -56,12 +56,11 @@ class LlamaAttention(nn.Module):
         self.qk_norm = config.qk_norm
         self.rotary = rotary  # shared by every layer; holds no parameters
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5, ops)
-        self._norm_linear = ops.norm_linear
 
     @property
     def fusable(self) -> bool:
-        """The QKV projection is a float weight without bias (the fused GEMV's case)."""
-        return self.qkv_proj.quant_method is None and self.qkv_proj.bias is None
+        """The QKV projection takes the norm (no bias; any weight format whose method fuses)."""
+        return self.qkv_proj.fusable
 
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
@@ -78,7 +77,7 @@ class LlamaAttention(nn.Module):
         meta: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Decode: norm(hidden + residual) fused into the QKV GEMV; returns (output, hidden + residual)."""
-        qkv, residual = self._norm_linear(hidden, residual, norm.weight, norm.eps, self.qkv_proj.weight)
+        qkv, residual = self.qkv_proj.norm_linear(hidden, residual, norm.weight, norm.eps)
         return self._attend(positions, qkv, kv_cache, meta), residual
 
     def _attend(
@@ -109,12 +108,11 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = ColumnParallelLinear(config.hidden_size, (inter, inter), ops, comm)
         self.down_proj = RowParallelLinear(inter, config.hidden_size, ops, comm)
         self.act = SiluAndMul(ops)
-        self._norm_linear, self._silu_linear = ops.norm_linear, ops.silu_linear
 
     @property
     def fusable(self) -> bool:
-        """Both projections are float weights (the fused GEMVs' case; the MLP has no bias)."""
-        return self.gate_up_proj.quant_method is None and self.down_proj.quant_method is None
+        """Both projections take their fused op (the MLP has no bias; any weight format that fuses)."""
+        return self.gate_up_proj.fusable and self.down_proj.fusable
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_up_proj(x)))
@@ -124,9 +122,8 @@ class LlamaMLP(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Decode, tp 1: norm(hidden + residual) fused into the gate/up GEMV, SiLU-and-mul into the down
         GEMV (two launches instead of four); returns (output, hidden + residual)."""
-        w_gate_up = self.gate_up_proj.weight
-        gate_up, residual = self._norm_linear(hidden, residual, norm.weight, norm.eps, w_gate_up)
-        return self._silu_linear(gate_up, self.down_proj.weight), residual
+        gate_up, residual = self.gate_up_proj.norm_linear(hidden, residual, norm.weight, norm.eps)
+        return self.down_proj.silu_linear(gate_up), residual
 
 
 class LlamaDecoderLayer(nn.Module):

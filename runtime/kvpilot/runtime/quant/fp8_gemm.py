@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from kvpilot.runtime.kernels.fp8_gemv_triton import FP8_GEMV_MAX_M, fp8_gemv
 from kvpilot.runtime.kernels.fp8_quant_triton import quantize_fp8_rows_triton
+from kvpilot.runtime.quant.fused_gemv import FUSED_M, fp8_config
 
 
 def fp8_linear(
@@ -27,7 +28,10 @@ def fp8_linear(
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     if gemv and x2.shape[0] <= FP8_GEMV_MAX_M:
-        y = fp8_gemv(x2 if x2.stride(-1) == 1 else x2.contiguous(), weight, weight_scale, counters=counters)
+        x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
+        # batch 1: programmatic dependent launch, as the fused GEMVs around it (quant/fused_gemv.py)
+        cfg = fp8_config(*weight.shape, x.device) if x2.shape[0] == FUSED_M else None
+        y = fp8_gemv(x2, weight, weight_scale, cfg, counters)
         y = y if bias is None else y + bias
         return y.reshape(*lead, y.shape[-1])
     return fp8_scaled_mm(x, weight, weight_scale, bias)
@@ -36,16 +40,11 @@ def fp8_linear(
 def warm_up_fp8_gemv(
     weight: torch.Tensor, weight_scale: torch.Tensor, dtype: torch.dtype, counters: torch.Tensor
 ) -> None:
-    """Run the GEMV once per launch shape it uses (M = 1 multiply-adds, M > 1 dots), so Triton compiles
-    them while the model loads."""
+    """Run the GEMV once per launch shape it uses (M = 1 multiply-adds with PDL, M > 1 dots), so Triton
+    compiles them while the model loads."""
     for m in (1, 2):
-        fp8_gemv(
-            torch.zeros(m, weight.shape[1], device=weight.device, dtype=dtype),
-            weight,
-            weight_scale,
-            None,
-            counters,
-        )
+        x = torch.zeros(m, weight.shape[1], device=weight.device, dtype=dtype)
+        fp8_linear(x, weight, weight_scale, None, counters=counters)
 
 
 def fp8_scaled_mm(

@@ -33,6 +33,7 @@ class _Collecting:
 
     required_suffixes: tuple[str, ...] = ("weight",)
     optional_suffixes: tuple[str, ...] = ()
+    fuses = True  # apply_norm / apply_silu: quant/fused_gemv.py's kernels at batch-1 decode
     # Tensor parallel (set by the loader on a row-parallel int8/fp8-at-load layer): this rank's input
     # columns; the 16-bit weight arrives with whole rows and is cut after quantizing (quant/tp_split.py)
     input_split: TensorSplit | None = None
@@ -186,6 +187,28 @@ class IntWeightMethod(_Collecting):
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         return y if bias is None else y + bias
 
+    def apply_norm(
+        self,
+        layer: Linear,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        norm_weight: torch.Tensor,
+        eps: float,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if self.backend != "triton" or len(self.parts) != 1:  # act-order shards: a GEMM each
+            return None
+        from kvpilot.runtime.quant.fused_gemv import int_norm_linear
+
+        counters = self.counters[0] if self.counters else None
+        return int_norm_linear(hidden, residual, norm_weight, eps, self.parts[0], counters)
+
+    def apply_silu(self, layer: Linear, gate_up: torch.Tensor) -> torch.Tensor | None:
+        if self.backend != "triton" or len(self.parts) != 1:
+            return None
+        from kvpilot.runtime.quant.fused_gemv import int_silu_linear
+
+        return int_silu_linear(gate_up, self.parts[0], self.counters[0] if self.counters else None)
+
     def _gemm(self, x: torch.Tensor, w: IntWeight, index: int) -> torch.Tensor:
         if self.dense:  # exactly int_gemm_ref, with W^T dequantized at load
             return (x if w.perm is None else x[..., w.perm]) @ self.dense[index].to(x.dtype)
@@ -293,6 +316,32 @@ class Fp8Method(_Collecting):
         from kvpilot.runtime.quant.fp8_gemm import fp8_linear
 
         return fp8_linear(x, self.weight, self.weight_scale, bias, gemv=gemv, counters=self.counters)
+
+    def apply_norm(
+        self,
+        layer: Linear,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        norm_weight: torch.Tensor,
+        eps: float,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if self.backend != "triton":
+            return None
+        from kvpilot.runtime.quant.fused_gemv import fp8_norm_linear
+
+        w, s, c = self.weight, self.weight_scale, self._counters()
+        return fp8_norm_linear(hidden, residual, norm_weight, eps, w, s, c)
+
+    def apply_silu(self, layer: Linear, gate_up: torch.Tensor) -> torch.Tensor | None:
+        if self.backend != "triton":
+            return None
+        from kvpilot.runtime.quant.fused_gemv import fp8_silu_linear
+
+        return fp8_silu_linear(gate_up, self.weight, self.weight_scale, self._counters())
+
+    def _counters(self) -> torch.Tensor | None:
+        """The GEMV's split-K counters (GPU; None: the kernel makes zeroed ones per call)."""
+        return self.counters if self.counters.numel() else None
 
 
 def _fp8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
