@@ -35,6 +35,7 @@ from .decode_plan import (
     default_decode_config,
     partition_for,
     plan_decode,
+    reduce_block_s,
 )
 from .kv_cache import QUANT_MAX
 from .triton_utils import next_power_of_2, num_sms
@@ -392,8 +393,8 @@ def paged_decode_attention_triton(
             out.stride(1),
             HEAD_DIM=head_dim,
             BLOCK_D=block_d,
-            BLOCK_S=next_power_of_2(plan.num_splits),
+            BLOCK_S=reduce_block_s(plan.num_splits),
             BLOCK_N=cfg.block_n,
-            num_warps=4 if block_d * next_power_of_2(plan.num_splits) >= 2048 else 2,
+            num_warps=4 if block_d * reduce_block_s(plan.num_splits) >= 2048 else 2,
         )
     return out

@@ -172,5 +172,13 @@ def partition_for(ctx: int, plan: DecodePlan, block_n: int) -> int:
     return max(plan.partition_size, _cdiv(_cdiv(ctx, plan.num_splits), block_n) * block_n)
 
 
+def reduce_block_s(num_splits: int) -> int:
+    """The split-KV reduce kernel's BLOCK_S: splits rounded up to a power of two, at least 16. Mixed steps
+    run the decode kernel eagerly with plans of their own (narrower tables, fewer splits); with the
+    floor every such plan reuses a BLOCK_S the CUDA-graph capture compiled (the graphs' plans reach 16
+    and up), instead of compiling 2, 4 or 8 while serving (tests/runtime/test_no_recompile_gpu.py)."""
+    return 1 << max(4, (num_splits - 1).bit_length())
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)

@@ -33,6 +33,7 @@ from .decode_attention_triton import (
     _partition_for,
     plan_decode,
 )
+from .decode_plan import reduce_block_s
 from .triton_utils import next_power_of_2, num_sms
 from .triton_utils import scale_launch_args as _scale_args
 
@@ -219,8 +220,8 @@ def paged_verify_attention_triton(
             Q=query_len,
             HEAD_DIM=head_dim,
             BLOCK_D=block_d,
-            BLOCK_S=next_power_of_2(plan.num_splits),
+            BLOCK_S=reduce_block_s(plan.num_splits),
             BLOCK_N=cfg.block_n,
-            num_warps=4 if block_d * next_power_of_2(plan.num_splits) >= 2048 else 2,
+            num_warps=4 if block_d * reduce_block_s(plan.num_splits) >= 2048 else 2,
         )  # fmt: skip
     return out
