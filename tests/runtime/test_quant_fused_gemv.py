@@ -182,7 +182,8 @@ def _dispatched(fmt: str, w: torch.Tensor) -> Entries:
         def ref(x: torch.Tensor, _w: object, _b: object) -> torch.Tensor:
             return fp8_weight_only_ref(x, weight, scale)
 
-        cfg8 = fused_gemv.fp8_config(*weight.shape, weight.device)  # past the switch (norm: off)
+        n, k = weight.shape
+        cfg8 = fused_gemv.fp8_config(n, k, weight.device)  # past the switch (norm: off)
 
         def norm(h: torch.Tensor, r: torch.Tensor, nw: torch.Tensor) -> object:
             return fused_gemv.fp8_norm_linear(h, r, nw, EPS, weight, scale, None, cfg8)

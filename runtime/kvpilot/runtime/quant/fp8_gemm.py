@@ -30,7 +30,8 @@ def fp8_linear(
     if gemv and x2.shape[0] <= FP8_GEMV_MAX_M:
         x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
         # batch 1: programmatic dependent launch, as the fused GEMVs around it (quant/fused_gemv.py)
-        cfg = fp8_config(*weight.shape, x.device) if x2.shape[0] == FUSED_M else None
+        n, k = weight.shape
+        cfg = fp8_config(n, k, x.device) if x2.shape[0] == FUSED_M else None
         y = fp8_gemv(x2, weight, weight_scale, cfg, counters)
         y = y if bias is None else y + bias
         return y.reshape(*lead, y.shape[-1])
