@@ -20,6 +20,7 @@ import torch
 from bench_kernels import (  # benchmarks/ is on sys.path when this file runs as a script
     BF16,
     KV8_DTYPES,
+    PAGE,
     attn_bytes,
     attn_flops,
     measure,
@@ -42,7 +43,7 @@ def own_rows(b: dict[str, torch.Tensor], ctx: int, q_len: int) -> tuple[torch.Te
     """The chunk's own K/V as the step's bf16 rows [q_len, KVH, D]: the dequantized page values, so the
     reference on the pages still applies."""
     pos = torch.arange(ctx - q_len, ctx, device=b["bt"].device)
-    blk, off = b["bt"][0, pos // 16].long(), pos % 16
+    blk, off = b["bt"][0, pos // PAGE].long(), pos % PAGE
     k = dequantize_ref(b["k"][blk, off], b["ks"][blk, off] if "ks" in b else None)
     v = dequantize_ref(b["v"][blk, off], b["vs"][blk, off] if "vs" in b else None)
     return k.to(BF16), v.to(BF16)

@@ -18,36 +18,16 @@ from kvpilot.runtime.kernels.triton_utils import interpret_without_gpu
 INTERPRET = interpret_without_gpu()  # before anything imports triton
 
 from kvpilot.runtime.kernels.decode_attention_triton import (  # noqa: E402
-    DecodeConfig,
     DecodePlan,
     default_decode_config,
-    paged_decode_attention_triton,
 )
 from kvpilot.runtime.kernels.kv8_path import Kv8Path  # noqa: E402
 
 from tests.runtime.test_kv_cache_8bit import EIGHT_BIT, IDS, TOL, _ref, quantized_batch  # noqa: E402
+from tests.runtime.test_kv_cache_8bit_decode_variants import QK_NATIVE_TOL, SMALL, _decode  # noqa: E402
 
-SMALL = DecodeConfig(block_n=16, min_partition=16)
 # bf16 activations: q and the output are rounded to bf16 (outputs ~0.1-1), the dots run in fp16
 BF16_TOL = {"atol": 2e-2, "rtol": 2e-2}
-# max |error| the native QK dot adds (q rounded per row to the cache's type; see
-# test_kv_cache_8bit_decode_variants.py, where the shared kernel's native dot is bounded the same way)
-QK_NATIVE_TOL = {torch.int8: 0.03, torch.float8_e4m3fn: 0.2}
-
-
-def _decode(b: dict[str, torch.Tensor], cfg: DecodeConfig, plan: DecodePlan | None = None) -> torch.Tensor:
-    return paged_decode_attention_triton(
-        b["q"],
-        b["k_cache"],
-        b["v_cache"],
-        b["context_lens"],
-        b["block_tables"],
-        b["q"].shape[-1] ** -0.5,
-        config=cfg,
-        plan=plan,
-        k_scale=b["k_scale"],
-        v_scale=b["v_scale"],
-    )
 
 
 def _ref32(b: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -55,6 +55,30 @@ def _flat_tile(cu_seqlens_q_ptr, num_seqs, pid, BLOCK_Q: tl.constexpr, BLOCK_SEQ
 
 
 @triton.jit
+def _attend_span(
+    acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, bt_row, lo, full, end, qk_scale, k_head_off, v_head_off,
+    stride_kb, stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr, s_head_off, stride_sb, stride_ss,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+    SCALED: tl.constexpr, CONTIG: tl.constexpr, PRESCALED: tl.constexpr, PAGES_AHEAD: tl.constexpr,
+    V_TILE: tl.constexpr, WIDEN_ASM: tl.constexpr, CAUSAL: tl.constexpr = True,
+):  # fmt: skip
+    """Tiles from lo: those below `full` are visible to every row (no masks), the rest up to `end` are
+    masked at `end` and, when CAUSAL, by each row's position."""
+    acc, l_i, m_i = attend_range(
+        acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, bt_row, lo, full, end, qk_scale, k_head_off, v_head_off,
+        stride_kb, stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr, s_head_off, stride_sb,
+        stride_ss, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, False, False, SCALED, CONTIG, PRESCALED, PAGES_AHEAD,
+        V_TILE, WIDEN_ASM,
+    )  # fmt: skip
+    return attend_range(
+        acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, bt_row, full, end, end, qk_scale, k_head_off, v_head_off,
+        stride_kb, stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr, s_head_off, stride_sb,
+        stride_ss, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, True, CAUSAL, SCALED, CONTIG, PRESCALED, PAGES_AHEAD,
+        V_TILE, WIDEN_ASM,
+    )  # fmt: skip
+
+
+@triton.jit
 def _attend_prefix(
     acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, bt_row, prefix, qk_scale, k_head_off, v_head_off, stride_kb,
     stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr, s_head_off, stride_sb, stride_ss,
@@ -66,18 +90,11 @@ def _attend_prefix(
     the partial last one."""
     if SCALED and q.dtype != tl.float32 and k_ptr.dtype.element_ty != tl.int8:
         q = q.to(tl.float16)  # e4m3 pages, 16-bit activations: fp16 dots (attention_tile_triton.py)
-    prefix_full = prefix // BLOCK_N * BLOCK_N
-    acc, l_i, m_i = attend_range(
-        acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, bt_row, 0, prefix_full, prefix, qk_scale, k_head_off,
-        v_head_off, stride_kb, stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr, s_head_off,
-        stride_sb, stride_ss, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, False, False, SCALED, False, PRESCALED,
-        PAGES_AHEAD, V_TILE, WIDEN_ASM,
-    )  # fmt: skip
-    return attend_range(
-        acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, bt_row, prefix_full, prefix, prefix, qk_scale, k_head_off,
-        v_head_off, stride_kb, stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr, s_head_off,
-        stride_sb, stride_ss, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, True, False, SCALED, False, PRESCALED,
-        False, V_TILE, WIDEN_ASM,
+    return _attend_span(
+        acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, bt_row, 0, prefix // BLOCK_N * BLOCK_N, prefix, qk_scale,
+        k_head_off, v_head_off, stride_kb, stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr,
+        s_head_off, stride_sb, stride_ss, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, SCALED, False, PRESCALED,
+        PAGES_AHEAD, V_TILE, WIDEN_ASM, CAUSAL=False,
     )  # fmt: skip
 
 
@@ -198,17 +215,11 @@ def _prefill_kernel(
         # row sees, so m_i is finite after it. Then the cached prefix [0, prefix) from the pages.
         row0 = (q_start - prefix).to(tl.int64)
         own_full = prefix + (t0 + 1) // BLOCK_N * BLOCK_N  # own tiles below this: visible to every row
-        acc, l_i, m_i = attend_range(
+        acc, l_i, m_i = _attend_span(
             acc, l_i, m_i, q, q_pos, kr_ptr + row0 * stride_krt, vr_ptr + row0 * stride_vrt, bt_row,
             prefix, own_full, kv_end, qk_scale, kv_head * stride_krh, kv_head * stride_vrh, 0,
             stride_krt, 0, stride_vrt, k_scale_ptr, v_scale_ptr, s_head_off, stride_sb, stride_ss,
-            HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, False, False, False, True, PRESCALED, False,
-        )  # fmt: skip
-        acc, l_i, m_i = attend_range(
-            acc, l_i, m_i, q, q_pos, kr_ptr + row0 * stride_krt, vr_ptr + row0 * stride_vrt, bt_row,
-            own_full, kv_end, kv_end, qk_scale, kv_head * stride_krh, kv_head * stride_vrh, 0,
-            stride_krt, 0, stride_vrt, k_scale_ptr, v_scale_ptr, s_head_off, stride_sb, stride_ss,
-            HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, True, True, False, True, PRESCALED, False,
+            HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, False, True, PRESCALED, False, False, WIDEN_ASM,
         )  # fmt: skip
         if PREFIX:  # a separate compile: 16-bit prefix-free steps keep their registers (no spills)
             acc, l_i, m_i = _attend_prefix(
@@ -219,17 +230,11 @@ def _prefill_kernel(
             )  # fmt: skip
     else:
         full_end = (first_pos + 1) // BLOCK_N * BLOCK_N  # tiles below this are visible to every row
-        acc, l_i, m_i = attend_range(
+        acc, l_i, m_i = _attend_span(
             acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, 0, full_end, kv_end, qk_scale,
             k_head_off, v_head_off, stride_kb, stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr,
-            s_head_off, stride_sb, stride_ss, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, False, False, SCALED,
-            False, PRESCALED, PAGES_AHEAD, V_TILE, WIDEN_ASM,
-        )  # fmt: skip
-        acc, l_i, m_i = attend_range(
-            acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, full_end, kv_end, kv_end, qk_scale,
-            k_head_off, v_head_off, stride_kb, stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr,
-            s_head_off, stride_sb, stride_ss, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, True, True, SCALED,
-            False, PRESCALED, PAGES_AHEAD, V_TILE, WIDEN_ASM,
+            s_head_off, stride_sb, stride_ss, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, SCALED, False, PRESCALED,
+            PAGES_AHEAD, V_TILE, WIDEN_ASM,
         )  # fmt: skip
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
