@@ -202,7 +202,7 @@ def kv8_specs() -> list[KernelSpec]:
                     "QMAX": 448.0 if kv == "fp8" else 127.0,
                     "INT8": kv == "int8",
                 },
-                2,
+                1,
                 1,
                 _SCALE_NODIV,
             )
@@ -358,14 +358,14 @@ def default_specs() -> list[KernelSpec]:
             qkv_prepare_triton._qkv_prepare_kernel,
             _QKV_PREPARE,
             {**_QKV_PREPARE_CONSTS, "HAS_NORM": True, **_UNSCALED_STORE},
-            2,
+            1,
         ),
         KernelSpec(
             "qkv_prepare",
             qkv_prepare_triton._qkv_prepare_kernel,
             _QKV_PREPARE,
             {**_QKV_PREPARE_CONSTS, "HAS_NORM": False, **_UNSCALED_STORE},
-            2,
+            1,
         ),
         KernelSpec(
             "silu_and_mul",

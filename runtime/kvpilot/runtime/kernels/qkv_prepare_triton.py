@@ -211,6 +211,7 @@ def qkv_prepare_triton(
     k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] fp32: 8-bit caches
     v_scale: torch.Tensor | None = None,
     k_to_qkv: bool = False,
+    num_warps: int = 1,  # benchmarks/bench_qkv_prepare.py
 ) -> torch.Tensor:
     """Returns q [num_tokens, num_heads, head_dim] (normed, rotated); writes k (normed, rotated) and v
     (quantized per token and head, their scales beside them, when the cache is 8-bit). k_to_qkv: also
@@ -260,6 +261,9 @@ def qkv_prepare_triton(
         QMAX=QUANT_MAX.get(k_cache.dtype, 0.0),
         INT8=k_cache.dtype == torch.int8,
         K_TO_QKV=k_to_qkv,
-        num_warps=max(1, min(4, block_g * block_half // 128)),
+        # One warp per (token, KV head): the head's norm and absmax reductions stay within the warp
+        # (shuffles, no shared memory or barrier). H200, 8,192 tokens of Qwen3-8B: int8/fp8 caches
+        # 98.7 -> 63.3 µs (44 -> 69% of 4.25 TB/s), bf16 70.5 -> 66.6, against the 2 warps before.
+        num_warps=num_warps,
     )
     return q_out
