@@ -32,6 +32,9 @@ from kvpilot.runtime.kernels.gemv_triton import (  # noqa: E402
 
 DEVICE = "cpu" if INTERPRET else "cuda"
 F32_TOL = {"atol": 1e-4, "rtol": 1e-4}
+# Whole-model logits, fused vs unfused on the GPU in float32: split-K partials and the norm's 1/rms applied
+# after the dot sum in another order than cuBLAS (H200: up to 2.5e-4 on the tiny checkpoints' logits)
+MODEL_F32_TOL = {"atol": 1e-3, "rtol": 1e-3}
 # (multiply path, columns, K tile, split-K, reduction): fma and dot, ragged N, both deterministic reductions
 CONFIGS = [  # multiply-adds take M = 1 (block_n 4), 2 (block_n 8) and 3 rows (prefetch); dots M = 3
     GemvBf16Config(block_n=4, block_k=16),
@@ -115,6 +118,7 @@ def _runner(ckpt: Path, fused: bool) -> ModelRunner:
             device=DEVICE,
             dtype="float32",
             kernel_backend="triton",
+            enforce_eager=True,  # graphs captured before the switch below would hold the fused path
         )
     )
     for layer in runner.model.model.layers:
@@ -156,10 +160,10 @@ def test_fused_decode_path_matches_unfused(
     for i, step in enumerate(steps):
         if i == 1:
             assert calls == {"norm": 0, "silu": 0}  # the prefill step took the unfused path
-        torch.testing.assert_close(fused.execute(step), unfused.execute(step), **F32_TOL)
+        torch.testing.assert_close(fused.execute(step), unfused.execute(step), **MODEL_F32_TOL)
     layers = len(fused.model.model.layers)
     sites = 2 if family == "qwen3" else 1  # norm fusions per layer: qkv and gate_up (qwen2: gate_up only)
     assert calls == {"norm": 3 * sites * layers, "silu": 3 * layers}
     for got, ref in zip(fused.kv_caches, unfused.kv_caches, strict=True):
-        torch.testing.assert_close(got[0], ref[0], **F32_TOL)
-        torch.testing.assert_close(got[1], ref[1], **F32_TOL)
+        torch.testing.assert_close(got[0], ref[0], **MODEL_F32_TOL)
+        torch.testing.assert_close(got[1], ref[1], **MODEL_F32_TOL)
