@@ -52,6 +52,7 @@ def paged_attention_ref(
     step_kv: tuple[torch.Tensor, torch.Tensor] | None = None,  # each [num_tokens, num_kv_heads, head_dim]
     prefix_free: bool = False,  # the triton kernels' launch hint; the reference needs none
     out: torch.Tensor | None = None,  # written and returned when given (like q)
+    max_context_len: int | None = None,  # the triton kernels' launch hint; the reference needs none
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """step_kv: the step's own K/V rows, attended for each chunk's own positions instead of the pages
     (the same values on a 16-bit cache; full precision on an 8-bit one)."""

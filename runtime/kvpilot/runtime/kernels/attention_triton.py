@@ -85,6 +85,7 @@ def paged_attention_triton(
     step_kv: tuple[torch.Tensor, torch.Tensor] | None = None,  # each [num_tokens, num_kv_heads, head_dim]
     prefix_free: bool = False,
     out: torch.Tensor | None = None,  # like q: written and returned (decode and prefill kernels)
+    max_context_len: int | None = None,  # host bound on context_lens (the prefill kernel's prefix splits)
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """is_decode defaults to max_q_len == 1 when given, else to num_tokens == num_seqs (chunks are never
     empty, so that means one token each); both are decided without reading device memory. step_kv: the
@@ -123,4 +124,5 @@ def paged_attention_triton(
         step_kv=step_kv,
         prefix_free=prefix_free,
         out=out,
+        max_context_len=max_context_len,
     )

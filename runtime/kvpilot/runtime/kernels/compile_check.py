@@ -89,6 +89,7 @@ _ATTN = {
     "vr_ptr": "*bf16",
 }
 _HEADS = {"HEAD_DIM": 128, "BLOCK_D": 128, "PAGE": 16}
+_SPLIT = {"ws_acc_ptr": "*fp32", "ws_ml_ptr": "*fp32", "counter_ptr": "*i32"}  # prefill_split_triton
 _QKV_PREPARE = {
     "qkv_ptr": "*bf16",
     "positions_ptr": "*i64",
@@ -183,11 +184,11 @@ def kv8_specs() -> list[KernelSpec]:
             KernelSpec(
                 f"prefill_step_kv_{kv}",
                 prefill_attention_triton._prefill_kernel,
-                _scaled({**_ATTN, "cu_seqlens_q_ptr": "*i32"}, kv),
-                {**_prefill_consts(pre), "SCALED": True, "CONTIG": True},
+                _scaled({**_ATTN, **_SPLIT, "cu_seqlens_q_ptr": "*i32"}, kv),
+                {**_prefill_consts(pre), "SCALED": True, "CONTIG": True, **_split_consts(pre)},
                 pre.num_warps,
                 pre.num_stages,
-                ("stride_bt", "num_seqs", "flat", *_SCALE_NODIV),
+                ("stride_bt", "num_seqs", "flat", "prefix_splits", *_SCALE_NODIV),
             )
         )
         specs.append(
@@ -243,6 +244,11 @@ def _kv8_consts(cfg: decode_attention_triton.DecodeConfig, kv: str, split: bool)
         "PREFETCH": cfg.kv8.prefetch,
         "DIAG": 0,
     }
+
+
+def _split_consts(pre: prefill_attention_triton.PrefillConfig) -> dict[str, Any]:
+    """The prefix-split constants of a step-rows launch at GQA 4 (prefill_split_triton.py)."""
+    return {"SPLIT_Q": pre.split_q, "TILES_Q": -(-pre.split_q // (pre.block_m // 4))}
 
 
 def _prefill_consts(pre: prefill_attention_triton.PrefillConfig) -> dict[str, Any]:

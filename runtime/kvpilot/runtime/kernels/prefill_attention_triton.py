@@ -25,7 +25,14 @@ import triton
 import triton.language as tl
 
 from .attention_tile_triton import attend_range
-from .prefill_plan import EIGHT_BIT_PREFILL, PrefillConfig, default_prefill_config, use_flat_grid
+from .prefill_plan import (
+    EIGHT_BIT_PREFILL,
+    PrefillConfig,
+    default_prefill_config,
+    plan_prefix_splits,
+    use_flat_grid,
+)
+from .prefill_split_triton import split_plan, split_workspace, store_partial_or_merge
 from .triton_utils import next_power_of_2
 from .triton_utils import scale_launch_args as _scale_args
 
@@ -80,18 +87,18 @@ def _attend_span(
 
 @triton.jit
 def _attend_prefix(
-    acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, bt_row, prefix, qk_scale, k_head_off, v_head_off, stride_kb,
+    acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, bt_row, lo, hi, qk_scale, k_head_off, v_head_off, stride_kb,
     stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr, s_head_off, stride_sb, stride_ss,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
     SCALED: tl.constexpr, PRESCALED: tl.constexpr, PAGES_AHEAD: tl.constexpr, V_TILE: tl.constexpr,
     WIDEN_ASM: tl.constexpr,
 ):  # fmt: skip
-    """The cached positions [0, prefix) from the pages, visible to every row: whole tiles unmasked, then
-    the partial last one."""
+    """Cached positions [lo, hi) from the pages (lo a multiple of BLOCK_N), visible to every row: whole
+    tiles unmasked, then the partial last one."""
     if SCALED and q.dtype != tl.float32 and k_ptr.dtype.element_ty != tl.int8:
         q = q.to(tl.float16)  # e4m3 pages, 16-bit activations: fp16 dots (attention_tile_triton.py)
     return _attend_span(
-        acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, bt_row, 0, prefix // BLOCK_N * BLOCK_N, prefix, qk_scale,
+        acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, bt_row, lo, lo + (hi - lo) // BLOCK_N * BLOCK_N, hi, qk_scale,
         k_head_off, v_head_off, stride_kb, stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr,
         s_head_off, stride_sb, stride_ss, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, SCALED, False, PRESCALED,
         PAGES_AHEAD, V_TILE, WIDEN_ASM, CAUSAL=False,
@@ -99,7 +106,7 @@ def _attend_prefix(
 
 
 # stride_bt is the step's block-table width: specialising on it (== 1, % 16) would compile mid-serving
-@triton.jit(do_not_specialize=["stride_bt", "num_seqs", "flat"])
+@triton.jit(do_not_specialize=["stride_bt", "num_seqs", "flat", "prefix_splits"])
 def _prefill_kernel(
     q_ptr,  # [num_tokens, num_heads, head_dim]
     k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -132,7 +139,12 @@ def _prefill_kernel(
     stride_vrt,
     stride_vrh,
     num_seqs,
-    flat,  # 1: grid (existing tiles, kv heads, 1), see PrefillConfig.flat_grid; 0: (tiles, kv heads, seqs)
+    flat,  # 1: (tiles, kv heads, prefix_splits), PrefillConfig.flat_grid; 0: (tiles, kv heads, seqs)
+    ws_acc_ptr,  # SPLIT_Q: float32 partials (prefill_split_triton.store_partial_or_merge)
+    ws_ml_ptr,
+    counter_ptr,  # SPLIT_Q: int32 [slots], zeroed
+    prefix_splits,  # SPLIT_Q: the most partitions of a prefix (grid axis 2 of the flat grid)
+    split_partition,  # SPLIT_Q: the fewest positions per partition
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,  # GROUP rounded up to a power of two
     HEAD_DIM: tl.constexpr,
@@ -151,6 +163,8 @@ def _prefill_kernel(
     HEADS_FIRST: tl.constexpr = False,  # PrefillConfig.heads_first: axes 0 and 1 swapped
     V_TILE: tl.constexpr = False,  # PrefillConfig.v_tile (8-bit caches)
     WIDEN_ASM: tl.constexpr = True,  # False under the CPU interpreter (no PTX)
+    SPLIT_Q: tl.constexpr = 0,  # CONTIG with PREFIX: chunks up to this many tokens may split their prefix
+    TILES_Q: tl.constexpr = 1,  # query tiles of such a chunk (workspace slots per sequence and head)
 ):
     # A run-time switch (not a constexpr): both grids share one compiled kernel, so choosing per step
     # never compiles while serving.
@@ -170,6 +184,13 @@ def _prefill_kernel(
     if t0 >= q_len:  # the grid is sized for the longest chunk
         return
     ctx = tl.load(context_lens_ptr + seq)
+    prefix = ctx - q_len  # cached positions before this chunk
+    n_split, part, split = 1, prefix, 0
+    if SPLIT_Q > 0:  # prefill_split_triton.py: partition `split` of the prefix; partition 0 also the chunk
+        n_split, part = split_plan(q_len, prefix, prefix_splits, split_partition, SPLIT_Q, BLOCK_N)
+        split = tl.where(flat != 0, tl.program_id(2), 0)
+        if split >= n_split:
+            return
 
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -206,7 +227,6 @@ def _prefill_kernel(
     k_head_off = kv_head * stride_kh
     v_head_off = kv_head * stride_vh
     s_head_off = kv_head * stride_sh
-    prefix = ctx - q_len  # cached positions before this chunk
     first_pos = prefix + t0  # lowest query position of this tile: every row sees 0..first_pos
     kv_end = prefix + tl.minimum(t0 + BLOCK_Q, q_len)  # one past the highest query position
     if CONTIG:
@@ -215,15 +235,18 @@ def _prefill_kernel(
         # row sees, so m_i is finite after it. Then the cached prefix [0, prefix) from the pages.
         row0 = (q_start - prefix).to(tl.int64)
         own_full = prefix + (t0 + 1) // BLOCK_N * BLOCK_N  # own tiles below this: visible to every row
-        acc, l_i, m_i = _attend_span(
-            acc, l_i, m_i, q, q_pos, kr_ptr + row0 * stride_krt, vr_ptr + row0 * stride_vrt, bt_row,
-            prefix, own_full, kv_end, qk_scale, kv_head * stride_krh, kv_head * stride_vrh, 0,
-            stride_krt, 0, stride_vrt, k_scale_ptr, v_scale_ptr, s_head_off, stride_sb, stride_ss,
-            HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, False, True, PRESCALED, False, False, WIDEN_ASM,
-        )  # fmt: skip
+        if split == 0:
+            acc, l_i, m_i = _attend_span(
+                acc, l_i, m_i, q, q_pos, kr_ptr + row0 * stride_krt, vr_ptr + row0 * stride_vrt, bt_row,
+                prefix, own_full, kv_end, qk_scale, kv_head * stride_krh, kv_head * stride_vrh, 0,
+                stride_krt, 0, stride_vrt, k_scale_ptr, v_scale_ptr, s_head_off, stride_sb, stride_ss,
+                HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, False, True, PRESCALED, False, False, WIDEN_ASM,
+            )  # fmt: skip
         if PREFIX:  # a separate compile: 16-bit prefix-free steps keep their registers (no spills)
+            lo = split * part
             acc, l_i, m_i = _attend_prefix(
-                acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, prefix, qk_scale, k_head_off,
+                acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, lo, tl.minimum(lo + part, prefix),
+                qk_scale, k_head_off,
                 v_head_off, stride_kb, stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr,
                 s_head_off, stride_sb, stride_ss, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, SCALED, PRESCALED,
                 PAGES_AHEAD, V_TILE, WIDEN_ASM,
@@ -237,10 +260,17 @@ def _prefill_kernel(
             PAGES_AHEAD, V_TILE, WIDEN_ASM,
         )  # fmt: skip
 
-    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    o = (acc / l_safe[:, None]).to(out_ptr.dtype.element_ty)
     o_ptrs = out_ptr + row_off[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
-    tl.store(o_ptrs, o, mask=io_mask)
+    if SPLIT_Q > 0:  # noqa: SIM102 (a constexpr branch around a runtime one)
+        if n_split > 1:
+            slot = (seq * TILES_Q + tile) * tl.num_programs(1 - tile_axis) + head_pid
+            store_partial_or_merge(
+                acc, l_i, m_i, ws_acc_ptr, ws_ml_ptr, counter_ptr, slot, split, n_split, prefix_splits,
+                o_ptrs, io_mask, BLOCK_M, BLOCK_D,
+            )  # fmt: skip
+            return
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    tl.store(o_ptrs, (acc / l_safe[:, None]).to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
 def paged_prefill_attention_triton(
@@ -259,12 +289,14 @@ def paged_prefill_attention_triton(
     step_kv: tuple[torch.Tensor, torch.Tensor] | None = None,  # each [num_tokens, num_kv_heads, head_dim]
     prefix_free: bool = False,
     out: torch.Tensor | None = None,  # like q (a slice of a larger output is fine): written, returned
+    max_context_len: int | None = None,  # host bound on context_lens: lets step_kv launches split prefixes
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """max_q_len sizes the per-sequence grid (PrefillConfig.flat_grid); without it the flat grid runs,
     which needs no host sync. step_kv: this step's K/V rows (token-aligned with q, in q's dtype), read
     for each chunk's own positions instead of the pages; positions before the chunk still come from the
     pages (dequantized, for 8-bit caches). prefix_free: no sequence has cached context (the caller's
-    promise), so only step_kv is read (its own launch configuration)."""
+    promise), so only step_kv is read (its own launch configuration). max_context_len: with step_kv and
+    a prefix, short chunks after a long prefix split it over programs (prefill_split_triton.py)."""
     cfg = config or default_prefill_config(k_cache.dtype)
     num_tokens, num_heads, head_dim = q.shape
     page, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -278,9 +310,15 @@ def paged_prefill_attention_triton(
     block_q = block_m // group_pad
     flat = use_flat_grid(cfg, num_tokens, num_seqs, max_q_len, block_q)
     heads_axis = num_kv_heads if cfg.gqa_pack else num_heads
+    split_q = cfg.split_q if step_kv is not None and not prefix_free and cfg.split_q > 0 else 0
+    block_d = next_power_of_2(head_dim)
+    splits = plan_prefix_splits(cfg, max_context_len, num_seqs, heads_axis, block_m, block_q, block_d)
+    splits = splits if split_q else 1
+    flat = flat or splits > 1  # the partitions take the flat grid's axis 2
+    ws = split_workspace(cfg, splits, num_seqs, heads_axis, block_m, block_q, block_d, q.device)
     if flat:  # sum over sequences of ceil(q_len / block_q) <= num_tokens / block_q + num_seqs
         tiles = triton.cdiv(num_tokens, block_q) + num_seqs
-        grid = (heads_axis, tiles, 1) if cfg.heads_first else (tiles, heads_axis, 1)
+        grid = (heads_axis, tiles, splits) if cfg.heads_first else (tiles, heads_axis, splits)
     else:
         if max_q_len is None:
             max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max().item())
@@ -312,10 +350,13 @@ def paged_prefill_attention_triton(
         v_rows.stride(1),
         num_seqs,
         int(flat),
+        *ws,
+        splits,
+        cfg.split_partition,
         GROUP=group,
         GROUP_PAD=group_pad,
         HEAD_DIM=head_dim,
-        BLOCK_D=next_power_of_2(head_dim),
+        BLOCK_D=block_d,
         PAGE=page,
         BLOCK_M=block_m,
         BLOCK_Q=block_q,
@@ -330,6 +371,8 @@ def paged_prefill_attention_triton(
         HEADS_FIRST=cfg.heads_first,
         V_TILE=cfg.v_tile and k_scale is not None,
         WIDEN_ASM=q.device.type == "cuda",
+        SPLIT_Q=split_q,
+        TILES_Q=triton.cdiv(split_q, block_q) if split_q else 1,
         num_warps=cfg.num_warps,
         num_stages=cfg.step_kv_num_stages if step_kv is not None and prefix_free else cfg.num_stages,
     )

@@ -49,6 +49,14 @@ class PrefillConfig:
     # instead of leaving the widening to Triton, which gathers the transposed 8-bit P.V operand from
     # shared memory one byte at a time.
     v_tile: bool = False
+    # Split-KV over the cached prefix of short chunks (prefill_split_triton.py), step_kv launches over a
+    # prefix only: a chunk of at most split_q tokens whose prefix holds >= 2 partitions of split_partition
+    # positions is cut into up to max_prefix_splits partitions, attended in parallel and merged. The
+    # workspace a launch may take (split_workspace_bytes) bounds the partition count; 0 split_q: off.
+    split_q: int = 64
+    split_partition: int = 512
+    max_prefix_splits: int = 16
+    split_workspace_bytes: int = 64 << 20
 
 
 # 8-bit pages: the same configuration. H200 (benchmarks/sweep_prefill_kv8.py, paged, no step K/V):
@@ -70,6 +78,34 @@ def use_flat_grid(
         return cfg.flat_grid
     flat_tiles = _cdiv(num_tokens, block_q) + num_seqs
     return max_q_len is None or _cdiv(max_q_len, block_q) * num_seqs > 2 * flat_tiles
+
+
+def plan_prefix_splits(
+    cfg: PrefillConfig,
+    max_context_len: int | None,
+    num_seqs: int,
+    heads_axis: int,
+    block_m: int,
+    block_q: int,
+    block_d: int,
+) -> int:
+    """The most partitions any chunk's prefix of this launch may be cut into (1: no split; a split launch
+    takes the flat grid, whose axis 2 holds the partitions). Only with a known max_context_len (a host
+    value) long enough for two partitions, and only as far as the workspace fits split_workspace_bytes:
+    one slot per
+    (sequence, query tile of a split-size chunk, head of the grid) and partition, BLOCK_M x (BLOCK_D + 2)
+    float32 each."""
+    if cfg.split_q <= 0 or max_context_len is None:
+        return 1
+    splits = min(cfg.max_prefix_splits, max_context_len // cfg.split_partition)
+    per_split = split_slots(cfg, num_seqs, heads_axis, block_q) * block_m * (block_d + 2) * 4
+    splits = min(splits, cfg.split_workspace_bytes // per_split)
+    return splits if splits >= 2 else 1
+
+
+def split_slots(cfg: PrefillConfig, num_seqs: int, heads_axis: int, block_q: int) -> int:
+    """Workspace slots of a splitting launch: a chunk of <= split_q tokens has <= split_q / block_q tiles."""
+    return num_seqs * _cdiv(cfg.split_q, block_q) * heads_axis
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -123,7 +123,8 @@ class PagedAttention(nn.Module):
         if split is None:
             extra: dict[str, object] = {}
             if rows is not None:
-                extra = {"step_kv": rows, "prefix_free": meta.prefix_free}
+                extra = {"step_kv": rows, "prefix_free": meta.prefix_free,
+                         "max_context_len": meta.max_context_len}  # fmt: skip
             return self._call(q, kv_cache, meta.cu_seqlens_q, meta.context_lens, meta.block_tables,
                               meta.max_q_len, **extra)  # fmt: skip
         n, out = split.num_decode_seqs, torch.empty_like(q)
@@ -131,7 +132,8 @@ class PagedAttention(nn.Module):
                    meta.block_tables[:n], 1, out=out[:n])  # fmt: skip
         extra = {}
         if rows is not None:
-            extra = {"step_kv": (rows[0][n:], rows[1][n:]), "prefix_free": split.prefix_free}
+            extra = {"step_kv": (rows[0][n:], rows[1][n:]), "prefix_free": split.prefix_free,
+                     "max_context_len": meta.max_context_len}  # fmt: skip
         self._call(q[n:], kv_cache, split.cu_seqlens_q, split.context_lens, split.block_tables,
                    meta.max_q_len, out=out[n:], **extra)  # fmt: skip
         return out
