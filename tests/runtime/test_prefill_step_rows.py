@@ -126,9 +126,18 @@ def test_mixed_steps_are_staged_split() -> None:
     assert split.cu_seqlens_q.tolist() == [0, 3, 10]
     assert split.context_lens.tolist() == [8, 7]
     assert split.block_tables.tolist() == inputs.meta.block_tables[1:].tolist()
-    for t in (split.cu_seqlens_q, split.context_lens, split.block_tables):
+    # after the chunk with cached tokens (3 tokens), the prompt staged again on its own
+    prompts = split.prompts
+    assert prompts is not None and (prompts.num_prefix_seqs, prompts.num_prefix_tokens) == (1, 3)
+    assert prompts.cu_seqlens_q.tolist() == [0, 7] and prompts.context_lens.tolist() == [7]
+    assert prompts.block_tables.tolist() == inputs.meta.block_tables[2:].tolist()
+    for t in (split.cu_seqlens_q, split.context_lens, split.block_tables, prompts.cu_seqlens_q,
+              prompts.context_lens, prompts.block_tables):  # fmt: skip
         assert t.data_ptr() % 16 == 0  # Triton specialises on 16-byte alignment
     assert prepare_inputs(_mixed_steps()[0], 4, torch.device("cpu")).meta.mixed is None
+    # the last step's chunks both have cached tokens: no prompt part
+    last = prepare_inputs(_mixed_steps()[2], 4, torch.device("cpu")).meta.mixed
+    assert last is not None and last.prompts is None
 
 
 @pytest.mark.parametrize("kv", ["auto", "int8", "fp8"])

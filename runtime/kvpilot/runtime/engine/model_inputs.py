@@ -15,7 +15,7 @@ from itertools import chain
 import numpy as np
 import torch
 from kvpilot.runtime.engine.batch import SeqChunk, StepBatch
-from kvpilot.runtime.layers.attention import AttentionMetadata, MixedSplit
+from kvpilot.runtime.layers.attention import AttentionMetadata, MixedSplit, PromptPart
 
 
 @dataclass
@@ -165,10 +165,16 @@ def _stage(host: _HostArrays, device: torch.device) -> ModelInputs:
     int32_parts = [host.cu_seqlens, host.context_lens, host.block_tables.reshape(-1)]
     num_decodes = _leading_decodes(host.cu_seqlens)
     mixed = 0 < num_decodes < host.context_lens.shape[0]
+    prompts = 0
     if mixed:  # the sequences after the decodes, staged aligned of their own (MixedSplit)
         n = num_decodes
         rest_cu = (host.cu_seqlens[n:] - host.cu_seqlens[n]).astype(np.int32)
         int32_parts += [rest_cu, host.context_lens[n:], host.block_tables[n:].reshape(-1)]
+        prompts = _trailing_prompts(host.cu_seqlens[n:], host.context_lens[n:])
+    if prompts:  # and the prompts among them, after the chunks with cached tokens (PromptPart)
+        first = host.context_lens.shape[0] - prompts
+        prompt_cu = (host.cu_seqlens[first:] - host.cu_seqlens[first]).astype(np.int32)
+        int32_parts += [prompt_cu, host.context_lens[first:], host.block_tables[first:].reshape(-1)]
     offsets64, n64 = _aligned_offsets([p.size for p in int64_parts], _ALIGN_BYTES // 8)
     offsets32, n32 = _aligned_offsets([p.size for p in int32_parts], _ALIGN_BYTES // 4)
     pin = device.type == "cuda"
@@ -194,14 +200,35 @@ def _stage(host: _HostArrays, device: torch.device) -> ModelInputs:
     )
     if mixed:
         rest_ctx = host.context_lens[num_decodes:]
+        part = None
+        if prompts:
+            first = num_seqs - prompts
+            part = PromptPart(
+                num_prefix_seqs=first - num_decodes,
+                num_prefix_tokens=int(host.cu_seqlens[first] - host.cu_seqlens[num_decodes]),
+                cu_seqlens_q=i32[6],
+                context_lens=i32[7],
+                block_tables=i32[8].view(prompts, width),
+            )
         meta.mixed = MixedSplit(
             num_decode_seqs=num_decodes,
             cu_seqlens_q=i32[3],
             context_lens=i32[4],
             block_tables=i32[5].view(num_seqs - num_decodes, width),
             prefix_free=int(rest_ctx.sum()) == int(host.cu_seqlens[-1] - host.cu_seqlens[num_decodes]),
+            prompts=part,
         )
     return ModelInputs(i64[0], i64[1], meta, i64[3])
+
+
+def _trailing_prompts(cu_seqlens: np.ndarray, context_lens: np.ndarray) -> int:
+    """How many sequences at the end have no cached tokens (context == chunk), when at least one sequence
+    with cached tokens comes before them and none after; else 0."""
+    has_prefix = context_lens > np.diff(cu_seqlens)
+    if not has_prefix.any() or has_prefix.all():
+        return 0
+    last = int(np.flatnonzero(has_prefix)[-1])
+    return int(has_prefix.size - 1 - last)
 
 
 def _leading_decodes(cu_seqlens: np.ndarray) -> int:
