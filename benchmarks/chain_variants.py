@@ -22,7 +22,7 @@ from kvpilot.runtime.kernels.triton_utils import num_sms
 from kvpilot.runtime.kernels.w4a16_triton import int_gemm
 from kvpilot.runtime.quant import fused_gemv as fg
 from kvpilot.runtime.quant.fp8_gemm import fp8_linear
-from kvpilot.runtime.quant.int_weight import IntWeight, quantize_rtn
+from kvpilot.runtime.quant.int_weight import quantize_rtn
 
 HIDDEN, QKV, INTER, Q = 4096, 6144, 12288, 4096
 EPS = 1e-6
@@ -61,10 +61,9 @@ def weight_bytes(quant: str) -> float:
 @dataclass(frozen=True)
 class Opts:
     fused: bool = True  # False: every op apart, as main ran them before the fused quantized GEMVs
-    norm: bool | None = None  # fuse the norms (int: qkv, and gate_up with gateup_dot); None: as the model
-    silu: bool | None = None  # fuse the SiLU; None: as the model (quant/fused_gemv.py's switches)
+    norm: bool | None = None  # fp8: fuse the norms; None: as the model
+    silu: bool | None = None  # fp8: fuse the SiLU; None: as the model (quant/fused_gemv.py's switches)
     pdl: bool | None = None  # None: as the model (fp8 on, int off)
-    gateup_dot: bool = False  # int4 gate_up: the fused dot GEMV instead of the norm kernel + the mma GEMV
     l2_ahead: int = 0  # the mma GEMV's L2 prefetch distance
     reduce: str = "fixup"  # split-K reduction of the fused launches and the mma GEMV
     tile: dict[str, tuple[int, int]] | None = None  # fp8: {"norm"/"silu": (rows, warps)}
@@ -75,11 +74,6 @@ def _fp8_cfg(kind: str, w: torch.Tensor, o: Opts) -> GemvConfig:
     default = fg.FP8_SILU_TILE if kind == "silu" else None
     tile = (o.tile or {}).get(kind, default)
     cfg = fg.fp8_config(*w.shape, w.device, tile, o.prefetch)
-    return replace(cfg, reduce=o.reduce, pdl=cfg.pdl if o.pdl is None else o.pdl)
-
-
-def _int_cfg(w: IntWeight, o: Opts) -> GemvConfig:
-    cfg = fg.int_config(w, w.qweight.device)
     return replace(cfg, reduce=o.reduce, pdl=cfg.pdl if o.pdl is None else o.pdl)
 
 
@@ -105,13 +99,9 @@ def _norm(
         return norm_linear_triton(x, r, nw, EPS, p)
     out = None
     fp8_norm = fg.FUSE_FP8_NORM if o.norm is None else o.norm
-    int_norm = fg.FUSE_INT_NORM if o.norm is None else o.norm
     if o.fused and fp8_norm and quant == "fp8":
         w, s, c = p
         out = fg.fp8_norm_linear(x, r, nw, EPS, w, s, c, _fp8_cfg("norm", w, o))
-    elif o.fused and int_norm and quant in ("int4", "int8") and (not mma or o.gateup_dot):
-        w, c = p
-        out = fg.int_norm_linear(x, r, nw, EPS, w, c, _int_cfg(w, o))
     if out is not None:
         return out
     y, r = rms_norm_triton(x, nw, EPS, r)
@@ -125,9 +115,6 @@ def _silu(gu: torch.Tensor, p: Any, quant: str, o: Opts) -> torch.Tensor:
     if quant == "fp8" and o.fused and (fg.FUSE_FP8_SILU if o.silu is None else o.silu):
         w, s, c = p
         out = fg.fp8_silu_linear(gu, w, s, c, _fp8_cfg("silu", w, o))
-    elif quant in ("int4", "int8") and o.fused and (fg.FUSE_INT_SILU if o.silu is None else o.silu):
-        w, c = p
-        out = fg.int_silu_linear(gu, w, c, _int_cfg(w, o))
     return out if out is not None else _plain(silu_and_mul_triton(gu), p, quant, o)
 
 
@@ -144,12 +131,8 @@ def layer_fn(quant: str, o: Opts) -> LayerFn:
 def variants(quant: str) -> dict[str, LayerFn]:
     """ "fused" is the model's defaults (quant/fused_gemv.py's switches); the others change one thing."""
     opts = {"unfused": Opts(fused=False), "fused": Opts()}
-    if quant in ("int4", "int8"):
-        opts |= {"fused+norm": Opts(norm=True), "fused+silu": Opts(silu=True)}
     if quant == "int4":
         opts |= {
-            "fused+norm+pdl": Opts(norm=True, pdl=True),
-            "fused+norm+gateup-dot": Opts(norm=True, gateup_dot=True),
             "fused-mma-l2a1": Opts(l2_ahead=1),
             "fused-mma-wide": Opts(reduce="fixup_wide"),
         }

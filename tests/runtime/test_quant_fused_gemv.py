@@ -1,7 +1,7 @@
-"""The quantized decode GEMVs with the op before the projection fused in (fp8: kernels/fp8_gemv_triton.py,
-int4 / int8: kernels/int_gemv_triton.py) against the composed references (kernels/gemv.py with the
-formats' reference GEMMs), and the decoder layer's fused path with quantized weights (quant/fused_gemv.py
-through Linear.norm_linear / silu_linear) against its unfused one.
+"""The quantized decode GEMVs with the op before the projection fused in (fp8: kernels/fp8_gemv_triton.py;
+int4 / int8 have none since their prologues lost on the H200) against the composed references
+(kernels/gemv.py with the format's reference GEMM), and the decoder layer's fused path with quantized
+weights (quant/fused_gemv.py through Linear.norm_linear / silu_linear) against its unfused one.
 
 Interpreted on CPU without CUDA (tiny shapes, float32 and one fp16 case), compiled on the GPU otherwise.
 """
@@ -23,15 +23,13 @@ from kvpilot.runtime.engine.model_runner import ModelRunner  # noqa: E402
 from kvpilot.runtime.kernels.activation import silu_and_mul_ref  # noqa: E402
 from kvpilot.runtime.kernels.fp8_gemv_triton import norm_fp8_gemv, silu_fp8_gemv  # noqa: E402
 from kvpilot.runtime.kernels.gemv import composed_norm_linear, composed_silu_linear  # noqa: E402
-from kvpilot.runtime.kernels.int_gemv_triton import GemvConfig, norm_int_gemv, silu_int_gemv  # noqa: E402
+from kvpilot.runtime.kernels.int_gemv_triton import GemvConfig  # noqa: E402
 from kvpilot.runtime.kernels.norm import rms_norm_ref  # noqa: E402
 from kvpilot.runtime.kernels.quant_reference import (  # noqa: E402
     fp8_weight_only_ref,
-    int_gemm_ref,
     quantize_fp8_rows_ref,
 )
 from kvpilot.runtime.quant import fused_gemv  # noqa: E402
-from kvpilot.runtime.quant.int_weight import quantize_rtn  # noqa: E402
 
 DEVICE = torch.device("cpu" if INTERPRET else "cuda")
 EPS = 1e-6
@@ -92,60 +90,8 @@ def test_fp8_fused_gemvs_match_the_composed_reference(config: GemvConfig | None,
     )
 
 
-INT_CONFIGS = [  # the dot path: one program per column block, split-K (fixup and the second launch)
-    GemvConfig(use_dot=True, block_n=32, split_k=1),
-    GemvConfig(use_dot=True, block_n=16, split_k=2, reduce="fixup"),
-    GemvConfig(use_dot=True, block_n=64, split_k=2, reduce="workspace"),
-]
-
-
-@pytest.mark.parametrize("config", INT_CONFIGS, ids=lambda c: f"split{c.split_k}-{c.reduce}")
-@pytest.mark.parametrize(("bits", "group"), [(4, 128), (4, 32), (8, -1)])
-def test_int_fused_gemvs_match_the_composed_reference(config: GemvConfig, bits: int, group: int) -> None:
-    gen = torch.Generator().manual_seed(bits)
-    w = quantize_rtn(torch.randn(N, K, generator=gen).to(DEVICE), bits, group, sym=bits == 8)
-    parts = (w.qweight, w.scales, w.zeros)
-
-    def linear(x: torch.Tensor, _w: object, _b: object) -> torch.Tensor:
-        return int_gemm_ref(x.float(), w.qweight, w.scales, w.zeros, bits).to(x.dtype)
-
-    _check_fused(
-        linear,
-        lambda h, r, nw, eps: norm_int_gemv(h, r, nw, eps, parts, bits, config),
-        lambda gu: silu_int_gemv(gu, parts, bits, config),
-        torch.float32,
-    )
-
-
-def test_int4_fused_gemv_with_fp16_activations() -> None:
-    """16-bit x: the magic-number operands, h w_norm rounded to fp16 before the dot."""
-    w = quantize_rtn(
-        torch.randn(N, K, generator=torch.Generator().manual_seed(3)).to(DEVICE), 4, 128, sym=False
-    )
-    w = type(w)(w.qweight, w.scales.half(), w.zeros.half(), 4)
-    parts, cfg = (w.qweight, w.scales, w.zeros), GemvConfig(use_dot=True, block_n=32, split_k=2)
-
-    def linear(x: torch.Tensor, _w: object, _b: object) -> torch.Tensor:
-        return int_gemm_ref(x.float(), w.qweight, w.scales.float(), w.zeros.float(), 4).to(x.dtype)
-
-    _check_fused(
-        linear,
-        lambda h, r, nw, eps: norm_int_gemv(h, r, nw, eps, parts, 4, cfg),
-        lambda gu: silu_int_gemv(gu, parts, 4, cfg),
-        torch.float16,
-    )
-
-
 def test_fused_launches_refuse_what_they_cannot_run() -> None:
     hidden, residual, norm_weight, gate_up = _vectors(K, torch.float32, seed=2)
-    w = quantize_rtn(torch.randn(N, K).to(DEVICE), 4, 128, sym=False)
-    parts = (w.qweight, w.scales, w.zeros)
-    with pytest.raises(ValueError, match="prologue takes the dot path"):
-        norm_int_gemv(hidden, residual, norm_weight, EPS, parts, 4, GemvConfig(use_dot=False))
-    with pytest.raises(ValueError, match="must match hidden"):
-        norm_int_gemv(hidden, residual[:, :128], norm_weight, EPS, parts, 4)
-    with pytest.raises(ValueError, match="must be"):
-        silu_int_gemv(gate_up[:, :K], parts, 4)
     weight, scale = quantize_fp8_rows_ref(torch.randn(N, K))
     weight, scale = weight.to(DEVICE), scale.view(-1).to(DEVICE)
     with pytest.raises(ValueError, match="multiply-add path"):
@@ -155,19 +101,18 @@ def test_fused_launches_refuse_what_they_cannot_run() -> None:
 
 
 def test_by_default_only_fp8_silu_fuses(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The H200 chain's verdict (quant/fused_gemv.py's doc): the fp8 SiLU fuses; the fp8 norm and every int
-    prologue leave the layer to the separate ops (None) unless a config asks for the kernel."""
+    """The H200 chain's verdict (quant/fused_gemv.py's doc): the fp8 SiLU fuses; the fp8 norm leaves the
+    layer to the separate ops (None) unless a config asks for the kernel; the int formats never fuse."""
     monkeypatch.setattr(fused_gemv, "kernels_run_on", lambda x: True)
     hidden, residual, norm_weight, gate_up = _vectors(K, torch.float32, seed=4)
     weight, scale = quantize_fp8_rows_ref(torch.randn(N, K))
     weight, scale = weight.to(DEVICE), scale.view(-1).to(DEVICE)
     assert fused_gemv.fp8_norm_linear(hidden, residual, norm_weight, EPS, weight, scale, None) is None
     assert fused_gemv.fp8_silu_linear(gate_up, weight, scale, None) is not None
-    w = quantize_rtn(torch.randn(N, K).to(DEVICE), 4, 128, sym=False)
-    assert fused_gemv.int_norm_linear(hidden, residual, norm_weight, EPS, w, None) is None
-    assert fused_gemv.int_silu_linear(gate_up, w, None) is None
-    cfg = fused_gemv.int_config(w, DEVICE)
-    assert fused_gemv.int_norm_linear(hidden, residual, norm_weight, EPS, w, None, cfg) is not None
+    cfg8 = fused_gemv.fp8_config(N, K, DEVICE)
+    assert (
+        fused_gemv.fp8_norm_linear(hidden, residual, norm_weight, EPS, weight, scale, None, cfg8) is not None
+    )
 
 
 Entries = tuple[Callable[..., torch.Tensor], Callable[..., object], Callable[..., object]]
@@ -189,29 +134,17 @@ def _dispatched(fmt: str, w: torch.Tensor) -> Entries:
             return fused_gemv.fp8_norm_linear(h, r, nw, EPS, weight, scale, None, cfg8)
 
         return ref, norm, lambda gu: fused_gemv.fp8_silu_linear(gu, weight, scale, None)
-    bits = 4 if fmt == "int4" else 8
-    q = quantize_rtn(w, bits, 128 if bits == 4 else -1, sym=bits == 8)
-    q = type(q)(q.qweight, q.scales.bfloat16(), q.zeros.bfloat16(), bits)
-
-    def int_ref(x: torch.Tensor, _w: object, _b: object) -> torch.Tensor:
-        return int_gemm_ref(x.float(), q.qweight, q.scales.float(), q.zeros.float(), bits)
-
-    cfg = fused_gemv.int_config(q, DEVICE)  # the dispatch's shape, past the switches (gate_up: mma)
-
-    def int_norm(h: torch.Tensor, r: torch.Tensor, nw: torch.Tensor) -> object:
-        return fused_gemv.int_norm_linear(h, r, nw, EPS, q, None, cfg)
-
-    return int_ref, int_norm, lambda gu: fused_gemv.int_silu_linear(gu, q, None, cfg)
+    raise ValueError(f"no fused GEMV for {fmt}")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt", ["fp8", "int4", "int8"])
+@pytest.mark.parametrize("fmt", ["fp8"])
 @pytest.mark.parametrize(
     ("n", "k", "prologue"), [(6144, 4096, "norm"), (24576, 4096, "norm"), (4096, 12288, "silu")]
 )
 def test_dispatched_fused_gemvs_at_qwen3_8b_shapes_bf16(fmt: str, n: int, k: int, prologue: str) -> None:
     """quant/fused_gemv.py's entries as the model calls them (bf16, the dispatch's shapes and split-K,
-    PDL, int4's paired PTX operands) on qkv / gate_up (norm) and down (silu), against the references."""
+    PDL) on qkv / gate_up (norm) and down (silu), against the references."""
     w = (torch.randn(n, k, generator=torch.Generator().manual_seed(n)) * k**-0.5).to(DEVICE)
     hidden, residual, norm_weight, gate_up = _vectors(k, torch.bfloat16, seed=n)
     ref, norm, silu = _dispatched(fmt, w)
@@ -242,6 +175,7 @@ def _runner(ckpt: Path, quantization: str, fused: bool) -> ModelRunner:
             dtype="float32",
             kernel_backend="triton",
             quantization=quantization,
+            enforce_eager=True,  # graphs captured before the switch below would hold the fused path
         )
     )
     for layer in runner.model.model.layers:
@@ -249,7 +183,7 @@ def _runner(ckpt: Path, quantization: str, fused: bool) -> ModelRunner:
     return runner
 
 
-@pytest.mark.parametrize("quantization", ["int4", "int8", "fp8"])
+@pytest.mark.parametrize("quantization", ["fp8"])
 def test_quantized_fused_decode_path_matches_unfused(
     quantization: str, tiny_checkpoint_factory: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -257,12 +191,10 @@ def test_quantized_fused_decode_path_matches_unfused(
     (the fused GEMVs through Linear.norm_linear / silu_linear and the quant method) gives the unfused
     runner's logits, and its fused kernels ran at every site (qkv, gate_up, down of every layer)."""
     monkeypatch.setattr(fused_gemv, "kernels_run_on", lambda x: True)  # the interpreter on CPU
-    for switch in ("FUSE_FP8_NORM", "FUSE_FP8_SILU", "FUSE_INT_NORM", "FUSE_INT_SILU"):
+    for switch in ("FUSE_FP8_NORM", "FUSE_FP8_SILU"):
         monkeypatch.setattr(fused_gemv, switch, True)  # most are off by default (the module doc): wired too
     calls = {"norm": 0, "silu": 0}
     names = {"norm": "norm_fp8_gemv", "silu": "silu_fp8_gemv"}
-    if quantization != "fp8":
-        names = {"norm": "norm_int_gemv", "silu": "silu_int_gemv"}
     for kind, name in names.items():
         fn = getattr(fused_gemv, name)
 
@@ -271,7 +203,6 @@ def test_quantized_fused_decode_path_matches_unfused(
             return _fn(*args)
 
         monkeypatch.setattr(fused_gemv, name, counted)
-    # K = 128 / 256: whole 128-row pack tiles, so the int GEMV takes every fused site
     ckpt = tiny_checkpoint_factory("qwen3", hidden_size=128, intermediate_size=256)
     fused, unfused = _runner(ckpt, quantization, True), _runner(ckpt, quantization, False)
     assert all(layer.self_attn.fusable and layer.mlp.fusable for layer in fused.model.model.layers)
@@ -280,3 +211,16 @@ def test_quantized_fused_decode_path_matches_unfused(
         torch.testing.assert_close(fused.execute(step), unfused.execute(step), **TOL)
     layers = len(fused.model.model.layers)
     assert calls == {"norm": 2 * layers, "silu": layers}  # the decode step's qkv, gate_up and down
+
+
+@pytest.mark.parametrize("quantization", ["int4", "int8"])
+def test_int_formats_run_the_ops_apart_on_the_fused_path(
+    quantization: str, tiny_checkpoint_factory: Callable[..., Path]
+) -> None:
+    """int4 / int8 have no fused GEMV: a runner whose layers take the fused path runs the norm, the SiLU
+    and the GEMVs apart and gives the unfused runner's logits."""
+    ckpt = tiny_checkpoint_factory("qwen3", hidden_size=128, intermediate_size=256)
+    fused, unfused = _runner(ckpt, quantization, True), _runner(ckpt, quantization, False)
+    steps = [StepBatch([SeqChunk(0, [5, 9, 17], 0, [3], True)]), StepBatch([SeqChunk(0, [12], 3, [3], True)])]
+    for step in steps:
+        torch.testing.assert_close(fused.execute(step), unfused.execute(step), **TOL)

@@ -24,13 +24,12 @@ def gemm(name, bits, group, bm, bn, bk, out, stages, x="*bf16"):
 PROLOGUE = {"x_ptr": "*bf16", "r_ptr": "*bf16", "nw_ptr": "*bf16", "h_ptr": "*bf16", "eps": "fp32",
             "ws_ptr": "*fp32", "counter_ptr": "*i32"}
 
-def gemv(name, bits, group, use_dot, out, magic, bn=64, tiles=1, stages=4, asm=False, mode=1, pro=0,
-         pdl=False):
-    types = {**PROLOGUE, "qw_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "out_ptr": out}
+def gemv(name, bits, group, use_dot, out, magic, bn=64, tiles=1, stages=4, asm=False, mode=1, pdl=False):
+    types = {"x_ptr": "*bf16", "ws_ptr": "*fp32", "counter_ptr": "*i32", "qw_ptr": "*i32", "s_ptr": "*bf16",
+             "z_ptr": "*bf16", "out_ptr": out}
     consts = {"GROUP": group, "BITS": bits, "BLOCK_M": 16 if use_dot else 1, "BLOCK_N": bn, "TILE": 128,
               "TILES": tiles, "USE_DOT": use_dot, "MAGIC16": magic, "OFFSET": 128.0 if magic else 0.0,
-              "SPLIT_MODE": mode, "DOT_IEEE": False, "PAIR_ASM": asm, "PROLOGUE": pro,
-              "HAS_RESIDUAL": pro == 1, "PDL": pdl, "SS_BLOCK": 512}
+              "SPLIT_MODE": mode, "DOT_IEEE": False, "PAIR_ASM": asm, "PDL": pdl}
     return KernelSpec(name, g._int_gemv_kernel, types, consts, 4, stages, ("M",))
 
 def fp8_gemv(name, use_dot, out, pro=0, pdl=False, bn=32, warps=4, mode=3, prefetch=False):
@@ -62,11 +61,8 @@ specs = [
     gemv("w8_gemv_fma", 8, 4096, False, "*fp32", 0, stages=1),
     fp8_gemv("fp8_gemv_dot", True, "*fp32"),
     fp8_gemv("fp8_gemv_fma", False, "*bf16"),
-    # the fused prologues at the dispatch's M = 1 shapes, with programmatic dependent launch
-    gemv("w4_norm_gemv_pdl", 4, 128, True, "*bf16", 0x4300, asm=True, mode=3, pro=1, pdl=True),
-    gemv("w4_norm_gemv_group32", 4, 32, True, "*bf16", 0x4300, asm=True, mode=3, pro=1),
-    gemv("w4_silu_gemv_pdl", 4, 128, True, "*bf16", 0x4300, asm=True, mode=3, pro=2, pdl=True),
-    gemv("w8_norm_gemv_pdl", 8, 4096, True, "*bf16", 0, mode=0, pro=1, pdl=True),
+    # the dispatch's M = 1 shape with programmatic dependent launch; fp8's fused prologues
+    gemv("w4_gemv_pdl", 4, 128, True, "*bf16", 0x4300, asm=True, mode=3, pdl=True),
     fp8_gemv("fp8_norm_gemv_pdl", False, "*bf16", pro=1, pdl=True, bn=4, warps=1, mode=0),
     fp8_gemv("fp8_norm_gemv_split", False, "*bf16", pro=1, pdl=True, bn=4, warps=1),
     fp8_gemv("fp8_silu_gemv_pdl", False, "*bf16", pro=2, pdl=True, bn=4, warps=1),
@@ -96,10 +92,7 @@ GEMV = (
     "w8_gemv_fma",
     "fp8_gemv_dot",
     "fp8_gemv_fma",
-    "w4_norm_gemv_pdl",
-    "w4_norm_gemv_group32",
-    "w4_silu_gemv_pdl",
-    "w8_norm_gemv_pdl",
+    "w4_gemv_pdl",
     "fp8_norm_gemv_pdl",
     "fp8_norm_gemv_split",
     "fp8_silu_gemv_pdl",
@@ -141,7 +134,7 @@ def test_int_gemm_kernels_compile_for_sm90() -> None:
     for name in GEMV:  # the decode GEMVs (bf16 atomics included) lower for Hopper without spilling
         assert (reports[name]["stack_bytes"] or 0) <= 32, f"{name} spills registers: {reports[name]}"
     dots = ("w4_gemv_dot", "w4_gemv_dot_pair_asm", "w4_gemv_dot_group32", "w8_gemv_dot", "fp8_gemv_dot")
-    for name in (*dots, "w4_norm_gemv_pdl", "w4_silu_gemv_pdl", "w8_norm_gemv_pdl"):
+    for name in (*dots, "w4_gemv_pdl"):
         assert reports[name]["async_copies"] > 0, f"{name}: weight loads are no longer pipelined"
     for name in ("w4_fma_m1", "w4_fma_m4_group32", "w8_fma_m1", "w8_fma_m1_l2"):  # registers only
         assert reports[name]["loop_conversions"] == 0, f"{name} converts layouts in its K loop"

@@ -19,9 +19,9 @@ Two ways to multiply, chosen per launch (GemvConfig.use_dot):
        end; values read in place ((word & (15 << 4j)) | 0x4B000000 = 2**23 + q 16**j, x scaled by
        16**-j), zero points out per tile with sum x. About twice the instructions per byte of `dot` on
        sm_90 (counted in the SASS): kept for the sweep.
-Fused prologues (dot path, one token; norm_int_gemv / silu_int_gemv, quant/fused_gemv.py dispatches):
-the op before the projection, with gemv_triton's helpers (_input_tile, _row_sum_squares, _write_h). See
-_dot_partial for why the norm runs as two dots and the norm weight multiplies W.
+No fused prologue: the norm or SiLU before the projection runs as its own kernel. Fused into this
+GEMV they lost on the H200 (quant/fused_gemv.py has the numbers): the dot path pads one token to 16 rows, so
+any work on x's tile costs 16 times the token's (removed 2026-12-01, fifth session).
 Split-K (kernels/split_k_triton.py): SPLIT_K programs share each output tile; by default the last of them
 sums the float32 partials in split order (one launch, deterministic).
 """
@@ -33,15 +33,6 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from kvpilot.runtime.kernels.gemv_triton import (
-    _NORM,
-    _PLAIN,
-    _SILU,
-    _input_tile,
-    _pow2_divisor,
-    _row_sum_squares,
-    _write_h,
-)
 from kvpilot.runtime.kernels.quant_reference import pack_tile
 from kvpilot.runtime.kernels.split_k_triton import REDUCES, split_output, store_split
 from kvpilot.runtime.kernels.triton_utils import num_sms
@@ -89,17 +80,14 @@ class GemvConfig:
 
 @triton.jit(do_not_specialize=["M", "split_k"])
 def _int_gemv_kernel(
-    x_ptr,  # [M, K] activations (plain, norm: hidden) or [M, 2K] (silu: gate | up); rows stride_xm apart
-    r_ptr,  # norm: residual [M, K] (rows stride_rm apart)
-    nw_ptr,  # norm: RMSNorm weight [K]
-    h_ptr,  # norm with residual: h = hidden + residual [M, K], dense (written)
+    x_ptr,  # [M, K] activations, rows stride_xm apart
     qw_ptr,  # int32 [K / PER_WORD, N], interleaved per TILE rows (quant_reference.pack_rows)
     s_ptr,  # [K / GROUP, N]
     z_ptr,  # [K / GROUP, N]
     out_ptr,  # y [M, N], or the float32 buffer of atomic_f32 (split_k_triton)
     ws_ptr,  # float32 [SPLIT_K, M, N] (workspace, fixup)
     counter_ptr,  # int32 [tiles] (fixup)
-    M, N, K, stride_xm, stride_rm, K_PER_SPLIT, split_k, eps,
+    M, N, K, stride_xm, K_PER_SPLIT, split_k,
     GROUP: tl.constexpr,
     BITS: tl.constexpr,
     BLOCK_M: tl.constexpr,  # dot: 16; fma: 1 (one program row per token)
@@ -112,10 +100,7 @@ def _int_gemv_kernel(
     SPLIT_MODE: tl.constexpr,  # split_k_triton._MODES
     DOT_IEEE: tl.constexpr,  # float32 activations: exact float32 dots, not tf32
     PAIR_ASM: tl.constexpr,  # int4 + bf16 dots: operands from _PAIRS_LOW / _PAIRS_HIGH
-    PROLOGUE: tl.constexpr,  # dot only: gemv_triton's _PLAIN / _NORM / _SILU
-    HAS_RESIDUAL: tl.constexpr,
     PDL: tl.constexpr,  # programmatic dependent launch (gemv_triton.GemvBf16Config.pdl)
-    SS_BLOCK: tl.constexpr,  # norm: K per step of the sum of h^2 (a power of two dividing K)
 ):  # fmt: skip
     if PDL:  # the next kernel may launch now: its own gdc_wait orders it after this one's writes
         tl.extra.cuda.gdc_launch_dependents()
@@ -129,20 +114,9 @@ def _int_gemv_kernel(
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_mask = offs_m < M
         acc = _dot_partial(
-            x_ptr, r_ptr, nw_ptr, qw_ptr, s_ptr, z_ptr, offs_m, m_mask, offs_n, n_mask, N, K, stride_xm,
-            stride_rm, k_start, K_PER_SPLIT, GROUP, BITS, BLOCK_M, BLOCK_N, TILE, MAGIC16, OFFSET, DOT_IEEE,
-            PAIR_ASM, PROLOGUE, HAS_RESIDUAL,
+            x_ptr, qw_ptr, s_ptr, z_ptr, offs_m, m_mask, offs_n, n_mask, N, stride_xm, k_start,
+            K_PER_SPLIT, GROUP, BITS, BLOCK_M, BLOCK_N, TILE, MAGIC16, OFFSET, DOT_IEEE, PAIR_ASM,
         )  # fmt: skip
-        if PROLOGUE == 1:  # one token: 1 / rms(h) from the whole row, after the weight stream
-            token = pid_m * BLOCK_M + tl.arange(0, 1)
-            ss = _row_sum_squares(
-                x_ptr, r_ptr, token, token < M, stride_xm, stride_rm, K, 1, SS_BLOCK, HAS_RESIDUAL
-            )
-            acc = acc * tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
-            if HAS_RESIDUAL:
-                _write_h(
-                    x_ptr, r_ptr, h_ptr, token, token < M, k_start, K_PER_SPLIT, stride_xm, stride_rm, K, TILE
-                )
         offs = offs_m[:, None] * N + offs_n[None, :]
         mask = m_mask[:, None] & n_mask[None, :]
     else:
@@ -157,22 +131,14 @@ def _int_gemv_kernel(
 
 @triton.jit
 def _dot_partial(
-    x_ptr, r_ptr, nw_ptr, qw_ptr, s_ptr, z_ptr, offs_m, m_mask, offs_n, n_mask, N, K, stride_xm, stride_rm,
-    k_start, K_PER_SPLIT,
+    x_ptr, qw_ptr, s_ptr, z_ptr, offs_m, m_mask, offs_n, n_mask, N, stride_xm, k_start, K_PER_SPLIT,
     GROUP: tl.constexpr, BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     TILE: tl.constexpr, MAGIC16: tl.constexpr, OFFSET: tl.constexpr, DOT_IEEE: tl.constexpr,
-    PAIR_ASM: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    PAIR_ASM: tl.constexpr,
 ):  # fmt: skip
     """[BLOCK_M, BLOCK_N] float32 sum over this split's K rows, tensor-core dots of CHUNK rows. A tile
     inside one group subtracts OFFSET + z from the 16-bit operand (packed two per instruction; q - z is a
-    small integer, exact); smaller groups take z out after each dot with sum x.
-    Prologues (x holds one token, padded to 16 rows for the dots, so nothing is computed on x's side:
-    work on the padded tile costs 16 times the work on the token, and bound the kernel):
-      norm  x (w_norm (q - z)) + r (w_norm (q - z)): hidden and residual are two dot operands straight
-            from memory and the norm weight multiplies W's rows (q - z exact, the product rounded once
-            to x's dtype); 1 / rms(h) is applied by the caller.
-      silu  silu(gate) * up made on the padded tile (gemv_triton._input_tile): instruction-bound, kept
-            for measurement (quant/fused_gemv.py does not dispatch it)."""
+    small integer, exact); smaller groups take z out after each dot with sum x."""
     PER_WORD: tl.constexpr = 32 // BITS
     CHUNK: tl.constexpr = TILE // PER_WORD  # word rows per tile; value j of them = rows j*CHUNK..
     ONE_GROUP: tl.constexpr = GROUP % TILE == 0
@@ -189,32 +155,18 @@ def _dot_partial(
         for j in tl.static_range(PER_WORD):
             kj = k0 + j * CHUNK  # rows kj .. kj + CHUNK of W^T, all in group kj // GROUP
             rows, cols = offs_m[:, None], (kj + offs_c)[None, :]
-            if PROLOGUE == 2:
-                x = _input_tile(x_ptr, r_ptr, rows, m_mask[:, None], cols, stride_xm, stride_rm, K, 2, False)
-            else:
-                x = tl.load(x_ptr + rows * stride_xm + cols, mask=m_mask[:, None], other=0.0)
+            x = tl.load(x_ptr + rows * stride_xm + cols, mask=m_mask[:, None], other=0.0)
             w = _operand(words, j, BITS, CHUNK, BLOCK_N, MAGIC16, PAIR_ASM, x.dtype)  # OFFSET + q
             if ONE_GROUP:
                 w = w - z_x[None, :]
-            elif PROLOGUE == 1:  # q - z exactly, before the norm weight rounds the product
-                zj = tl.load(z_ptr + (kj // GROUP) * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-                w = (w.to(tl.float32) - (zj + OFFSET)[None, :]).to(x.dtype)
-            if PROLOGUE == 1:
-                nw = tl.load(nw_ptr + kj + offs_c).to(tl.float32)
-                w = (w.to(tl.float32) * nw[:, None]).to(x.dtype)
             d = _dot(x, w, DOT_IEEE)
-            if PROLOGUE == 1 and HAS_RESIDUAL:
-                d += _dot(
-                    tl.load(r_ptr + rows * stride_rm + cols, mask=m_mask[:, None], other=0.0), w, DOT_IEEE
-                )
             if ONE_GROUP:
                 part += d
-            else:
+            else:  # z out with sum x
                 gj = (kj // GROUP) * N + offs_n
                 sj = tl.load(s_ptr + gj, mask=n_mask, other=0.0).to(tl.float32)
-                if PROLOGUE != 1:  # z out with sum x (norm took it out of w)
-                    zj = tl.load(z_ptr + gj, mask=n_mask, other=0.0).to(tl.float32) + OFFSET
-                    d = d - tl.sum(x.to(tl.float32), axis=1)[:, None] * zj[None, :]
+                zj = tl.load(z_ptr + gj, mask=n_mask, other=0.0).to(tl.float32) + OFFSET
+                d = d - tl.sum(x.to(tl.float32), axis=1)[:, None] * zj[None, :]
                 acc += d * sj[None, :]
         if ONE_GROUP:
             acc += part * tl.load(s_ptr + g, mask=n_mask, other=0.0).to(tl.float32)[None, :]
@@ -337,17 +289,13 @@ def default_gemv_config(m: int, n: int, k: int, bits: int, sms: int) -> GemvConf
 
 
 def _launch(
-    prologue: int,
     x: torch.Tensor,
-    residual: torch.Tensor | None,
-    norm_weight: torch.Tensor | None,
     w: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     bits: int,
-    eps: float,
     config: GemvConfig | None,
     counters: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The kernel on x [M, K] (silu: [M, 2K]); w = (qweight, scales, zeros); (y, h or None)."""
+) -> torch.Tensor:
+    """The kernel on x [M, K]; w = (qweight, scales, zeros)."""
     qweight, scales, zeros = w
     m, n = x.shape[0], qweight.shape[1]
     k = qweight.shape[0] * (32 // bits)
@@ -357,10 +305,6 @@ def _launch(
     step = tile * (1 if cfg.use_dot else cfg.tiles)
     if k % (cfg.split_k * step) or cfg.reduce not in REDUCES:
         raise ValueError(f"gemv config {cfg} does not fit K {k} (tiles of {tile} rows)")
-    if prologue != _PLAIN and not cfg.use_dot:
-        raise ValueError(f"int gemv: a fused prologue takes the dot path ({cfg})")
-    if prologue == _NORM and m != 1:
-        raise ValueError(f"int gemv: the norm prologue takes one token (M = {m})")
     magic, offset = _MAGIC16.get(x.dtype, (0, 0.0)) if bits == 4 else (0, 0.0)
     if x.dtype == torch.float16 and bits == 8:
         magic, offset = _MAGIC16[torch.float16]  # 1024 + q holds every 8-bit q
@@ -368,20 +312,16 @@ def _launch(
     pair_asm = cfg.pair_asm and cfg.use_dot and bits == 4 and x.dtype == torch.bfloat16 and x.is_cuda
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, block_m), cfg.split_k)
     buf = split_output(x, m, n, cfg.split_k, cfg.reduce, counters, grid[0] * grid[1])
-    h = torch.empty(m, k, device=x.device, dtype=x.dtype) if residual is not None else None
-    r = residual if residual is not None else x
     _int_gemv_kernel[grid](
-        x, r, norm_weight if norm_weight is not None else x, h if h is not None else x, qweight, scales,
-        zeros, buf.target, buf.workspace, buf.counters, m, n, k, x.stride(0), r.stride(0), k // cfg.split_k,
-        cfg.split_k, eps,
+        x, qweight, scales, zeros, buf.target, buf.workspace, buf.counters, m, n, k, x.stride(0),
+        k // cfg.split_k, cfg.split_k,
         GROUP=group, BITS=bits, BLOCK_M=block_m, BLOCK_N=cfg.block_n, TILE=tile, TILES=cfg.tiles,
         USE_DOT=cfg.use_dot, MAGIC16=magic, OFFSET=offset, SPLIT_MODE=buf.mode,
-        DOT_IEEE=x.dtype == torch.float32, PAIR_ASM=pair_asm, PROLOGUE=prologue,
-        HAS_RESIDUAL=residual is not None, PDL=cfg.pdl, SS_BLOCK=_pow2_divisor(k, 512),
+        DOT_IEEE=x.dtype == torch.float32, PAIR_ASM=pair_asm, PDL=cfg.pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"launch_pdl": True} if cfg.pdl else {}),
     )  # fmt: skip
-    return buf.finish(), h
+    return buf.finish()
 
 
 def int_gemv(
@@ -397,36 +337,4 @@ def int_gemv(
     Every K must be a whole number of pack tiles whose 32/bits dots span >= 16 rows inside one group
     (w4a16_triton.fused_supported).
     counters: this weight's persistent fixup counters (split_k_triton.split_counters)."""
-    return _launch(_PLAIN, x, None, None, (qweight, scales, zeros), bits, 0.0, config, counters)[0]
-
-
-def norm_int_gemv(
-    hidden: torch.Tensor,
-    residual: torch.Tensor | None,
-    norm_weight: torch.Tensor,
-    eps: float,
-    w: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    bits: int,
-    config: GemvConfig | None = None,
-    counters: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rmsnorm(h) W^T [M, N], h [M, K]), h = hidden + residual (hidden without one), w = (qweight,
-    scales, zeros): one launch of the dot path (kernels/gemv.py composed_norm_linear is the oracle)."""
-    if residual is not None and residual.shape != hidden.shape:
-        raise ValueError(f"residual {tuple(residual.shape)} must match hidden {tuple(hidden.shape)}")
-    y, h = _launch(_NORM, hidden, residual, norm_weight, w, bits, eps, config, counters)
-    return y, (hidden if h is None else h)
-
-
-def silu_int_gemv(
-    gate_up: torch.Tensor,
-    w: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    bits: int,
-    config: GemvConfig | None = None,
-    counters: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """gate_up [M, 2K] -> (silu(gate) * up) [M, K] @ W^T -> [M, N] in one launch of the dot path."""
-    k = w[0].shape[0] * (32 // bits)
-    if gate_up.shape[1] != 2 * k:
-        raise ValueError(f"gate_up {tuple(gate_up.shape)} must be [M, 2 x {k}]")
-    return _launch(_SILU, gate_up, None, None, w, bits, 0.0, config, counters)[0]
+    return _launch(x, (qweight, scales, zeros), bits, config, counters)

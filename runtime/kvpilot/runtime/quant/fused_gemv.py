@@ -6,8 +6,8 @@ bf16 counterpart: kernels/gemv_dispatch.py; the quant methods in quant/methods.p
 
   fp8   the weight-only GEMV's one-warp multiply-add path (kernels/fp8_gemv_triton.py), with
         programmatic dependent launch on sm_90+ (gemv_dispatch.pdl_enabled).
-  int   int4 / int8 through the tensor-core GEMV's dot path (kernels/int_gemv_triton.py); the int4 mma
-        GEMV (gate_up) has no prologue (its PTX loads x itself).
+  int   none: int4 / int8 had norm and SiLU prologues on the tensor-core GEMV's dot path; they lost (below)
+        and were removed (2026-12-01, fifth session); int_linear takes explicit launch shapes (sweeps).
 Which fuse by default: what beat the separate ops on the H200 (benchmarks/bench_gemv_chain.py: 36
 layers' GEMMs of Qwen3-8B at batch 1 in one CUDA graph, ms/token, 2026-12-01, one run each):
 
@@ -15,9 +15,9 @@ layers' GEMMs of Qwen3-8B at batch 1 in one CUDA graph, ms/token, 2026-12-01, on
   int4  unfused 2.413 | qkv norm fused 2.762 | + gate_up norm on the dot GEMV, not the mma 3.813 |
         + silu 4.062
   int8  unfused 3.138 | norms fused 3.852 | + silu 5.030
-So only fp8's silu fuses (FUSE_*). W3 (`python -m kvpilot.runtime.bench --workloads W3`) was measured
-once, with an earlier choice of switches (fp8 norm and silu fused; int4 qkv's norm fused): fp8 3.29
-ms/token (3.3 before), int4 3.68 (3.4 before), as the chain predicts; W3 with these defaults was not run.
+So only fp8's silu fuses (FUSE_*); the int prologues are gone. W3 (`python -m kvpilot.runtime.bench
+--workloads W3`) was measured once, with an earlier choice of switches (fp8 norm and silu fused; int4
+qkv's norm fused): fp8 3.29 ms/token (3.3 before), int4 3.68 (3.4 before), as the chain predicts.
 Why the others lose: the fp8 norm adds the residual add, the sum of squares and the norm weight to every
 lane's 16 x values per step in a kernel already near its issue rate; the int dot GEMV pads the token to 16
 rows, so a prologue on x's tile costs 16 times its work (silu: sigmoids on the padded tile), and the norm as
@@ -37,22 +37,13 @@ from dataclasses import replace
 import torch
 from kvpilot.runtime.kernels.fp8_gemv_triton import default_fp8_gemv_config, norm_fp8_gemv, silu_fp8_gemv
 from kvpilot.runtime.kernels.gemv_dispatch import pdl_enabled
-from kvpilot.runtime.kernels.int4_mma_gemv_triton import int4_mma_dispatched
-from kvpilot.runtime.kernels.int_gemv_triton import (
-    GemvConfig,
-    default_gemv_config,
-    int_gemv,
-    norm_int_gemv,
-    silu_int_gemv,
-)
+from kvpilot.runtime.kernels.int_gemv_triton import GemvConfig, default_gemv_config, int_gemv
 from kvpilot.runtime.kernels.quant_reference import pack_tile
 from kvpilot.runtime.kernels.triton_utils import num_sms
 from kvpilot.runtime.quant.int_weight import IntWeight
 
 FUSED_M = 1  # the decoder layer fuses at <= gemv.GEMV_MAX_M tokens; the fused kernels were tuned at 1
 FUSE_FP8_NORM, FUSE_FP8_SILU = False, True
-FUSE_INT_NORM, FUSE_INT_SILU = False, False
-FUSE_NORM_OVER_MMA = False  # int4 gate_up: the fused dot GEMV instead of the norm kernel + the mma GEMV
 INT_PDL = False  # the chain: 2.771 with PDL vs 2.762 ms (int4), 3.796 vs 3.852 (int8): no clear gain
 # fp8 silu: 8 rows x 2 warps per program (the chain: 2.465 ms/token with both fused against 2.587 with
 # 4 x 1 and 2.461 with 16 x 4); the fp8 norm (if fused) as the plain GEMV, 4 x 1 (8 x 2: 2.535 vs 2.465);
@@ -144,43 +135,6 @@ def _int_takes(x: torch.Tensor, w: IntWeight, k: int) -> bool:
     group = rows // w.scales.shape[0]
     layout = w.perm is None and rows % tile == 0 and chunk >= 16 and group % chunk == 0
     return layout and _takes(x, k)
-
-
-def _mma(x: torch.Tensor, w: IntWeight, k: int) -> bool:
-    """Whether the plain dispatch sends x @ W^T to the int4 mma GEMV."""
-    return w.bits == 4 and int4_mma_dispatched(x, w.out_features, k // w.scales.shape[0])
-
-
-def int_norm_linear(
-    hidden: torch.Tensor,
-    residual: torch.Tensor | None,
-    norm_weight: torch.Tensor,
-    eps: float,
-    w: IntWeight,
-    counters: torch.Tensor | None,
-    config: GemvConfig | None = None,
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(rmsnorm(h) W^T, h) in one launch, or None."""
-    k = w.qweight.shape[0] * (32 // w.bits)
-    if not _int_takes(hidden, w, k) or (residual is not None and not _takes(residual, k)):
-        return None
-    if config is None and (not FUSE_INT_NORM or (_mma(hidden, w, k) and not FUSE_NORM_OVER_MMA)):
-        return None
-    cfg = config or int_config(w, hidden.device)
-    return norm_int_gemv(
-        hidden, residual, norm_weight, eps, (w.qweight, w.scales, w.zeros), w.bits, cfg, counters
-    )
-
-
-def int_silu_linear(
-    gate_up: torch.Tensor, w: IntWeight, counters: torch.Tensor | None, config: GemvConfig | None = None
-) -> torch.Tensor | None:
-    """silu(gate) * up @ W^T in one launch, or None."""
-    k = w.qweight.shape[0] * (32 // w.bits)
-    if (config is None and not FUSE_INT_SILU) or not _int_takes(gate_up, w, 2 * k):
-        return None
-    cfg = config or int_config(w, gate_up.device)
-    return silu_int_gemv(gate_up, (w.qweight, w.scales, w.zeros), w.bits, cfg, counters)
 
 
 def int_linear(

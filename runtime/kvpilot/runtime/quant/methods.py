@@ -195,19 +195,10 @@ class IntWeightMethod(_Collecting):
         norm_weight: torch.Tensor,
         eps: float,
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        if self.backend != "triton" or len(self.parts) != 1:  # act-order shards: a GEMM each
-            return None
-        from kvpilot.runtime.quant.fused_gemv import int_norm_linear
-
-        counters = self.counters[0] if self.counters else None
-        return int_norm_linear(hidden, residual, norm_weight, eps, self.parts[0], counters)
+        return None  # no fused int GEMV: they lost to the separate ops (kernels/int_gemv_triton.py)
 
     def apply_silu(self, layer: Linear, gate_up: torch.Tensor) -> torch.Tensor | None:
-        if self.backend != "triton" or len(self.parts) != 1:
-            return None
-        from kvpilot.runtime.quant.fused_gemv import int_silu_linear
-
-        return int_silu_linear(gate_up, self.parts[0], self.counters[0] if self.counters else None)
+        return None
 
     def _gemm(self, x: torch.Tensor, w: IntWeight, index: int) -> torch.Tensor:
         if self.dense:  # exactly int_gemm_ref, with W^T dequantized at load
