@@ -82,6 +82,15 @@ def test_split_prefix_gives_the_unsplit_result(
     torch.testing.assert_close(split, want, **TOL)
 
 
+@pytest.mark.parametrize(("gqa_pack", "heads_first"), [(False, True), (True, False)])
+def test_split_on_the_other_grids(gqa_pack: bool, heads_first: bool) -> None:
+    """One query head per program (no GQA packing), or the tile axis first: the workspace slots and the
+    partitions follow the grid."""
+    b = quantized_batch(CTX, Q, 4, 2, 16, PAGE, torch.int8, seed=9)
+    cfg = replace(SPLIT, gqa_pack=gqa_pack, heads_first=heads_first)
+    torch.testing.assert_close(_prefill(b, max(CTX), cfg), _prefill(b, None, cfg), **TOL)
+
+
 def test_split_is_off_when_the_config_says_so() -> None:
     b = quantized_batch(CTX, Q, 4, 2, 16, PAGE, torch.int8, seed=8)
     torch.testing.assert_close(
