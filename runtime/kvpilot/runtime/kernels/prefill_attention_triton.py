@@ -24,7 +24,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention_tile_triton import attend_range
 from .prefill_plan import (
     EIGHT_BIT_PREFILL,
     PrefillConfig,
@@ -32,6 +31,7 @@ from .prefill_plan import (
     plan_prefix_splits,
     use_flat_grid,
 )
+from .prefill_spans_triton import attend_prefix, attend_span, flat_tile
 from .prefill_split_triton import split_plan, split_workspace, store_partial_or_merge
 from .triton_utils import next_power_of_2
 from .triton_utils import scale_launch_args as _scale_args
@@ -43,66 +43,6 @@ __all__ = [  # the config types are re-exported: callers configure and launch th
     "paged_prefill_attention_triton",
     "use_flat_grid",
 ]
-
-
-@triton.jit
-def _flat_tile(cu_seqlens_q_ptr, num_seqs, pid, BLOCK_Q: tl.constexpr, BLOCK_SEQS: tl.constexpr):
-    """Program pid of the flat grid -> (sequence, query tile); sequence >= num_seqs past the last tile.
-    Tiles are numbered sequence by sequence, each sequence's last (longest-context) tile first."""
-    offs = tl.arange(0, BLOCK_SEQS)
-    live = offs < num_seqs
-    lo = tl.load(cu_seqlens_q_ptr + offs, mask=live, other=0)
-    hi = tl.load(cu_seqlens_q_ptr + offs + 1, mask=live, other=0)
-    tiles = tl.cdiv(hi - lo, BLOCK_Q)  # [BLOCK_SEQS] query tiles per sequence, 0 past num_seqs
-    ends = tl.cumsum(tiles, 0)  # one past each sequence's last tile number
-    seq = tl.sum((ends <= pid).to(tl.int32), 0)  # the sequences that end at or before pid
-    first = tl.sum(tl.where(offs == seq, ends - tiles, 0), 0)
-    count = tl.sum(tl.where(offs == seq, tiles, 0), 0)
-    return seq, count - 1 - (pid - first)
-
-
-@triton.jit
-def _attend_span(
-    acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, bt_row, lo, full, end, qk_scale, k_head_off, v_head_off,
-    stride_kb, stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr, s_head_off, stride_sb, stride_ss,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-    SCALED: tl.constexpr, CONTIG: tl.constexpr, PRESCALED: tl.constexpr, PAGES_AHEAD: tl.constexpr,
-    V_TILE: tl.constexpr, WIDEN_ASM: tl.constexpr, CAUSAL: tl.constexpr = True,
-):  # fmt: skip
-    """Tiles from lo: those below `full` are visible to every row (no masks), the rest up to `end` are
-    masked at `end` and, when CAUSAL, by each row's position."""
-    acc, l_i, m_i = attend_range(
-        acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, bt_row, lo, full, end, qk_scale, k_head_off, v_head_off,
-        stride_kb, stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr, s_head_off, stride_sb,
-        stride_ss, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, False, False, SCALED, CONTIG, PRESCALED, PAGES_AHEAD,
-        V_TILE, WIDEN_ASM,
-    )  # fmt: skip
-    return attend_range(
-        acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, bt_row, full, end, end, qk_scale, k_head_off, v_head_off,
-        stride_kb, stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr, s_head_off, stride_sb,
-        stride_ss, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, True, CAUSAL, SCALED, CONTIG, PRESCALED, PAGES_AHEAD,
-        V_TILE, WIDEN_ASM,
-    )  # fmt: skip
-
-
-@triton.jit
-def _attend_prefix(
-    acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, bt_row, lo, hi, qk_scale, k_head_off, v_head_off, stride_kb,
-    stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr, s_head_off, stride_sb, stride_ss,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-    SCALED: tl.constexpr, PRESCALED: tl.constexpr, PAGES_AHEAD: tl.constexpr, V_TILE: tl.constexpr,
-    WIDEN_ASM: tl.constexpr,
-):  # fmt: skip
-    """Cached positions [lo, hi) from the pages (lo a multiple of BLOCK_N), visible to every row: whole
-    tiles unmasked, then the partial last one."""
-    if SCALED and q.dtype != tl.float32 and k_ptr.dtype.element_ty != tl.int8:
-        q = q.to(tl.float16)  # e4m3 pages, 16-bit activations: fp16 dots (attention_tile_triton.py)
-    return _attend_span(
-        acc, l_i, m_i, q, q_pos, k_ptr, v_ptr, bt_row, lo, lo + (hi - lo) // BLOCK_N * BLOCK_N, hi, qk_scale,
-        k_head_off, v_head_off, stride_kb, stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr,
-        s_head_off, stride_sb, stride_ss, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, SCALED, False, PRESCALED,
-        PAGES_AHEAD, V_TILE, WIDEN_ASM, CAUSAL=False,
-    )  # fmt: skip
 
 
 # stride_bt is the step's block-table width: specialising on it (== 1, % 16) would compile mid-serving
@@ -171,7 +111,7 @@ def _prefill_kernel(
     tile_axis: tl.constexpr = 1 if HEADS_FIRST else 0
     head_pid = tl.program_id(1 - tile_axis)  # KV head (PACK) or query head
     if flat != 0:
-        seq, tile = _flat_tile(cu_seqlens_q_ptr, num_seqs, tl.program_id(tile_axis), BLOCK_Q, BLOCK_SEQS)
+        seq, tile = flat_tile(cu_seqlens_q_ptr, num_seqs, tl.program_id(tile_axis), BLOCK_Q, BLOCK_SEQS)
     else:
         # Launch the last (longest, most causal context) query tiles first so short ones fill the tail.
         tile = tl.num_programs(tile_axis) - 1 - tl.program_id(tile_axis)
@@ -236,7 +176,7 @@ def _prefill_kernel(
         row0 = (q_start - prefix).to(tl.int64)
         own_full = prefix + (t0 + 1) // BLOCK_N * BLOCK_N  # own tiles below this: visible to every row
         if split == 0:
-            acc, l_i, m_i = _attend_span(
+            acc, l_i, m_i = attend_span(
                 acc, l_i, m_i, q, q_pos, kr_ptr + row0 * stride_krt, vr_ptr + row0 * stride_vrt, bt_row,
                 prefix, own_full, kv_end, qk_scale, kv_head * stride_krh, kv_head * stride_vrh, 0,
                 stride_krt, 0, stride_vrt, k_scale_ptr, v_scale_ptr, s_head_off, stride_sb, stride_ss,
@@ -244,7 +184,7 @@ def _prefill_kernel(
             )  # fmt: skip
         if PREFIX:  # a separate compile: 16-bit prefix-free steps keep their registers (no spills)
             lo = split * part
-            acc, l_i, m_i = _attend_prefix(
+            acc, l_i, m_i = attend_prefix(
                 acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, lo, tl.minimum(lo + part, prefix),
                 qk_scale, k_head_off,
                 v_head_off, stride_kb, stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr,
@@ -253,7 +193,7 @@ def _prefill_kernel(
             )  # fmt: skip
     else:
         full_end = (first_pos + 1) // BLOCK_N * BLOCK_N  # tiles below this are visible to every row
-        acc, l_i, m_i = _attend_span(
+        acc, l_i, m_i = attend_span(
             acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, 0, full_end, kv_end, qk_scale,
             k_head_off, v_head_off, stride_kb, stride_ks, stride_vb, stride_vs, k_scale_ptr, v_scale_ptr,
             s_head_off, stride_sb, stride_ss, HEAD_DIM, BLOCK_D, PAGE, BLOCK_N, SCALED, False, PRESCALED,
