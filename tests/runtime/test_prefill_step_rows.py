@@ -138,6 +138,16 @@ def test_mixed_steps_are_staged_split() -> None:
     # the last step's chunks both have cached tokens: no prompt part
     last = prepare_inputs(_mixed_steps()[2], 4, torch.device("cpu")).meta.mixed
     assert last is not None and last.prompts is None
+    # nor after a chunk when the prompts are one token each (that group would be taken for decodes)
+    ones = StepBatch(
+        [
+            SeqChunk(1, [77], 6, [1, 2], True),
+            SeqChunk(0, [1, 2], 5, [3, 0], True),
+            SeqChunk(2, [4], 0, [4], True),
+        ]
+    )
+    mixed = prepare_inputs(ones, 4, torch.device("cpu")).meta.mixed
+    assert mixed is not None and mixed.prompts is None
 
 
 @pytest.mark.parametrize("kv", ["auto", "int8", "fp8"])

@@ -223,12 +223,14 @@ def _stage(host: _HostArrays, device: torch.device) -> ModelInputs:
 
 def _trailing_prompts(cu_seqlens: np.ndarray, context_lens: np.ndarray) -> int:
     """How many sequences at the end have no cached tokens (context == chunk), when at least one sequence
-    with cached tokens comes before them and none after; else 0."""
-    has_prefix = context_lens > np.diff(cu_seqlens)
+    with cached tokens comes before them and none after; else 0. Also 0 when each of them is one token
+    long: the attention would take such a group for decodes (which read the pages, not the step's rows)."""
+    q_lens = np.diff(cu_seqlens)
+    has_prefix = context_lens > q_lens
     if not has_prefix.any() or has_prefix.all():
         return 0
-    last = int(np.flatnonzero(has_prefix)[-1])
-    return int(has_prefix.size - 1 - last)
+    prompts = int(has_prefix.size - 1 - int(np.flatnonzero(has_prefix)[-1]))
+    return prompts if bool((q_lens[-prompts:] > 1).any()) else 0
 
 
 def _leading_decodes(cu_seqlens: np.ndarray) -> int:
