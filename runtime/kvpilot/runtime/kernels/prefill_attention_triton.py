@@ -13,7 +13,9 @@ diagonal run without masks; the remaining ones apply the causal mask. The step's
 8-bit cache at the activations' precision and without widening: a prefill over 8-bit pages runs at
 0.5-0.6x of bf16's speed on the H200, BENCHMARKS.md), and only the positions cached before the chunk from
 the pages (as SGLang's extend attends the new tokens over a ragged K/V and the prefix over the pages).
-The configuration lives in prefill_plan.py.
+With step_kv, a short chunk after a long cached prefix may cut that prefix into partitions along grid
+axis 2, merged by the last of a tile's programs (prefill_split_triton.py). The configuration lives in
+prefill_plan.py; the span helpers in prefill_spans_triton.py.
 """
 
 from __future__ import annotations
