@@ -34,6 +34,9 @@ from kvpilot.runtime.quant import fused_gemv  # noqa: E402
 DEVICE = torch.device("cpu" if INTERPRET else "cuda")
 EPS = 1e-6
 TOL = {"rtol": 1e-4, "atol": 1e-4}  # float32: the same sums up to order
+# whole-model logits, fused vs unfused runners: on a GPU the split-K partials and the norm's 1/rms after
+# the dot sum in other orders (the bf16 weights' model test saw 2.5e-4 on the H200: test_kernels_gemv)
+MODEL_TOL = TOL if INTERPRET else {"rtol": 1e-3, "atol": 1e-3}
 FP16_TOL = {"rtol": 2e-3, "atol": 2e-2}  # the kernel rounds h w_norm to fp16 for the dot, the reference
 N, K = 40, 256  # N ragged against every BLOCK_N; K two pack tiles of 128
 
@@ -208,7 +211,7 @@ def test_quantized_fused_decode_path_matches_unfused(
     assert all(layer.self_attn.fusable and layer.mlp.fusable for layer in fused.model.model.layers)
     steps = [StepBatch([SeqChunk(0, [5, 9, 17], 0, [3], True)]), StepBatch([SeqChunk(0, [12], 3, [3], True)])]
     for step in steps:
-        torch.testing.assert_close(fused.execute(step), unfused.execute(step), **TOL)
+        torch.testing.assert_close(fused.execute(step), unfused.execute(step), **MODEL_TOL)
     layers = len(fused.model.model.layers)
     assert calls == {"norm": 2 * layers, "silu": layers}  # the decode step's qkv, gate_up and down
 
@@ -223,4 +226,4 @@ def test_int_formats_run_the_ops_apart_on_the_fused_path(
     fused, unfused = _runner(ckpt, quantization, True), _runner(ckpt, quantization, False)
     steps = [StepBatch([SeqChunk(0, [5, 9, 17], 0, [3], True)]), StepBatch([SeqChunk(0, [12], 3, [3], True)])]
     for step in steps:
-        torch.testing.assert_close(fused.execute(step), unfused.execute(step), **TOL)
+        torch.testing.assert_close(fused.execute(step), unfused.execute(step), **MODEL_TOL)
