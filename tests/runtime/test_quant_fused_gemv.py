@@ -220,10 +220,11 @@ def test_quantized_fused_decode_path_matches_unfused(
 def test_int_formats_run_the_ops_apart_on_the_fused_path(
     quantization: str, tiny_checkpoint_factory: Callable[..., Path]
 ) -> None:
-    """int4 / int8 have no fused GEMV: a runner whose layers take the fused path runs the norm, the SiLU
-    and the GEMVs apart and gives the unfused runner's logits."""
+    """int4 / int8 have no fused GEMV: their projections are not fusable, so a runner whose layers may
+    fuse runs the norm, the SiLU and the GEMVs apart and gives the unfused runner's logits."""
     ckpt = tiny_checkpoint_factory("qwen3", hidden_size=128, intermediate_size=256)
     fused, unfused = _runner(ckpt, quantization, True), _runner(ckpt, quantization, False)
+    assert not any(layer.self_attn.fusable or layer.mlp.fusable for layer in fused.model.model.layers)
     steps = [StepBatch([SeqChunk(0, [5, 9, 17], 0, [3], True)]), StepBatch([SeqChunk(0, [12], 3, [3], True)])]
     for step in steps:
         torch.testing.assert_close(fused.execute(step), unfused.execute(step), **MODEL_TOL)

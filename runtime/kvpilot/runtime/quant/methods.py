@@ -33,7 +33,9 @@ class _Collecting:
 
     required_suffixes: tuple[str, ...] = ("weight",)
     optional_suffixes: tuple[str, ...] = ()
-    fuses = True  # apply_norm / apply_silu: quant/fused_gemv.py's kernels at batch-1 decode
+    # apply_norm / apply_silu: quant/fused_gemv.py's kernels at batch-1 decode; none here (the int formats'
+    # fused GEMVs lost to the separate ops and were removed: kernels/int_gemv_triton.py), fp8 has them
+    fuses = False
     # Tensor parallel (set by the loader on a row-parallel int8/fp8-at-load layer): this rank's input
     # columns; the 16-bit weight arrives with whole rows and is cut after quantizing (quant/tp_split.py)
     input_split: TensorSplit | None = None
@@ -81,6 +83,19 @@ class _Collecting:
         ]
         self.pending = {}
         return tensors
+
+    def apply_norm(
+        self,
+        layer: Linear,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        norm_weight: torch.Tensor,
+        eps: float,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return None
+
+    def apply_silu(self, layer: Linear, gate_up: torch.Tensor) -> torch.Tensor | None:
+        return None
 
 
 class IntWeightMethod(_Collecting):
@@ -187,19 +202,6 @@ class IntWeightMethod(_Collecting):
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
         return y if bias is None else y + bias
 
-    def apply_norm(
-        self,
-        layer: Linear,
-        hidden: torch.Tensor,
-        residual: torch.Tensor | None,
-        norm_weight: torch.Tensor,
-        eps: float,
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        return None  # no fused int GEMV: they lost to the separate ops (kernels/int_gemv_triton.py)
-
-    def apply_silu(self, layer: Linear, gate_up: torch.Tensor) -> torch.Tensor | None:
-        return None
-
     def _gemm(self, x: torch.Tensor, w: IntWeight, index: int) -> torch.Tensor:
         if self.dense:  # exactly int_gemm_ref, with W^T dequantized at load
             return (x if w.perm is None else x[..., w.perm]) @ self.dense[index].to(x.dtype)
@@ -225,6 +227,8 @@ def _to(w: IntWeight, device: torch.device, dtype: torch.dtype) -> IntWeight:
 class Fp8Method(_Collecting):
     """fp8 weights float8_e4m3fn [N, K] with per-output-channel scales [N]: a weight-only GEMV at decode
     sizes, W8A8 (activations quantized per token) above them (quant/fp8_gemm.py)."""
+
+    fuses = True
 
     def __init__(self, quant: QuantConfig, dtype: torch.dtype, device: torch.device, backend: str) -> None:
         super().__init__(quant, dtype, device, backend)
