@@ -142,6 +142,6 @@ def test_model_mixed_step_splits_a_short_chunks_prefix(
         splits.clear()
         logits = {b: r.execute(step) for b, r in runners.items()}
         torch.testing.assert_close(logits["triton"], logits["torch"], **TOL)
-    # the mixed step's chunk launch: 32 cached positions in 2 partitions of 16, in every layer; its
-    # prompt launch (prefix-free) splits nothing
-    assert splits == [2, 1] * runners["triton"].model_config.num_hidden_layers
+    # the mixed step's chunk launch: 32 cached positions in 2 partitions of 16, in every layer (its
+    # prompt launch is prefix-free: no split variant, no workspace)
+    assert splits == [2] * runners["triton"].model_config.num_hidden_layers

@@ -254,10 +254,12 @@ def paged_prefill_attention_triton(
     heads_axis = num_kv_heads if cfg.gqa_pack else num_heads
     split_q = cfg.split_q if step_kv is not None and not prefix_free and cfg.split_q > 0 else 0
     block_d = next_power_of_2(head_dim)
-    splits = plan_prefix_splits(cfg, max_context_len, num_seqs, heads_axis, block_m, block_q, block_d)
-    splits = splits if split_q else 1
+    splits = 1
+    ws: tuple[torch.Tensor, ...] = (q, q, cu_seqlens_q)  # unread without SPLIT_Q: nothing allocated
+    if split_q:  # the variant that may split keeps one signature: float32 / int32 buffers every launch
+        splits = plan_prefix_splits(cfg, max_context_len, num_seqs, heads_axis, block_m, block_q, block_d)
+        ws = split_workspace(cfg, splits, num_seqs, heads_axis, block_m, block_q, block_d, q.device)
     flat = flat or splits > 1  # the partitions take the flat grid's axis 2
-    ws = split_workspace(cfg, splits, num_seqs, heads_axis, block_m, block_q, block_d, q.device)
     if flat:  # sum over sequences of ceil(q_len / block_q) <= num_tokens / block_q + num_seqs
         tiles = triton.cdiv(num_tokens, block_q) + num_seqs
         grid = (heads_axis, tiles, splits) if cfg.heads_first else (tiles, heads_axis, splits)
