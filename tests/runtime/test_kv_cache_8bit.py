@@ -450,7 +450,8 @@ def test_triton_engine_equals_torch_engine_with_8bit_pages(kv: str, qwen3_checkp
     for step in _steps():
         torch.testing.assert_close(runners["triton"].execute(step), runners["torch"].execute(step), **tol)
     for ref, got in zip(runners["torch"].kv_caches, runners["triton"].kv_caches, strict=True):
-        for (got_v, got_s), (ref_v, ref_s) in ((got[0::2], ref[0::2]), (got[1::2], ref[1::2])):
+        pairs = (((got.k, got.k_scale), (ref.k, ref.k_scale)), ((got.v, got.v_scale), (ref.v, ref.v_scale)))
+        for (got_v, got_s), (ref_v, ref_s) in pairs:
             torch.testing.assert_close(got_s, ref_s, **tol)
             want = dequantize_ref(ref_v, ref_s)
             step = 0 if INTERPRET else 0.07 * want.abs().max().item()  # one code step at the top of e4m3
@@ -463,7 +464,8 @@ def test_triton_engine_equals_torch_engine_with_8bit_pages(kv: str, qwen3_checkp
 def test_allocation_is_the_shared_formula(kv: str, qwen3_checkpoint: Path) -> None:
     """Values plus scales take exactly kv_block_bytes per block: the bytes the operator plans with."""
     runner = _runner(qwen3_checkpoint, kv)
-    allocated = sum(t.numel() * t.element_size() for c in runner.kv_caches for t in c)
+    pages = [t for c in runner.kv_caches for t in (c.k, c.v, c.k_scale, c.v_scale) if t is not None]
+    allocated = sum(t.numel() * t.element_size() for t in pages)
     assert allocated == runner.num_kv_blocks * kv_block_bytes(runner.model_config, 4, runner.kv_cache_dtype)
     cfg = runner.model_config
     shape = {"num_layers": cfg.num_hidden_layers, "num_kv_heads": cfg.num_key_value_heads}

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_utils import require_last_dim_contiguous
+from .triton_utils import pdl_launch, pdl_supported, require_last_dim_contiguous
 
 _BLOCK = 1024
 
@@ -19,7 +19,11 @@ def _silu_and_mul_kernel(
     stride_o,
     inter,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,  # programmatic dependent launch (triton_utils.pdl_supported)
 ):
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < inter
@@ -29,7 +33,7 @@ def _silu_and_mul_kernel(
     tl.store(out_ptr + row * stride_o + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
+def silu_and_mul_triton(x: torch.Tensor, pdl: bool = True) -> torch.Tensor:
     """x: [num_tokens, 2 * intermediate] (gate then up) -> [num_tokens, intermediate]."""
     if x.shape[-1] % 2:
         raise ValueError(f"last dim must be even (gate | up), got {tuple(x.shape)}")
@@ -40,5 +44,7 @@ def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
     out2 = out.view(-1, inter)
     if x2.shape[0] > 0 and inter > 0:
         grid = (x2.shape[0], triton.cdiv(inter, _BLOCK))
-        _silu_and_mul_kernel[grid](x2, out2, x2.stride(0), out2.stride(0), inter, BLOCK=_BLOCK, num_warps=4)
+        pdl = pdl and pdl_supported(x.device)
+        args = (x2, out2, x2.stride(0), out2.stride(0), inter)
+        _silu_and_mul_kernel[grid](*args, BLOCK=_BLOCK, PDL=pdl, num_warps=4, **pdl_launch(pdl))
     return out

@@ -131,7 +131,7 @@ def _scaled(types: dict[str, str], kv: str) -> dict[str, str]:
 def kv8_specs() -> list[KernelSpec]:
     """The decode (single pass and split), prefill and store kernels over 8-bit pages."""
     pre = prefill_attention_triton.EIGHT_BIT_PREFILL
-    dec_types = {**_ATTN, "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
+    dec_types = {**_ATTN, "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "counter_ptr": "*i32"}
     dec_consts = {"GROUP": 4, "BLOCK_H": 16, **_HEADS, "SCALED": True}
     specs = []
     for kv in _KV8:
@@ -148,6 +148,8 @@ def kv8_specs() -> list[KernelSpec]:
                         **dec_consts,
                         "BLOCK_N": dec8.block_n,
                         "SPLIT": split,
+                        "MERGE": split and dec8.merge_splits,
+                        "PDL": dec8.pdl,
                         **_dot_modes(dec8, kv),
                         **_kv8_consts(dec8, kv, split),
                     },
@@ -267,13 +269,14 @@ def _prefill_consts(pre: prefill_attention_triton.PrefillConfig) -> dict[str, An
 
 def default_specs() -> list[KernelSpec]:
     dec, pre = decode_attention_triton.DecodeConfig(), prefill_attention_triton.PrefillConfig()
-    dec_types = {**_ATTN, "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
+    dec_types = {**_ATTN, "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "counter_ptr": "*i32"}
     dec_consts = {
         "GROUP": 4,
         "BLOCK_H": 16,
         **_HEADS,
         "BLOCK_N": dec.block_n,
         "SCALED": False,
+        "PDL": dec.pdl,
         **_dot_modes(dec, "bf16"),
     }
     return [
@@ -290,7 +293,7 @@ def default_specs() -> list[KernelSpec]:
             "decode_split",
             decode_attention_triton._decode_kernel,
             dec_types,
-            {**dec_consts, "SPLIT": True},
+            {**dec_consts, "SPLIT": True, "MERGE": dec.merge_splits},
             dec.num_warps,
             dec.num_stages,
             _DEC_NODIV,
@@ -299,7 +302,7 @@ def default_specs() -> list[KernelSpec]:
             "decode_split_pages_ahead",  # the plans for batches that do not fill the GPU
             decode_attention_triton._decode_kernel,
             dec_types,
-            {**dec_consts, "SPLIT": True, "PAGES_AHEAD": True},
+            {**dec_consts, "SPLIT": True, "PAGES_AHEAD": True, "MERGE": dec.merge_splits},
             dec.num_warps,
             dec.ahead_num_stages,
             _DEC_NODIV,
@@ -308,7 +311,7 @@ def default_specs() -> list[KernelSpec]:
             "decode_head_dim_80",
             decode_attention_triton._decode_kernel,
             dec_types,
-            {**dec_consts, "HEAD_DIM": 80, "SPLIT": True},
+            {**dec_consts, "HEAD_DIM": 80, "SPLIT": True, "MERGE": dec.merge_splits},
             dec.num_warps,
             dec.num_stages,
             _DEC_NODIV,
@@ -356,14 +359,14 @@ def default_specs() -> list[KernelSpec]:
                 "residual_out_ptr": "*bf16",
                 "eps": "fp32",
             },
-            {"HAS_RESIDUAL": True, "BLOCK": 4096},
+            {"HAS_RESIDUAL": True, "BLOCK": 4096, "PDL": True},
             8,
         ),
         KernelSpec(
             "qkv_prepare_qk_norm",
             qkv_prepare_triton._qkv_prepare_kernel,
             _QKV_PREPARE,
-            {**_QKV_PREPARE_CONSTS, "HAS_NORM": True, **_UNSCALED_STORE},
+            {**_QKV_PREPARE_CONSTS, "HAS_NORM": True, **_UNSCALED_STORE, "PDL": True},
             1,
         ),
         KernelSpec(
@@ -377,7 +380,7 @@ def default_specs() -> list[KernelSpec]:
             "silu_and_mul",
             activation_triton._silu_and_mul_kernel,
             {"x_ptr": "*bf16", "out_ptr": "*bf16"},
-            {"BLOCK": 1024},
+            {"BLOCK": 1024, "PDL": True},
             4,
         ),
         *kv8_specs(),

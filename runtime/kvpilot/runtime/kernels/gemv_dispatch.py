@@ -19,7 +19,7 @@ from kvpilot.runtime.kernels.gemv_triton import (
     silu_gemv_bf16,
 )
 from kvpilot.runtime.kernels.norm_triton import rms_norm_triton
-from kvpilot.runtime.kernels.triton_utils import num_sms
+from kvpilot.runtime.kernels.triton_utils import num_sms, pdl_supported
 
 # Programmatic dependent launch for the dispatched GEMVs on sm_90+ (GemvBf16Config.pdl: measured 1.6%
 # faster over 36 layers' decode GEMMs in one CUDA graph, outputs identical).
@@ -41,7 +41,7 @@ def gemv_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def pdl_enabled(device: torch.device) -> bool:
     """Programmatic dependent launch for the decode GEMVs: USE_PDL, on Hopper and newer (also the
     quantized formats' fused GEMVs, quant/fused_gemv.py)."""
-    return USE_PDL and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    return USE_PDL and pdl_supported(device)
 
 
 def dispatch_config(prologue: str, m: int, weight: torch.Tensor) -> GemvBf16Config:

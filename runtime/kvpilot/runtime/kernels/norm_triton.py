@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_utils import next_power_of_2, require_same_device
+from .triton_utils import next_power_of_2, pdl_launch, pdl_supported, require_same_device
 
 
 @triton.jit
@@ -28,10 +28,15 @@ def _rms_norm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,  # programmatic dependent launch (triton_utils.pdl_supported)
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < hidden
+    w = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # a weight: no wait for it
+    if PDL:  # x and the residual come from the kernel before
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(residual_ptr + row * stride_r + offs, mask=mask, other=0.0)
@@ -39,7 +44,6 @@ def _rms_norm_kernel(
         tl.store(residual_out_ptr + row * stride_ro + offs, x, mask=mask)
     xf = x.to(tl.float32)
     inv_rms = tl.rsqrt(tl.sum(xf * xf, 0) / hidden + eps)
-    w = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * stride_o + offs, (xf * inv_rms * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -56,6 +60,7 @@ def rms_norm_triton(
     weight: torch.Tensor,  # [hidden]
     eps: float,
     residual: torch.Tensor | None = None,  # like x
+    pdl: bool = True,  # programmatic dependent launch where the GPU has it
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Without residual: returns norm(x). With residual: r = x + residual; returns (norm(r), r)."""
     hidden = x.shape[-1]
@@ -73,6 +78,7 @@ def rms_norm_triton(
     r_out = out if residual is None else torch.empty_like(out)
     ro2 = r_out.view(-1, hidden)
     block = next_power_of_2(hidden)
+    pdl = pdl and pdl_supported(x.device)
     if x2.shape[0] > 0:
         _rms_norm_kernel[(x2.shape[0],)](
             x2,
@@ -88,6 +94,8 @@ def rms_norm_triton(
             eps,
             HAS_RESIDUAL=residual is not None,
             BLOCK=block,
+            PDL=pdl,
             num_warps=min(16, max(1, block // 512)),
+            **pdl_launch(pdl),
         )
     return out if residual is None else (out, r_out)

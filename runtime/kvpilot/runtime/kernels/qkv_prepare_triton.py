@@ -18,7 +18,13 @@ import triton.language as tl
 
 from .kv_cache import QUANT_MAX, check_scales
 from .qkv_prepare import check_qk_norm, qkv_heads
-from .triton_utils import next_power_of_2, require_last_dim_contiguous, require_same_device
+from .triton_utils import (
+    next_power_of_2,
+    pdl_launch,
+    pdl_supported,
+    require_last_dim_contiguous,
+    require_same_device,
+)
 
 
 @triton.jit
@@ -108,6 +114,7 @@ def _qkv_prepare_kernel(
     QMAX: tl.constexpr,  # largest stored magnitude (448 e4m3, 127 int8)
     INT8: tl.constexpr,
     K_TO_QKV: tl.constexpr = False,  # also write the normed, rotated k back over qkv's k columns
+    PDL: tl.constexpr = False,  # programmatic dependent launch (triton_utils.pdl_supported)
 ):
     HALF: tl.constexpr = HEAD_DIM // 2
     GROUP: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
@@ -119,6 +126,9 @@ def _qkv_prepare_kernel(
     pos = tl.load(positions_ptr + token).to(tl.int64)
     cos = tl.load(cos_sin_ptr + pos * stride_cos_sin + offs_d, mask=d_mask, other=0.0).to(tl.float32)
     sin = tl.load(cos_sin_ptr + pos * stride_cos_sin + HALF + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+    if PDL:  # positions and the rotary table are the step's inputs; qkv and the cache wait for the GEMV
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     row = qkv_ptr + token * stride_qkv
 
     # q: the GROUP heads of this kv head, [BLOCK_G, BLOCK_HALF] per half
@@ -212,6 +222,7 @@ def qkv_prepare_triton(
     v_scale: torch.Tensor | None = None,
     k_to_qkv: bool = False,
     num_warps: int = 1,  # benchmarks/bench_qkv_prepare.py
+    pdl: bool = True,  # programmatic dependent launch where the GPU has it (triton_utils.pdl_supported)
 ) -> torch.Tensor:
     """Returns q [num_tokens, num_heads, head_dim] (normed, rotated); writes k (normed, rotated) and v
     (quantized per token and head, their scales beside them, when the cache is 8-bit). k_to_qkv: also
@@ -230,6 +241,7 @@ def qkv_prepare_triton(
     if num_tokens == 0:
         return q_out
     block_g, block_half = next_power_of_2(num_heads // num_kv_heads), next_power_of_2(head_dim // 2)
+    pdl = pdl and pdl_supported(qkv.device)
     _qkv_prepare_kernel[(num_tokens, num_kv_heads)](
         qkv,
         positions,
@@ -261,9 +273,11 @@ def qkv_prepare_triton(
         QMAX=QUANT_MAX.get(k_cache.dtype, 0.0),
         INT8=k_cache.dtype == torch.int8,
         K_TO_QKV=k_to_qkv,
+        PDL=pdl,
         # One warp per (token, KV head): the head's norm and absmax reductions stay within the warp
         # (shuffles, no shared memory or barrier). H200, 8,192 tokens of Qwen3-8B: int8/fp8 caches
         # 98.7 -> 63.3 µs (44 -> 69% of 4.25 TB/s), bf16 70.5 -> 66.6, against the 2 warps before.
         num_warps=num_warps,
+        **pdl_launch(pdl),
     )
     return q_out

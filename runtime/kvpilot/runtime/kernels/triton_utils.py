@@ -68,3 +68,22 @@ def scale_launch_args(
         return k_cache, k_cache, 0, 0, 0
     sb, ss, sh = k_scale.stride()
     return k_scale, v_scale, sb, ss, sh
+
+
+@functools.lru_cache(maxsize=16)
+def _cuda_major(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch (Hopper and newer): a kernel launched with launch_pdl=True may start
+    while its predecessor drains, once every program of that one has called gdc_launch_dependents; it must
+    call gdc_wait before reading or writing anything its predecessors touch."""
+    if device.type != "cuda":
+        return False
+    return _cuda_major(device.index if device.index is not None else torch.cuda.current_device()) >= 9
+
+
+def pdl_launch(enabled: bool) -> dict[str, bool]:
+    """The launch keyword of a kernel with a PDL constexpr (pdl_supported decides `enabled`)."""
+    return {"launch_pdl": True} if enabled else {}
