@@ -21,8 +21,7 @@ def _silu_and_mul_kernel(
     BLOCK: tl.constexpr,
     PDL: tl.constexpr = False,  # programmatic dependent launch (triton_utils.pdl_supported)
 ):
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
+    if PDL:  # [gate | up] comes from the kernel before
         tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -30,6 +29,8 @@ def _silu_and_mul_kernel(
     gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + inter + offs, mask=mask, other=0.0).to(tl.float32)
     out = gate * tl.sigmoid(gate) * up
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     tl.store(out_ptr + row * stride_o + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 

@@ -90,6 +90,38 @@ def _empty_context(
 
 
 @triton.jit
+def _merge_head(
+    part_out_ptr, part_lse_ptr, out_ptr, seq, head, used, num_splits, num_heads, stride_os, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr = 32,
+):  # fmt: skip
+    """out[seq, head] from the head's first `used` partials, CHUNK partitions per load ([CHUNK, BLOCK_D]:
+    the loads of a chunk are in flight together, where one partition per step waited out an L2 round trip
+    each), merged in partition order. Every used partition saw >= 1 position: its lse is finite."""
+    offs_s, offs_d = tl.arange(0, CHUNK), tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    row0 = (seq.to(tl.int64) * num_heads + head) * num_splits
+    m = tl.full([1], float("-inf"), dtype=tl.float32)
+    l_sum = tl.zeros([1], dtype=tl.float32)
+    o = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for s0 in range(0, used, CHUNK):
+        s_mask = s0 + offs_s < used
+        lse_ptrs = part_lse_ptr + row0 + s0 + offs_s
+        lse = tl.load(lse_ptrs, mask=s_mask, other=float("-inf"), cache_modifier=".cg")
+        parts = tl.load(
+            part_out_ptr + (row0 + s0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+            mask=s_mask[:, None] & d_mask[None, :], other=0.0, cache_modifier=".cg",
+        )  # fmt: skip
+        m_new = tl.maximum(m, tl.max(lse, 0))
+        w = tl.exp2(lse - m_new)  # [CHUNK], 0 past `used`
+        alpha = tl.exp2(m - m_new)
+        o = o * alpha + tl.sum(parts * w[:, None], 0)
+        l_sum = l_sum * alpha + tl.sum(w, 0)
+        m = m_new
+    o_ptrs = out_ptr + seq.to(tl.int64) * stride_os + head * stride_oh + offs_d
+    tl.store(o_ptrs, (o / l_sum).to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+@triton.jit
 def split_epilogue(
     acc, l_i, m_i, part_out_ptr, part_lse_ptr, counter_ptr, out_ptr, seq, kv_head, split, used,
     num_splits, num_heads, stride_os, stride_oh,
@@ -114,20 +146,9 @@ def split_epilogue(
         slot = seq * (num_heads // GROUP) + kv_head
         arrived = tl.atomic_add(counter_ptr + slot, 1, sem="acq_rel")
         if arrived == used - 1:  # the others' partials are visible (acquire); .cg reads skip L1
-            m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-            l_sum = tl.zeros([BLOCK_H], dtype=tl.float32)
-            o = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-            for j in range(used):  # each used partition saw >= 1 position: finite lse on every head row
-                lse_j = tl.load(part_lse_ptr + row0 + j, mask=h_mask, other=0.0, cache_modifier=".cg")
-                o_j = tl.load(part_out_ptr + (row0 + j)[:, None] * HEAD_DIM + offs_d[None, :], mask=io_mask,
-                              other=0.0, cache_modifier=".cg")  # fmt: skip
-                m_new = tl.maximum(m, lse_j)
-                alpha, beta = tl.exp2(m - m_new), tl.exp2(lse_j - m_new)
-                o = o * alpha[:, None] + o_j * beta[:, None]
-                l_sum = l_sum * alpha + beta
-                m = m_new
-            o_ptrs = out_ptr + seq.to(tl.int64) * stride_os + heads[:, None] * stride_oh + offs_d[None, :]
-            tl.store(o_ptrs, (o / l_sum[:, None]).to(out_ptr.dtype.element_ty), mask=io_mask)
+            for h in tl.static_range(GROUP):
+                _merge_head(part_out_ptr, part_lse_ptr, out_ptr, seq, kv_head * GROUP + h, used, num_splits,
+                            num_heads, stride_os, stride_oh, HEAD_DIM, BLOCK_D)  # fmt: skip
             tl.atomic_xchg(counter_ptr + slot, 0, sem="relaxed")  # the next launch is stream-ordered
 
 
@@ -182,8 +203,7 @@ def _decode_kernel(
     split = tl.program_id(0)
     kv_head = tl.program_id(1)
     seq = tl.program_id(2)
-    if PDL:  # the next kernel may launch now; this one reads q and the pages its predecessor wrote
-        tl.extra.cuda.gdc_launch_dependents()
+    if PDL:  # q and the pages come from the kernel before (launched early by PDL: wait for it)
         tl.extra.cuda.gdc_wait()
     ctx = tl.load(context_lens_ptr + seq)
     partition_size = _partition_for(ctx, partition_size, num_splits, BLOCK_N)
@@ -308,6 +328,9 @@ def _decode_kernel(
             PAGES_GIVEN=PAGES_AHEAD,
         )
 
+    if PDL:  # the next kernel may launch and wait while this one finishes (not earlier: its waiting
+        # programs would hold SM slots, and launch the one after them, all through this kernel's work)
+        tl.extra.cuda.gdc_launch_dependents()
     out_mask = head_mask[:, None] & d_mask[None, :]
     if SPLIT:
         split_epilogue(acc, l_i, m_i, part_out_ptr, part_lse_ptr, counter_ptr, out_ptr, seq, kv_head, split,
@@ -341,8 +364,7 @@ def _decode_reduce_kernel(
     sees the context up to its own position, so only the partitions holding those positions are merged."""
     head = tl.program_id(0)
     token = tl.program_id(1)
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
+    if PDL:  # as _decode_kernel's: wait first, release the next kernel when the work is done
         tl.extra.cuda.gdc_wait()
     ctx = tl.load(context_lens_ptr + token // Q)
     visible = ctx - Q + token % Q + 1  # positions this row sees (decode: the whole context)
@@ -363,6 +385,8 @@ def _decode_reduce_kernel(
     )  # [BLOCK_S, BLOCK_D]
     total = tl.sum(w, 0)
     o = tl.sum(parts * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)  # [BLOCK_D]
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     o_ptrs = out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh + offs_d
     tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
 

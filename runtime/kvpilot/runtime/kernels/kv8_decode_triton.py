@@ -129,8 +129,7 @@ def _decode8_kernel(
 ):  # fmt: skip
     """Pointers and shapes as decode_attention_triton._decode_kernel's (scales [num_blocks, PAGE, KVH])."""
     split, kv_head, seq = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    if PDL:  # as _decode_kernel's
-        tl.extra.cuda.gdc_launch_dependents()
+    if PDL:  # as _decode_kernel's: wait first, release the next kernel after the tiles
         tl.extra.cuda.gdc_wait()
     ctx = tl.load(context_lens_ptr + seq)
     partition_size = _partition_for(ctx, partition_size, num_splits, BLOCK_N)
@@ -198,6 +197,8 @@ def _decode8_kernel(
             )  # fmt: skip
         else:
             fold, s_fold = _diag_fold(fold, s_fold, k, v, k_s, v_s, DIAG, DOT16, CVT, WIDEN_ASM)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     if DIAG != 0:  # something that depends on every byte read, so nothing is optimised away
         acc += tl.sum(fold.to(tl.float32), 0)[None, :] + tl.sum(s_fold, 0)
         l_i, m_i = l_i + 1.0, m_i * 0.0

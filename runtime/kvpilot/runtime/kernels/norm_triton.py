@@ -35,7 +35,6 @@ def _rms_norm_kernel(
     mask = offs < hidden
     w = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)  # a weight: no wait for it
     if PDL:  # x and the residual come from the kernel before
-        tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
     if HAS_RESIDUAL:
@@ -44,6 +43,8 @@ def _rms_norm_kernel(
         tl.store(residual_out_ptr + row * stride_ro + offs, x, mask=mask)
     xf = x.to(tl.float32)
     inv_rms = tl.rsqrt(tl.sum(xf * xf, 0) / hidden + eps)
+    if PDL:  # the next kernel may launch now (late, so that its waiting programs hold no slots long)
+        tl.extra.cuda.gdc_launch_dependents()
     tl.store(out_ptr + row * stride_o + offs, (xf * inv_rms * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 

@@ -127,7 +127,6 @@ def _qkv_prepare_kernel(
     cos = tl.load(cos_sin_ptr + pos * stride_cos_sin + offs_d, mask=d_mask, other=0.0).to(tl.float32)
     sin = tl.load(cos_sin_ptr + pos * stride_cos_sin + HALF + offs_d, mask=d_mask, other=0.0).to(tl.float32)
     if PDL:  # positions and the rotary table are the step's inputs; qkv and the cache wait for the GEMV
-        tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     row = qkv_ptr + token * stride_qkv
 
@@ -141,6 +140,8 @@ def _qkv_prepare_kernel(
     q_dst = q_out_ptr + token * (NUM_HEADS * HEAD_DIM) + q_cols
     tl.store(q_dst, q1.to(q_out_ptr.dtype.element_ty), mask=q_mask)
     tl.store(q_dst + HALF, q2.to(q_out_ptr.dtype.element_ty), mask=q_mask)
+    if PDL:  # the attention may launch (it waits for this kernel's end before reading anything)
+        tl.extra.cuda.gdc_launch_dependents()
 
     # k and v of this kv head, into the cache slot (skipped for slot -1)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
