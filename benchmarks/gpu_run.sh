@@ -17,7 +17,7 @@ for step in "$@"; do
              tests/runtime/test_kernels_*.py tests/runtime/test_triton_model_path.py \
              tests/runtime/test_gpu_paths.py tests/runtime/test_engine_async_gpu.py \
              tests/runtime/test_quant_fused_gemv.py tests/runtime/test_prefill_split.py \
-             tests/runtime/test_prefill_step_rows.py -s 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25 ;;
+             tests/runtime/test_prefill_step_rows.py tests/runtime/test_pdl_gpu.py -s 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25 ;;
     parallel) python benchmarks/bench_parallel.py --out "$OUT" 2>&1 | tee "$OUT/parallel.log" | tail -20 ;;
     parallel-more) python benchmarks/bench_parallel.py --out "$OUT" --no-allreduce \
              --cases W2-8B-pp2-micro,W2-8B-pp2-whole,W3-8B-int4-tp2,W3-8B-int4-tp1 \

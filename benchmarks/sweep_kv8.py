@@ -115,7 +115,22 @@ def final(ctx: int) -> dict[str, Variant]:
     }
 
 
-SETS = {"round1": round1, "round2": round2, "final": final}
+def w2(ctx: int) -> dict[str, Variant]:
+    """W2's decode shapes (256 sequences of 100-1,280 positions, single pass): the exact e4m3 paths (the
+    fp8 cache's W2 row was 0.99x bf16) and the tile shapes of the shared kernel."""
+    shared = replace(default_decode_config(torch.float8_e4m3fn), kv8=None)
+    out: dict[str, Variant] = {
+        f"shared bn{bn} w{w} s{st}": (replace(shared, block_n=bn, num_warps=w, num_stages=st), None)
+        for bn, w, st in ((64, 4, 2), (64, 4, 3), (128, 4, 3), (128, 8, 2), (64, 2, 2), (32, 4, 3))
+    }
+    for cvt in ("ptx", "bias"):
+        out[f"kv8 {cvt} bn128 s2"] = (_kv8(cvt=cvt), None)
+        out[f"kv8 {cvt} bn64 s3"] = (_kv8(64, 4, 3, cvt=cvt), None)
+        out[f"kv8 {cvt} prefetch bn64 s1"] = (_kv8(64, 4, 1, cvt=cvt, prefetch=True), None)
+    return out
+
+
+SETS = {"round1": round1, "round2": round2, "final": final, "w2": w2}
 
 
 def variants(ctx: int, breadth: bool, which: str = "final") -> dict[str, Variant]:
@@ -197,7 +212,7 @@ def main() -> None:
     if args.shapes:
         for shape in args.shapes.split(","):
             batch, ctx = (int(x) for x in shape.split("x"))
-            run_shape(batch, ctx, "breadth", args.replays, deadline)
+            run_shape(batch, ctx, "breadth" if args.set == "final" else args.set, args.replays, deadline)
         return
     run_shape(
         64, 4096, args.set, args.replays, deadline - 20, args.repeats

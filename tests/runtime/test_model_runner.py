@@ -94,7 +94,7 @@ def test_kv_cache_dtypes(qwen2_checkpoint: Path) -> None:
         q8 = ModelRunner(
             EngineArgs(model=str(qwen2_checkpoint), block_size=4, num_kv_blocks=4, kv_cache_dtype=name)
         )
-        k, v, k_scale, v_scale, _ = q8.kv_caches[0]
+        k, v, k_scale, v_scale = q8.kv_caches[0]
         assert k.dtype == v.dtype == dtype and k_scale.dtype == v_scale.dtype == torch.float32
         assert k_scale.shape == k.shape[:3]
         torch.testing.assert_close(

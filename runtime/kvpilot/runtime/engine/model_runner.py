@@ -67,9 +67,6 @@ log = logging.getLogger(__name__)
 # per step against 20.1 ms of kernels; BENCHMARKS.md, fourth session. The kernels size each sequence's
 # partitions from its own context, so a wider table costs short sequences little.)
 GRAPH_MAX_CONTEXT = 16384
-# split-KV decode counters, one per (sequence, KV head): the decode plans split only below ~2 waves of
-# programs (264 pairs on an H200), so 4,096 covers them; a larger split batch falls back to a reduce launch
-DECODE_COUNTERS = 4096
 
 
 def fill_placeholders(input_ids: torch.Tensor, sampled: torch.Tensor) -> torch.Tensor:
@@ -254,12 +251,11 @@ class ModelRunner:
         kv_heads = kv_heads_per_rank(cfg.num_key_value_heads, rank.tp)
         shape = (layers, 2, self.num_kv_blocks, self.block_size, kv_heads)
         cache = torch.zeros(*shape, cfg.head_dim, dtype=self.kv_cache_dtype, device=self.device)
-        counters = torch.zeros(DECODE_COUNTERS, dtype=torch.int32, device=self.device)  # KVCache.counters
         if not is_scaled(self.kv_cache_dtype):
-            return [KVCache(cache[layer, 0], cache[layer, 1], counters=counters) for layer in range(layers)]
+            return [KVCache(cache[layer, 0], cache[layer, 1]) for layer in range(layers)]
         scales = torch.zeros(*shape, dtype=torch.float32, device=self.device)
         return [
-            KVCache(cache[layer, 0], cache[layer, 1], scales[layer, 0], scales[layer, 1], counters)
+            KVCache(cache[layer, 0], cache[layer, 1], scales[layer, 0], scales[layer, 1])
             for layer in range(layers)
         ]
 

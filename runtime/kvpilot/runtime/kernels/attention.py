@@ -53,7 +53,6 @@ def paged_attention_ref(
     prefix_free: bool = False,  # the triton kernels' launch hint; the reference needs none
     out: torch.Tensor | None = None,  # written and returned when given (like q)
     max_context_len: int | None = None,  # the triton kernels' launch hint; the reference needs none
-    counters: torch.Tensor | None = None,  # the triton decode kernel's workspace; the reference needs none
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """step_kv: the step's own K/V rows, attended for each chunk's own positions instead of the pages
     (the same values on a 16-bit cache; full precision on an 8-bit one)."""

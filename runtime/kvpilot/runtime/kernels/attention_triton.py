@@ -86,7 +86,6 @@ def paged_attention_triton(
     prefix_free: bool = False,
     out: torch.Tensor | None = None,  # like q: written and returned (decode and prefill kernels)
     max_context_len: int | None = None,  # host bound on context_lens (the prefill kernel's prefix splits)
-    counters: torch.Tensor | None = None,  # KVCache.counters: split-KV decodes merge in their last program
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """is_decode defaults to max_q_len == 1 when given, else to num_tokens == num_seqs (chunks are never
     empty, so that means one token each); both are decided without reading device memory. step_kv: the
@@ -104,9 +103,8 @@ def paged_attention_triton(
                 f"decode needs one query token per sequence: {q.shape[0]} tokens, {num_seqs} sequences"
             )
         return paged_decode_attention_triton(
-            q, k_cache, v_cache, context_lens, block_tables, scale,
-            k_scale=k_scale, v_scale=v_scale, out=out, counters=counters,
-        )  # fmt: skip
+            q, k_cache, v_cache, context_lens, block_tables, scale, k_scale=k_scale, v_scale=v_scale, out=out
+        )
     if uniform_query_len(q.shape[0], num_seqs, max_q_len):
         res = paged_verify_attention_triton(
             q, k_cache, v_cache, context_lens, block_tables, scale, k_scale=k_scale, v_scale=v_scale

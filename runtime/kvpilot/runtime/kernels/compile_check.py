@@ -131,7 +131,7 @@ def _scaled(types: dict[str, str], kv: str) -> dict[str, str]:
 def kv8_specs() -> list[KernelSpec]:
     """The decode (single pass and split), prefill and store kernels over 8-bit pages."""
     pre = prefill_attention_triton.EIGHT_BIT_PREFILL
-    dec_types = {**_ATTN, "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "counter_ptr": "*i32"}
+    dec_types = {**_ATTN, "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
     dec_consts = {"GROUP": 4, "BLOCK_H": 16, **_HEADS, "SCALED": True}
     specs = []
     for kv in _KV8:
@@ -148,7 +148,6 @@ def kv8_specs() -> list[KernelSpec]:
                         **dec_consts,
                         "BLOCK_N": dec8.block_n,
                         "SPLIT": split,
-                        "MERGE": split and dec8.merge_splits,
                         "PDL": dec8.pdl,
                         **_dot_modes(dec8, kv),
                         **_kv8_consts(dec8, kv, split),
@@ -269,7 +268,7 @@ def _prefill_consts(pre: prefill_attention_triton.PrefillConfig) -> dict[str, An
 
 def default_specs() -> list[KernelSpec]:
     dec, pre = decode_attention_triton.DecodeConfig(), prefill_attention_triton.PrefillConfig()
-    dec_types = {**_ATTN, "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "counter_ptr": "*i32"}
+    dec_types = {**_ATTN, "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
     dec_consts = {
         "GROUP": 4,
         "BLOCK_H": 16,
@@ -293,7 +292,7 @@ def default_specs() -> list[KernelSpec]:
             "decode_split",
             decode_attention_triton._decode_kernel,
             dec_types,
-            {**dec_consts, "SPLIT": True, "MERGE": dec.merge_splits},
+            {**dec_consts, "SPLIT": True},
             dec.num_warps,
             dec.num_stages,
             _DEC_NODIV,
@@ -302,7 +301,7 @@ def default_specs() -> list[KernelSpec]:
             "decode_split_pages_ahead",  # the plans for batches that do not fill the GPU
             decode_attention_triton._decode_kernel,
             dec_types,
-            {**dec_consts, "SPLIT": True, "PAGES_AHEAD": True, "MERGE": dec.merge_splits},
+            {**dec_consts, "SPLIT": True, "PAGES_AHEAD": True},
             dec.num_warps,
             dec.ahead_num_stages,
             _DEC_NODIV,
@@ -311,7 +310,7 @@ def default_specs() -> list[KernelSpec]:
             "decode_head_dim_80",
             decode_attention_triton._decode_kernel,
             dec_types,
-            {**dec_consts, "HEAD_DIM": 80, "SPLIT": True, "MERGE": dec.merge_splits},
+            {**dec_consts, "HEAD_DIM": 80, "SPLIT": True},
             dec.num_warps,
             dec.num_stages,
             _DEC_NODIV,

@@ -183,7 +183,6 @@ def paged_attention_cpu(
     max_q_len: int,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
-    counters: torch.Tensor | None = None,  # the triton decode kernel's workspace: not needed here
 ) -> torch.Tensor:
     """paged_attention_ref: a decode step (one query per sequence) as one batched attention over the
     gathered caches, masked by context length; prefill chunks per sequence with SDPA. 8-bit caches (scales

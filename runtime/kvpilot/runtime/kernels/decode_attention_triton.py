@@ -73,83 +73,18 @@ def _quantize_rows(q, qtype: tl.constexpr, QMAX: tl.constexpr):
 
 
 @triton.jit
-def _empty_context(
-    out_ptr, seq, kv_head, split, ctx, num_heads, stride_os, stride_oh,
+def store_partial(
+    acc, l_i, m_i, part_out_ptr, part_lse_ptr, seq, kv_head, split, num_splits, num_heads,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    MERGE: tl.constexpr,
 ):  # fmt: skip
-    """A split program past its sequence's end writes nothing, except that with MERGE (no reduce launch)
-    partition 0 of a sequence without context (a padding row) writes its heads' zeros."""
-    if MERGE:  # noqa: SIM102 (a constexpr branch around a runtime one)
-        if (split == 0) & (ctx == 0):
-            offs_h, offs_d = tl.arange(0, BLOCK_H), tl.arange(0, BLOCK_D)
-            heads = kv_head * GROUP + offs_h
-            o_ptrs = out_ptr + seq.to(tl.int64) * stride_os + heads[:, None] * stride_oh + offs_d[None, :]
-            zeros = tl.zeros([BLOCK_H, BLOCK_D], dtype=out_ptr.dtype.element_ty)
-            tl.store(o_ptrs, zeros, mask=(offs_h < GROUP)[:, None] & (offs_d < HEAD_DIM)[None, :])
-
-
-@triton.jit
-def _merge_head(
-    part_out_ptr, part_lse_ptr, out_ptr, seq, head, used, num_splits, num_heads, stride_os, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr = 32,
-):  # fmt: skip
-    """out[seq, head] from the head's first `used` partials, CHUNK partitions per load ([CHUNK, BLOCK_D]:
-    the loads of a chunk are in flight together, where one partition per step waited out an L2 round trip
-    each), merged in partition order. Every used partition saw >= 1 position: its lse is finite."""
-    offs_s, offs_d = tl.arange(0, CHUNK), tl.arange(0, BLOCK_D)
-    d_mask = offs_d < HEAD_DIM
-    row0 = (seq.to(tl.int64) * num_heads + head) * num_splits
-    m = tl.full([1], float("-inf"), dtype=tl.float32)
-    l_sum = tl.zeros([1], dtype=tl.float32)
-    o = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for s0 in range(0, used, CHUNK):
-        s_mask = s0 + offs_s < used
-        lse_ptrs = part_lse_ptr + row0 + s0 + offs_s
-        lse = tl.load(lse_ptrs, mask=s_mask, other=float("-inf"), cache_modifier=".cg")
-        parts = tl.load(
-            part_out_ptr + (row0 + s0 + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-            mask=s_mask[:, None] & d_mask[None, :], other=0.0, cache_modifier=".cg",
-        )  # fmt: skip
-        m_new = tl.maximum(m, tl.max(lse, 0))
-        w = tl.exp2(lse - m_new)  # [CHUNK], 0 past `used`
-        alpha = tl.exp2(m - m_new)
-        o = o * alpha + tl.sum(parts * w[:, None], 0)
-        l_sum = l_sum * alpha + tl.sum(w, 0)
-        m = m_new
-    o_ptrs = out_ptr + seq.to(tl.int64) * stride_os + head * stride_oh + offs_d
-    tl.store(o_ptrs, (o / l_sum).to(out_ptr.dtype.element_ty), mask=d_mask)
-
-
-@triton.jit
-def split_epilogue(
-    acc, l_i, m_i, part_out_ptr, part_lse_ptr, counter_ptr, out_ptr, seq, kv_head, split, used,
-    num_splits, num_heads, stride_os, stride_oh,
-    GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    MERGE: tl.constexpr,
-):  # fmt: skip
-    """acc [BLOCK_H, BLOCK_D], l_i, m_i [BLOCK_H]: partition `split` of the `used` ones that hold this
-    sequence's context. Stores its partial rows [seq, head, split, :], normalised by the partition's own
-    sum, and their log-sum-exp (base 2). MERGE: then counts itself in on the (seq, KV head) counter; the
-    last to arrive merges the used partials in partition order (the same result whoever is last: a reduce
-    launch less per layer) and resets the counter for the next launch."""
+    """acc [BLOCK_H, BLOCK_D], l_i, m_i [BLOCK_H] of partition `split`: its partial rows [seq, head, split, :]
+    for the reduce kernel, normalised by the partition's own sum, and their log-sum-exp (base 2)."""
     offs_h, offs_d = tl.arange(0, BLOCK_H), tl.arange(0, BLOCK_D)
     h_mask = offs_h < GROUP
-    io_mask = h_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
-    heads = kv_head * GROUP + offs_h
-    row0 = (seq.to(tl.int64) * num_heads + heads) * num_splits  # [BLOCK_H]: the heads' split 0
-    part_ptrs = part_out_ptr + (row0 + split)[:, None] * HEAD_DIM + offs_d[None, :]
-    tl.store(part_ptrs, acc / l_i[:, None], mask=io_mask)
-    tl.store(part_lse_ptr + row0 + split, m_i + tl.log2(l_i), mask=h_mask)
-    if MERGE:
-        tl.debug_barrier()  # every thread's partial is written before the count is released
-        slot = seq * (num_heads // GROUP) + kv_head
-        arrived = tl.atomic_add(counter_ptr + slot, 1, sem="acq_rel")
-        if arrived == used - 1:  # the others' partials are visible (acquire); .cg reads skip L1
-            for h in tl.static_range(GROUP):
-                _merge_head(part_out_ptr, part_lse_ptr, out_ptr, seq, kv_head * GROUP + h, used, num_splits,
-                            num_heads, stride_os, stride_oh, HEAD_DIM, BLOCK_D)  # fmt: skip
-            tl.atomic_xchg(counter_ptr + slot, 0, sem="relaxed")  # the next launch is stream-ordered
+    row = (seq.to(tl.int64) * num_heads + kv_head * GROUP + offs_h) * num_splits + split  # [BLOCK_H]
+    mask = h_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
+    tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc / l_i[:, None], mask=mask)
+    tl.store(part_lse_ptr + row, m_i + tl.log2(l_i), mask=h_mask)
 
 
 # the eager path's block-table width and plan change with the batch: no value specialisation on them
@@ -163,7 +98,6 @@ def _decode_kernel(
     part_lse_ptr,  # [num_seqs, num_heads, num_splits] fp32 (split-KV)
     context_lens_ptr,  # [num_seqs] int32
     block_tables_ptr,  # [num_seqs, max_blocks] int32
-    counter_ptr,  # [>= num_seqs * num_kv_heads] int32, zero between launches (MERGE)
     qk_scale,  # softmax scale * log2(e): scores are kept in base 2
     partition_size,
     num_splits,
@@ -197,7 +131,6 @@ def _decode_kernel(
     WIDEN_ASM: tl.constexpr = True,  # False under the CPU interpreter
     QMAX: tl.constexpr = 448.0,  # largest magnitude of the cache's 8-bit type (QK_NATIVE)
     PAGES_AHEAD: tl.constexpr = False,  # DecodeConfig.pages_ahead
-    MERGE: tl.constexpr = False,  # split-KV: the last partition of a KV head merges (no reduce launch)
     PDL: tl.constexpr = False,  # programmatic dependent launch (triton_utils.pdl_supported)
 ):
     split = tl.program_id(0)
@@ -209,9 +142,7 @@ def _decode_kernel(
     partition_size = _partition_for(ctx, partition_size, num_splits, BLOCK_N)
     start = split * partition_size
     if SPLIT:  # noqa: SIM102 (a constexpr branch around a runtime one)
-        if start >= ctx:  # this partition lies past the sequence's end: the merge ignores it
-            _empty_context(out_ptr, seq, kv_head, split, ctx, num_heads, stride_os, stride_oh,
-                           GROUP, BLOCK_H, HEAD_DIM, BLOCK_D, MERGE)  # fmt: skip
+        if start >= ctx:  # this partition lies past the sequence's end: the reduce ignores it
             return
     end = tl.minimum(start + partition_size, ctx)
 
@@ -333,9 +264,8 @@ def _decode_kernel(
         tl.extra.cuda.gdc_launch_dependents()
     out_mask = head_mask[:, None] & d_mask[None, :]
     if SPLIT:
-        split_epilogue(acc, l_i, m_i, part_out_ptr, part_lse_ptr, counter_ptr, out_ptr, seq, kv_head, split,
-                       tl.cdiv(ctx, partition_size), num_splits, num_heads, stride_os, stride_oh,
-                       GROUP, BLOCK_H, HEAD_DIM, BLOCK_D, MERGE)  # fmt: skip
+        store_partial(acc, l_i, m_i, part_out_ptr, part_lse_ptr, seq, kv_head, split, num_splits, num_heads,
+                      GROUP, BLOCK_H, HEAD_DIM, BLOCK_D)  # fmt: skip
     else:
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # context_len 0 (padding rows) -> zeros, not NaN
         o_ptrs = out_ptr + seq.to(tl.int64) * stride_os + heads[:, None] * stride_oh + offs_d[None, :]
@@ -405,7 +335,6 @@ def paged_decode_attention_triton(
     k_scale: torch.Tensor | None = None,  # [num_blocks, block_size, num_kv_heads] fp32: 8-bit caches
     v_scale: torch.Tensor | None = None,
     out: torch.Tensor | None = None,  # like q (a slice of a larger output is fine): written, returned
-    counters: torch.Tensor | None = None,  # int32 zeros, >= num_seqs * num_kv_heads: splits merge in-kernel
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     cfg = config or default_decode_config(k_cache.dtype)
     num_seqs, num_heads, head_dim = q.shape
@@ -424,8 +353,6 @@ def paged_decode_attention_triton(
         part_lse = torch.empty(num_seqs, num_heads, plan.num_splits, device=dev, dtype=f32)
     else:
         part_out = part_lse = out  # unused by the single-pass specialisation
-    slots = num_seqs * num_kv_heads
-    merge = split and cfg.merge_splits and counters is not None and counters.numel() >= slots
     pdl = cfg.pdl and pdl_supported(q.device)
     block_d = next_power_of_2(head_dim)
     scaled = k_scale is not None
@@ -445,7 +372,6 @@ def paged_decode_attention_triton(
         part_lse,
         context_lens,
         block_tables,
-        counters if merge else context_lens,  # unread without MERGE
         scale * math.log2(math.e),
         plan.partition_size,
         plan.num_splits,
@@ -476,13 +402,12 @@ def paged_decode_attention_triton(
         WIDEN_ASM=q.device.type == "cuda",
         QMAX=QUANT_MAX.get(k_cache.dtype, 448.0),
         **kernel_consts,
-        MERGE=merge,
         PDL=pdl,
         num_warps=cfg.num_warps,
         num_stages=plan.num_stages or cfg.num_stages,
         **pdl_launch(pdl),
     )
-    if split and not merge:
+    if split:
         _decode_reduce_kernel[(num_heads, num_seqs)](
             part_out,
             part_lse,

@@ -62,9 +62,6 @@ class DecodeConfig:
     # 8-bit caches only: not None -> the 8-bit decode kernel (kv8_decode_triton.py) with this tile path;
     # qk_dot and v_widen then do not apply. None: the shared kernel above.
     kv8: Kv8Path | None = None
-    # split-KV plans: the last partition of each (sequence, KV head) merges the partials when the caller
-    # passes zeroed counters (KVCache.counters), instead of a reduce launch per layer
-    merge_splits: bool = True
     # programmatic dependent launch on sm_90+ (triton_utils.pdl_supported): the kernel launches while its
     # predecessor drains and waits for it before reading anything
     pdl: bool = True

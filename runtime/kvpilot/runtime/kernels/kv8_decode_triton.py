@@ -1,7 +1,7 @@
 """Paged decode attention over an 8-bit KV cache (fp8 e4m3 / int8 codes + fp32 per-token-head scales).
 
 The same grid, plan and outputs as decode_attention_triton._decode_kernel (one program per split, KV head
-and sequence; split partials merged as there), with the tile step chosen by Kv8Path
+and sequence; split partials merged by its _decode_reduce_kernel), with the tile step chosen by Kv8Path
 (kv8_path.py): how the codes are widened (kv8_convert_triton.py), whether the QK dot runs on 8-bit
 operands, whether the dots are computed transposed (context positions or head_dim as the M side), and
 whether the next tile is loaded into registers before the current one is computed.
@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .decode_attention_triton import _empty_context, _partition_for, _quantize_rows, split_epilogue
+from .decode_attention_triton import _partition_for, _quantize_rows, store_partial
 from .kv8_convert_triton import widen8
 from .kv8_path import DIAG_CODES, Kv8Path, cvt_code
 
@@ -117,7 +117,7 @@ def _diag_fold(fold, s_fold, k, v, k_s, v_s, DIAG: tl.constexpr, DOT16: tl.const
 @triton.jit(do_not_specialize=["partition_size", "num_splits", "stride_bt"])
 def _decode8_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_lse_ptr, context_lens_ptr, block_tables_ptr,
-    counter_ptr, qk_scale, partition_size, num_splits, num_heads, stride_qs, stride_qh, stride_os, stride_oh,
+    qk_scale, partition_size, num_splits, num_heads, stride_qs, stride_qh, stride_os, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
     k_scale_ptr, v_scale_ptr, stride_sb, stride_ss, stride_sh,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -125,7 +125,7 @@ def _decode8_kernel(
     SCALED: tl.constexpr, QK_NATIVE: tl.constexpr, V_TILE: tl.constexpr,  # _decode_kernel's; unused here
     WIDEN_ASM: tl.constexpr, QMAX: tl.constexpr,
     DOT16: tl.constexpr, CVT: tl.constexpr, NATIVE: tl.constexpr, SWAP: tl.constexpr,
-    PREFETCH: tl.constexpr, DIAG: tl.constexpr, MERGE: tl.constexpr = False, PDL: tl.constexpr = False,
+    PREFETCH: tl.constexpr, DIAG: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Pointers and shapes as decode_attention_triton._decode_kernel's (scales [num_blocks, PAGE, KVH])."""
     split, kv_head, seq = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -135,9 +135,7 @@ def _decode8_kernel(
     partition_size = _partition_for(ctx, partition_size, num_splits, BLOCK_N)
     start = split * partition_size
     if SPLIT:  # noqa: SIM102 (a constexpr branch around a runtime one)
-        if start >= ctx:  # past the sequence's end: the merge ignores this partition
-            _empty_context(out_ptr, seq, kv_head, split, ctx, num_heads, stride_os, stride_oh,
-                           GROUP, BLOCK_H, HEAD_DIM, BLOCK_D, MERGE)  # fmt: skip
+        if start >= ctx:  # past the sequence's end: the reduce ignores this partition
             return
     end = tl.minimum(start + partition_size, ctx)
 
@@ -204,9 +202,8 @@ def _decode8_kernel(
         l_i, m_i = l_i + 1.0, m_i * 0.0
 
     if SPLIT:
-        split_epilogue(acc, l_i, m_i, part_out_ptr, part_lse_ptr, counter_ptr, out_ptr, seq, kv_head, split,
-                       tl.cdiv(ctx, partition_size), num_splits, num_heads, stride_os, stride_oh,
-                       GROUP, BLOCK_H, HEAD_DIM, BLOCK_D, MERGE)  # fmt: skip
+        store_partial(acc, l_i, m_i, part_out_ptr, part_lse_ptr, seq, kv_head, split, num_splits, num_heads,
+                      GROUP, BLOCK_H, HEAD_DIM, BLOCK_D)  # fmt: skip
     else:
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # context_len 0 (padding rows) -> zeros, not NaN
         o_ptrs = out_ptr + seq.to(tl.int64) * stride_os + heads[:, None] * stride_oh + offs_d[None, :]
@@ -217,7 +214,7 @@ def kv8_kernel(
     path: Kv8Path, q: torch.Tensor, k_cache: torch.Tensor, block_d: int
 ) -> tuple[Any, dict[str, Any]]:
     """(_decode8_kernel, its constants beyond _decode_kernel's) for paged_decode_attention_triton, which
-    launches it with _decode_kernel's arguments (split partials merged as there)."""
+    launches it with _decode_kernel's arguments and merges split partials with its reduce kernel."""
     return _decode8_kernel, {
         "DOT16": q.dtype != torch.float32,
         "CVT": cvt_code(path.cvt, k_cache.dtype == torch.int8),

@@ -53,9 +53,6 @@ class KVCache(NamedTuple):
     v: torch.Tensor
     k_scale: torch.Tensor | None = None
     v_scale: torch.Tensor | None = None
-    # int32 zeros shared by every layer's view (launches are stream-ordered): the triton decode kernel's
-    # split-KV arrival counters, which each launch leaves at zero (decode_attention_triton.split_epilogue)
-    counters: torch.Tensor | None = None
 
 
 def check_scales(

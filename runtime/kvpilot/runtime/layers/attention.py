@@ -200,6 +200,5 @@ class PagedAttention(nn.Module):
             max_q_len=max_q_len,
             k_scale=kv_cache.k_scale,
             v_scale=kv_cache.v_scale,
-            counters=kv_cache.counters,
             **extra,
         )
