@@ -130,7 +130,20 @@ def w2(ctx: int) -> dict[str, Variant]:
     return out
 
 
-SETS = {"round1": round1, "round2": round2, "final": final, "w2": w2}
+def warps(ctx: int) -> dict[str, Variant]:
+    """The fastest W2 shape of the w2 set (the shared kernel, 64 positions per tile, 2 warps: 1.08-1.09x
+    bf16 for e4m3 at 256 x 512/1024 where the default was 0.97-0.99x) and its neighbours, across plans."""
+    shared = replace(default_decode_config(torch.float8_e4m3fn), kv8=None)
+    out: dict[str, Variant] = {
+        f"shared bn{bn} w{w} s{st}": (replace(shared, block_n=bn, num_warps=w, num_stages=st), None)
+        for bn, w, st in ((64, 2, 2), (64, 2, 3), (128, 2, 2), (32, 2, 2), (32, 1, 2), (64, 1, 2))
+    }
+    out["kv8 ptx native bn64 w2 s2 (int8's path)"] = (_kv8(64, 2, 2, cvt="ptx", qk="native"), None)
+    out["kv8 ptx native bn128 w2 s2 (int8's path)"] = (_kv8(128, 2, 2, cvt="ptx", qk="native"), None)
+    return out
+
+
+SETS = {"round1": round1, "round2": round2, "final": final, "w2": w2, "warps": warps}
 
 
 def variants(ctx: int, breadth: bool, which: str = "final") -> dict[str, Variant]:

@@ -8,6 +8,8 @@ looser tolerance). Tests marked `gpu` run Qwen3-8B head shapes in bf16 on the GP
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from kvpilot.runtime.kernels.triton_utils import interpret_without_gpu
@@ -24,6 +26,7 @@ from kvpilot.runtime.kernels.decode_attention_triton import (  # noqa: E402
     partition_for,
     plan_decode,
 )
+from kvpilot.runtime.kernels.decode_plan import TileShape  # noqa: E402
 from kvpilot.runtime.kernels.prefill_attention_triton import (  # noqa: E402
     PrefillConfig,
     paged_prefill_attention_triton,
@@ -114,18 +117,18 @@ def test_plan_split_partitions_cover_the_context(num_seqs: int, max_ctx: int, ad
 
 def test_adaptive_partitions_spread_a_short_context_over_every_split() -> None:
     """A plan made for a wide block table (a CUDA graph's capture width) with a short real context."""
-    cfg = DecodeConfig()
+    cfg = DecodeConfig(min_partition=128)
     plan = plan_decode(4, 8, 8192, 132, cfg)
     assert plan.num_splits > 4
     assert -(-600 // partition_for(600, plan, cfg.block_n)) == -(-600 // cfg.min_partition)  # 5 busy
-    fixed = plan_decode(4, 8, 8192, 132, DecodeConfig(adaptive_partitions=False))
+    fixed = plan_decode(4, 8, 8192, 132, replace(cfg, adaptive_partitions=False))
     assert fixed.partition_size >= 1024  # the fixed plan: one split does all 600 positions
     assert -(-600 // partition_for(600, fixed, cfg.block_n)) == 1
 
 
 @pytest.mark.parametrize(
     ("num_seqs", "ctx", "splits", "stages"),
-    [(8, 4096, 4, 5), (16, 4096, 2, 5), (32, 512, 3, None), (16, 8192, 5, None), (1, 4096, 32, None)],
+    [(8, 4096, 4, 5), (16, 4096, 2, 5), (32, 512, 3, None), (16, 8192, 5, None), (1, 4096, 64, None)],
 )
 def test_plan_prefers_long_double_buffered_partitions(
     num_seqs: int, ctx: int, splits: int, stages: int | None
@@ -149,7 +152,7 @@ def test_plan_prefers_long_double_buffered_partitions(
         (16, 8192, 2, True),
         (24, 4096, 2, True),  # 192 pairs: one pass would leave 72 SMs with 1 program and 60 with 2
         (64, 4096, 1, False),  # fills the GPU: the 2-stage pass
-        (1, 4096, 32, False),  # 8 pairs: long partitions would be too few programs, the short plan
+        (1, 4096, 64, False),  # 8 pairs: long partitions would be too few programs; 64 short ones
         (16, 512, 4, False),  # 128 pairs, partitions can't be long: the short plan
     ],
 )
@@ -157,6 +160,29 @@ def test_plan_pages_ahead(num_seqs: int, ctx: int, splits: int, ahead: bool) -> 
     plan = plan_decode(num_seqs, 8, ctx, 132, DecodeConfig())
     assert (plan.num_splits, plan.pages_ahead) == (splits, ahead)
     assert plan.num_stages == (3 if ahead else None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.int8])
+def test_8bit_single_pass_plans_take_their_tile_shape(dtype: torch.dtype) -> None:
+    """Batches that fill the GPU: 64-position tiles at 2 warps (decode_plan.EIGHT_BIT_DECODE); split plans
+    keep the config's own shape."""
+    cfg = default_decode_config(dtype)
+    tile = cfg.single_pass
+    assert tile is not None
+    full = plan_decode(64, 8, 4000, 132, cfg)
+    assert (full.num_splits, full.block_n, full.num_warps, full.num_stages) == (
+        1, tile.block_n, tile.num_warps, tile.num_stages)  # fmt: skip
+    assert full.partition_size == 4032  # 4000 rounded up to the tile
+    few = plan_decode(2, 8, 4000, 132, cfg)
+    assert few.num_splits > 1 and few.block_n is None and few.num_warps is None
+
+
+def test_decode_with_a_single_pass_tile_shape_matches_reference() -> None:
+    b = make_batch([1, 17, 33, 64, 70], [1] * 5, 8, 2, 16, 4, seed=11)
+    cfg = DecodeConfig(block_n=32, single_pass=TileShape(block_n=16, num_warps=2, num_stages=3))
+    plan = plan_decode(5, 2, b["block_tables"].shape[1] * 4, 1, cfg)
+    assert plan.block_n == 16
+    torch.testing.assert_close(decode(b, 0.37, config=cfg, sms=1), reference(b, 0.37), **SMALL_TOL)
 
 
 def test_plan_short_context_is_one_pass() -> None:

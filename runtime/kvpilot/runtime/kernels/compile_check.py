@@ -137,6 +137,9 @@ def kv8_specs() -> list[KernelSpec]:
     for kv in _KV8:
         dec8 = decode_attention_triton.default_decode_config(_KV8_DTYPES[kv])
         for split in (False, True):  # the defaults (int8: the kv8 kernel, kv8_decode_triton.py)
+            tile = dec8.single_pass if not split and dec8.single_pass else None
+            bn, warps, stages = (tile.block_n, tile.num_warps, tile.num_stages) if tile else (
+                dec8.block_n, dec8.num_warps, dec8.num_stages)  # fmt: skip
             specs.append(
                 KernelSpec(
                     f"decode_{'split' if split else 'single_pass'}_{kv}",
@@ -146,14 +149,14 @@ def kv8_specs() -> list[KernelSpec]:
                     _scaled(dec_types, kv),
                     {
                         **dec_consts,
-                        "BLOCK_N": dec8.block_n,
+                        "BLOCK_N": bn,
                         "SPLIT": split,
                         "PDL": dec8.pdl,
                         **_dot_modes(dec8, kv),
                         **_kv8_consts(dec8, kv, split),
                     },
-                    dec8.num_warps,
-                    dec8.num_stages,
+                    warps,
+                    stages,
                     _DEC_NODIV,
                 )
             )

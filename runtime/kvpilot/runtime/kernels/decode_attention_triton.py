@@ -393,7 +393,7 @@ def paged_decode_attention_triton(
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
         PAGE=page,
-        BLOCK_N=cfg.block_n,
+        BLOCK_N=plan.block_n or cfg.block_n,
         SPLIT=split,
         SCALED=scaled,
         # 8-bit tensor-core dots need K >= 32: below that head_dim the QK dot widens
@@ -403,7 +403,7 @@ def paged_decode_attention_triton(
         QMAX=QUANT_MAX.get(k_cache.dtype, 448.0),
         **kernel_consts,
         PDL=pdl,
-        num_warps=cfg.num_warps,
+        num_warps=plan.num_warps or cfg.num_warps,
         num_stages=plan.num_stages or cfg.num_stages,
         **pdl_launch(pdl),
     )
@@ -421,7 +421,7 @@ def paged_decode_attention_triton(
             HEAD_DIM=head_dim,
             BLOCK_D=block_d,
             BLOCK_S=reduce_block_s(plan.num_splits),
-            BLOCK_N=cfg.block_n,
+            BLOCK_N=plan.block_n or cfg.block_n,
             PDL=pdl,
             num_warps=4 if block_d * reduce_block_s(plan.num_splits) >= 2048 else 2,
             **pdl_launch(pdl),

@@ -13,6 +13,15 @@ from .kv8_path import Kv8Path
 
 
 @dataclass(frozen=True)
+class TileShape:
+    """How a kind of plan launches: context positions per tile, warps, software-pipeline stages."""
+
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
 class DecodeConfig:
     """Launch parameters. Defaults (from sm_90 compiles, see compile_check.py): ~128 registers at 4 warps
     -> 4 programs per SM, each with one 32 KB K+V tile in flight (Triton pipelines the tile loads one
@@ -22,7 +31,10 @@ class DecodeConfig:
     block_n: int = 64  # context positions per tile; any power of two >= 16 (pages are gathered per position)
     num_warps: int = 4
     num_stages: int = 2
-    min_partition: int = 128  # fewest context positions a split-KV program handles
+    # fewest context positions a split-KV program handles. 64 (one tile): H200, one sequence of 1,152
+    # positions (W3's decode), 7.97 µs per call vs 9.72 at 128; 1 x 4k, 4 x 2k, 16 x 1k, 32 x 512 within
+    # 1% (benchmarks/bench_decode_latency.py, BENCHMARKS.md, sixth session)
+    min_partition: int = 64
     # single pass once num_seqs * num_kv_heads >= single_pass_waves * SMs; else split to ~split_waves * SMs
     single_pass_waves: float = 2.0
     split_waves: float = 4.0
@@ -62,6 +74,9 @@ class DecodeConfig:
     # 8-bit caches only: not None -> the 8-bit decode kernel (kv8_decode_triton.py) with this tile path;
     # qk_dot and v_widen then do not apply. None: the shared kernel above.
     kv8: Kv8Path | None = None
+    # not None: plans of one pass per (sequence, KV head) for batches that fill the GPU launch with this
+    # tile shape instead of block_n / num_warps / num_stages (8-bit caches: EIGHT_BIT_DECODE)
+    single_pass: TileShape | None = None
     # programmatic dependent launch on sm_90+ (triton_utils.pdl_supported): the kernel launches while its
     # predecessor drains and waits for it before reading anything
     pdl: bool = True
@@ -78,7 +93,17 @@ class DecodeConfig:
 # An 8-bit tile of 128 positions is as many bytes as a 16-bit tile of 64: the same bytes in flight per
 # program, half the tiles per sequence. The long-partition plans were measured for 16-bit caches only
 # (8-bit tiles at 5 stages were slower at 64 x 4k), so 8-bit caches keep the short plans.
-EIGHT_BIT_DECODE = DecodeConfig(block_n=128, long_split_waves=0.0, pages_ahead=False)
+# Batches that fill the GPU (one pass per sequence and KV head) run tiles of 64 positions at 2 warps:
+# H200 (benchmarks/sweep_kv8.py --set warps/w2, sixth session), e4m3 at 3 stages: 64 x 4k 213.3 µs
+# (1.16x bf16) vs 251.1 (0.99x) at 128 x 4 warps; 256 x 512 112.3 (1.18x) vs 136.5 (0.97x). Split plans
+# keep 128 x 4 warps (at 2 warps 16 x 8k was 0.75-0.80x bf16, 1 x 4k 0.97x, against 0.96x / 1.15x).
+EIGHT_BIT_DECODE = DecodeConfig(
+    block_n=128,
+    min_partition=128,
+    long_split_waves=0.0,
+    pages_ahead=False,
+    single_pass=TileShape(block_n=64, num_warps=2, num_stages=3),
+)
 # int8 caches: the kv8 kernel (kv8_decode_triton.py) with q quantized per row to int8 for an int8 x int8
 # QK dot (K never widened; q's rounding: at most 0.4% of its row maximum per element) and V widened by
 # the 0x6400 magic number in its load layout. H200, 64 x 4k (benchmarks/sweep_kv8.py): 213.8 µs vs
@@ -86,11 +111,15 @@ EIGHT_BIT_DECODE = DecodeConfig(block_n=128, long_split_waves=0.0, pages_ahead=F
 # were slower there, and its native e4m3 QK dot (q rounded to e4m3, ~10% faster) costs perplexity
 # (SmolLM2, emulated: +1.03% vs a bf16 cache where the fp8 cache alone is +0.66%).
 # Split-KV plans (few sequences) keep the shared kernel: the kv8 kernel was not measured faster there.
+# Its single-pass plans at 64 positions x 2 warps x 2 stages: 64 x 4k 193.5 µs (1.28x bf16) vs 214.4
+# (1.16x); 256 x 512 105.8 (1.26x) vs 119.1 (1.11x) (sweep_kv8.py --set warps, sixth session).
 INT8_DECODE = DecodeConfig(
     block_n=128,
+    min_partition=128,
     long_split_waves=0.0,
     pages_ahead=False,
     kv8=Kv8Path(cvt="ptx", qk="native", split_plans=False),
+    single_pass=TileShape(block_n=64, num_warps=2, num_stages=2),
 )
 
 
@@ -112,6 +141,8 @@ class DecodePlan:
     partition_size: int  # the fewest context positions per split, a multiple of block_n
     num_stages: int | None = None  # the launch's software-pipeline depth; None: DecodeConfig.num_stages
     pages_ahead: bool = False  # block-table entries loaded a tile ahead (DecodeConfig.pages_ahead)
+    block_n: int | None = None  # None: DecodeConfig.block_n (DecodeConfig.single_pass sets these two)
+    num_warps: int | None = None  # None: DecodeConfig.num_warps
 
 
 def plan_decode(
@@ -120,7 +151,12 @@ def plan_decode(
     """Pure choice of the split count: a pass per (seq, kv head) when that fills the GPU, else split."""
     bn = config.block_n
     programs = num_seqs * num_kv_heads
-    if programs >= config.single_pass_waves * sms or max_context_len <= config.min_partition:
+    fills = programs >= config.single_pass_waves * sms
+    if fills and config.single_pass is not None:
+        tile = config.single_pass
+        partition = max(tile.block_n, _cdiv(max_context_len, tile.block_n) * tile.block_n)
+        return DecodePlan(1, partition, tile.num_stages, block_n=tile.block_n, num_warps=tile.num_warps)
+    if fills or max_context_len <= config.min_partition:
         return DecodePlan(1, max(bn, _cdiv(max_context_len, bn) * bn))
     if config.pages_ahead:
         ahead = _ahead_plan(programs, max_context_len, sms, config)

@@ -39,13 +39,15 @@ from .triton_utils import scale_launch_args as _scale_args
 
 # 8-bit pages: the decode kernel's 128-position tiles; with 5 x 4 query rows (32 after padding) that needs
 # 8 warps to stay clear of spills (sm_90 compile: 4 warps spill 80 B for e4m3; 8 warps, 195 registers)
-EIGHT_BIT_VERIFY = DecodeConfig(block_n=128, num_warps=8, pages_ahead=False)
+EIGHT_BIT_VERIFY = DecodeConfig(block_n=128, num_warps=8, min_partition=128, pages_ahead=False)
+VERIFY = DecodeConfig(pages_ahead=False, min_partition=128)
 
 
 def default_verify_config(cache_dtype: torch.dtype) -> DecodeConfig:
     """Launch defaults for a cache of this dtype: the decode kernel's, with more warps for 8-bit pages."""
-    # pages_ahead plans are the decode kernel's only (this kernel looks its pages up per tile)
-    return EIGHT_BIT_VERIFY if cache_dtype.itemsize == 1 else DecodeConfig(pages_ahead=False)
+    # pages_ahead plans are the decode kernel's only (this kernel looks its pages up per tile); partitions
+    # of >= 128 positions, as it was measured (the decode kernel's 64 was not measured here)
+    return EIGHT_BIT_VERIFY if cache_dtype.itemsize == 1 else VERIFY
 
 
 @triton.jit
