@@ -56,11 +56,14 @@ def _split(ctx: int, splits: int, bn: int) -> DecodePlan:
 
 
 def _kv8(bn: int = 128, warps: int = 4, stages: int = 2, **path: object) -> DecodeConfig:
-    base = replace(default_decode_config(torch.float8_e4m3fn), kv8=None)  # 8-bit plans (short splits)
+    # 8-bit plans (short splits), every plan at this tile shape
+    base = replace(default_decode_config(torch.float8_e4m3fn), kv8=None, single_pass=None)
     return replace(base, block_n=bn, num_warps=warps, num_stages=stages, kv8=Kv8Path(**path))  # type: ignore[arg-type]
 
 
-LEGACY = replace(default_decode_config(torch.float8_e4m3fn), kv8=None, block_n=128, num_stages=2)
+LEGACY = replace(
+    default_decode_config(torch.float8_e4m3fn), kv8=None, block_n=128, num_stages=2, single_pass=None
+)
 
 
 def round1(ctx: int) -> dict[str, Variant]:
@@ -118,7 +121,7 @@ def final(ctx: int) -> dict[str, Variant]:
 def w2(ctx: int) -> dict[str, Variant]:
     """W2's decode shapes (256 sequences of 100-1,280 positions, single pass): the exact e4m3 paths (the
     fp8 cache's W2 row was 0.99x bf16) and the tile shapes of the shared kernel."""
-    shared = replace(default_decode_config(torch.float8_e4m3fn), kv8=None)
+    shared = replace(default_decode_config(torch.float8_e4m3fn), kv8=None, single_pass=None)
     out: dict[str, Variant] = {
         f"shared bn{bn} w{w} s{st}": (replace(shared, block_n=bn, num_warps=w, num_stages=st), None)
         for bn, w, st in ((64, 4, 2), (64, 4, 3), (128, 4, 3), (128, 8, 2), (64, 2, 2), (32, 4, 3))
@@ -133,7 +136,7 @@ def w2(ctx: int) -> dict[str, Variant]:
 def warps(ctx: int) -> dict[str, Variant]:
     """The fastest W2 shape of the w2 set (the shared kernel, 64 positions per tile, 2 warps: 1.08-1.09x
     bf16 for e4m3 at 256 x 512/1024 where the default was 0.97-0.99x) and its neighbours, across plans."""
-    shared = replace(default_decode_config(torch.float8_e4m3fn), kv8=None)
+    shared = replace(default_decode_config(torch.float8_e4m3fn), kv8=None, single_pass=None)
     out: dict[str, Variant] = {
         f"shared bn{bn} w{w} s{st}": (replace(shared, block_n=bn, num_warps=w, num_stages=st), None)
         for bn, w, st in ((64, 2, 2), (64, 2, 3), (128, 2, 2), (32, 2, 2), (32, 1, 2), (64, 1, 2))
