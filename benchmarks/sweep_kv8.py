@@ -141,6 +141,7 @@ def warps(ctx: int) -> dict[str, Variant]:
         f"shared bn{bn} w{w} s{st}": (replace(shared, block_n=bn, num_warps=w, num_stages=st), None)
         for bn, w, st in ((64, 2, 2), (64, 2, 3), (128, 2, 2), (32, 2, 2), (32, 1, 2), (64, 1, 2))
     }
+    out["shared bn32 w1 s3"] = (replace(shared, block_n=32, num_warps=1, num_stages=3), None)
     out["kv8 ptx native bn64 w2 s2 (int8's path)"] = (_kv8(64, 2, 2, cvt="ptx", qk="native"), None)
     out["kv8 ptx native bn128 w2 s2 (int8's path)"] = (_kv8(128, 2, 2, cvt="ptx", qk="native"), None)
     return out

@@ -175,6 +175,9 @@ def test_8bit_single_pass_plans_take_their_tile_shape(dtype: torch.dtype) -> Non
     assert full.partition_size == 4032  # 4000 rounded up to the tile
     few = plan_decode(2, 8, 4000, 132, cfg)
     assert few.num_splits > 1 and few.block_n is None and few.num_warps is None
+    dense = plan_decode(256, 8, 1000, 132, cfg)  # 15.5 programs per SM
+    want = cfg.dense_pass or tile  # e4m3: one warp from dense_waves programs per SM on; int8: none
+    assert (dense.num_splits, dense.block_n, dense.num_warps) == (1, want.block_n, want.num_warps)
 
 
 def test_decode_with_a_single_pass_tile_shape_matches_reference() -> None:

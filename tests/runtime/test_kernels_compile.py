@@ -24,6 +24,7 @@ EXPECTED = {
     "qkv_prepare",
     "qkv_prepare_qk_norm",
     "silu_and_mul",
+    "decode_dense_pass_fp8",
     *(
         f"{k}_{kv}"
         for k in ("decode_single_pass", "decode_split", "prefill", "prefill_step_kv", "qkv_prepare")

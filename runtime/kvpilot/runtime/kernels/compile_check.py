@@ -160,6 +160,28 @@ def kv8_specs() -> list[KernelSpec]:
                     _DEC_NODIV,
                 )
             )
+        if dec8.dense_pass is not None:  # the single-pass shape from dense_waves programs per SM on
+            tile = dec8.dense_pass
+            specs.append(
+                KernelSpec(
+                    f"decode_dense_pass_{kv}",
+                    kv8_decode_triton._decode8_kernel
+                    if _kv8_consts(dec8, kv, False)
+                    else decode_attention_triton._decode_kernel,
+                    _scaled(dec_types, kv),
+                    {
+                        **dec_consts,
+                        "BLOCK_N": tile.block_n,
+                        "SPLIT": False,
+                        "PDL": dec8.pdl,
+                        **_dot_modes(dec8, kv),
+                        **_kv8_consts(dec8, kv, False),
+                    },
+                    tile.num_warps,
+                    tile.num_stages,
+                    _DEC_NODIV,
+                )
+            )
         # the alternatives DecodeConfig can select (benchmarks/bench_kernels.py --sweep times them)
         for variant, cfg in decode8_variants(kv).items():
             specs.append(

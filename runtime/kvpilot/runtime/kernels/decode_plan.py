@@ -77,6 +77,9 @@ class DecodeConfig:
     # not None: plans of one pass per (sequence, KV head) for batches that fill the GPU launch with this
     # tile shape instead of block_n / num_warps / num_stages (8-bit caches: EIGHT_BIT_DECODE)
     single_pass: TileShape | None = None
+    # ... and from dense_waves * SMs (sequence, KV head) pairs on, this one (EIGHT_BIT_DECODE: 1 warp)
+    dense_pass: TileShape | None = None
+    dense_waves: float = 12.0
     # programmatic dependent launch on sm_90+ (triton_utils.pdl_supported): the kernel launches while its
     # predecessor drains and waits for it before reading anything
     pdl: bool = True
@@ -97,12 +100,16 @@ class DecodeConfig:
 # H200 (benchmarks/sweep_kv8.py --set warps/w2, sixth session), e4m3 at 3 stages: 64 x 4k 213.3 µs
 # (1.16x bf16) vs 251.1 (0.99x) at 128 x 4 warps; 256 x 512 112.3 (1.18x) vs 136.5 (0.97x). Split plans
 # keep 128 x 4 warps (at 2 warps 16 x 8k was 0.75-0.80x bf16, 1 x 4k 0.97x, against 0.96x / 1.15x).
+# From 12 programs per SM on (W2: 256 sequences x 8 KV heads = 15.5 per SM), one warp per program with
+# 32-position tiles: 256 x 512 94.8 µs (1.40x bf16) vs 112.3 at 2 warps (64 positions at 1 warp: 94.5,
+# but 400 bytes of spills in the sm_90 compile against 16); at 64 x 4k (3.9 per SM) 1 warp lost (249.3).
 EIGHT_BIT_DECODE = DecodeConfig(
     block_n=128,
     min_partition=128,
     long_split_waves=0.0,
     pages_ahead=False,
     single_pass=TileShape(block_n=64, num_warps=2, num_stages=3),
+    dense_pass=TileShape(block_n=32, num_warps=1, num_stages=2),
 )
 # int8 caches: the kv8 kernel (kv8_decode_triton.py) with q quantized per row to int8 for an int8 x int8
 # QK dot (K never widened; q's rounding: at most 0.4% of its row maximum per element) and V widened by
@@ -154,6 +161,8 @@ def plan_decode(
     fills = programs >= config.single_pass_waves * sms
     if fills and config.single_pass is not None:
         tile = config.single_pass
+        if config.dense_pass is not None and programs >= config.dense_waves * sms:
+            tile = config.dense_pass
         partition = max(tile.block_n, _cdiv(max_context_len, tile.block_n) * tile.block_n)
         return DecodePlan(1, partition, tile.num_stages, block_n=tile.block_n, num_warps=tile.num_warps)
     if fills or max_context_len <= config.min_partition:
