@@ -79,7 +79,7 @@ class DecodeConfig:
     single_pass: TileShape | None = None
     # ... and from dense_waves * SMs (sequence, KV head) pairs on, this one (EIGHT_BIT_DECODE: 1 warp)
     dense_pass: TileShape | None = None
-    dense_waves: float = 12.0
+    dense_waves: float = 6.0
     # programmatic dependent launch on sm_90+ (triton_utils.pdl_supported): the kernel launches while its
     # predecessor drains and waits for it before reading anything
     pdl: bool = True
