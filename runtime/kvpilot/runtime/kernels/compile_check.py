@@ -31,6 +31,7 @@ from triton.compiler import ASTSource
 from . import (
     activation_triton,
     decode_attention_triton,
+    decode_plan,
     kv8_decode_triton,
     norm_triton,
     prefill_attention_triton,
@@ -115,6 +116,8 @@ _QKV_PREPARE_CONSTS = {
 _SCALE_NODIV = ("stride_ss", "stride_sh")
 _DEC_NODIV = ("partition_size", "num_splits", "num_heads", "stride_bt", *_SCALE_NODIV)
 _KV8 = {"fp8": "*fp8e4nv", "int8": "*i8"}
+_DEC_TYPES = {**_ATTN, "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
+_DEC8_CONSTS = {"GROUP": 4, "BLOCK_H": 16, **_HEADS, "SCALED": True}
 _KV8_DTYPES = {"fp8": torch.float8_e4m3fn, "int8": torch.int8}
 
 
@@ -128,68 +131,52 @@ def _scaled(types: dict[str, str], kv: str) -> dict[str, str]:
     }
 
 
+def _decode8_spec(
+    name: str, dec8: decode_attention_triton.DecodeConfig, kv: str, split: bool, tile: decode_plan.TileShape
+) -> KernelSpec:
+    """The decode launch of an 8-bit cache's default config with this tile shape."""
+    return KernelSpec(
+        name,
+        kv8_decode_triton._decode8_kernel
+        if _kv8_consts(dec8, kv, split)
+        else decode_attention_triton._decode_kernel,
+        _scaled(_DEC_TYPES, kv),
+        {
+            **_DEC8_CONSTS,
+            "BLOCK_N": tile.block_n,
+            "SPLIT": split,
+            "PDL": dec8.pdl,
+            **_dot_modes(dec8, kv),
+            **_kv8_consts(dec8, kv, split),
+        },
+        tile.num_warps,
+        tile.num_stages,
+        _DEC_NODIV,
+    )
+
+
 def kv8_specs() -> list[KernelSpec]:
     """The decode (single pass and split), prefill and store kernels over 8-bit pages."""
     pre = prefill_attention_triton.EIGHT_BIT_PREFILL
-    dec_types = {**_ATTN, "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
-    dec_consts = {"GROUP": 4, "BLOCK_H": 16, **_HEADS, "SCALED": True}
     specs = []
     for kv in _KV8:
         dec8 = decode_attention_triton.default_decode_config(_KV8_DTYPES[kv])
-        for split in (False, True):  # the defaults (int8: the kv8 kernel, kv8_decode_triton.py)
-            tile = dec8.single_pass if not split and dec8.single_pass else None
-            bn, warps, stages = (tile.block_n, tile.num_warps, tile.num_stages) if tile else (
-                dec8.block_n, dec8.num_warps, dec8.num_stages)  # fmt: skip
-            specs.append(
-                KernelSpec(
-                    f"decode_{'split' if split else 'single_pass'}_{kv}",
-                    kv8_decode_triton._decode8_kernel
-                    if _kv8_consts(dec8, kv, split)
-                    else decode_attention_triton._decode_kernel,
-                    _scaled(dec_types, kv),
-                    {
-                        **dec_consts,
-                        "BLOCK_N": bn,
-                        "SPLIT": split,
-                        "PDL": dec8.pdl,
-                        **_dot_modes(dec8, kv),
-                        **_kv8_consts(dec8, kv, split),
-                    },
-                    warps,
-                    stages,
-                    _DEC_NODIV,
-                )
-            )
-        if dec8.dense_pass is not None:  # the single-pass shape from dense_waves programs per SM on
-            tile = dec8.dense_pass
-            specs.append(
-                KernelSpec(
-                    f"decode_dense_pass_{kv}",
-                    kv8_decode_triton._decode8_kernel
-                    if _kv8_consts(dec8, kv, False)
-                    else decode_attention_triton._decode_kernel,
-                    _scaled(dec_types, kv),
-                    {
-                        **dec_consts,
-                        "BLOCK_N": tile.block_n,
-                        "SPLIT": False,
-                        "PDL": dec8.pdl,
-                        **_dot_modes(dec8, kv),
-                        **_kv8_consts(dec8, kv, False),
-                    },
-                    tile.num_warps,
-                    tile.num_stages,
-                    _DEC_NODIV,
-                )
-            )
+        # the defaults (int8: the kv8 kernel, kv8_decode_triton.py): single pass, split, and the single
+        # pass from dense_waves programs per SM on
+        own = decode_plan.TileShape(dec8.block_n, dec8.num_warps, dec8.num_stages)
+        kinds = {"single_pass": (False, dec8.single_pass or own), "split": (True, own)}
+        if dec8.dense_pass is not None:
+            kinds["dense_pass"] = (False, dec8.dense_pass)
+        for kind, (split, tile) in kinds.items():
+            specs.append(_decode8_spec(f"decode_{kind}_{kv}", dec8, kv, split, tile))
         # the alternatives DecodeConfig can select (benchmarks/bench_kernels.py --sweep times them)
         for variant, cfg in decode8_variants(kv).items():
             specs.append(
                 KernelSpec(
                     f"decode_single_pass_{kv}_{variant}",
                     decode_attention_triton._decode_kernel,
-                    _scaled(dec_types, kv),
-                    {**dec_consts, "BLOCK_N": cfg.block_n, "SPLIT": False, **_dot_modes(cfg, kv)},
+                    _scaled(_DEC_TYPES, kv),
+                    {**_DEC8_CONSTS, "BLOCK_N": cfg.block_n, "SPLIT": False, **_dot_modes(cfg, kv)},
                     cfg.num_warps,
                     cfg.num_stages,
                     _DEC_NODIV,
@@ -293,7 +280,7 @@ def _prefill_consts(pre: prefill_attention_triton.PrefillConfig) -> dict[str, An
 
 def default_specs() -> list[KernelSpec]:
     dec, pre = decode_attention_triton.DecodeConfig(), prefill_attention_triton.PrefillConfig()
-    dec_types = {**_ATTN, "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
+    dec_types = _DEC_TYPES
     dec_consts = {
         "GROUP": 4,
         "BLOCK_H": 16,
