@@ -100,9 +100,10 @@ class DecodeConfig:
 # H200 (benchmarks/sweep_kv8.py --set warps/w2, sixth session), e4m3 at 3 stages: 64 x 4k 213.3 µs
 # (1.16x bf16) vs 251.1 (0.99x) at 128 x 4 warps; 256 x 512 112.3 (1.18x) vs 136.5 (0.97x). Split plans
 # keep 128 x 4 warps (at 2 warps 16 x 8k was 0.75-0.80x bf16, 1 x 4k 0.97x, against 0.96x / 1.15x).
-# From 12 programs per SM on (W2: 256 sequences x 8 KV heads = 15.5 per SM), one warp per program with
-# 32-position tiles: 256 x 512 94.8 µs (1.40x bf16) vs 112.3 at 2 warps (64 positions at 1 warp: 94.5,
-# but 400 bytes of spills in the sm_90 compile against 16); at 64 x 4k (3.9 per SM) 1 warp lost (249.3).
+# From 6 programs per SM on (dense_waves), one warp per program with 32-position tiles: 256 x 512 (15.5
+# per SM, W2's decode) 94.8 µs (1.40x bf16) vs 112.3 at 2 warps (64 positions at 1 warp: 94.5, but 400
+# bytes of spills in the sm_90 compile against 16); 128 x 1k (7.8 per SM) 91.9 vs 108.8; at 64 x 4k (3.9
+# per SM) 1 warp lost (249.3 vs 213.3). The threshold lies between those two measured points.
 EIGHT_BIT_DECODE = DecodeConfig(
     block_n=128,
     min_partition=128,
