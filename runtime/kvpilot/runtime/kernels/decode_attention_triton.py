@@ -14,6 +14,11 @@ table, i.e. BLOCK_N / block_size pages per tile (page size 16 is too small to be
 - Pages ahead (DecodePlan.pages_ahead, batches that do not fill the GPU): each tile's block-table entries
   are loaded one tile ahead, so the K/V loads depend on no load of their own iteration and Triton
   double-buffers them from 3 stages (with the table lookup in the loop it takes 5).
+- Programmatic dependent launch (DecodeConfig.pdl, sm_90+): the kernel may start while the one before it
+  (qkv_prepare) drains; it waits for it before its first read and releases the next kernel (the reduce, or
+  the o-projection) only after its tiles, so a waiting grid never holds SM slots through this one's work.
+- Tile shapes: a plan may carry its own block_n / num_warps / num_stages (DecodeConfig.single_pass and
+  dense_pass: 8-bit caches run fewer warps when the batch fills the GPU).
 
 Grid shape depends only on tensor shapes (the context bound is block_tables.shape[1] * block_size), never on
 device values, so the launch is CUDA-graph capturable and needs no host sync.
