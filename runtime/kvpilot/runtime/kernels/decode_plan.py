@@ -149,7 +149,7 @@ class DecodePlan:
     partition_size: int  # the fewest context positions per split, a multiple of block_n
     num_stages: int | None = None  # the launch's software-pipeline depth; None: DecodeConfig.num_stages
     pages_ahead: bool = False  # block-table entries loaded a tile ahead (DecodeConfig.pages_ahead)
-    block_n: int | None = None  # None: DecodeConfig.block_n (DecodeConfig.single_pass sets these two)
+    block_n: int | None = None  # None: DecodeConfig.block_n (single_pass / dense_pass set these two)
     num_warps: int | None = None  # None: DecodeConfig.num_warps
 
 
