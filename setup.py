@@ -34,6 +34,7 @@ setup(
         "kvpilot.runtime.fixtures": ["*.txt"],
         "kvpilot.runtime.eval": ["*.txt"],
         "kvpilot.operator.planning": ["*.yaml"],
+        "kvpilot.runtime.kernels": ["*.cu"],
     },
     include_package_data=True,
 )

@@ -363,6 +363,17 @@ def paged_decode_attention_triton(
     scaled = k_scale is not None
     # the shared kernel's pipelining choice, or the 8-bit kernel's path constants (it has no pages-ahead
     # mode); 8-bit caches take the kv8 kernel where the config selects it
+    if scaled and cfg.mma is not None and q.device.type == "cuda":
+        from .kv8_decode_cuda import run_plan  # CUDA-only (NVRTC); the Triton kernels stay the CPU path
+
+        ran = run_plan(cfg.mma, plan, cfg.block_n, q, (k_cache, v_cache, k_scale, v_scale), out,
+                       (part_out, part_lse), context_lens, block_tables, scale)  # fmt: skip
+    else:
+        ran = False
+    if ran:
+        if split:
+            _reduce(plan, cfg, part_out, part_lse, out, context_lens, head_dim, block_d, pdl)
+        return out
     kernel, kernel_consts = _decode_kernel, {"PAGES_AHEAD": plan.pages_ahead}
     if scaled and cfg.kv8 is not None and (cfg.kv8.split_plans or not split):
         from .kv8_decode_triton import kv8_kernel  # it imports this module's device helpers
@@ -413,22 +424,38 @@ def paged_decode_attention_triton(
         **pdl_launch(pdl),
     )
     if split:
-        _decode_reduce_kernel[(num_heads, num_seqs)](
-            part_out,
-            part_lse,
-            out,
-            context_lens,
-            plan.partition_size,
-            plan.num_splits,
-            num_heads,
-            out.stride(0),
-            out.stride(1),
-            HEAD_DIM=head_dim,
-            BLOCK_D=block_d,
-            BLOCK_S=reduce_block_s(plan.num_splits),
-            BLOCK_N=plan.block_n or cfg.block_n,
-            PDL=pdl,
-            num_warps=4 if block_d * reduce_block_s(plan.num_splits) >= 2048 else 2,
-            **pdl_launch(pdl),
-        )
+        _reduce(plan, cfg, part_out, part_lse, out, context_lens, head_dim, block_d, pdl)
     return out
+
+
+def _reduce(
+    plan: DecodePlan,
+    cfg: DecodeConfig,
+    part_out: torch.Tensor,
+    part_lse: torch.Tensor,
+    out: torch.Tensor,
+    context_lens: torch.Tensor,
+    head_dim: int,
+    block_d: int,
+    pdl: bool,
+) -> None:
+    """Merge the split partials into out (one program per query head and sequence)."""
+    num_seqs, num_heads = out.shape[0], out.shape[1]
+    _decode_reduce_kernel[(num_heads, num_seqs)](
+        part_out,
+        part_lse,
+        out,
+        context_lens,
+        plan.partition_size,
+        plan.num_splits,
+        num_heads,
+        out.stride(0),
+        out.stride(1),
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        BLOCK_S=reduce_block_s(plan.num_splits),
+        BLOCK_N=plan.block_n or cfg.block_n,
+        PDL=pdl,
+        num_warps=4 if block_d * reduce_block_s(plan.num_splits) >= 2048 else 2,
+        **pdl_launch(pdl),
+    )

@@ -22,6 +22,19 @@ class TileShape:
 
 
 @dataclass(frozen=True)
+class MmaPath:
+    """8-bit caches on CUDA sm_89+: the hand-laid-out mma.sync kernel (kv8_decode.cu) instead of the Triton
+    ones, where it supports the shapes (kv8_decode_cuda.unsupported). warps: warps per program, taking the
+    partition's 16-position chunks in turn; prefetch: each warp loads its next chunk before computing the
+    current one; min_blocks: programs per SM the register allocation must leave room for."""
+
+    warps: int = 4
+    prefetch: bool = True
+    min_blocks: int = 1
+    split_plans: bool = True
+
+
+@dataclass(frozen=True)
 class DecodeConfig:
     """Launch parameters. Defaults (from sm_90 compiles, see compile_check.py): ~128 registers at 4 warps
     -> 4 programs per SM, each with one 32 KB K+V tile in flight (Triton pipelines the tile loads one
@@ -80,6 +93,8 @@ class DecodeConfig:
     # ... and from dense_waves * SMs (sequence, KV head) pairs on, this one (EIGHT_BIT_DECODE: 1 warp)
     dense_pass: TileShape | None = None
     dense_waves: float = 6.0
+    # 8-bit caches on CUDA: not None -> kv8_decode.cu's mma kernel where it runs (plans and outputs unchanged)
+    mma: MmaPath | None = None
     # programmatic dependent launch on sm_90+ (triton_utils.pdl_supported): the kernel launches while its
     # predecessor drains and waits for it before reading anything
     pdl: bool = True

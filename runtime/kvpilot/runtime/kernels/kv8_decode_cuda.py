@@ -1,0 +1,166 @@
+"""Host side of kv8_decode.cu: paged decode attention over 8-bit pages on mma.sync (sm_89+, CUDA only).
+
+The kernel is compiled at run time by NVRTC (torch's `compile_kernel`, which ships with CUDA builds of
+torch: no CUDA toolkit needed), once per CudaDecodeSpec (memoized), and launched with the grid and outputs of
+decode_attention_triton._decode_kernel, so split plans reuse its reduce kernel. The CPU interpreter cannot
+run it: decode_attention_triton keeps the Triton kernels as the portable path, and tests/runtime's gpu tests
+hold this one to the same reference.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .decode_plan import DecodePlan, MmaPath
+
+SOURCE = Path(__file__).with_name("kv8_decode.cu")
+HEAD_DIMS = (64, 128)
+MAX_GROUP = 8  # query heads per KV head: the mma's rows 0..7
+
+
+@dataclass(frozen=True)
+class CudaDecodeSpec:
+    """The compile-time constants of one kv8_decode.cu build."""
+
+    head_dim: int
+    group: int
+    page: int
+    int8: bool
+    bf16: bool
+    split: bool
+    warps: int = 4
+    min_blocks: int = 1
+    prefetch: bool = True
+
+    def macros(self) -> dict[str, int]:
+        return {
+            "HEAD_DIM": self.head_dim,
+            "GROUP": self.group,
+            "PAGE": self.page,
+            "KV_INT8": int(self.int8),
+            "OUT_BF16": int(self.bf16),
+            "SPLIT": int(self.split),
+            "WARPS": self.warps,
+            "MIN_BLOCKS": self.min_blocks,
+            "PREFETCH": int(self.prefetch),
+        }
+
+
+def unsupported(q: torch.Tensor, k_cache: torch.Tensor) -> str | None:
+    """Why this kernel cannot run these tensors (None: it can)."""
+    if q.device.type != "cuda" or torch.version.cuda is None:
+        return "needs a CUDA device"
+    if torch.cuda.get_device_capability(q.device) < (8, 9):
+        return "needs sm_89+ (e4m3 conversions)"
+    if k_cache.dtype not in (torch.int8, torch.float8_e4m3fn):
+        return f"cache dtype {k_cache.dtype}"
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return f"activations {q.dtype}"
+    head_dim, page, kv_heads = q.shape[2], k_cache.shape[1], k_cache.shape[2]
+    if head_dim not in HEAD_DIMS or q.stride(2) != 1 or k_cache.stride(3) != 1:
+        return f"head_dim {head_dim} (supported: {HEAD_DIMS}, contiguous)"
+    if page % 16:
+        return f"page size {page} (a multiple of 16)"
+    if q.shape[1] % kv_heads or q.shape[1] // kv_heads > MAX_GROUP:
+        return f"{q.shape[1]} query heads over {kv_heads} KV heads (at most {MAX_GROUP} per KV head)"
+    return None
+
+
+def _compile_fn() -> Any:
+    fn = getattr(torch.cuda, "compile_kernel", None) or getattr(torch.cuda, "_compile_kernel", None)
+    if fn is None:
+        raise RuntimeError(f"torch {torch.__version__} has no torch.cuda.compile_kernel (NVRTC)")
+    return fn
+
+
+@functools.cache
+def compiled(spec: CudaDecodeSpec) -> Any:
+    """The loaded kernel for spec (NVRTC compile on first use, ~0.3 s; memoized per process)."""
+    options = [f"-D{name}={value}" for name, value in spec.macros().items()] + ["-std=c++17"]
+    return _compile_fn()(SOURCE.read_text(), "kv8_decode", nvcc_options=options)
+
+
+def num_registers(kernel: Any) -> int:
+    """Registers per thread of a compiled kernel (cuFuncGetAttribute; bench diagnostics)."""
+    from torch.cuda._utils import _get_gpu_runtime_library
+
+    regs = ctypes.c_int()
+    _get_gpu_runtime_library().cuFuncGetAttribute(ctypes.byref(regs), 4, kernel.func)  # NUM_REGS
+    return regs.value
+
+
+def _f32_bits(x: float) -> int:
+    """x as the int32 of its float32 bits (the launcher passes Python floats as doubles or floats, by
+    torch version; an int is unambiguous)."""
+    return struct.unpack("<i", struct.pack("<f", x))[0]
+
+
+def launch(
+    spec: CudaDecodeSpec,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    out: torch.Tensor,
+    part_out: torch.Tensor,
+    part_lse: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    qk_scale: float,  # softmax scale * log2(e)
+    partition_size: int,
+    num_splits: int,
+    block_n: int,  # the tile partitions are rounded to (the reduce kernel's BLOCK_N)
+) -> None:
+    """One launch on the current stream (CUDA-graph capturable once compiled: compile before capture)."""
+    num_seqs, num_heads = q.shape[0], q.shape[1]
+    kernel = compiled(spec)
+    args = [
+        q, k_cache.view(torch.uint8), v_cache.view(torch.uint8), k_scale, v_scale, out, part_out, part_lse,
+        context_lens, block_tables, _f32_bits(qk_scale), partition_size, num_splits, block_n, num_heads,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        k_scale.stride(0), k_scale.stride(1), k_scale.stride(2), block_tables.stride(0),
+    ]  # fmt: skip
+    kernel(grid=(num_splits, k_cache.shape[2], num_seqs), block=(spec.warps * 32, 1, 1), args=args)
+
+
+def run_plan(
+    mma: MmaPath,
+    plan: DecodePlan,
+    block_n: int,  # DecodeConfig.block_n: the tile of plans that do not name theirs
+    q: torch.Tensor,
+    cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None],  # k, v, scales
+    out: torch.Tensor,
+    partials: tuple[torch.Tensor, torch.Tensor],  # split plans' part_out, part_lse
+    context_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+) -> bool:
+    """Launch plan's main kernel here if mma selects it for this plan and supports the shapes (False: the
+    caller runs its Triton kernel). Split partials are left for the caller's reduce kernel."""
+    k_cache, v_cache, k_scale, v_scale = cache
+    split = plan.num_splits > 1
+    if k_scale is None or v_scale is None or (split and not mma.split_plans):
+        return False
+    if unsupported(q, k_cache) is not None:
+        return False
+    spec = CudaDecodeSpec(
+        head_dim=q.shape[2], group=q.shape[1] // k_cache.shape[2], page=k_cache.shape[1],
+        int8=k_cache.dtype == torch.int8, bf16=q.dtype == torch.bfloat16, split=split,
+        warps=mma.warps, min_blocks=mma.min_blocks, prefetch=mma.prefetch,
+    )  # fmt: skip
+    launch(
+        spec, q, k_cache, v_cache, k_scale, v_scale, out, *partials, context_lens, block_tables,
+        scale * math.log2(math.e), plan.partition_size, plan.num_splits, plan.block_n or block_n,
+    )  # fmt: skip
+    return True
