@@ -31,7 +31,7 @@ CASES = ((64, 4096), (256, 1024), (16, 8192), (32, 512), (1, 4096))
 
 
 def _regs(kv: str, mma: MmaPath) -> int:
-    spec = CudaDecodeSpec(128, 4, 16, int8=kv == "int8", bf16=True, split=False, warps=mma.warps,
+    spec = CudaDecodeSpec(128, 4, 8, 16, int8=kv == "int8", bf16=True, split=False, warps=mma.warps,
                           min_blocks=mma.min_blocks, prefetch=mma.prefetch)  # fmt: skip
     return num_registers(compiled(spec))
 

@@ -53,7 +53,7 @@ def test_cpu_falls_back_to_the_triton_kernels() -> None:
 def test_spec_macros_name_every_constant() -> None:
     from kvpilot.runtime.kernels.kv8_decode_cuda import SOURCE, CudaDecodeSpec
 
-    macros = CudaDecodeSpec(128, 4, 16, int8=True, bf16=True, split=False).macros()
+    macros = CudaDecodeSpec(128, 4, 8, 16, int8=True, bf16=True, split=False).macros()
     source = SOURCE.read_text()
     assert all(name in source for name in macros)
     assert macros["KV_INT8"] == 1 and macros["SPLIT"] == 0 and macros["WARPS"] == 4

@@ -32,6 +32,7 @@ class CudaDecodeSpec:
 
     head_dim: int
     group: int
+    kv_heads: int  # the cache's (its strides are compile-time constants)
     page: int
     int8: bool
     bf16: bool
@@ -44,6 +45,7 @@ class CudaDecodeSpec:
         return {
             "HEAD_DIM": self.head_dim,
             "GROUP": self.group,
+            "KVH": self.kv_heads,
             "PAGE": self.page,
             "KV_INT8": int(self.int8),
             "OUT_BF16": int(self.bf16),
@@ -54,8 +56,9 @@ class CudaDecodeSpec:
         }
 
 
-def unsupported(q: torch.Tensor, k_cache: torch.Tensor) -> str | None:
-    """Why this kernel cannot run these tensors (None: it can)."""
+def unsupported(q: torch.Tensor, k_cache: torch.Tensor, *caches: torch.Tensor) -> str | None:
+    """Why this kernel cannot run these tensors (None: it can). caches: k_cache's companions (v_cache and
+    the scales), which must be contiguous like it."""
     if q.device.type != "cuda" or torch.version.cuda is None:
         return "needs a CUDA device"
     if torch.cuda.get_device_capability(q.device) < (8, 9):
@@ -65,8 +68,10 @@ def unsupported(q: torch.Tensor, k_cache: torch.Tensor) -> str | None:
     if q.dtype not in (torch.bfloat16, torch.float16):
         return f"activations {q.dtype}"
     head_dim, page, kv_heads = q.shape[2], k_cache.shape[1], k_cache.shape[2]
-    if head_dim not in HEAD_DIMS or q.stride(2) != 1 or k_cache.stride(3) != 1:
+    if head_dim not in HEAD_DIMS or q.stride(2) != 1:
         return f"head_dim {head_dim} (supported: {HEAD_DIMS}, contiguous)"
+    if not all(t.is_contiguous() for t in (k_cache, *caches)):
+        return "caches and scales must be contiguous (the kernel's strides are compile-time constants)"
     if page % 16:
         return f"page size {page} (a multiple of 16)"
     if q.shape[1] % kv_heads or q.shape[1] // kv_heads > MAX_GROUP:
@@ -126,10 +131,7 @@ def launch(
     args = [
         q, k_cache.view(torch.uint8), v_cache.view(torch.uint8), k_scale, v_scale, out, part_out, part_lse,
         context_lens, block_tables, _f32_bits(qk_scale), partition_size, num_splits, block_n, num_heads,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        k_scale.stride(0), k_scale.stride(1), k_scale.stride(2), block_tables.stride(0),
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
     ]  # fmt: skip
     kernel(grid=(num_splits, k_cache.shape[2], num_seqs), block=(spec.warps * 32, 1, 1), args=args)
 
@@ -152,10 +154,11 @@ def run_plan(
     split = plan.num_splits > 1
     if k_scale is None or v_scale is None or (split and not mma.split_plans):
         return False
-    if unsupported(q, k_cache) is not None:
+    if unsupported(q, k_cache, v_cache, k_scale, v_scale) is not None:
         return False
     spec = CudaDecodeSpec(
-        head_dim=q.shape[2], group=q.shape[1] // k_cache.shape[2], page=k_cache.shape[1],
+        head_dim=q.shape[2], group=q.shape[1] // k_cache.shape[2], kv_heads=k_cache.shape[2],
+        page=k_cache.shape[1],
         int8=k_cache.dtype == torch.int8, bf16=q.dtype == torch.bfloat16, split=split,
         warps=mma.warps, min_blocks=mma.min_blocks, prefetch=mma.prefetch,
     )  # fmt: skip
