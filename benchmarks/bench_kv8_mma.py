@@ -22,10 +22,9 @@ VARIANTS = {
     "w4": MmaPath(warps=4),
     "w4np": MmaPath(warps=4, prefetch=False),
     "w2": MmaPath(warps=2),
-    "w8np": MmaPath(warps=8, prefetch=False),
-    "w4mb4": MmaPath(warps=4, min_blocks=4),
     "w2np": MmaPath(warps=2, prefetch=False),
-    "w1": MmaPath(warps=1),
+    "w1np": MmaPath(warps=1, prefetch=False),
+    "w8np": MmaPath(warps=8, prefetch=False),
 }
 CASES = ((64, 4096), (256, 1024), (16, 8192), (32, 512), (1, 4096))
 
