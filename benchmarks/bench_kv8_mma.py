@@ -25,6 +25,8 @@ VARIANTS = {
     "w2np": MmaPath(warps=2, prefetch=False),
     "w1np": MmaPath(warps=1, prefetch=False),
     "w8np": MmaPath(warps=8, prefetch=False),
+    "w4np-mb4": MmaPath(warps=4, prefetch=False, min_blocks=4),
+    "w8np-mb2": MmaPath(warps=8, prefetch=False, min_blocks=2),
 }
 CASES = ((64, 4096), (256, 1024), (16, 8192), (32, 512), (1, 4096))
 
