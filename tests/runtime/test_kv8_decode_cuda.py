@@ -50,6 +50,20 @@ def test_cpu_falls_back_to_the_triton_kernels() -> None:
     torch.testing.assert_close(out, _ref(b, 32**-0.5), **TOL)
 
 
+def test_plan_fills_one_wave_of_programs() -> None:
+    """plan_mma: one pass per (sequence, KV head) from one wave (4 programs x SMs) on; below, splits that
+    fill the wave, never under MMA_MIN_PARTITION positions; split_plans=False: one pass always."""
+    from kvpilot.runtime.kernels.decode_plan import MMA_MIN_PARTITION, plan_mma
+
+    mma = MmaPath()
+    assert plan_mma(64, 8, 4096, 132, mma) == DecodePlan(1, 4096, block_n=16)
+    assert plan_mma(256, 8, 1030, 132, mma) == DecodePlan(1, 1040, block_n=16)
+    assert plan_mma(16, 8, 8192, 132, mma) == DecodePlan(4, MMA_MIN_PARTITION, block_n=16)
+    assert plan_mma(1, 8, 4096, 132, mma).num_splits == 4096 // MMA_MIN_PARTITION
+    assert plan_mma(1, 8, 100, 132, mma).num_splits == 1
+    assert plan_mma(16, 8, 8192, 132, MmaPath(split_plans=False)).num_splits == 1
+
+
 def test_spec_macros_name_every_constant() -> None:
     from kvpilot.runtime.kernels.kv8_decode_cuda import SOURCE, CudaDecodeSpec
 
@@ -65,7 +79,14 @@ CTX = [1000, 37, 16, 1, 515, 2049]
 @gpu
 @pytest.mark.parametrize("dtype", EIGHT_BIT, ids=IDS)
 @pytest.mark.parametrize(
-    "mma", [MmaPath(), MmaPath(warps=2), MmaPath(warps=8, prefetch=False), MmaPath(warps=1)], ids=str
+    "mma",
+    [
+        MmaPath(),
+        MmaPath(warps=2, prefetch=True, min_blocks=1),
+        MmaPath(warps=8, min_blocks=2),
+        MmaPath(warps=1),
+    ],
+    ids=str,
 )
 @pytest.mark.parametrize("plan", [None, DecodePlan(1, 2112), DecodePlan(3, 128), DecodePlan(8, 64)], ids=str)
 def test_qwen3_8b_heads(dtype: torch.dtype, mma: MmaPath, plan: DecodePlan | None) -> None:

@@ -31,15 +31,18 @@ import math
 import torch
 import triton
 import triton.language as tl
+from torch import Tensor
 
 from .attention_tile_triton import attend_tile
 from .decode_plan import (
     EIGHT_BIT_DECODE,
     DecodeConfig,
     DecodePlan,
+    MmaPath,
     default_decode_config,
     partition_for,
     plan_decode,
+    plan_mma,
     reduce_block_s,
 )
 from .kv_cache import QUANT_MAX
@@ -50,10 +53,12 @@ __all__ = [  # the plan types are re-exported: callers plan and launch through t
     "EIGHT_BIT_DECODE",
     "DecodeConfig",
     "DecodePlan",
+    "MmaPath",
     "default_decode_config",
     "paged_decode_attention_triton",
     "partition_for",
     "plan_decode",
+    "plan_mma",
 ]
 
 
@@ -346,8 +351,15 @@ def paged_decode_attention_triton(
     page, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
     max_context = block_tables.shape[1] * page
+    cache = (k_cache, v_cache, k_scale, v_scale)
+    mma = _mma_path(cfg, q, cache)
     if plan is None:
-        plan = plan_decode(num_seqs, num_kv_heads, max_context, sms or num_sms(q.device), cfg)
+        sms = sms or num_sms(q.device)
+        plan = (
+            plan_decode(num_seqs, num_kv_heads, max_context, sms, cfg)
+            if mma is None
+            else plan_mma(num_seqs, num_kv_heads, max_context, sms, mma)
+        )
     out = torch.empty_like(q) if out is None else out
     if num_seqs == 0:
         return out
@@ -363,14 +375,10 @@ def paged_decode_attention_triton(
     scaled = k_scale is not None
     # the shared kernel's pipelining choice, or the 8-bit kernel's path constants (it has no pages-ahead
     # mode); 8-bit caches take the kv8 kernel where the config selects it
-    if scaled and cfg.mma is not None and q.device.type == "cuda":
-        from .kv8_decode_cuda import run_plan  # CUDA-only (NVRTC); the Triton kernels stay the CPU path
+    if mma is not None and (mma.split_plans or not split):
+        from .kv8_decode_cuda import launch_plan  # CUDA-only (NVRTC); the Triton kernels stay the CPU path
 
-        ran = run_plan(cfg.mma, plan, cfg.block_n, q, (k_cache, v_cache, k_scale, v_scale), out,
-                       (part_out, part_lse), context_lens, block_tables, scale)  # fmt: skip
-    else:
-        ran = False
-    if ran:
+        launch_plan(mma, plan, q, cache, out, (part_out, part_lse), context_lens, block_tables, scale)
         if split:
             _reduce(plan, cfg, part_out, part_lse, out, context_lens, head_dim, block_d, pdl)
         return out
@@ -426,6 +434,17 @@ def paged_decode_attention_triton(
     if split:
         _reduce(plan, cfg, part_out, part_lse, out, context_lens, head_dim, block_d, pdl)
     return out
+
+
+def _mma_path(
+    cfg: DecodeConfig, q: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor, Tensor | None, Tensor | None]
+) -> MmaPath | None:
+    """cfg.mma where kv8_decode.cu runs these tensors (an 8-bit cache on a CUDA device it supports)."""
+    if cfg.mma is None or cache[2] is None or q.device.type != "cuda":
+        return None
+    from .kv8_decode_cuda import unsupported
+
+    return cfg.mma if unsupported(q, *(t for t in cache if t is not None)) is None else None
 
 
 def _reduce(

@@ -24,13 +24,18 @@ class TileShape:
 @dataclass(frozen=True)
 class MmaPath:
     """8-bit caches on CUDA sm_89+: the hand-laid-out mma.sync kernel (kv8_decode.cu) instead of the Triton
-    ones, where it supports the shapes (kv8_decode_cuda.unsupported). warps: warps per program, taking the
-    partition's 16-position chunks in turn; prefetch: each warp loads its next chunk before computing the
-    current one; min_blocks: programs per SM the register allocation must leave room for."""
+    ones, where it supports the shapes (kv8_decode_cuda.unsupported), with plans of its own (plan_mma).
+    warps: warps per program, taking the partition's 16-position chunks in turn; prefetch: each warp loads
+    its next chunk into registers before computing the current one (else only the next page id);
+    min_blocks: programs per SM the register allocation must leave room for (and plan_mma's wave).
+    Defaults, H200, Qwen3-8B heads (benchmarks/bench_kv8_mma.py, seventh session): 4 warps without the
+    register prefetch at <= 128 registers (4 programs per SM): 64 x 4k e4m3 148.1 µs, int8 137.0 (1.67x /
+    1.80x bf16's 247.1); 2 warps with prefetch 154.6 / 176.3, 8 warps 189.3 (141 registers: 1 per SM) /
+    140.1."""
 
     warps: int = 4
-    prefetch: bool = True
-    min_blocks: int = 1
+    prefetch: bool = False
+    min_blocks: int = 4
     split_plans: bool = True
 
 
@@ -126,6 +131,7 @@ EIGHT_BIT_DECODE = DecodeConfig(
     pages_ahead=False,
     single_pass=TileShape(block_n=64, num_warps=2, num_stages=3),
     dense_pass=TileShape(block_n=32, num_warps=1, num_stages=2),
+    mma=MmaPath(),
 )
 # int8 caches: the kv8 kernel (kv8_decode_triton.py) with q quantized per row to int8 for an int8 x int8
 # QK dot (K never widened; q's rounding: at most 0.4% of its row maximum per element) and V widened by
@@ -143,6 +149,7 @@ INT8_DECODE = DecodeConfig(
     pages_ahead=False,
     kv8=Kv8Path(cvt="ptx", qk="native", split_plans=False),
     single_pass=TileShape(block_n=64, num_warps=2, num_stages=2),
+    mma=MmaPath(),
 )
 
 
@@ -195,6 +202,22 @@ def plan_decode(
         if long_splits > 1 and _split_partition(max_context_len, long_splits, bn) >= config.long_partition:
             splits, stages = long_splits, config.long_num_stages
     return _split_plan(max_context_len, splits, stages, config)
+
+
+# kv8_decode.cu's split partitions hold at least this many positions (8 of its 16-position chunks)
+MMA_MIN_PARTITION = 128
+
+
+def plan_mma(num_seqs: int, num_kv_heads: int, max_context_len: int, sms: int, mma: MmaPath) -> DecodePlan:
+    """kv8_decode.cu's plan: one pass per (sequence, KV head) once the programs fill one wave of
+    mma.min_blocks per SM; below that each context is split so the programs fill that one wave (a second,
+    partial wave would leave most SMs idle behind it), in partitions of at least MMA_MIN_PARTITION
+    positions, sized per sequence on the device (adaptive, in 16-position chunks)."""
+    programs = max(1, num_seqs * num_kv_heads)
+    splits = max(1, min(mma.min_blocks * sms // programs, _cdiv(max_context_len, MMA_MIN_PARTITION)))
+    if splits == 1 or not mma.split_plans:
+        return DecodePlan(1, _cdiv(max_context_len, 16) * 16, block_n=16)
+    return DecodePlan(splits, MMA_MIN_PARTITION, block_n=16)
 
 
 def _ahead_plan(programs: int, max_context_len: int, sms: int, config: DecodeConfig) -> DecodePlan | None:

@@ -378,12 +378,16 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) kv8_decode(
         attend(st, cur, qa, row_scale, min(16, end - p0), g, t);
         cur = nxt;
     }
-#else  // fewer registers, more warps per SM: the other warps' loads are in flight
+#else  // fewer registers, more warps per SM: the other warps' loads are in flight; only the next chunk's
+    // page id is loaded ahead, so a chunk's loads wait on one memory latency, not two
+    int page = chunk < n_chunks ? bt[(start + 16 * chunk) / PAGE] : 0;
     for (; chunk < n_chunks; chunk += WARPS) {
-        const int p0 = start + 16 * chunk;
+        const int p0 = start + 16 * chunk, nc = chunk + WARPS;
+        const int next_page = nc < n_chunks ? bt[(start + 16 * nc) / PAGE] : 0;
         Chunk cur;
-        load_chunk(cur, L, bt[p0 / PAGE], p0 % PAGE, min(16, end - p0));
+        load_chunk(cur, L, page, p0 % PAGE, min(16, end - p0));
         attend(st, cur, qa, row_scale, min(16, end - p0), g, t);
+        page = next_page;
     }
 #endif
 

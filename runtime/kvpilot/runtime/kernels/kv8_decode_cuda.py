@@ -136,10 +136,9 @@ def launch(
     kernel(grid=(num_splits, k_cache.shape[2], num_seqs), block=(spec.warps * 32, 1, 1), args=args)
 
 
-def run_plan(
+def launch_plan(
     mma: MmaPath,
     plan: DecodePlan,
-    block_n: int,  # DecodeConfig.block_n: the tile of plans that do not name theirs
     q: torch.Tensor,
     cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None],  # k, v, scales
     out: torch.Tensor,
@@ -147,23 +146,17 @@ def run_plan(
     context_lens: torch.Tensor,
     block_tables: torch.Tensor,
     scale: float,
-) -> bool:
-    """Launch plan's main kernel here if mma selects it for this plan and supports the shapes (False: the
-    caller runs its Triton kernel). Split partials are left for the caller's reduce kernel."""
+) -> None:
+    """Launch plan's main kernel (the caller checked unsupported() and runs the split reduce)."""
     k_cache, v_cache, k_scale, v_scale = cache
-    split = plan.num_splits > 1
-    if k_scale is None or v_scale is None or (split and not mma.split_plans):
-        return False
-    if unsupported(q, k_cache, v_cache, k_scale, v_scale) is not None:
-        return False
+    if k_scale is None or v_scale is None:
+        raise ValueError("kv8_decode.cu reads 8-bit caches with their scales")
     spec = CudaDecodeSpec(
         head_dim=q.shape[2], group=q.shape[1] // k_cache.shape[2], kv_heads=k_cache.shape[2],
-        page=k_cache.shape[1],
-        int8=k_cache.dtype == torch.int8, bf16=q.dtype == torch.bfloat16, split=split,
-        warps=mma.warps, min_blocks=mma.min_blocks, prefetch=mma.prefetch,
+        page=k_cache.shape[1], int8=k_cache.dtype == torch.int8, bf16=q.dtype == torch.bfloat16,
+        split=plan.num_splits > 1, warps=mma.warps, min_blocks=mma.min_blocks, prefetch=mma.prefetch,
     )  # fmt: skip
     launch(
         spec, q, k_cache, v_cache, k_scale, v_scale, out, *partials, context_lens, block_tables,
-        scale * math.log2(math.e), plan.partition_size, plan.num_splits, plan.block_n or block_n,
+        scale * math.log2(math.e), plan.partition_size, plan.num_splits, plan.block_n or 16,
     )  # fmt: skip
-    return True
