@@ -378,7 +378,8 @@ def paged_decode_attention_triton(
     if mma is not None and (mma.split_plans or not split):
         from .kv8_decode_cuda import launch_plan  # CUDA-only (NVRTC); the Triton kernels stay the CPU path
 
-        launch_plan(mma, plan, q, cache, out, (part_out, part_lse), context_lens, block_tables, scale)
+        tile = plan.block_n or cfg.block_n  # the reduce kernel sizes partitions with the same tile
+        launch_plan(mma, plan, q, cache, out, (part_out, part_lse), context_lens, block_tables, scale, tile)
         if split:
             _reduce(plan, cfg, part_out, part_lse, out, context_lens, head_dim, block_d, pdl)
         return out

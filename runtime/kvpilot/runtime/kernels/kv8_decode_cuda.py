@@ -146,6 +146,7 @@ def launch_plan(
     context_lens: torch.Tensor,
     block_tables: torch.Tensor,
     scale: float,
+    block_n: int,  # the tile plan's partitions are rounded to (as the caller's reduce kernel's BLOCK_N)
 ) -> None:
     """Launch plan's main kernel (the caller checked unsupported() and runs the split reduce)."""
     k_cache, v_cache, k_scale, v_scale = cache
@@ -158,5 +159,5 @@ def launch_plan(
     )  # fmt: skip
     launch(
         spec, q, k_cache, v_cache, k_scale, v_scale, out, *partials, context_lens, block_tables,
-        scale * math.log2(math.e), plan.partition_size, plan.num_splits, plan.block_n or 16,
+        scale * math.log2(math.e), plan.partition_size, plan.num_splits, block_n,
     )  # fmt: skip
