@@ -45,7 +45,7 @@ LAYERS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "dow
 MS = (1, 4, 16, 64, 256)
 SWEEP_MS = (1, 16, 64)
 STREAM_BYTES = 400 * 2**20  # weight copies per graph: well past the H200's 50 MiB L2
-COLUMNS = ("bf16", "w4", "w4_old", "w4_deq", "w4_gemv64", "w8", "fp8_wo", "fp8_mm")
+COLUMNS = ("bf16", "w4", "w4_triton", "w4_old", "w4_deq", "w4_gemv64", "w8", "fp8_wo", "fp8_mm")
 
 
 def graph_us(fn: Callable[..., Any], arg_sets: list[tuple[Any, ...]], replays: int = 10) -> float:
@@ -102,6 +102,13 @@ class Formats:
         """(column, fn(x, *weight), weight tensors, reference key) for the columns that apply at M = m."""
         yield "bf16", F.linear, self.bf16, "bf16"
         yield "w4", lambda x, *t: int_gemm(x, *t, 4, counters=self.counters), self.w4, "w4"
+        if m <= 16:  # the dispatch's Triton kernels where w4a16_gemv.cu now runs
+            yield (
+                "w4_triton",
+                lambda x, *t: int_gemm(x, *t, 4, counters=self.counters, cuda_kernel=False),
+                self.w4,
+                "w4",
+            )
         if m <= 64:
             yield "w4_old", lambda x, *t: int_gemm_fused(x, *t, 4), self.w4, "w4"
         if m >= 16:

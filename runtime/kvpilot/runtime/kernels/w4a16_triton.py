@@ -37,6 +37,8 @@ from kvpilot.runtime.kernels.split_k_triton import _reduce_splits_kernel
 from kvpilot.runtime.kernels.triton_utils import num_sms
 
 DECODE_MAX_M = 16
+# int4 at 1-16 tokens on CUDA: the hand-laid-out mma.sync kernel (w4a16_gemv.cu) before the Triton ones
+CUDA_W4A16 = True
 DEQUANT_CUBLAS_MIN_M = GEMV_MAX_M + 1  # the H200 sweep: the GEMV loses to it by M = 256
 DECODE_PROGRAMS_PER_SM = 4
 DECODE_MIN_STEPS = 4
@@ -250,16 +252,22 @@ def int_gemm(
     bits: int,
     perm: torch.Tensor | None = None,
     counters: torch.Tensor | None = None,
+    cuda_kernel: bool = CUDA_W4A16,
 ) -> torch.Tensor:
     """x [..., K] @ W^T -> [..., N] in x's dtype, choosing the path by the token count (a shape: CUDA
     graphs capture one choice per batch size). counters: the weight's persistent split-K counters
-    (split_k_triton.split_counters), which let the decode GEMV combine its partials in one launch."""
+    (split_k_triton.split_counters), which let the decode GEMV combine its partials in one launch.
+    cuda_kernel: False keeps int4 off w4a16_gemv.cu (the Triton kernels' comparison)."""
     lead = x.shape[:-1]
     x = x.reshape(-1, x.shape[-1])
     x = x[:, perm] if perm is not None else (x if x.stride(-1) == 1 else x.contiguous())
     group = x.shape[1] // scales.shape[0]
     if not fused_supported(x.shape[1], group, bits) or x.shape[0] >= DEQUANT_CUBLAS_MIN_M:
         y = x @ dequantize_triton(qweight, scales, zeros, bits, x.dtype)
+    elif cuda_kernel and _cuda_w4a16_runs(x, qweight, scales, bits):
+        from .w4a16_cuda import w4a16_gemv  # CUDA-only (NVRTC)
+
+        y = w4a16_gemv(x, qweight, scales, zeros, num_sms(x.device))
     elif bits == 4 and int4_mma_dispatched(x, qweight.shape[1], group):
         y = int4_mma_gemv(x, qweight, scales, zeros, counters=counters)
     elif bits == 8 and x.shape[0] == 1:
@@ -268,6 +276,15 @@ def int_gemm(
     else:
         y = int_gemv(x, qweight, scales, zeros, bits, counters=counters)
     return y.reshape(*lead, y.shape[-1])
+
+
+def _cuda_w4a16_runs(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int) -> bool:
+    """Whether w4a16_gemv.cu takes x @ W^T (int4, bf16, 1-16 tokens on a CUDA GPU; w4a16_cuda.unsupported)."""
+    if bits != 4 or not x.is_cuda:
+        return False
+    from .w4a16_cuda import unsupported
+
+    return unsupported(x, qweight, scales, bits) is None
 
 
 def warm_up_int_gemm(

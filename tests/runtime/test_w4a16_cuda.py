@@ -1,0 +1,81 @@
+"""w4a16_gemv.cu, the int4 weight-only GEMM for 1-16 tokens on mma.sync: its launch choice (CPU), its
+offline sm_90 compile (CPU: NVRTC + ptxas), and on the GPU its output against the reference GEMM on the
+dequantized weight (quant_reference.int_gemm_ref) over token counts, groups, zero points and layer shapes,
+also as int_gemm dispatches it and inside a CUDA graph."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from kvpilot.runtime.kernels.quant_reference import int_gemm_ref
+from kvpilot.runtime.kernels.w4a16_cuda import SOURCE, W4Spec, spec_for, unsupported
+from kvpilot.runtime.quant.int_weight import quantize_rtn
+
+from tests.runtime.nvrtc_offline import ptx, sm90_resources
+
+
+def test_launch_spreads_k_over_warps_until_the_gpu_is_full() -> None:
+    # Qwen3-8B at one token on 132 SMs: o_proj (64 CTAs) 16 warps, gate_up (384 CTAs) 4
+    assert spec_for(1, 4096, 4096, 128, 132) == W4Spec(16, 1, 1)
+    assert spec_for(1, 24576, 4096, 128, 132) == W4Spec(4, 1, 1)
+    assert spec_for(16, 4096, 12288, 128, 132) == W4Spec(8, 2, 1)  # 16 tokens: at most 8 warps
+    assert spec_for(1, 64, 256, 256, 132) == W4Spec(2, 1, 2)  # never more warps than K tiles
+
+
+def test_unsupported_names_the_reason() -> None:
+    x = torch.zeros(1, 256, dtype=torch.bfloat16)
+    w = quantize_rtn(torch.randn(64, 256), 4, 128, sym=False)
+    assert unsupported(x, w.qweight, w.scales.bfloat16(), 4) == "needs a CUDA device"
+
+
+@pytest.mark.parametrize(("warps", "nt"), [(16, 1), (8, 2), (2, 1)])
+def test_compiles_for_sm90_without_spills(warps: int, nt: int, tmp_path: Path) -> None:
+    registers, spills, report = sm90_resources(ptx(SOURCE, W4Spec(warps, nt, 1).macros()), tmp_path)
+    assert spills == 0, report
+    assert registers <= (128 if nt == 1 else 255), report
+
+
+def _case(m: int, n: int, k: int, group: int, sym: bool, seed: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    w = quantize_rtn(torch.randn(n, k, generator=gen) * 0.05, 4, group, sym=sym)
+    x = torch.randn(m, k, generator=gen).bfloat16()
+    dev = "cuda"
+    return x.to(dev), w.qweight.to(dev), w.scales.bfloat16().to(dev), w.zeros.bfloat16().to(dev)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
+@pytest.mark.parametrize(
+    ("n", "k", "group"), [(4096, 4096, 128), (960, 576 * 2, 128), (64, 256, 256), (1536, 1024, -1)]
+)
+@pytest.mark.parametrize("sym", [False, True], ids=["zero-point", "sym"])
+def test_matches_the_reference(m: int, n: int, k: int, group: int, sym: bool) -> None:
+    from kvpilot.runtime.kernels.w4a16_cuda import w4a16_gemv
+
+    x, qweight, scales, zeros = _case(m, n, k, group, sym, seed=m * 7 + n)
+    assert unsupported(x, qweight, scales, 4) is None
+    out = w4a16_gemv(x, qweight, scales, zeros, torch.cuda.get_device_properties(0).multi_processor_count)
+    ref = int_gemm_ref(x, qweight, scales, zeros, 4)
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+def test_int_gemm_dispatches_here_and_replays_in_a_graph() -> None:
+    from kvpilot.runtime.kernels import w4a16_cuda
+    from kvpilot.runtime.kernels.w4a16_triton import int_gemm
+
+    x, qweight, scales, zeros = _case(4, 4096, 4096, 128, False, seed=5)
+    before = w4a16_cuda.compiled.cache_info().misses + w4a16_cuda.compiled.cache_info().hits
+    out = int_gemm(x, qweight, scales, zeros, 4)
+    assert w4a16_cuda.compiled.cache_info().misses + w4a16_cuda.compiled.cache_info().hits > before
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = int_gemm(x, qweight, scales, zeros, 4)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.testing.assert_close(out, int_gemm(x, qweight, scales, zeros, 4), atol=0, rtol=0)
+    torch.testing.assert_close(
+        out.float(), int_gemm_ref(x, qweight, scales, zeros, 4).float(), atol=2e-2, rtol=2e-2
+    )
