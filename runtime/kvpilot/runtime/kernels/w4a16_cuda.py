@@ -20,7 +20,8 @@ SOURCE = Path(__file__).with_name("w4a16_gemv.cu")
 COLS = 64  # output columns per CTA
 TILE = 128  # K rows per tile (quant_reference.pack_tile of every real layer)
 MAX_M = 16
-WARPS_PER_SM = 16  # the target: a CTA's warps split K until the GPU holds ~16 warps per SM
+WARPS = 4
+CTAS_PER_SM = 2.0  # K slices per column block until the GPU holds ~this many CTAs per SM
 
 
 @dataclass(frozen=True)
@@ -31,8 +32,26 @@ class W4Spec:
     token_tiles: int  # 8 tokens each
     tiles_per_group: int
 
+    @property
+    def max_tiles(self) -> int:
+        """K tiles one CTA stages x for (32 KB of shared memory)."""
+        return 16 // self.token_tiles
+
     def macros(self) -> dict[str, int]:
-        return {"WARPS": self.warps, "NT": self.token_tiles, "TILES_PER_GROUP": self.tiles_per_group}
+        return {
+            "WARPS": self.warps,
+            "NT": self.token_tiles,
+            "TILES_PER_GROUP": self.tiles_per_group,
+            "MAX_TILES": self.max_tiles,
+        }
+
+
+@dataclass(frozen=True)
+class W4Launch:
+    """One GEMM's launch: the build and the K slices per column block (grid (N / 64, slices))."""
+
+    spec: W4Spec
+    slices: int
 
 
 def unsupported(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int) -> str | None:
@@ -55,15 +74,13 @@ def unsupported(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bi
     return None
 
 
-def spec_for(m: int, n: int, k: int, group: int, sms: int) -> W4Spec:
-    """Warps per CTA: enough that the N / 64 CTAs hold ~WARPS_PER_SM warps per SM (a power of two, 2..16,
-    at most one per K tile); 16 tokens keep at most 8 (the shared partial sums stay within 32 KB)."""
-    token_tiles = 1 if m <= 8 else 2
-    ctas = n // COLS
-    warps = 2
-    while warps < 16 and ctas * warps * 2 <= WARPS_PER_SM * sms and warps * 2 <= k // TILE:
-        warps *= 2
-    return W4Spec(min(warps, 16 // token_tiles), token_tiles, group // TILE)
+def launch_for(m: int, n: int, k: int, group: int, sms: int) -> W4Launch:
+    """4 warps per CTA; K cut into slices until the CTAs number ~CTAS_PER_SM per SM (never fewer slices
+    than the staged x allows, never more than K's tiles)."""
+    spec = W4Spec(WARPS, 1 if m <= 8 else 2, group // TILE)
+    tiles, blocks = k // TILE, n // COLS
+    slices = max(-(-tiles // spec.max_tiles), round(CTAS_PER_SM * sms / blocks))
+    return W4Launch(spec, max(1, min(slices, tiles)))
 
 
 def _compile_fn() -> Any:
@@ -81,13 +98,26 @@ def compiled(spec: W4Spec) -> Any:
 
 
 def w4a16_gemv(
-    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, sms: int
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    sms: int,
+    counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x [M, K] bf16 @ W^T -> [M, N] bf16 (the caller checked unsupported())."""
+    """x [M, K] bf16 @ W^T -> [M, N] bf16 (the caller checked unsupported()). counters: >= N / 64 zeroed
+    int32 the launch leaves zero (split_k_triton.split_counters, the layer's own); None: fresh zeros."""
     m, k = x.shape
     n = qweight.shape[1]
-    spec = spec_for(m, n, k, k // scales.shape[0], sms)
+    plan = launch_for(m, n, k, k // scales.shape[0], sms)
     y = torch.empty(m, n, device=x.device, dtype=x.dtype)
-    args = [x, qweight, scales, zeros.contiguous(), y, m, n, k, x.stride(0), y.stride(0)]
-    compiled(spec)(grid=(n // COLS, 1, 1), block=(spec.warps * 32, 1, 1), args=args)
+    if plan.slices > 1:
+        workspace = torch.empty(plan.slices, m, n, device=x.device, dtype=torch.float32)
+        if counters is None or counters.numel() < n // COLS:
+            counters = torch.zeros(n // COLS, device=x.device, dtype=torch.int32)
+    else:
+        workspace = counters = y  # unused
+    args = [x, qweight, scales, zeros.contiguous(), y, workspace, counters, m, n, k, x.stride(0), y.stride(0)]
+    grid = (n // COLS, plan.slices, 1)
+    compiled(plan.spec)(grid=grid, block=(plan.spec.warps * 32, 1, 1), args=args)
     return y

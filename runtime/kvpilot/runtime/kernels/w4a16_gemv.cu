@@ -1,10 +1,13 @@
 // int4 weight-only GEMM for 1-16 tokens (decode) on mma.sync, bf16 activations: y [M, N] = x [M, K] W^T, the
 // weight in the canonical layout of quant_reference.py (qweight int32 [K/8, N], value j of word row 16T + r
 // is K row 128T + 16j + r; scales, zeros bf16 [K/G, N]). w4a16_cuda.py compiles it with NVRTC and macros:
-//   WARPS (warps per CTA, splitting K), NT (token tiles of 8: 1 for M <= 8, 2 for M <= 16),
-//   TILES_PER_GROUP (G / 128).
-// Grid: one CTA per 64 output columns; warp w takes K tiles (128 rows) w, w + WARPS, ...; the warps' partial
-// sums meet in shared memory in a fixed order (deterministic), then one bf16 store per output.
+//   WARPS (warps per CTA, splitting its K slice), NT (token tiles of 8: 1 for M <= 8, 2 for M <= 16),
+//   TILES_PER_GROUP (G / 128), MAX_TILES (K tiles of 128 rows per CTA at most: the staged x's size).
+// Grid (N / 64, S): CTA (b, s) takes 64 output columns and the s-th of S slices of K's tiles. It stages its x
+// slice in shared memory in the mma's B-fragment order (one 16-byte load per lane per row set later), its
+// warps take the slice's tiles in turn, their partial sums meet in shared memory in a fixed order; with S > 1
+// each CTA writes its fp32 partial to the workspace and the last CTA of a column block (a counter, reset by
+// it) adds the S partials in slice order and stores bf16 (deterministic).
 //
 // Swapped, y^T = W x^T, so the weight is mma.m16n8k16's A operand straight from the registers it was loaded
 // into (the layout int4_mma_gemv_triton.py found, here without Triton's scheduling in the way): lane
@@ -82,15 +85,24 @@ __device__ __forceinline__ void load_group(Group& q, const u16* scales, const u1
     }
 }
 
-// x's B registers for row set rs of a tile: token tok's K rows 16 * {2s, 2s+4 | 2s+1, 2s+5} + r (s = 0, 1)
-__device__ __forceinline__ void load_x(const u16* xrow, bool real, int k0, int r, u32* b) {
-    u16 v[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = real ? __ldg(xrow + k0 + 16 * i + r) : (u16)0;
-#pragma unroll
-    for (int s = 0; s < 2; ++s) {
-        b[2 * s] = (u32)v[2 * s] | ((u32)v[2 * s + 4] << 16);
-        b[2 * s + 1] = (u32)v[2 * s + 1] | ((u32)v[2 * s + 5] << 16);
+// x staged as B fragments: entry (tile, rs, token, t) is the uint4 of lane (g = token % 8, t)'s registers for
+// row set rs of that tile: {b0, b1} of step 0 and of step 1 (token's K rows 16 * {0,4 | 1,5 | 2,6 | 3,7} + r,
+// r = 4 rs + t). Lanes of one warp read 32 consecutive entries: no bank conflicts.
+__device__ __forceinline__ int x_entry(int tile, int rs, int tok, int t) {
+    return ((tile * 4 + rs) * (NT * 8) + tok) * 4 + t;
+}
+
+// Only the M real tokens are staged: the other tokens' B columns hold stale bytes, and an mma's column j
+// depends on B's column j alone, so they only reach outputs that are never stored.
+__device__ void stage_x(uint4* xs, const u16* x, int stride_x, int m, int k_lo, int tiles) {
+    u16* half = reinterpret_cast<u16*>(xs);
+    for (int tok = 0; tok < m; ++tok) {
+        const u16* row = x + (long long)tok * stride_x + k_lo;
+        for (int k = threadIdx.x; k < tiles * TILE; k += WARPS * 32) {
+            const int tile = k / TILE, j = (k % TILE) / 16, r = k % 16;  // value j of word row r
+            const int reg = 2 * ((j & 3) >> 1) + (j & 1), hi = j >> 2;   // (step, b0/b1), half of the pair
+            half[(x_entry(tile, r >> 2, tok, r & 3) * 4 + reg) * 2 + hi] = row[k];
+        }
     }
 }
 
@@ -99,16 +111,13 @@ __device__ __forceinline__ u32 dequant_pair(u32 word, int i, u32 s, u32 nz) {
     return bf16x2_fma(bf16x2_fma(biased, 0x3F803F80u, nz), s, 0x80008000u);  // (q - z) exact, then * s
 }
 
-__device__ __forceinline__ void compute_tile(float (*acc)[4], const Tile& w, const Group& q, const u16* x,
-                                             int stride_x, int m, int k0, int g, int t) {
+__device__ __forceinline__ void compute_tile(float (*acc)[4], const Tile& w, const Group& q, const uint4* xs,
+                                             int tile, int g, int t) {
 #pragma unroll
     for (int rs = 0; rs < 4; ++rs) {
-        u32 b[NT][4];
+        uint4 b[NT];
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            const int tok = g + 8 * nt;
-            load_x(x + (long long)(tok < m ? tok : 0) * stride_x, tok < m, k0, 4 * rs + t, b[nt]);
-        }
+        for (int nt = 0; nt < NT; ++nt) b[nt] = xs[x_entry(tile, rs, g + 8 * nt, t)];
         const u32 lo[4] = {w.lo[rs].x, w.lo[rs].y, w.lo[rs].z, w.lo[rs].w};
         const u32 hi[4] = {w.hi[rs].x, w.hi[rs].y, w.hi[rs].z, w.hi[rs].w};
 #pragma unroll
@@ -120,37 +129,49 @@ __device__ __forceinline__ void compute_tile(float (*acc)[4], const Tile& w, con
                 const u32 a1 = dequant_pair(hi[c], 2 * s, q.s[4 + c], q.nz[4 + c]);
                 const u32 a3 = dequant_pair(hi[c], 2 * s + 1, q.s[4 + c], q.nz[4 + c]);
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt) mma_bf16(acc[4 * nt + c], a0, a1, a2, a3, b[nt][2 * s], b[nt][2 * s + 1]);
+                for (int nt = 0; nt < NT; ++nt) {
+                    const u32 b0 = s == 0 ? b[nt].x : b[nt].z, b1 = s == 0 ? b[nt].y : b[nt].w;
+                    mma_bf16(acc[4 * nt + c], a0, a1, a2, a3, b0, b1);
+                }
             }
         }
     }
 }
 
-// x [M, K] bf16 (row stride stride_x), qweight int32 [K/8, N], scales/zeros bf16 [K/G, N], y [M, N] bf16.
+// x [M, K] bf16 (row stride stride_x), qweight int32 [K/8, N], scales/zeros bf16 [K/G, N], y [M, N] bf16;
+// workspace fp32 [S, M, N] and counters int32 [N / 64] (zero; left zero) when S > 1.
 extern "C" __global__ void __launch_bounds__(WARPS * 32) w4a16_gemv(
     const u16* __restrict__ x, const u32* __restrict__ qweight, const u16* __restrict__ scales,
-    const u16* __restrict__ zeros, u16* __restrict__ y, int m, int n, int k, int stride_x, int stride_y) {
+    const u16* __restrict__ zeros, u16* __restrict__ y, float* __restrict__ workspace, int* __restrict__ counters,
+    int m, int n, int k, int stride_x, int stride_y) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int n0 = blockIdx.x * COLS, col = n0 + 4 * g;
-    const int tiles = k / TILE;
+    const int block = blockIdx.x, slice = blockIdx.y, slices = gridDim.y;
+    const int n0 = block * COLS, col = n0 + 4 * g;
+    const int all_tiles = k / TILE;
+    const int t_lo = slice * all_tiles / slices, t_hi = (slice + 1) * all_tiles / slices;
+
+    // x's slice as B fragments, then (after the sync) the warps' partial sums: [WARPS][NT * 8][64] fp32
+    __shared__ uint4 smem[MAX_TILES * 4 * NT * 8 * 4 > WARPS * NT * 8 * COLS / 4 ? MAX_TILES * 4 * NT * 8 * 4
+                                                                                : WARPS * NT * 8 * COLS / 4];
+    stage_x(smem, x, stride_x, m, t_lo * TILE, t_hi - t_lo);
+    __syncthreads();
 
     float acc[4 * NT][4];  // mma block c of token tile nt: (col + c | col + 32 + c) x tokens (2t, 2t + 1)
 #pragma unroll
     for (int i = 0; i < 4 * NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-
     Tile cur, nxt;
     Group grp;
-    int tile = warp;
-    if (tile < tiles) load_tile(cur, qweight, tile, n, col, t);
-    for (; tile < tiles; tile += WARPS) {
-        if (tile + WARPS < tiles) load_tile(nxt, qweight, tile + WARPS, n, col, t);  // in flight meanwhile
+    int tile = t_lo + warp;
+    if (tile < t_hi) load_tile(cur, qweight, tile, n, col, t);
+    for (; tile < t_hi; tile += WARPS) {
+        if (tile + WARPS < t_hi) load_tile(nxt, qweight, tile + WARPS, n, col, t);  // in flight meanwhile
         load_group(grp, scales, zeros, tile / TILES_PER_GROUP, n, col);
-        compute_tile(acc, cur, grp, x, stride_x, m, tile * TILE, g, t);
+        compute_tile(acc, cur, grp, smem, tile - t_lo, g, t);
         cur = nxt;
     }
+    __syncthreads();  // x is no longer read: the space takes the partial sums
 
-    // the warps' partial sums, added in warp order: [WARPS][NT * 8 tokens][64 columns]
-    __shared__ float part[WARPS][NT * 8][COLS];
+    float (*part)[NT * 8][COLS] = reinterpret_cast<float (*)[NT * 8][COLS]>(smem);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
@@ -163,11 +184,35 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) w4a16_gemv(
         }
     }
     __syncthreads();
+    if (slices == 1) {
+        for (int i = threadIdx.x; i < m * COLS; i += WARPS * 32) {
+            const int tok = i / COLS, c = i % COLS;
+            float sum = 0.f;
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) sum += part[w][tok][c];
+            y[(long long)tok * stride_y + n0 + c] = f32_to_bf16(sum);
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < m * COLS; i += WARPS * 32) {
         const int tok = i / COLS, c = i % COLS;
         float sum = 0.f;
 #pragma unroll
         for (int w = 0; w < WARPS; ++w) sum += part[w][tok][c];
+        workspace[((long long)slice * m + tok) * n + n0 + c] = sum;
+    }
+    __threadfence();
+    __syncthreads();
+    __shared__ int last;
+    if (threadIdx.x == 0) last = atomicAdd(counters + block, 1) == slices - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int i = threadIdx.x; i < m * COLS; i += WARPS * 32) {
+        const int tok = i / COLS, c = i % COLS;
+        float sum = 0.f;
+        for (int sl = 0; sl < slices; ++sl) sum += __ldcg(workspace + ((long long)sl * m + tok) * n + n0 + c);
         y[(long long)tok * stride_y + n0 + c] = f32_to_bf16(sum);
     }
+    if (threadIdx.x == 0) counters[block] = 0;  // ready for the next launch (CUDA graphs replay it)
 }

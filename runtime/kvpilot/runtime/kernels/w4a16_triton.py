@@ -267,7 +267,7 @@ def int_gemm(
     elif cuda_kernel and _cuda_w4a16_runs(x, qweight, scales, bits):
         from .w4a16_cuda import w4a16_gemv  # CUDA-only (NVRTC)
 
-        y = w4a16_gemv(x, qweight, scales, zeros, num_sms(x.device))
+        y = w4a16_gemv(x, qweight, scales, zeros, num_sms(x.device), counters)
     elif bits == 4 and int4_mma_dispatched(x, qweight.shape[1], group):
         y = int4_mma_gemv(x, qweight, scales, zeros, counters=counters)
     elif bits == 8 and x.shape[0] == 1:
