@@ -74,12 +74,12 @@ def unsupported(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bi
     return None
 
 
-def launch_for(m: int, n: int, k: int, group: int, sms: int) -> W4Launch:
+def launch_for(m: int, n: int, k: int, group: int, sms: int, ctas_per_sm: float = CTAS_PER_SM) -> W4Launch:
     """4 warps per CTA; K cut into slices until the CTAs number ~CTAS_PER_SM per SM (never fewer slices
     than the staged x allows, never more than K's tiles)."""
     spec = W4Spec(WARPS, 1 if m <= 8 else 2, group // TILE)
     tiles, blocks = k // TILE, n // COLS
-    slices = max(-(-tiles // spec.max_tiles), round(CTAS_PER_SM * sms / blocks))
+    slices = max(-(-tiles // spec.max_tiles), round(ctas_per_sm * sms / blocks))
     return W4Launch(spec, max(1, min(slices, tiles)))
 
 
@@ -104,12 +104,13 @@ def w4a16_gemv(
     zeros: torch.Tensor,
     sms: int,
     counters: torch.Tensor | None = None,
+    ctas_per_sm: float = CTAS_PER_SM,
 ) -> torch.Tensor:
     """x [M, K] bf16 @ W^T -> [M, N] bf16 (the caller checked unsupported()). counters: >= N / 64 zeroed
     int32 the launch leaves zero (split_k_triton.split_counters, the layer's own); None: fresh zeros."""
     m, k = x.shape
     n = qweight.shape[1]
-    plan = launch_for(m, n, k, k // scales.shape[0], sms)
+    plan = launch_for(m, n, k, k // scales.shape[0], sms, ctas_per_sm)
     y = torch.empty(m, n, device=x.device, dtype=x.dtype)
     if plan.slices > 1:
         workspace = torch.empty(plan.slices, m, n, device=x.device, dtype=torch.float32)

@@ -153,16 +153,16 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) w4a16_gemv(
     // x's slice as B fragments, then (after the sync) the warps' partial sums: [WARPS][NT * 8][64] fp32
     __shared__ uint4 smem[MAX_TILES * 4 * NT * 8 * 4 > WARPS * NT * 8 * COLS / 4 ? MAX_TILES * 4 * NT * 8 * 4
                                                                                 : WARPS * NT * 8 * COLS / 4];
+    Tile cur, nxt;
+    Group grp;
+    int tile = t_lo + warp;
+    if (tile < t_hi) load_tile(cur, qweight, tile, n, col, t);  // the first weights fly while x is staged
     stage_x(smem, x, stride_x, m, t_lo * TILE, t_hi - t_lo);
     __syncthreads();
 
     float acc[4 * NT][4];  // mma block c of token tile nt: (col + c | col + 32 + c) x tokens (2t, 2t + 1)
 #pragma unroll
     for (int i = 0; i < 4 * NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-    Tile cur, nxt;
-    Group grp;
-    int tile = t_lo + warp;
-    if (tile < t_hi) load_tile(cur, qweight, tile, n, col, t);
     for (; tile < t_hi; tile += WARPS) {
         if (tile + WARPS < t_hi) load_tile(nxt, qweight, tile + WARPS, n, col, t);  // in flight meanwhile
         load_group(grp, scales, zeros, tile / TILES_PER_GROUP, n, col);
