@@ -29,9 +29,11 @@ def main() -> None:
             cells = []
             for c in args.ctas:
                 counters = torch.zeros(n // 64, device="cuda", dtype=torch.int32)
-                us = graph_us(
-                    lambda x, q, s, z: w4a16_gemv(x, q, s, z, sms, counters, c), [(x, *t) for t in sets]
-                )
+
+                def run(x, q, s, z, counters=counters, c=c):
+                    return w4a16_gemv(x, q, s, z, sms, counters, c)
+
+                us = graph_us(run, [(x, *t) for t in sets])
                 cells.append(f"{us:.1f} ({nbytes(fmt.w4) / us / 1e3:.0f} GB/s)")
             print(f"| {name} | {m} | {tri:.1f} | " + " | ".join(cells) + " |", flush=True)
         del fmt, sets
