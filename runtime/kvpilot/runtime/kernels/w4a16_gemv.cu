@@ -45,17 +45,26 @@ __device__ __forceinline__ u16 f32_to_bf16(float x) {
     return y;
 }
 
-// One K tile's weight words in this lane's registers: row set rs, lo/hi columns.
+// One K tile's weight words in this lane's registers: row set rs, lo/hi columns; and its group's raw
+// scales and zeros (4 bf16 each for the lo and the hi columns), loaded with it so nothing waits on them.
 struct Tile {
     uint4 lo[4], hi[4];
+    uint2 s[2], z[2];
 };
 
-__device__ __forceinline__ void load_tile(Tile& w, const u32* qw, int tile, int n, int col, int t) {
+__device__ __forceinline__ void load_tile(Tile& w, const u32* qw, const u16* scales, const u16* zeros, int tile,
+                                          int n, int col, int t) {
 #pragma unroll
     for (int rs = 0; rs < 4; ++rs) {
         const u32* row = qw + (long long)(tile * WORDS_PER_TILE + 4 * rs + t) * n + col;
         w.lo[rs] = __ldg(reinterpret_cast<const uint4*>(row));
         w.hi[rs] = __ldg(reinterpret_cast<const uint4*>(row + 32));
+    }
+    const long long at = (long long)(tile / TILES_PER_GROUP) * n + col;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        w.s[h] = __ldg(reinterpret_cast<const uint2*>(scales + at + 32 * h));
+        w.z[h] = __ldg(reinterpret_cast<const uint2*>(zeros + at + 32 * h));
     }
 }
 
@@ -64,14 +73,10 @@ struct Group {
     u32 s[8], nz[8];  // columns lo c = 0..3, hi c = 4..7
 };
 
-__device__ __forceinline__ void load_group(Group& q, const u16* scales, const u16* zeros, int group, int n,
-                                           int col) {
+__device__ __forceinline__ void unpack_group(Group& q, const Tile& w) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const long long at = (long long)group * n + col + 32 * h;
-        const uint2 s = __ldg(reinterpret_cast<const uint2*>(scales + at));
-        const uint2 z = __ldg(reinterpret_cast<const uint2*>(zeros + at));
-        const u32 sw[2] = {s.x, s.y}, zw[2] = {z.x, z.y};
+        const u32 sw[2] = {w.s[h].x, w.s[h].y}, zw[2] = {w.z[h].x, w.z[h].y};
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
             const u32 sv = (sw[c >> 1] >> (16 * (c & 1))) & 0xFFFFu;
@@ -156,7 +161,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) w4a16_gemv(
     Tile cur, nxt;
     Group grp;
     int tile = t_lo + warp;
-    if (tile < t_hi) load_tile(cur, qweight, tile, n, col, t);  // the first weights fly while x is staged
+    if (tile < t_hi) load_tile(cur, qweight, scales, zeros, tile, n, col, t);  // in flight while x is staged
     stage_x(smem, x, stride_x, m, t_lo * TILE, t_hi - t_lo);
     __syncthreads();
 
@@ -164,8 +169,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) w4a16_gemv(
 #pragma unroll
     for (int i = 0; i < 4 * NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
     for (; tile < t_hi; tile += WARPS) {
-        if (tile + WARPS < t_hi) load_tile(nxt, qweight, tile + WARPS, n, col, t);  // in flight meanwhile
-        load_group(grp, scales, zeros, tile / TILES_PER_GROUP, n, col);
+        if (tile + WARPS < t_hi) load_tile(nxt, qweight, scales, zeros, tile + WARPS, n, col, t);  // meanwhile
+        unpack_group(grp, cur);
         compute_tile(acc, cur, grp, smem, tile - t_lo, g, t);
         cur = nxt;
     }
