@@ -68,20 +68,20 @@ def test_matches_the_reference(m: int, n: int, k: int, group: int, sym: bool) ->
 
 
 @pytest.mark.gpu
-def test_int_gemm_dispatches_here_and_replays_in_a_graph() -> None:
+def test_int_gemm_dispatches_here_when_asked_and_replays_in_a_graph() -> None:
     from kvpilot.runtime.kernels import w4a16_cuda
     from kvpilot.runtime.kernels.w4a16_triton import int_gemm
 
     x, qweight, scales, zeros = _case(4, 4096, 4096, 128, False, seed=5)
     before = w4a16_cuda.compiled.cache_info().misses + w4a16_cuda.compiled.cache_info().hits
-    out = int_gemm(x, qweight, scales, zeros, 4)
+    out = int_gemm(x, qweight, scales, zeros, 4, cuda_kernel=True)
     assert w4a16_cuda.compiled.cache_info().misses + w4a16_cuda.compiled.cache_info().hits > before
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = int_gemm(x, qweight, scales, zeros, 4)
+        out = int_gemm(x, qweight, scales, zeros, 4, cuda_kernel=True)
     x.copy_(torch.randn_like(x))
     graph.replay()
-    torch.testing.assert_close(out, int_gemm(x, qweight, scales, zeros, 4), atol=0, rtol=0)
+    torch.testing.assert_close(out, int_gemm(x, qweight, scales, zeros, 4, cuda_kernel=True), atol=0, rtol=0)
     torch.testing.assert_close(
         out.float(), int_gemm_ref(x, qweight, scales, zeros, 4).float(), atol=2e-2, rtol=2e-2
     )
