@@ -1,7 +1,8 @@
 """kv8_decode.cu, the mma.sync decode kernel for 8-bit pages (DecodeConfig.mma), against the reference on
 the dequantized cache: single pass and split-KV, ragged contexts (chunks that end inside a page), padding
 rows, GQA groups of 1-8, head_dim 64 and 128, pages of 16 and 32, bf16 and fp16 activations, every warp
-count and both loading schemes, and inside a CUDA graph.
+count and both loading schemes, and inside a CUDA graph. The GPU tests' batches are small, so they set
+min_programs=1 (the default sends batches of < 32 (sequence, KV head) pairs to the Triton kernels).
 
 int8 caches quantize q per head to int8 for the QK dot (as the Triton kernel's native path: the error is
 q's rounding, bounded by QK_NATIVE_TOL); e4m3 caches widen K exactly, so they get the 16-bit tolerance.
@@ -64,6 +65,12 @@ def test_plan_fills_one_wave_of_programs() -> None:
     assert plan_mma(16, 8, 8192, 132, MmaPath(split_plans=False)).num_splits == 1
 
 
+def test_small_batches_keep_the_triton_kernels() -> None:
+    assert not MmaPath().runs(1, 8) and not MmaPath().runs(2, 8)
+    assert MmaPath().runs(4, 8) and MmaPath().runs(256, 8)
+    assert MmaPath(min_programs=1).runs(1, 1)
+
+
 def test_spec_macros_name_every_constant() -> None:
     from kvpilot.runtime.kernels.kv8_decode_cuda import SOURCE, CudaDecodeSpec
 
@@ -81,10 +88,10 @@ CTX = [1000, 37, 16, 1, 515, 2049]
 @pytest.mark.parametrize(
     "mma",
     [
-        MmaPath(),
-        MmaPath(warps=2, prefetch=True, min_blocks=1),
-        MmaPath(warps=8, min_blocks=2),
-        MmaPath(warps=1),
+        MmaPath(min_programs=1),
+        MmaPath(warps=2, prefetch=True, min_blocks=1, min_programs=1),
+        MmaPath(warps=8, min_blocks=2, min_programs=1),
+        MmaPath(warps=1, min_programs=1),
     ],
     ids=str,
 )
@@ -105,7 +112,7 @@ def test_other_shapes(
 ) -> None:
     b = quantized_batch(CTX, [1] * len(CTX), heads, kv_heads, head_dim, page, dtype, seed=33, act_dtype=act)
     for plan in (None, DecodePlan(4, 128)):
-        _check(b, dtype, MmaPath(), plan)
+        _check(b, dtype, MmaPath(min_programs=1), plan)
 
 
 @gpu
@@ -118,7 +125,7 @@ def test_large_activations_and_zero_context_rows(dtype: torch.dtype) -> None:
     b["q"] = b["q"] / 300.0
     b["context_lens"][1] = 0
     for plan in (None, DecodePlan(3, 64)):
-        out = _decode(b, replace(default_decode_config(dtype), mma=MmaPath()), plan).float()
+        out = _decode(b, replace(default_decode_config(dtype), mma=MmaPath(min_programs=1)), plan).float()
         assert bool((out[1] == 0).all())
         ref = _ref({**b, "q": b["q"].float()}, 128**-0.5)
         scale = ref.abs().max().item()
@@ -130,7 +137,7 @@ def test_large_activations_and_zero_context_rows(dtype: torch.dtype) -> None:
 def test_cuda_graph_replays_new_inputs(dtype: torch.dtype) -> None:
     """Captured after one eager call (the NVRTC compile), a graph replays the launch on new q and contexts."""
     b = quantized_batch([700, 64, 1500], [1, 1, 1], 32, 8, 128, 16, dtype, seed=35, act_dtype=torch.bfloat16)
-    cfg = replace(default_decode_config(dtype), mma=MmaPath())
+    cfg = replace(default_decode_config(dtype), mma=MmaPath(min_programs=1))
     for plan in (DecodePlan(1, 1536), DecodePlan(4, 64)):
         out = _decode(b, cfg, plan)
         graph = torch.cuda.CUDAGraph()

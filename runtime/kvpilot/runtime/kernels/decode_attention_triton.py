@@ -440,8 +440,11 @@ def paged_decode_attention_triton(
 def _mma_path(
     cfg: DecodeConfig, q: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor, Tensor | None, Tensor | None]
 ) -> MmaPath | None:
-    """cfg.mma where kv8_decode.cu runs these tensors (an 8-bit cache on a CUDA device it supports)."""
+    """cfg.mma where kv8_decode.cu runs these tensors (an 8-bit cache on a CUDA device it supports, a batch
+    of at least mma.min_programs (sequence, KV head) pairs)."""
     if cfg.mma is None or cache[2] is None or q.device.type != "cuda":
+        return None
+    if not cfg.mma.runs(q.shape[0], cache[0].shape[2]):
         return None
     from .kv8_decode_cuda import unsupported
 

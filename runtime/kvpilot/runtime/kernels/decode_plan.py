@@ -37,6 +37,14 @@ class MmaPath:
     prefetch: bool = False
     min_blocks: int = 4
     split_plans: bool = True
+    # fewer (sequence, KV head) pairs than this keep the Triton kernels (latency-bound batches, where they
+    # were ~0.8 µs faster: H200, e4m3, 1 x 4k (8 pairs) 10.0 vs 10.8 µs, 2 x 2k (16) 9.0 vs 9.8; the mma
+    # kernel won from 8 x 4k (64 pairs) on: 25.6 vs 36.7). 32 lies between the measured points.
+    min_programs: int = 32
+
+    def runs(self, num_seqs: int, num_kv_heads: int) -> bool:
+        """Whether a batch of this many (sequence, KV head) pairs takes the mma kernel."""
+        return num_seqs * num_kv_heads >= self.min_programs
 
 
 @dataclass(frozen=True)
