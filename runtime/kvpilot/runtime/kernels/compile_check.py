@@ -32,6 +32,7 @@ from . import (
     activation_triton,
     decode_attention_triton,
     decode_plan,
+    decode_split_triton,
     kv8_decode_triton,
     norm_triton,
     prefill_attention_triton,
@@ -329,7 +330,7 @@ def default_specs() -> list[KernelSpec]:
         ),
         KernelSpec(
             "decode_reduce",
-            decode_attention_triton._decode_reduce_kernel,
+            decode_split_triton._decode_reduce_kernel,
             {
                 "part_out_ptr": "*fp32",
                 "part_lse_ptr": "*fp32",

@@ -43,8 +43,8 @@ from .decode_plan import (
     partition_for,
     plan_decode,
     plan_mma,
-    reduce_block_s,
 )
+from .decode_split_triton import _partition_for, reduce_splits, store_partial
 from .kv_cache import QUANT_MAX
 from .triton_utils import next_power_of_2, num_sms, pdl_launch, pdl_supported
 from .triton_utils import scale_launch_args as _scale_args
@@ -63,13 +63,6 @@ __all__ = [  # the plan types are re-exported: callers plan and launch through t
 
 
 @triton.jit
-def _partition_for(ctx, min_partition, num_splits, BLOCK_N: tl.constexpr):
-    """Context positions per split for a sequence of ctx positions (DecodePlan): its context spread over
-    all num_splits, in whole tiles, and never fewer than min_partition."""
-    return tl.maximum(min_partition, tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N)
-
-
-@triton.jit
 def _quantize_rows(q, qtype: tl.constexpr, QMAX: tl.constexpr):
     """q [BLOCK_H, BLOCK_D] -> (q8 in qtype, scales [BLOCK_H] fp32): symmetric absmax per row (query head),
     rounded to nearest (int8: half away from zero, like the KV store)."""
@@ -80,21 +73,6 @@ def _quantize_rows(q, qtype: tl.constexpr, QMAX: tl.constexpr):
     if qtype == tl.int8:
         y = tl.where(y >= 0.0, y + 0.5, y - 0.5)  # the cast truncates toward zero
     return y.to(qtype), scale
-
-
-@triton.jit
-def store_partial(
-    acc, l_i, m_i, part_out_ptr, part_lse_ptr, seq, kv_head, split, num_splits, num_heads,
-    GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
-    """acc [BLOCK_H, BLOCK_D], l_i, m_i [BLOCK_H] of partition `split`: its partial rows [seq, head, split, :]
-    for the reduce kernel, normalised by the partition's own sum, and their log-sum-exp (base 2)."""
-    offs_h, offs_d = tl.arange(0, BLOCK_H), tl.arange(0, BLOCK_D)
-    h_mask = offs_h < GROUP
-    row = (seq.to(tl.int64) * num_heads + kv_head * GROUP + offs_h) * num_splits + split  # [BLOCK_H]
-    mask = h_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
-    tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc / l_i[:, None], mask=mask)
-    tl.store(part_lse_ptr + row, m_i + tl.log2(l_i), mask=h_mask)
 
 
 # the eager path's block-table width and plan change with the batch: no value specialisation on them
@@ -282,55 +260,6 @@ def _decode_kernel(
         tl.store(o_ptrs, (acc / l_safe[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-@triton.jit(do_not_specialize=["partition_size", "num_splits"])
-def _decode_reduce_kernel(
-    part_out_ptr,  # [num_seqs * Q, num_heads, num_splits, head_dim] fp32
-    part_lse_ptr,  # [num_seqs * Q, num_heads, num_splits] fp32
-    out_ptr,  # [num_seqs * Q, num_heads, head_dim]
-    context_lens_ptr,  # [num_seqs] int32
-    partition_size,
-    num_splits,
-    num_heads,
-    stride_ot,
-    stride_oh,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_S: tl.constexpr,  # num_splits padded to a power of two
-    BLOCK_N: tl.constexpr = 64,  # the main kernel's tile (partitions are multiples of it)
-    Q: tl.constexpr = 1,  # query tokens per sequence (k + 1 in a speculative verification)
-    PDL: tl.constexpr = False,  # programmatic dependent launch (triton_utils.pdl_supported)
-):
-    """Merges a query row's split-KV partials. Row `token` is query token % Q of sequence token // Q; it
-    sees the context up to its own position, so only the partitions holding those positions are merged."""
-    head = tl.program_id(0)
-    token = tl.program_id(1)
-    if PDL:  # as _decode_kernel's: wait first, release the next kernel when the work is done
-        tl.extra.cuda.gdc_wait()
-    ctx = tl.load(context_lens_ptr + token // Q)
-    visible = ctx - Q + token % Q + 1  # positions this row sees (decode: the whole context)
-    # the partitions that hold at least one of them (sized from ctx, as the main kernel's)
-    used = tl.cdiv(visible, _partition_for(ctx, partition_size, num_splits, BLOCK_N))
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    s_mask = offs_s < used
-    row0 = (token.to(tl.int64) * num_heads + head) * num_splits
-    lse = tl.load(part_lse_ptr + row0 + offs_s, mask=s_mask, other=float("-inf"))  # [BLOCK_S]
-    m = tl.max(lse, 0)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp2(lse - m)  # [BLOCK_S], 0 for partitions not merged
-    parts = tl.load(
-        part_out_ptr + (row0 + offs_s[:, None]) * HEAD_DIM + offs_d[None, :],
-        mask=s_mask[:, None] & (offs_d[None, :] < HEAD_DIM),
-        other=0.0,
-    )  # [BLOCK_S, BLOCK_D]
-    total = tl.sum(w, 0)
-    o = tl.sum(parts * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)  # [BLOCK_D]
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-    o_ptrs = out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh + offs_d
-    tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
-
-
 def paged_decode_attention_triton(
     q: torch.Tensor,  # [num_seqs, num_heads, head_dim]: exactly one query token per sequence
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -381,7 +310,7 @@ def paged_decode_attention_triton(
         tile = plan.block_n or cfg.block_n  # the reduce kernel sizes partitions with the same tile
         launch_plan(mma, plan, q, cache, out, (part_out, part_lse), context_lens, block_tables, scale, tile)
         if split:
-            _reduce(plan, cfg, part_out, part_lse, out, context_lens, head_dim, block_d, pdl)
+            reduce_splits(plan, plan.block_n or cfg.block_n, part_out, part_lse, out, context_lens, pdl)
         return out
     kernel, kernel_consts = _decode_kernel, {"PAGES_AHEAD": plan.pages_ahead}
     if scaled and cfg.kv8 is not None and (cfg.kv8.split_plans or not split):
@@ -433,7 +362,7 @@ def paged_decode_attention_triton(
         **pdl_launch(pdl),
     )
     if split:
-        _reduce(plan, cfg, part_out, part_lse, out, context_lens, head_dim, block_d, pdl)
+        reduce_splits(plan, plan.block_n or cfg.block_n, part_out, part_lse, out, context_lens, pdl)
     return out
 
 
@@ -449,36 +378,3 @@ def _mma_path(
     from .kv8_decode_cuda import unsupported
 
     return cfg.mma if unsupported(q, *(t for t in cache if t is not None)) is None else None
-
-
-def _reduce(
-    plan: DecodePlan,
-    cfg: DecodeConfig,
-    part_out: torch.Tensor,
-    part_lse: torch.Tensor,
-    out: torch.Tensor,
-    context_lens: torch.Tensor,
-    head_dim: int,
-    block_d: int,
-    pdl: bool,
-) -> None:
-    """Merge the split partials into out (one program per query head and sequence)."""
-    num_seqs, num_heads = out.shape[0], out.shape[1]
-    _decode_reduce_kernel[(num_heads, num_seqs)](
-        part_out,
-        part_lse,
-        out,
-        context_lens,
-        plan.partition_size,
-        plan.num_splits,
-        num_heads,
-        out.stride(0),
-        out.stride(1),
-        HEAD_DIM=head_dim,
-        BLOCK_D=block_d,
-        BLOCK_S=reduce_block_s(plan.num_splits),
-        BLOCK_N=plan.block_n or cfg.block_n,
-        PDL=pdl,
-        num_warps=4 if block_d * reduce_block_s(plan.num_splits) >= 2048 else 2,
-        **pdl_launch(pdl),
-    )

@@ -26,14 +26,9 @@ import triton
 import triton.language as tl
 
 from .attention_tile_triton import attend_tile
-from .decode_attention_triton import (
-    DecodeConfig,
-    DecodePlan,
-    _decode_reduce_kernel,
-    _partition_for,
-    plan_decode,
-)
+from .decode_attention_triton import DecodeConfig, DecodePlan, plan_decode
 from .decode_plan import reduce_block_s
+from .decode_split_triton import _decode_reduce_kernel, _partition_for
 from .triton_utils import next_power_of_2, num_sms
 from .triton_utils import scale_launch_args as _scale_args
 
