@@ -15,7 +15,8 @@ from dataclasses import replace
 import torch
 from bench_kernels import KV8_DTYPES, attn_bytes, bench_decode
 from kvpilot.runtime.kernels.decode_plan import MmaPath, default_decode_config
-from kvpilot.runtime.kernels.kv8_decode_cuda import CudaDecodeSpec, compiled, num_registers
+from kvpilot.runtime.kernels.kv8_decode_cuda import CudaDecodeSpec, compiled
+from kvpilot.runtime.kernels.nvrtc import num_registers
 
 FLOOR_BW = 4.25e12
 VARIANTS = {

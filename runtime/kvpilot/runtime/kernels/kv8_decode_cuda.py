@@ -1,16 +1,13 @@
 """Host side of kv8_decode.cu: paged decode attention over 8-bit pages on mma.sync (sm_89+, CUDA only).
 
-The kernel is compiled at run time by NVRTC (torch's `compile_kernel`, which ships with CUDA builds of
-torch: no CUDA toolkit needed), once per CudaDecodeSpec (memoized), and launched with the grid and outputs of
-decode_attention_triton._decode_kernel, so split plans reuse its reduce kernel. The CPU interpreter cannot
+The kernel is compiled at run time by NVRTC (nvrtc.py), once per CudaDecodeSpec, and launched with the grid
+and outputs of decode_attention_triton._decode_kernel, so split plans reuse its reduce kernel. The CPU interpreter cannot
 run it: decode_attention_triton keeps the Triton kernels as the portable path, and tests/runtime's gpu tests
 hold this one to the same reference.
 """
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import math
 import struct
 from dataclasses import dataclass
@@ -20,6 +17,7 @@ from typing import Any
 import torch
 
 from .decode_plan import DecodePlan, MmaPath
+from .nvrtc import compile_cuda
 
 SOURCE = Path(__file__).with_name("kv8_decode.cu")
 HEAD_DIMS = (64, 128)
@@ -79,27 +77,9 @@ def unsupported(q: torch.Tensor, k_cache: torch.Tensor, *caches: torch.Tensor) -
     return None
 
 
-def _compile_fn() -> Any:
-    fn = getattr(torch.cuda, "compile_kernel", None) or getattr(torch.cuda, "_compile_kernel", None)
-    if fn is None:
-        raise RuntimeError(f"torch {torch.__version__} has no torch.cuda.compile_kernel (NVRTC)")
-    return fn
-
-
-@functools.cache
 def compiled(spec: CudaDecodeSpec) -> Any:
-    """The loaded kernel for spec (NVRTC compile on first use, ~0.3 s; memoized per process)."""
-    options = [f"-D{name}={value}" for name, value in spec.macros().items()] + ["-std=c++17"]
-    return _compile_fn()(SOURCE.read_text(), "kv8_decode", nvcc_options=options)
-
-
-def num_registers(kernel: Any) -> int:
-    """Registers per thread of a compiled kernel (cuFuncGetAttribute; bench diagnostics)."""
-    from torch.cuda._utils import _get_gpu_runtime_library
-
-    regs = ctypes.c_int()
-    _get_gpu_runtime_library().cuFuncGetAttribute(ctypes.byref(regs), 4, kernel.func)  # NUM_REGS
-    return regs.value
+    """The loaded kernel for spec (nvrtc.compile_cuda: compiled on first use, memoized)."""
+    return compile_cuda(SOURCE, "kv8_decode", tuple(spec.macros().items()))
 
 
 def _f32_bits(x: float) -> int:

@@ -1,6 +1,6 @@
 """Host side of w4a16_gemv.cu: the int4 weight-only GEMM for 1-16 tokens on mma.sync (CUDA sm_80+, bf16).
 
-Compiled at run time by NVRTC (torch's `compile_kernel`), once per W4Spec (memoized), and launched on the
+Compiled at run time by NVRTC (nvrtc.py), once per W4Spec, and launched on the
 current stream (CUDA-graph capturable once compiled: the model's warm-up compiles it). The weight stays in
 the canonical layout of quant_reference.py, so every int4 format the loader reads (AWQ, GPTQ, load-time
 int4) runs here unchanged; the Triton kernels remain the CPU path and the fallback for what this one does
@@ -9,12 +9,13 @@ not take (see unsupported).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from .nvrtc import compile_cuda
 
 SOURCE = Path(__file__).with_name("w4a16_gemv.cu")
 COLS = 64  # output columns per CTA
@@ -83,18 +84,9 @@ def launch_for(m: int, n: int, k: int, group: int, sms: int, ctas_per_sm: float 
     return W4Launch(spec, max(1, min(slices, tiles)))
 
 
-def _compile_fn() -> Any:
-    fn = getattr(torch.cuda, "compile_kernel", None) or getattr(torch.cuda, "_compile_kernel", None)
-    if fn is None:
-        raise RuntimeError(f"torch {torch.__version__} has no torch.cuda.compile_kernel (NVRTC)")
-    return fn
-
-
-@functools.cache
 def compiled(spec: W4Spec) -> Any:
-    """The loaded kernel for spec (NVRTC compile on first use; memoized per process)."""
-    options = [f"-D{name}={value}" for name, value in spec.macros().items()] + ["-std=c++17"]
-    return _compile_fn()(SOURCE.read_text(), "w4a16_gemv", nvcc_options=options)
+    """The loaded kernel for spec (nvrtc.compile_cuda: compiled on first use, memoized)."""
+    return compile_cuda(SOURCE, "w4a16_gemv", tuple(spec.macros().items()))
 
 
 def w4a16_gemv(
