@@ -1,9 +1,9 @@
 """Host side of kv8_decode.cu: paged decode attention over 8-bit pages on mma.sync (sm_89+, CUDA only).
 
 The kernel is compiled at run time by NVRTC (nvrtc.py), once per CudaDecodeSpec, and launched with the grid
-and outputs of decode_attention_triton._decode_kernel, so split plans reuse its reduce kernel. The CPU interpreter cannot
-run it: decode_attention_triton keeps the Triton kernels as the portable path, and tests/runtime's gpu tests
-hold this one to the same reference.
+and outputs of decode_attention_triton._decode_kernel, so split plans reuse its reduce kernel. The CPU
+interpreter cannot run it: decode_attention_triton keeps the Triton kernels as the portable path, and
+tests/runtime's gpu tests hold this one to the same reference.
 """
 
 from __future__ import annotations
