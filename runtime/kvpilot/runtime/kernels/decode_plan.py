@@ -31,7 +31,8 @@ class MmaPath:
     Defaults, H200, Qwen3-8B heads (benchmarks/bench_kv8_mma.py, seventh session): 4 warps without the
     register prefetch at <= 128 registers (4 programs per SM): 64 x 4k e4m3 148.1 µs, int8 137.0 (1.67x /
     1.80x bf16's 247.1); 2 warps with prefetch 154.6 / 176.3, 8 warps 189.3 (141 registers: 1 per SM) /
-    140.1."""
+    140.1. With the next page id loaded a chunk ahead and plan_mma: 135.1 / 132.7 (1.79x / 1.83x of 242.4,
+    97% / 98% of 4.25 TB/s)."""
 
     warps: int = 4
     prefetch: bool = False
@@ -132,6 +133,8 @@ class DecodeConfig:
 # per SM, W2's decode) 94.8 µs (1.40x bf16) vs 112.3 at 2 warps (64 positions at 1 warp: 94.5, but 400
 # bytes of spills in the sm_90 compile against 16); 128 x 1k (7.8 per SM) 91.9 vs 108.8; at 64 x 4k (3.9
 # per SM) 1 warp lost (249.3 vs 213.3). The threshold lies between those two measured points.
+# On CUDA sm_89+ both 8-bit configs hand batches of >= 32 (sequence, KV head) pairs to kv8_decode.cu (mma=);
+# the Triton tile shapes below serve the rest (small batches, the CPU, shapes the CUDA kernel does not take).
 EIGHT_BIT_DECODE = DecodeConfig(
     block_n=128,
     min_partition=128,
