@@ -68,6 +68,8 @@ def unsupported(q: torch.Tensor, k_cache: torch.Tensor, *caches: torch.Tensor) -
     head_dim, page, kv_heads = q.shape[2], k_cache.shape[1], k_cache.shape[2]
     if head_dim not in HEAD_DIMS or q.stride(2) != 1:
         return f"head_dim {head_dim} (supported: {HEAD_DIMS}, contiguous)"
+    if q.data_ptr() % 4 or q.stride(0) % 2 or q.stride(1) % 2:
+        return "q must be 4-byte aligned per head (the kernel reads it in pairs)"
     if not all(t.is_contiguous() for t in (k_cache, *caches)):
         return "caches and scales must be contiguous (the kernel's strides are compile-time constants)"
     if page % 16:
