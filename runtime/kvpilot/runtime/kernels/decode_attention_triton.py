@@ -302,16 +302,16 @@ def paged_decode_attention_triton(
     pdl = cfg.pdl and pdl_supported(q.device)
     block_d = next_power_of_2(head_dim)
     scaled = k_scale is not None
-    # the shared kernel's pipelining choice, or the 8-bit kernel's path constants (it has no pages-ahead
-    # mode); 8-bit caches take the kv8 kernel where the config selects it
+    tile = plan.block_n or cfg.block_n  # the main kernels and the reduce size partitions with the same tile
     if mma is not None and (mma.split_plans or not split):
         from .kv8_decode_cuda import launch_plan  # CUDA-only (NVRTC); the Triton kernels stay the CPU path
 
-        tile = plan.block_n or cfg.block_n  # the reduce kernel sizes partitions with the same tile
         launch_plan(mma, plan, q, cache, out, (part_out, part_lse), context_lens, block_tables, scale, tile)
         if split:
-            reduce_splits(plan, plan.block_n or cfg.block_n, part_out, part_lse, out, context_lens, pdl)
+            reduce_splits(plan, tile, part_out, part_lse, out, context_lens, pdl)
         return out
+    # the shared kernel's pipelining choice, or the 8-bit kernel's path constants (it has no pages-ahead
+    # mode); 8-bit caches take the kv8 kernel where the config selects it
     kernel, kernel_consts = _decode_kernel, {"PAGES_AHEAD": plan.pages_ahead}
     if scaled and cfg.kv8 is not None and (cfg.kv8.split_plans or not split):
         from .kv8_decode_triton import kv8_kernel  # it imports this module's device helpers
@@ -347,7 +347,7 @@ def paged_decode_attention_triton(
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
         PAGE=page,
-        BLOCK_N=plan.block_n or cfg.block_n,
+        BLOCK_N=tile,
         SPLIT=split,
         SCALED=scaled,
         # 8-bit tensor-core dots need K >= 32: below that head_dim the QK dot widens
@@ -362,7 +362,7 @@ def paged_decode_attention_triton(
         **pdl_launch(pdl),
     )
     if split:
-        reduce_splits(plan, plan.block_n or cfg.block_n, part_out, part_lse, out, context_lens, pdl)
+        reduce_splits(plan, tile, part_out, part_lse, out, context_lens, pdl)
     return out
 
 

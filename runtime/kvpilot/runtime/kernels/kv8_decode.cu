@@ -245,7 +245,7 @@ __device__ __forceinline__ void v_fragment(const Chunk& ch, int i, u32* a) {
 }
 
 __device__ __forceinline__ void attend(State& st, const Chunk& ch, const u32* qa, float row_scale, int valid,
-                                       int g, int t) {
+                                       int t) {
     float s[4];
     scores(ch, qa, row_scale, s);
     const int pos[4] = {2 * t, 2 * t + 1, 8 + 2 * t, 9 + 2 * t};
@@ -375,7 +375,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) kv8_decode(
             const int p1 = start + 16 * nc;
             load_chunk(nxt, L, bt[p1 / PAGE], p1 % PAGE, min(16, end - p1));
         }
-        attend(st, cur, qa, row_scale, min(16, end - p0), g, t);
+        attend(st, cur, qa, row_scale, min(16, end - p0), t);
         cur = nxt;
     }
 #else  // fewer registers, more warps per SM: the other warps' loads are in flight; only the next chunk's
@@ -386,7 +386,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) kv8_decode(
         const int next_page = nc < n_chunks ? bt[(start + 16 * nc) / PAGE] : 0;
         Chunk cur;
         load_chunk(cur, L, page, p0 % PAGE, min(16, end - p0));
-        attend(st, cur, qa, row_scale, min(16, end - p0), g, t);
+        attend(st, cur, qa, row_scale, min(16, end - p0), t);
         page = next_page;
     }
 #endif
