@@ -1,6 +1,7 @@
-"""w4a16_gemv.cu's K slicing (ctas_per_sm) at Qwen3-8B's layer shapes beside the Triton dispatch, one run.
+"""w4a16_gemv.cu's K slicing (ctas_per_sm) and register stages at Qwen3-8B's layer shapes, beside bf16
+cuBLAS and the Triton dispatch, one run; each CUDA cell's error against the Triton output is printed.
 
-source benchmarks/gpu_env.sh && python benchmarks/sweep_w4a16_cuda.py [--ms 1 4]
+source benchmarks/gpu_env.sh && python benchmarks/sweep_w4a16_cuda.py [--ms 1 4 16] [--stages 2 3]
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 import torch
+import torch.nn.functional as F
 from bench_w4a16 import LAYERS, Formats, copies, graph_us, nbytes
 from kvpilot.runtime.kernels.w4a16_cuda import w4a16_gemv
 from kvpilot.runtime.kernels.w4a16_triton import int_gemm
@@ -16,27 +18,35 @@ from kvpilot.runtime.kernels.w4a16_triton import int_gemm
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ms", type=int, nargs="*", default=[1])
-    parser.add_argument("--ctas", type=float, nargs="*", default=[0.5, 1.0, 2.0, 4.0])
+    parser.add_argument("--ctas", type=float, nargs="*", default=[2.0, 3.0, 4.0])
+    parser.add_argument("--stages", type=int, nargs="*", default=[2])
     args = parser.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    print("| layer | M | triton µs | " + " | ".join(f"cuda {c} µs" for c in args.ctas) + " |")
+    cases = [(c, s) for s in args.stages for c in args.ctas]
+    head = " | ".join(f"cuda {c:g}/SM s{s} µs (×bf16)" for c, s in cases)
+    print(f"| layer | M | bf16 µs | triton µs (×bf16) | {head} |")
     for name, (n, k) in LAYERS.items():
         fmt = Formats(n, k)
-        sets = copies(fmt.w4)
+        sets, dense = copies(fmt.w4), copies(fmt.bf16)
         for m in args.ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 0.1
+            bf16 = graph_us(F.linear, [(x, *t) for t in dense])
             tri = graph_us(lambda x, *t: int_gemm(x, *t, 4, cuda_kernel=False), [(x, *t) for t in sets])
+            want = int_gemm(x, *fmt.w4, 4, cuda_kernel=False).float()
             cells = []
-            for c in args.ctas:
+            for c, s in cases:
                 counters = torch.zeros(n // 64, device="cuda", dtype=torch.int32)
 
-                def run(x, q, s, z, counters=counters, c=c):
-                    return w4a16_gemv(x, q, s, z, sms, counters, c)
+                def run(x, q, sc, z, counters=counters, c=c, s=s):
+                    return w4a16_gemv(x, q, sc, z, sms, counters, c, s)
 
+                err = (run(x, *fmt.w4).float() - want).abs().max() / want.abs().max()
                 us = graph_us(run, [(x, *t) for t in sets])
-                cells.append(f"{us:.1f} ({nbytes(fmt.w4) / us / 1e3:.0f} GB/s)")
-            print(f"| {name} | {m} | {tri:.1f} | " + " | ".join(cells) + " |", flush=True)
-        del fmt, sets
+                gbs = nbytes(fmt.w4) / us / 1e3
+                cells.append(f"{us:.1f} ({bf16 / us:.2f}×, {gbs:.0f} GB/s, err {err:.0e})")
+            row = f"| {name} | {m} | {bf16:.1f} | {tri:.1f} ({bf16 / tri:.2f}×) | " + " | ".join(cells) + " |"
+            print(row, flush=True)
+        del fmt, sets, dense
         torch.cuda.empty_cache()
 
 

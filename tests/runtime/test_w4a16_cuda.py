@@ -10,20 +10,22 @@ from pathlib import Path
 import pytest
 import torch
 from kvpilot.runtime.kernels.quant_reference import int_gemm_ref
-from kvpilot.runtime.kernels.w4a16_cuda import SOURCE, W4Launch, W4Spec, launch_for, unsupported
+from kvpilot.runtime.kernels.w4a16_cuda import SOURCE, W4Launch, W4Spec, launch_for, max_tiles, unsupported
 from kvpilot.runtime.quant.int_weight import quantize_rtn
 
 from tests.runtime.nvrtc_offline import ptx, sm90_resources
 
 
-def test_launch_slices_k_until_the_gpu_holds_two_ctas_per_sm() -> None:
-    # Qwen3-8B at one token on 132 SMs: o_proj's 64 column blocks in 4 slices of 8 tiles; gate_up's 384 in
-    # the 2 slices the staged x needs; down's 96 tiles in 6; 16 tokens stage half the tiles (12 slices)
-    assert launch_for(1, 4096, 4096, 128, 132) == W4Launch(W4Spec(4, 1, 1), 4)
-    assert launch_for(1, 24576, 4096, 128, 132) == W4Launch(W4Spec(4, 1, 1), 2)
+def test_launch_slices_k_until_the_gpu_holds_three_ctas_per_sm() -> None:
+    # Qwen3-8B at one token on 132 SMs: o_proj's 64 column blocks in 6 slices; gate_up's 384 fill the GPU
+    # unsliced; down's 64 in 6; 16 tokens stage 8 tiles per CTA, so down needs 12 slices
+    assert launch_for(1, 4096, 4096, 128, 132) == W4Launch(W4Spec(4, 1, 1), 6)
+    assert launch_for(1, 24576, 4096, 128, 132) == W4Launch(W4Spec(4, 1, 1), 1)
     assert launch_for(1, 4096, 12288, 128, 132) == W4Launch(W4Spec(4, 1, 1), 6)
     assert launch_for(16, 4096, 12288, 4096, 132) == W4Launch(W4Spec(4, 2, 32), 12)
     assert launch_for(1, 64, 256, 256, 132).slices == 2  # never more slices than K tiles
+    assert launch_for(1, 64, 256, 256, 132, stages=3).spec.stages == 3
+    assert max_tiles(1) == 128 and max_tiles(16) == 8  # 32 KB of staged x
 
 
 def test_unsupported_names_the_reason() -> None:
@@ -34,9 +36,10 @@ def test_unsupported_names_the_reason() -> None:
 
 @pytest.mark.parametrize(("warps", "nt"), [(4, 1), (4, 2), (8, 1)])
 def test_compiles_for_sm90_without_spills(warps: int, nt: int, tmp_path: Path) -> None:
-    registers, spills, report = sm90_resources(ptx(SOURCE, W4Spec(warps, nt, 1).macros()), tmp_path)
+    spec = W4Spec(warps, nt, 1)
+    registers, spills, report = sm90_resources(ptx(SOURCE, spec.macros()), tmp_path)
     assert spills == 0, report
-    assert registers <= (128 if nt == 1 else 255), report  # 4 CTAs of 4 warps per SM at one token tile
+    assert registers <= (168 if nt == 1 else 255), report  # 3 CTAs of 4 warps per SM at one token tile
 
 
 def _case(m: int, n: int, k: int, group: int, sym: bool, seed: int) -> tuple[torch.Tensor, ...]:
@@ -83,6 +86,42 @@ def test_int_gemm_dispatches_here_when_asked_and_replays_in_a_graph() -> None:
     x.copy_(torch.randn_like(x))
     graph.replay()
     torch.testing.assert_close(out, int_gemm(x, qweight, scales, zeros, 4, cuda_kernel=True), atol=0, rtol=0)
+    torch.testing.assert_close(
+        out.float(), int_gemm_ref(x, qweight, scales, zeros, 4).float(), atol=2e-2, rtol=2e-2
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16])
+def test_a_chain_reads_its_predecessors_output_under_pdl(m: int) -> None:
+    # The second GEMM's x is the first's y: launched with programmatic dependent launch, it starts while
+    # the first drains (the first releases it before its stores), so it must wait before staging x.
+    from kvpilot.runtime.kernels.w4a16_cuda import w4a16_gemv
+
+    x, q1, s1, z1 = _case(m, 4096, 2048, 128, False, seed=11)
+    _, q2, s2, z2 = _case(m, 24576, 4096, 128, False, seed=12)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    graph = torch.cuda.CUDAGraph()
+    w4a16_gemv(w4a16_gemv(x, q1, s1, z1, sms), q2, s2, z2, sms)  # compile outside the capture
+    with torch.cuda.graph(graph):
+        out = w4a16_gemv(w4a16_gemv(x, q1, s1, z1, sms), q2, s2, z2, sms)
+    for seed in range(3):
+        x.copy_(torch.randn(x.shape, generator=torch.Generator().manual_seed(seed)).bfloat16())
+        graph.replay()
+        want = int_gemm_ref(int_gemm_ref(x, q1, s1, z1, 4), q2, s2, z2, 4)
+        torch.testing.assert_close(out.float(), want.float(), atol=1e-1, rtol=2e-2)
+
+
+@pytest.mark.gpu
+def test_a_misaligned_x_goes_to_the_triton_kernels() -> None:
+    from kvpilot.runtime.kernels.w4a16_triton import int_gemm
+
+    x, qweight, scales, zeros = _case(2, 256, 1024, 128, False, seed=3)
+    shifted = torch.empty(2, 1025, device="cuda", dtype=torch.bfloat16)
+    shifted[:, 1:].copy_(x)
+    view = shifted[:, 1:]  # rows start 2 bytes past a 16-byte boundary
+    assert "16-byte aligned" in (unsupported(view, qweight, scales, 4) or "")
+    out = int_gemm(view, qweight, scales, zeros, 4, cuda_kernel=True)
     torch.testing.assert_close(
         out.float(), int_gemm_ref(x, qweight, scales, zeros, 4).float(), atol=2e-2, rtol=2e-2
     )

@@ -34,3 +34,45 @@ def num_registers(kernel: Any) -> int:
     regs = ctypes.c_int()
     _get_gpu_runtime_library().cuFuncGetAttribute(ctypes.byref(regs), 4, kernel.func)  # NUM_REGS
     return regs.value
+
+
+class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, padding to 8, a 64-byte value union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [
+        ("grid", ctypes.c_uint * 3),
+        ("block", ctypes.c_uint * 3),
+        ("shared_mem", ctypes.c_uint),
+        ("stream", ctypes.c_void_p),
+        ("attrs", ctypes.POINTER(_LaunchAttribute)),
+        ("num_attrs", ctypes.c_uint),
+    ]
+
+
+PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+def launch_pdl(kernel: Any, grid: tuple[int, int, int], block: tuple[int, int, int], args: list[Any]) -> None:
+    """kernel(grid, block, args) on the current stream with programmatic dependent launch (sm_90+): it may
+    start while its predecessor drains, and must `griddepcontrol.wait` before reading what that wrote.
+    torch's launcher (cuLaunchKernel) takes no attributes, so this calls cuLaunchKernelEx. Tensors pass as
+    pointers, ints as 32-bit ints (as kernel(...) does)."""
+    from torch.cuda._utils import _get_gpu_runtime_library
+
+    values = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_int(a) for a in args]
+    params = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
+    attr = _LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION)
+    attr.value[0] = 1
+    config = _LaunchConfig(
+        (ctypes.c_uint * 3)(*grid),
+        (ctypes.c_uint * 3)(*block),
+        0,
+        ctypes.c_void_p(torch.cuda.current_stream().cuda_stream),
+        ctypes.pointer(attr),
+        1,
+    )
+    result = _get_gpu_runtime_library().cuLaunchKernelEx(ctypes.byref(config), kernel.func, params, None)
+    if result != 0:
+        raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {result}")

@@ -15,14 +15,16 @@ from typing import Any
 
 import torch
 
-from .nvrtc import compile_cuda
+from .nvrtc import compile_cuda, launch_pdl
 
 SOURCE = Path(__file__).with_name("w4a16_gemv.cu")
 COLS = 64  # output columns per CTA
 TILE = 128  # K rows per tile (quant_reference.pack_tile of every real layer)
 MAX_M = 16
 WARPS = 4
-CTAS_PER_SM = 2.0  # K slices per column block until the GPU holds ~this many CTAs per SM
+STAGES = 2  # K tiles per warp in registers: 161 registers at sm_90, so 3 CTAs of 4 warps fit per SM
+CTAS_PER_SM = 3.0  # K slices per column block until the GPU holds ~this many CTAs per SM
+X_BYTES = 32768  # the kernel's shared memory for the staged x: 256 bytes per K tile and token
 
 
 @dataclass(frozen=True)
@@ -32,19 +34,20 @@ class W4Spec:
     warps: int
     token_tiles: int  # 8 tokens each
     tiles_per_group: int
-
-    @property
-    def max_tiles(self) -> int:
-        """K tiles one CTA stages x for (32 KB of shared memory)."""
-        return 16 // self.token_tiles
+    stages: int = STAGES
 
     def macros(self) -> dict[str, int]:
         return {
             "WARPS": self.warps,
             "NT": self.token_tiles,
             "TILES_PER_GROUP": self.tiles_per_group,
-            "MAX_TILES": self.max_tiles,
+            "STAGES": self.stages,
         }
+
+
+def max_tiles(m: int) -> int:
+    """K tiles one CTA can stage x for at m tokens."""
+    return X_BYTES // (256 * m)
 
 
 @dataclass(frozen=True)
@@ -72,16 +75,25 @@ def unsupported(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bi
         )
     if x.stride(1) != 1 or not (qweight.is_contiguous() and scales.is_contiguous()):
         return "x rows and the weight tensors must be contiguous"
+    if x.data_ptr() % 16 or x.stride(0) % 8:
+        return "x rows must start 16-byte aligned (it is staged in 16-byte loads)"
     return None
 
 
-def launch_for(m: int, n: int, k: int, group: int, sms: int, ctas_per_sm: float = CTAS_PER_SM) -> W4Launch:
+def launch_for(
+    m: int,
+    n: int,
+    k: int,
+    group: int,
+    sms: int,
+    ctas_per_sm: float = CTAS_PER_SM,
+    stages: int = STAGES,
+) -> W4Launch:
     """4 warps per CTA; K cut into slices until the CTAs number ~CTAS_PER_SM per SM (never fewer slices
     than the staged x allows, never more than K's tiles)."""
-    spec = W4Spec(WARPS, 1 if m <= 8 else 2, group // TILE)
     tiles, blocks = k // TILE, n // COLS
-    slices = max(-(-tiles // spec.max_tiles), round(ctas_per_sm * sms / blocks))
-    return W4Launch(spec, max(1, min(slices, tiles)))
+    slices = max(1, min(max(-(-tiles // max_tiles(m)), round(ctas_per_sm * sms / blocks)), tiles))
+    return W4Launch(W4Spec(WARPS, 1 if m <= 8 else 2, group // TILE, stages), slices)
 
 
 def compiled(spec: W4Spec) -> Any:
@@ -97,12 +109,14 @@ def w4a16_gemv(
     sms: int,
     counters: torch.Tensor | None = None,
     ctas_per_sm: float = CTAS_PER_SM,
+    stages: int = STAGES,
 ) -> torch.Tensor:
     """x [M, K] bf16 @ W^T -> [M, N] bf16 (the caller checked unsupported()). counters: >= N / 64 zeroed
     int32 the launch leaves zero (split_k_triton.split_counters, the layer's own); None: fresh zeros."""
     m, k = x.shape
     n = qweight.shape[1]
-    plan = launch_for(m, n, k, k // scales.shape[0], sms, ctas_per_sm)
+    hopper = torch.cuda.get_device_capability(x.device) >= (9, 0)
+    plan = launch_for(m, n, k, k // scales.shape[0], sms, ctas_per_sm, stages)
     y = torch.empty(m, n, device=x.device, dtype=x.dtype)
     if plan.slices > 1:
         workspace = torch.empty(plan.slices, m, n, device=x.device, dtype=torch.float32)
@@ -111,6 +125,9 @@ def w4a16_gemv(
     else:
         workspace = counters = y  # unused
     args = [x, qweight, scales, zeros.contiguous(), y, workspace, counters, m, n, k, x.stride(0), y.stride(0)]
-    grid = (n // COLS, plan.slices, 1)
-    compiled(plan.spec)(grid=grid, block=(plan.spec.warps * 32, 1, 1), args=args)
+    kernel, grid, block = compiled(plan.spec), (n // COLS, plan.slices, 1), (plan.spec.warps * 32, 1, 1)
+    if hopper:  # PDL: its first weight tiles load while the predecessor drains
+        launch_pdl(kernel, grid, block, args)
+    else:
+        kernel(grid=grid, block=block, args=args)
     return y

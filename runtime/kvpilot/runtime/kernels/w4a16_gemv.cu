@@ -2,21 +2,25 @@
 // weight in the canonical layout of quant_reference.py (qweight int32 [K/8, N], value j of word row 16T + r
 // is K row 128T + 16j + r; scales, zeros bf16 [K/G, N]). w4a16_cuda.py compiles it with NVRTC and macros:
 //   WARPS (warps per CTA, splitting its K slice), NT (token tiles of 8: 1 for M <= 8, 2 for M <= 16),
-//   TILES_PER_GROUP (G / 128), MAX_TILES (K tiles of 128 rows per CTA at most: the staged x's size).
+//   TILES_PER_GROUP (G / 128), STAGES (K tiles each warp has loaded, in registers, while it computes one).
+// The staged x takes 256 M bytes per K tile out of X_BYTES: the host gives a CTA at most X_BYTES / 256 M tiles.
 // Grid (N / 64, S): CTA (b, s) takes 64 output columns and the s-th of S slices of K's tiles. It stages its x
-// slice in shared memory in the mma's B-fragment order (one 16-byte load per lane per row set later), its
-// warps take the slice's tiles in turn, their partial sums meet in shared memory in a fixed order; with S > 1
-// each CTA writes its fp32 partial to the workspace and the last CTA of a column block (a counter, reset by
-// it) adds the S partials in slice order and stores bf16 (deterministic).
+// slice in shared memory in the mma's B-fragment order, its warps take the slice's tiles in turn, their
+// partial sums meet in shared memory in a fixed order; with S > 1 the slices' sums meet through a workspace
+// and a counter, added in slice order (deterministic).
 //
 // Swapped, y^T = W x^T, so the weight is mma.m16n8k16's A operand straight from the registers it was loaded
-// into (the layout int4_mma_gemv_triton.py found, here without Triton's scheduling in the way): lane
-// (g = lane / 4, t = lane % 4) loads, for row set rs of a tile, the 16-byte words at word row 16T + 4rs + t
-// of columns n0 + 4g + c ("lo", A row g of mma block c) and n0 + 32 + 4g + c ("hi", A row g + 8). Pair i of
-// a word, (w >> 4i) & 0x000F000F | 0x43004300, is the bf16 pair (128 + q_i, 128 + q_{i+4}): K rows
-// (16i + r, 16(i + 4) + r) of one column. Step s of a row set takes pairs 2s (K slots 2t, 2t+1) and 2s + 1
-// (slots 2t+8, 2t+9); x's B registers hold token g at exactly those K rows. (q - z) * s in two bf16 FMAs
-// (the first exact) is the weight quant_reference.dequantize_int_ref makes.
+// into: lane (g = lane / 4, t = lane % 4) loads, for row set rs of a tile, the 16-byte words at word row
+// 16T + 4rs + t of columns n0 + 4g + c ("lo", A row g of mma block c) and n0 + 32 + 4g + c ("hi", A row
+// g + 8). Pair i of a word, (w >> 4i) & 0x000F000F | 0x43004300, is the bf16 pair (128 + q_i, 128 + q_{i+4})
+// exactly: K rows (16i + r, 16(i + 4) + r) of one column. Step s of a row set takes pairs 2s (K slots 2t,
+// 2t+1) and 2s + 1 (slots 2t+8, 2t+9); x's B registers hold token g at exactly those K rows.
+//
+// Why the bias stays in: a tile lies in one group, so sum_k x_k (q_k - z) s = s (sum_k x_k (128 + q_k) -
+// (128 + z) sum_k x_k). The mmas take the biased pairs as they come out of one shift and one lop3 (8 values
+// in 7 instructions; subtracting the zero and scaling per value took 4 per pair, and bounded the kernel by
+// issue, not bytes), a ninth mma per step with an all-ones A gives sum_k x_k per token, and the zero and the
+// scale are applied once per tile to the fp32 sums.
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -24,12 +28,7 @@ typedef unsigned short u16;
 #define COLS 64
 #define TILE 128
 #define WORDS_PER_TILE 16
-
-__device__ __forceinline__ u32 bf16x2_fma(u32 a, u32 b, u32 c) {
-    u32 d;
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
+#define ONES 0x3F803F80u  // bf16x2 (1, 1)
 
 __device__ __forceinline__ void mma_bf16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
     asm volatile(
@@ -43,6 +42,20 @@ __device__ __forceinline__ u16 f32_to_bf16(float x) {
     u16 y;
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(y) : "f"(x));
     return y;
+}
+
+// Programmatic dependent launch (sm_90; no-ops when launched without the attribute): the weight is never
+// written by a predecessor, so its first tiles are loaded before the wait; x and every store come after it.
+__device__ __forceinline__ void gdc_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void gdc_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
 // One K tile's weight words in this lane's registers: row set rs, lo/hi columns; and its group's raw
@@ -68,114 +81,159 @@ __device__ __forceinline__ void load_tile(Tile& w, const u32* qw, const u16* sca
     }
 }
 
-// The dequantization constants of one group for this lane's 8 columns: bf16x2 (s, s) and -(128 + z) pairs.
-struct Group {
-    u32 s[8], nz[8];  // columns lo c = 0..3, hi c = 4..7
-};
-
-__device__ __forceinline__ void unpack_group(Group& q, const Tile& w) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const u32 sw[2] = {w.s[h].x, w.s[h].y}, zw[2] = {w.z[h].x, w.z[h].y};
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            const u32 sv = (sw[c >> 1] >> (16 * (c & 1))) & 0xFFFFu;
-            const u32 zv = (zw[c >> 1] >> (16 * (c & 1))) & 0xFFFFu;
-            // -(128 + z) in bf16 (z < 16: exact): z is integer valued, add 128 in float
-            const float zf = __uint_as_float(zv << 16) + 128.f;
-            const u32 nzv = __float_as_uint(-zf) >> 16;
-            q.s[4 * h + c] = sv | (sv << 16);
-            q.nz[4 * h + c] = nzv | (nzv << 16);
-        }
-    }
-}
-
 // x staged as B fragments: entry (tile, rs, token, t) is the uint4 of lane (g = token % 8, t)'s registers for
 // row set rs of that tile: {b0, b1} of step 0 and of step 1 (token's K rows 16 * {0,4 | 1,5 | 2,6 | 3,7} + r,
-// r = 4 rs + t). Lanes of one warp read 32 consecutive entries: no bank conflicts.
-__device__ __forceinline__ int x_entry(int tile, int rs, int tok, int t) {
-    return ((tile * 4 + rs) * (NT * 8) + tok) * 4 + t;
+// r = 4 rs + t). Only the M real tokens are staged; lanes of token columns past M read token M - 1's entry
+// (an mma's column j depends on B's column j alone, so those columns only reach outputs never stored).
+#define X_BYTES 32768
+
+__device__ __forceinline__ int x_entry(int tile, int rs, int tok, int t, int m) {
+    return ((tile * 4 + rs) * m + tok) * 4 + t;
 }
 
-// Only the M real tokens are staged: the other tokens' B columns hold stale bytes, and an mma's column j
-// depends on B's column j alone, so they only reach outputs that are never stored.
+// One unit per thread: token tok's half h (r = 8h..8h+7) of one tile, eight 16-byte loads (j = 0..7) in
+// flight together; value r of loads j and j + 4 pair up into register j of entry (rs, t) = (r / 4, r % 4).
 __device__ void stage_x(uint4* xs, const u16* x, int stride_x, int m, int k_lo, int tiles) {
-    u16* half = reinterpret_cast<u16*>(xs);
-    for (int tok = 0; tok < m; ++tok) {
-        const u16* row = x + (long long)tok * stride_x + k_lo;
-        for (int k = threadIdx.x; k < tiles * TILE; k += WARPS * 32) {
-            const int tile = k / TILE, j = (k % TILE) / 16, r = k % 16;  // value j of word row r
-            const int reg = 2 * ((j & 3) >> 1) + (j & 1), hi = j >> 2;   // (step, b0/b1), half of the pair
-            half[(x_entry(tile, r >> 2, tok, r & 3) * 4 + reg) * 2 + hi] = row[k];
+    for (int u = threadIdx.x; u < m * tiles * 2; u += WARPS * 32) {
+        const int h = u & 1, tile = (u >> 1) % tiles, tok = (u >> 1) / tiles;
+        const uint4* src = reinterpret_cast<const uint4*>(x + (long long)tok * stride_x + k_lo + tile * TILE + 8 * h);
+        uint4 v[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = __ldg(src + 2 * j);  // 16 K rows = 2 uint4 apart
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            u32 reg[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const u32 lo = (&v[j].x)[i / 2], hi = (&v[j + 4].x)[i / 2];
+                reg[j] = __byte_perm(lo, hi, i % 2 ? 0x7632 : 0x5410);  // (value i of load j, of load j + 4)
+            }
+            const int r = 8 * h + i;
+            xs[x_entry(tile, r / 4, tok, r % 4, m)] = make_uint4(reg[0], reg[1], reg[2], reg[3]);
         }
     }
 }
 
-__device__ __forceinline__ u32 dequant_pair(u32 word, int i, u32 s, u32 nz) {
-    const u32 biased = ((word >> (4 * i)) & 0x000F000Fu) | 0x43004300u;  // 128 + q, exact
-    return bf16x2_fma(bf16x2_fma(biased, 0x3F803F80u, nz), s, 0x80008000u);  // (q - z) exact, then * s
+// bf16x2 (128 + q_i, 128 + q_{i+4}): one lop3 ((a & b) | c; written out in C it takes an AND and an OR)
+__device__ __forceinline__ u32 biased_pair(u32 word, int i) {
+    u32 d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(word >> (4 * i)), "n"(0x000F000F), "n"(0x43004300));
+    return d;
 }
 
-__device__ __forceinline__ void compute_tile(float (*acc)[4], const Tile& w, const Group& q, const uint4* xs,
-                                             int tile, int g, int t) {
+// The tile's sums: part[4 nt + c] is mma block c of token tile nt, (col + c | col + 32 + c) x tokens
+// (8 nt + 2t, + 1), over the biased weights; xsum[nt] holds x's sum over the tile for those two tokens.
+__device__ __forceinline__ void mma_tile(float (*part)[4], float (*xsum)[4], const Tile& w, const uint4* xs,
+                                         int tile, int g, int t, int m) {
 #pragma unroll
     for (int rs = 0; rs < 4; ++rs) {
         uint4 b[NT];
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) b[nt] = xs[x_entry(tile, rs, g + 8 * nt, t)];
+        for (int nt = 0; nt < NT; ++nt) b[nt] = xs[x_entry(tile, rs, min(g + 8 * nt, m - 1), t, m)];
         const u32 lo[4] = {w.lo[rs].x, w.lo[rs].y, w.lo[rs].z, w.lo[rs].w};
         const u32 hi[4] = {w.hi[rs].x, w.hi[rs].y, w.hi[rs].z, w.hi[rs].w};
 #pragma unroll
         for (int s = 0; s < 2; ++s) {
 #pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const u32 b0 = s == 0 ? b[nt].x : b[nt].z, b1 = s == 0 ? b[nt].y : b[nt].w;
+                mma_bf16(xsum[nt], ONES, ONES, ONES, ONES, b0, b1);
+            }
+#pragma unroll
             for (int c = 0; c < 4; ++c) {
-                const u32 a0 = dequant_pair(lo[c], 2 * s, q.s[c], q.nz[c]);
-                const u32 a2 = dequant_pair(lo[c], 2 * s + 1, q.s[c], q.nz[c]);
-                const u32 a1 = dequant_pair(hi[c], 2 * s, q.s[4 + c], q.nz[4 + c]);
-                const u32 a3 = dequant_pair(hi[c], 2 * s + 1, q.s[4 + c], q.nz[4 + c]);
+                const u32 a0 = biased_pair(lo[c], 2 * s), a2 = biased_pair(lo[c], 2 * s + 1);
+                const u32 a1 = biased_pair(hi[c], 2 * s), a3 = biased_pair(hi[c], 2 * s + 1);
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
                     const u32 b0 = s == 0 ? b[nt].x : b[nt].z, b1 = s == 0 ? b[nt].y : b[nt].w;
-                    mma_bf16(acc[4 * nt + c], a0, a1, a2, a3, b0, b1);
+                    mma_bf16(part[4 * nt + c], a0, a1, a2, a3, b0, b1);
                 }
             }
         }
     }
 }
 
-// x [M, K] bf16 (row stride stride_x), qweight int32 [K/8, N], scales/zeros bf16 [K/G, N], y [M, N] bf16;
-// workspace fp32 [S, M, N] and counters int32 [N / 64] (zero; left zero) when S > 1.
-extern "C" __global__ void __launch_bounds__(WARPS * 32) w4a16_gemv(
-    const u16* __restrict__ x, const u32* __restrict__ qweight, const u16* __restrict__ scales,
-    const u16* __restrict__ zeros, u16* __restrict__ y, float* __restrict__ workspace, int* __restrict__ counters,
-    int m, int n, int k, int stride_x, int stride_y) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int block = blockIdx.x, slice = blockIdx.y, slices = gridDim.y;
-    const int n0 = block * COLS, col = n0 + 4 * g;
-    const int all_tiles = k / TILE;
-    const int t_lo = slice * all_tiles / slices, t_hi = (slice + 1) * all_tiles / slices;
+__device__ __forceinline__ float bf16_at(uint2 v, int c) {  // bf16 c of 4 as fp32
+    const u32 w = c < 2 ? v.x : v.y;
+    return __uint_as_float(c & 1 ? w & 0xFFFF0000u : w << 16);
+}
 
-    // x's slice as B fragments, then (after the sync) the warps' partial sums: [WARPS][NT * 8][64] fp32
-    __shared__ uint4 smem[MAX_TILES * 4 * NT * 8 * 4 > WARPS * NT * 8 * COLS / 4 ? MAX_TILES * 4 * NT * 8 * 4
-                                                                                : WARPS * NT * 8 * COLS / 4];
-    Tile cur, nxt;
-    Group grp;
-    int tile = t_lo + warp;
-    if (tile < t_hi) load_tile(cur, qweight, scales, zeros, tile, n, col, t);  // in flight while x is staged
-    stage_x(smem, x, stride_x, m, t_lo * TILE, t_hi - t_lo);
-    __syncthreads();
-
-    float acc[4 * NT][4];  // mma block c of token tile nt: (col + c | col + 32 + c) x tokens (2t, 2t + 1)
+// acc += s (part - (128 + z) xsum), per column (lo c: A row g, entries 0-1; hi c: row g + 8, entries 2-3).
+__device__ __forceinline__ void fold_tile(float (*acc)[4], float (*part)[4], float (*xsum)[4], const Tile& w) {
 #pragma unroll
-    for (int i = 0; i < 4 * NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-    for (; tile < t_hi; tile += WARPS) {
-        if (tile + WARPS < t_hi) load_tile(nxt, qweight, scales, zeros, tile + WARPS, n, col, t);  // meanwhile
-        unpack_group(grp, cur);
-        compute_tile(acc, cur, grp, smem, tile - t_lo, g, t);
-        cur = nxt;
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const float s = bf16_at(w.s[h], c), nz = -(128.f + bf16_at(w.z[h], c));
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    float& a = acc[4 * nt + c][2 * h + j];
+                    a = fmaf(s, fmaf(nz, xsum[nt][j], part[4 * nt + c][2 * h + j]), a);
+                }
+            }
+        }
     }
-    __syncthreads();  // x is no longer read: the space takes the partial sums
+}
 
+__device__ __forceinline__ void tile_into(float (*acc)[4], const Tile& w, const uint4* xs, int tile, int g, int t,
+                                          int m) {
+    float part[4 * NT][4], xsum[NT][4];
+#pragma unroll
+    for (int i = 0; i < 4 * NT; ++i) part[i][0] = part[i][1] = part[i][2] = part[i][3] = 0.f;
+#pragma unroll
+    for (int i = 0; i < NT; ++i) xsum[i][0] = xsum[i][1] = xsum[i][2] = xsum[i][3] = 0.f;
+    mma_tile(part, xsum, w, xs, tile, g, t, m);
+    fold_tile(acc, part, xsum, w);
+}
+
+// This warp's tiles t_lo + warp + WARPS i of the slice, STAGES - 1 of them loaded ahead of the one in use
+// (the ring is indexed by compile-time constants: the loop is unrolled by STAGES).
+__device__ __forceinline__ void stream_tiles(float (*acc)[4], Tile (&ring)[STAGES], const u32* qweight,
+                                             const u16* scales, const u16* zeros, const uint4* xs, int first,
+                                             int count, int t_lo, int n, int col, int g, int t, int m) {
+    for (int i0 = 0; i0 < count; i0 += STAGES) {
+#pragma unroll
+        for (int j = 0; j < STAGES; ++j) {
+            const int i = i0 + j;
+            if (i >= count) break;
+            if (i + STAGES - 1 < count) {
+                const int ahead = first + (i + STAGES - 1) * WARPS;
+                load_tile(ring[(j + STAGES - 1) % STAGES], qweight, scales, zeros, ahead, n, col, t);
+            }
+            tile_into(acc, ring[j], xs, first + i * WARPS - t_lo, g, t, m);
+        }
+    }
+}
+
+// With S > 1, each slice's fp32 partial goes to the workspace and the last CTA of the column
+// block (a counter, reset by it) adds the S partials in slice order.
+__device__ void store_by_counter(const float (*sums)[COLS], u16* y, float* workspace, int* counters, int m, int n,
+                                 int n0, int stride_y) {
+    const int slice = blockIdx.y, slices = gridDim.y;
+    for (int i = threadIdx.x; i < m * COLS; i += WARPS * 32)
+        workspace[((long long)slice * m + i / COLS) * n + n0 + i % COLS] = sums[i / COLS][i % COLS];
+    __threadfence();
+    __syncthreads();
+    __shared__ int last;
+    if (threadIdx.x == 0) last = atomicAdd(counters + blockIdx.x, 1) == slices - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int i = threadIdx.x; i < m * COLS; i += WARPS * 32) {
+        const int tok = i / COLS, c = i % COLS;
+        float sum = 0.f;
+        for (int sl = 0; sl < slices; ++sl) sum += __ldcg(workspace + ((long long)sl * m + tok) * n + n0 + c);
+        y[(long long)tok * stride_y + n0 + c] = f32_to_bf16(sum);
+    }
+    if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // ready for the next launch (CUDA graphs replay it)
+}
+
+// The warps' sums meet in shared memory (part [WARPS][NT * 8][64] fp32; warp 0's rows end up holding the
+// CTA's sum) and go out as bf16: directly (one slice) or through the workspace.
+__device__ void store_columns(float (*acc)[4], uint4* smem, u16* y, float* workspace, int* counters, int m,
+                              int n, int n0, int stride_y, int warp, int g, int t) {
     float (*part)[NT * 8][COLS] = reinterpret_cast<float (*)[NT * 8][COLS]>(smem);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
@@ -189,35 +247,49 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) w4a16_gemv(
         }
     }
     __syncthreads();
-    if (slices == 1) {
-        for (int i = threadIdx.x; i < m * COLS; i += WARPS * 32) {
-            const int tok = i / COLS, c = i % COLS;
-            float sum = 0.f;
-#pragma unroll
-            for (int w = 0; w < WARPS; ++w) sum += part[w][tok][c];
-            y[(long long)tok * stride_y + n0 + c] = f32_to_bf16(sum);
-        }
-        return;
-    }
+    const int slices = gridDim.y;
     for (int i = threadIdx.x; i < m * COLS; i += WARPS * 32) {
         const int tok = i / COLS, c = i % COLS;
         float sum = 0.f;
 #pragma unroll
         for (int w = 0; w < WARPS; ++w) sum += part[w][tok][c];
-        workspace[((long long)slice * m + tok) * n + n0 + c] = sum;
+        if (slices == 1)
+            y[(long long)tok * stride_y + n0 + c] = f32_to_bf16(sum);
+        else
+            part[0][tok][c] = sum;
     }
-    __threadfence();
+    if (slices == 1) return;
     __syncthreads();
-    __shared__ int last;
-    if (threadIdx.x == 0) last = atomicAdd(counters + block, 1) == slices - 1;
+    store_by_counter(part[0], y, workspace, counters, m, n, n0, stride_y);
+}
+
+// x [M, K] bf16 (row stride stride_x), qweight int32 [K/8, N], scales/zeros bf16 [K/G, N], y [M, N] bf16;
+// workspace fp32 [S, M, N] and counters int32 [N / 64] (zero; left zero) when S > 1.
+extern "C" __global__ void __launch_bounds__(WARPS * 32) w4a16_gemv(
+    const u16* __restrict__ x, const u32* __restrict__ qweight, const u16* __restrict__ scales,
+    const u16* __restrict__ zeros, u16* __restrict__ y, float* __restrict__ workspace, int* __restrict__ counters,
+    int m, int n, int k, int stride_x, int stride_y) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.x * COLS, col = n0 + 4 * g;
+    const int all_tiles = k / TILE, slices = gridDim.y;
+    const int t_lo = blockIdx.y * all_tiles / slices, t_hi = (blockIdx.y + 1) * all_tiles / slices;
+    const int first = t_lo + warp, count = first < t_hi ? (t_hi - first + WARPS - 1) / WARPS : 0;
+
+    // x's slice as B fragments, then (after the sync) the warps' partial sums: [WARPS][NT * 8][64] fp32
+    __shared__ uint4 smem[X_BYTES / 16 > WARPS * NT * 8 * COLS / 4 ? X_BYTES / 16 : WARPS * NT * 8 * COLS / 4];
+    Tile ring[STAGES];
+#pragma unroll
+    for (int j = 0; j < STAGES - 1; ++j)  // in flight while the predecessor finishes and x is staged
+        if (j < count) load_tile(ring[j], qweight, scales, zeros, first + j * WARPS, n, col, t);
+    gdc_wait();
+    stage_x(smem, x, stride_x, m, t_lo * TILE, t_hi - t_lo);
     __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int i = threadIdx.x; i < m * COLS; i += WARPS * 32) {
-        const int tok = i / COLS, c = i % COLS;
-        float sum = 0.f;
-        for (int sl = 0; sl < slices; ++sl) sum += __ldcg(workspace + ((long long)sl * m + tok) * n + n0 + c);
-        y[(long long)tok * stride_y + n0 + c] = f32_to_bf16(sum);
-    }
-    if (threadIdx.x == 0) counters[block] = 0;  // ready for the next launch (CUDA graphs replay it)
+
+    float acc[4 * NT][4];
+#pragma unroll
+    for (int i = 0; i < 4 * NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    stream_tiles(acc, ring, qweight, scales, zeros, smem, first, count, t_lo, n, col, g, t, m);
+    gdc_launch_dependents();
+    __syncthreads();  // x is no longer read: the space takes the partial sums
+    store_columns(acc, smem, y, workspace, counters, m, n, n0, stride_y, warp, g, t);
 }

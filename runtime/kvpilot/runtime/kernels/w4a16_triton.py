@@ -37,12 +37,10 @@ from kvpilot.runtime.kernels.split_k_triton import _reduce_splits_kernel
 from kvpilot.runtime.kernels.triton_utils import num_sms
 
 DECODE_MAX_M = 16
-# int4 at 1-16 tokens on CUDA through the hand-laid-out mma.sync kernel (w4a16_gemv.cu) before the Triton
-# ones: off. H200, one token (benchmarks/sweep_w4a16_cuda.py, seventh session), µs CUDA vs the Triton
-# dispatch: qkv 12.9 vs 11.6, o 8.7 vs 10.7, gate_up 28.2 vs 25.6, down 16.2 vs 18.8; at 4 and 16 tokens it
-# lost everywhere (gate_up 73.7 vs 32.1 at 16); W3 with int4 3.5 vs 3.3 ms per token. int_gemm(...,
-# cuda_kernel=True) runs it.
-CUDA_W4A16 = False
+# int4 at 1-8 tokens on CUDA through the hand-laid-out mma.sync kernel (w4a16_gemv.cu) before the Triton
+# ones (provisional: being measured). int_gemm(..., cuda_kernel=False) keeps the Triton kernels.
+CUDA_W4A16 = True
+CUDA_W4A16_MAX_M = 8
 DEQUANT_CUBLAS_MIN_M = GEMV_MAX_M + 1  # the H200 sweep: the GEMV loses to it by M = 256
 DECODE_PROGRAMS_PER_SM = 4
 DECODE_MIN_STEPS = 4
@@ -268,7 +266,7 @@ def int_gemm(
     group = x.shape[1] // scales.shape[0]
     if not fused_supported(x.shape[1], group, bits) or x.shape[0] >= DEQUANT_CUBLAS_MIN_M:
         y = x @ dequantize_triton(qweight, scales, zeros, bits, x.dtype)
-    elif cuda_kernel and _cuda_w4a16_runs(x, qweight, scales, bits):
+    elif cuda_kernel and x.shape[0] <= CUDA_W4A16_MAX_M and _cuda_w4a16_runs(x, qweight, scales, bits):
         from .w4a16_cuda import w4a16_gemv  # CUDA-only (NVRTC)
 
         y = w4a16_gemv(x, qweight, scales, zeros, num_sms(x.device), counters)
