@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 from kvpilot.runtime.kernels.quant_reference import int_gemm_ref
-from kvpilot.runtime.kernels.w4a16_cuda import SOURCE, W4Launch, W4Spec, launch_for, max_tiles, unsupported
+from kvpilot.runtime.kernels.w4a16_cuda import (
+    SOURCE,
+    W4Launch,
+    W4Spec,
+    launch_for,
+    max_tiles,
+    preferred,
+    unsupported,
+)
 from kvpilot.runtime.quant.int_weight import quantize_rtn
 
 from tests.runtime.nvrtc_offline import ptx, sm90_resources
@@ -26,6 +34,16 @@ def test_launch_slices_k_until_the_gpu_holds_three_ctas_per_sm() -> None:
     assert launch_for(1, 64, 256, 256, 132).slices == 2  # never more slices than K tiles
     assert launch_for(1, 64, 256, 256, 132, stages=3).spec.stages == 3
     assert max_tiles(1) == 128 and max_tiles(16) == 8  # 32 KB of staged x
+
+
+def test_preferred_up_to_eight_tokens_in_one_wave() -> None:
+    # Qwen3-8B (qkv, o, gate_up, down as N x K) on the H200's 132 SMs, as the eighth session's sweep found
+    layers = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
+    for m in (1, 4):
+        assert all(preferred(m, n, k, 128, 132) for n, k in layers.values())
+    # 8 tokens: gate_up's staged x forces a second wave of CTAs (it lost there); the others still fit
+    assert [preferred(8, n, k, 128, 132) for n, k in layers.values()] == [True, True, False, True]
+    assert not any(preferred(9, n, k, 128, 132) for n, k in layers.values())
 
 
 def test_unsupported_names_the_reason() -> None:

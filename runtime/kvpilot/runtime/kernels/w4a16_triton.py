@@ -37,10 +37,11 @@ from kvpilot.runtime.kernels.split_k_triton import _reduce_splits_kernel
 from kvpilot.runtime.kernels.triton_utils import num_sms
 
 DECODE_MAX_M = 16
-# int4 at 1-8 tokens on CUDA through the hand-laid-out mma.sync kernel (w4a16_gemv.cu) before the Triton
-# ones (provisional: being measured). int_gemm(..., cuda_kernel=False) keeps the Triton kernels.
+# int4 on CUDA through the hand-laid-out mma.sync kernel (w4a16_gemv.cu) where it beats the Triton ones:
+# 1-8 tokens in one wave of CTAs (w4a16_cuda.preferred; the H200 sweep of the eighth session: at one token
+# qkv 8.7 vs 12.3 µs, o 6.8 vs 10.7, gate_up 18.4 vs 25.2, down 12.7 vs 18.7). int_gemm(...,
+# cuda_kernel=False) keeps the Triton kernels.
 CUDA_W4A16 = True
-CUDA_W4A16_MAX_M = 8
 DEQUANT_CUBLAS_MIN_M = GEMV_MAX_M + 1  # the H200 sweep: the GEMV loses to it by M = 256
 DECODE_PROGRAMS_PER_SM = 4
 DECODE_MIN_STEPS = 4
@@ -266,7 +267,7 @@ def int_gemm(
     group = x.shape[1] // scales.shape[0]
     if not fused_supported(x.shape[1], group, bits) or x.shape[0] >= DEQUANT_CUBLAS_MIN_M:
         y = x @ dequantize_triton(qweight, scales, zeros, bits, x.dtype)
-    elif cuda_kernel and x.shape[0] <= CUDA_W4A16_MAX_M and _cuda_w4a16_runs(x, qweight, scales, bits):
+    elif cuda_kernel and _cuda_w4a16_runs(x, qweight, scales, bits):
         from .w4a16_cuda import w4a16_gemv  # CUDA-only (NVRTC)
 
         y = w4a16_gemv(x, qweight, scales, zeros, num_sms(x.device), counters)
@@ -281,12 +282,16 @@ def int_gemm(
 
 
 def _cuda_w4a16_runs(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int) -> bool:
-    """Whether w4a16_gemv.cu takes x @ W^T (int4, bf16, 1-16 tokens on a CUDA GPU; w4a16_cuda.unsupported)."""
+    """Whether w4a16_gemv.cu takes x @ W^T: it can (w4a16_cuda.unsupported) and is expected to be faster
+    (w4a16_cuda.preferred)."""
     if bits != 4 or not x.is_cuda:
         return False
-    from .w4a16_cuda import unsupported
+    from .w4a16_cuda import preferred, unsupported
 
-    return unsupported(x, qweight, scales, bits) is None
+    k = x.shape[1]
+    if unsupported(x, qweight, scales, bits) is not None:
+        return False
+    return preferred(x.shape[0], qweight.shape[1], k, k // scales.shape[0], num_sms(x.device))
 
 
 def warm_up_int_gemm(
