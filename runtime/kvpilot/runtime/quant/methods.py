@@ -14,7 +14,6 @@ import torch
 from kvpilot.runtime.distributed.sharding import TensorSplit
 from kvpilot.runtime.errors import ModelLoadError, UnsupportedModelError
 from kvpilot.runtime.kernels.quant_reference import (
-    FP8_MAX,
     FP8_WEIGHT_ONLY_MAX_M,
     dequantize_int_ref,
     fp8_gemm_ref,
@@ -24,6 +23,7 @@ from kvpilot.runtime.kernels.quant_reference import (
 from kvpilot.runtime.layers.linear import Linear
 from kvpilot.runtime.quant.checkpoint_formats import unpack_awq, unpack_gptq
 from kvpilot.runtime.quant.config import QuantConfig, int4_group_size
+from kvpilot.runtime.quant.fp8_weight import quantize_fp8_weight
 from kvpilot.runtime.quant.int_weight import IntWeight, merge_parts, quantize_rtn
 from kvpilot.runtime.quant.tp_split import fp8_columns, int_weight_columns
 
@@ -340,7 +340,6 @@ class Fp8Method(_Collecting):
 
 
 def _fp8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """W [N, K] -> (float8_e4m3fn [N, K], float32 scales [N]): one absmax scale per output channel."""
-    w = weight.float()
-    scale = w.abs().amax(dim=1).clamp(min=1e-12) / FP8_MAX
-    return (w / scale.view(-1, 1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+    """W [N, K] -> (float8_e4m3fn [N, K], float32 scales [N]): one scale per output channel, the one of
+    least rounding error (quant/fp8_weight.py)."""
+    return quantize_fp8_weight(weight)
