@@ -62,7 +62,7 @@ def weight_bytes(quant: str) -> float:
 class Opts:
     fused: bool = True  # False: every op apart, as main ran them before the fused quantized GEMVs
     norm: bool | None = None  # fp8: fuse the norms; None: as the model
-    silu: bool | None = None  # fp8 / int4: fuse the SiLU; None: as the model (quant/fused_gemv.py's switches)
+    silu: bool | None = None  # fp8: fuse the SiLU; None: as the model (quant/fused_gemv.py's switches)
     pdl: bool | None = None  # None: as the model (fp8 on, int off)
     l2_ahead: int = 0  # the mma GEMV's L2 prefetch distance
     reduce: str = "fixup"  # split-K reduction of the fused launches and the mma GEMV
@@ -115,9 +115,6 @@ def _silu(gu: torch.Tensor, p: Any, quant: str, o: Opts) -> torch.Tensor:
     if quant == "fp8" and o.fused and (fg.FUSE_FP8_SILU if o.silu is None else o.silu):
         w, s, c = p
         out = fg.fp8_silu_linear(gu, w, s, c, _fp8_cfg("silu", w, o))
-    if quant == "int4" and o.fused and (fg.FUSE_INT4_SILU if o.silu is None else o.silu):
-        w, c = p
-        out = fg.int4_silu_linear(gu, w, c, force=True)  # the CUDA GEMV's SILU build
     return out if out is not None else _plain(silu_and_mul_triton(gu), p, quant, o)
 
 
@@ -138,7 +135,6 @@ def variants(quant: str) -> dict[str, LayerFn]:
         opts |= {
             "fused-mma-l2a1": Opts(l2_ahead=1),
             "fused-mma-wide": Opts(reduce="fixup_wide"),
-            "fused+silu": Opts(silu=True),
         }
     if quant == "fp8":
         opts |= {
