@@ -35,7 +35,6 @@ class W4Spec:
     token_tiles: int  # 8 tokens each
     tiles_per_group: int
     stages: int = STAGES
-    silu: bool = False  # x is [gate | up] and the input is silu(gate) * up (the down projection)
 
     def macros(self) -> dict[str, int]:
         return {
@@ -43,7 +42,6 @@ class W4Spec:
             "NT": self.token_tiles,
             "TILES_PER_GROUP": self.tiles_per_group,
             "STAGES": self.stages,
-            "SILU": int(self.silu),
         }
 
 
@@ -60,22 +58,17 @@ class W4Launch:
     slices: int
 
 
-def unsupported(
-    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int, silu: bool = False
-) -> str | None:
-    """Why this kernel cannot run x [M, K] @ W^T, or with silu (silu(gate) * up) W^T of x [M, 2K]
-    (None: it can)."""
+def unsupported(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int) -> str | None:
+    """Why this kernel cannot run x [M, K] @ W^T (None: it can)."""
     if x.device.type != "cuda" or torch.version.cuda is None:
         return "needs a CUDA device"
     if torch.cuda.get_device_capability(x.device) < (8, 0):
         return "needs sm_80+ (bf16 mma)"
     if bits != 4 or x.dtype != torch.bfloat16 or scales.dtype != torch.bfloat16:
         return f"{bits}-bit weights with {x.dtype} activations (int4 with bf16 only)"
-    m, k = x.shape[0], qweight.shape[0] * 8
+    m, k = x.shape
     n = qweight.shape[1]
     group = k // scales.shape[0]
-    if x.shape[1] != (2 * k if silu else k):
-        return f"x has {x.shape[1]} columns for K={k}" + (" (silu takes [gate | up], 2K)" if silu else "")
     if not 1 <= m <= MAX_M or k % TILE or n % COLS or group % TILE:
         return (
             f"M={m} (1..{MAX_M}), K={k} (a multiple of {TILE}), N={n} (of {COLS}), group {group} (of {TILE})"
@@ -95,13 +88,12 @@ def launch_for(
     sms: int,
     ctas_per_sm: float = CTAS_PER_SM,
     stages: int = STAGES,
-    silu: bool = False,
 ) -> W4Launch:
     """4 warps per CTA; K cut into slices until the CTAs number ~CTAS_PER_SM per SM (never fewer slices
     than the staged x allows, never more than K's tiles)."""
     tiles, blocks = k // TILE, n // COLS
     slices = max(1, min(max(-(-tiles // max_tiles(m)), round(ctas_per_sm * sms / blocks)), tiles))
-    return W4Launch(W4Spec(WARPS, 1 if m <= 8 else 2, group // TILE, stages, silu), slices)
+    return W4Launch(W4Spec(WARPS, 1 if m <= 8 else 2, group // TILE, stages), slices)
 
 
 PREFERRED_MAX_M = 8  # one token tile (161 registers); 16 tokens (218) lost to the Triton kernels everywhere
@@ -131,15 +123,13 @@ def w4a16_gemv(
     counters: torch.Tensor | None = None,
     ctas_per_sm: float = CTAS_PER_SM,
     stages: int = STAGES,
-    silu: bool = False,
 ) -> torch.Tensor:
-    """x [M, K] bf16 @ W^T -> [M, N] bf16, or with silu (silu(gate) * up) W^T of x = [gate | up] [M, 2K]
-    (the caller checked unsupported()). counters: >= N / 64 zeroed int32 the launch leaves zero
-    (split_k_triton.split_counters, the layer's own); None: fresh zeros."""
-    m, k = x.shape[0], qweight.shape[0] * 8
+    """x [M, K] bf16 @ W^T -> [M, N] bf16 (the caller checked unsupported()). counters: >= N / 64 zeroed
+    int32 the launch leaves zero (split_k_triton.split_counters, the layer's own); None: fresh zeros."""
+    m, k = x.shape
     n = qweight.shape[1]
     hopper = torch.cuda.get_device_capability(x.device) >= (9, 0)
-    plan = launch_for(m, n, k, k // scales.shape[0], sms, ctas_per_sm, stages, silu)
+    plan = launch_for(m, n, k, k // scales.shape[0], sms, ctas_per_sm, stages)
     y = torch.empty(m, n, device=x.device, dtype=x.dtype)
     if plan.slices > 1:
         workspace = torch.empty(plan.slices, m, n, device=x.device, dtype=torch.float32)

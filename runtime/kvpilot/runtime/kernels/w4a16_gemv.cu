@@ -2,8 +2,7 @@
 // weight in the canonical layout of quant_reference.py (qweight int32 [K/8, N], value j of word row 16T + r
 // is K row 128T + 16j + r; scales, zeros bf16 [K/G, N]). w4a16_cuda.py compiles it with NVRTC and macros:
 //   WARPS (warps per CTA, splitting its K slice), NT (token tiles of 8: 1 for M <= 8, 2 for M <= 16),
-//   TILES_PER_GROUP (G / 128), STAGES (K tiles each warp has loaded, in registers, while it computes one),
-//   SILU (1: x is [M, 2K], gate then up, and the GEMM's input is silu(gate) * up: the down projection).
+//   TILES_PER_GROUP (G / 128), STAGES (K tiles each warp has loaded, in registers, while it computes one).
 // The staged x takes 256 M bytes per K tile out of X_BYTES: the host gives a CTA at most X_BYTES / 256 M tiles.
 // Grid (N / 64, S): CTA (b, s) takes 64 output columns and the s-th of S slices of K's tiles. It stages its x
 // slice in shared memory in the mma's B-fragment order, its warps take the slice's tiles in turn, their
@@ -94,37 +93,13 @@ __device__ __forceinline__ int x_entry(int tile, int rs, int tok, int t, int m) 
 
 // One unit per thread: token tok's half h (r = 8h..8h+7) of one tile, eight 16-byte loads (j = 0..7) in
 // flight together; value r of loads j and j + 4 pair up into register j of entry (rs, t) = (r / 4, r % 4).
-// With SILU, x is [gate | up] (each K wide) and the staged value is silu(gate) * up, computed in fp32 and
-// rounded to bf16 as the separate SiLU-and-multiply kernel (kernels/activation_triton.py) stores it.
-__device__ __forceinline__ uint4 silu_mul8(uint4 gate, uint4 up) {
-    uint4 out;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const u32 gw = (&gate.x)[i], uw = (&up.x)[i];
-        const float g[2] = {__uint_as_float(gw << 16), __uint_as_float(gw & 0xFFFF0000u)};
-        const float u[2] = {__uint_as_float(uw << 16), __uint_as_float(uw & 0xFFFF0000u)};
-        u16 o[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) o[e] = f32_to_bf16(g[e] * (1.f / (1.f + __expf(-g[e]))) * u[e]);
-        (&out.x)[i] = (u32)o[0] | ((u32)o[1] << 16);
-    }
-    return out;
-}
-
-__device__ void stage_x(uint4* xs, const u16* x, int stride_x, int m, int k, int k_lo, int tiles) {
+__device__ void stage_x(uint4* xs, const u16* x, int stride_x, int m, int k_lo, int tiles) {
     for (int u = threadIdx.x; u < m * tiles * 2; u += WARPS * 32) {
         const int h = u & 1, tile = (u >> 1) % tiles, tok = (u >> 1) / tiles;
         const uint4* src = reinterpret_cast<const uint4*>(x + (long long)tok * stride_x + k_lo + tile * TILE + 8 * h);
         uint4 v[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) v[j] = __ldg(src + 2 * j);  // 16 K rows = 2 uint4 apart
-#if SILU
-        uint4 up[8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) up[j] = __ldg(src + k / 8 + 2 * j);  // up: K values after gate
-#pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = silu_mul8(v[j], up[j]);
-#endif
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             u32 reg[4];
@@ -288,7 +263,7 @@ __device__ void store_columns(float (*acc)[4], uint4* smem, u16* y, float* works
     store_by_counter(part[0], y, workspace, counters, m, n, n0, stride_y);
 }
 
-// x [M, K] bf16 (with SILU [M, 2K]; row stride stride_x), qweight int32 [K/8, N], scales/zeros bf16 [K/G, N], y [M, N] bf16;
+// x [M, K] bf16 (row stride stride_x), qweight int32 [K/8, N], scales/zeros bf16 [K/G, N], y [M, N] bf16;
 // workspace fp32 [S, M, N] and counters int32 [N / 64] (zero; left zero) when S > 1.
 extern "C" __global__ void __launch_bounds__(WARPS * 32) w4a16_gemv(
     const u16* __restrict__ x, const u32* __restrict__ qweight, const u16* __restrict__ scales,
@@ -307,7 +282,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) w4a16_gemv(
     for (int j = 0; j < STAGES - 1; ++j)  // in flight while the predecessor finishes and x is staged
         if (j < count) load_tile(ring[j], qweight, scales, zeros, first + j * WARPS, n, col, t);
     gdc_wait();
-    stage_x(smem, x, stride_x, m, k, t_lo * TILE, t_hi - t_lo);
+    stage_x(smem, x, stride_x, m, t_lo * TILE, t_hi - t_lo);
     __syncthreads();
 
     float acc[4 * NT][4];

@@ -6,10 +6,8 @@ bf16 counterpart: kernels/gemv_dispatch.py; the quant methods in quant/methods.p
 
   fp8   the weight-only GEMV's one-warp multiply-add path (kernels/fp8_gemv_triton.py), with
         programmatic dependent launch on sm_90+ (gemv_dispatch.pdl_enabled).
-  int   none on the Triton kernels: int4 / int8 had norm and SiLU prologues on the tensor-core GEMV's dot
-        path; they lost (below) and were removed (2026-12-01, fifth session); int_linear takes explicit
-        launch shapes (sweeps). int4's SiLU on the CUDA kernel (kernels/w4a16_gemv.cu, SILU: computed
-        while x is staged, no padded tile): int4_silu_linear, off (FUSE_INT4_SILU) until measured.
+  int   none: int4 / int8 had norm and SiLU prologues on the tensor-core GEMV's dot path; they lost (below)
+        and were removed (2026-12-01, fifth session); int_linear takes explicit launch shapes (sweeps).
 Which fuse by default: what beat the separate ops on the H200 (benchmarks/bench_gemv_chain.py: 36
 layers' GEMMs of Qwen3-8B at batch 1 in one CUDA graph, ms/token, 2026-12-01, one run each):
 
@@ -46,7 +44,6 @@ from kvpilot.runtime.quant.int_weight import IntWeight
 
 FUSED_M = 1  # the decoder layer fuses at <= gemv.GEMV_MAX_M tokens; the fused kernels were tuned at 1
 FUSE_FP8_NORM, FUSE_FP8_SILU = False, True
-FUSE_INT4_SILU = False  # built in the eighth session without a GPU to time it: not yet measured
 INT_PDL = False  # the chain: 2.771 with PDL vs 2.762 ms (int4), 3.796 vs 3.852 (int8): no clear gain
 # fp8 silu: 8 rows x 2 warps per program (the chain: 2.465 ms/token with both fused against 2.587 with
 # 4 x 1 and 2.461 with 16 x 4); the fp8 norm (if fused) as the plain GEMV, 4 x 1 (8 x 2: 2.535 vs 2.465);
@@ -148,22 +145,3 @@ def int_linear(
     if config is None or not _int_takes(x, w, k):
         return None
     return int_gemv(x, w.qweight, w.scales, w.zeros, w.bits, config, counters)
-
-
-def int4_silu_linear(
-    gate_up: torch.Tensor, w: IntWeight, counters: torch.Tensor | None, force: bool = False
-) -> torch.Tensor | None:
-    """silu(gate) * up @ W^T for int4 in one launch of the CUDA GEMV (the SiLU-and-multiply done while it
-    stages x), where that kernel runs and is preferred (kernels/w4a16_cuda.py), or None. force: fuse even
-    with FUSE_INT4_SILU off (tests, benchmarks)."""
-    if not (force or FUSE_INT4_SILU) or not gate_up.is_cuda or w.bits != 4 or w.perm is not None:
-        return None
-    from kvpilot.runtime.kernels.w4a16_cuda import preferred, unsupported, w4a16_gemv  # CUDA-only (NVRTC)
-
-    if gate_up.dim() != 2 or unsupported(gate_up, w.qweight, w.scales, 4, silu=True) is not None:
-        return None
-    m, k, n = gate_up.shape[0], w.qweight.shape[0] * 8, w.out_features
-    sms = num_sms(gate_up.device)
-    if not preferred(m, n, k, k // w.scales.shape[0], sms):
-        return None
-    return w4a16_gemv(gate_up, w.qweight, w.scales, w.zeros, sms, counters, silu=True)

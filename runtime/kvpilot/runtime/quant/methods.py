@@ -34,8 +34,7 @@ class _Collecting:
     required_suffixes: tuple[str, ...] = ("weight",)
     optional_suffixes: tuple[str, ...] = ()
     # apply_norm / apply_silu: quant/fused_gemv.py's kernels at batch-1 decode; none here (the int formats'
-    # Triton fused GEMVs lost to the separate ops and were removed), fp8 has both, int4 the SiLU on its CUDA
-    # GEMV behind fused_gemv.FUSE_INT4_SILU
+    # fused GEMVs lost to the separate ops and were removed: kernels/int_gemv_triton.py), fp8 has them
     fuses = False
     # Tensor parallel (set by the loader on a row-parallel int8/fp8-at-load layer): this rank's input
     # columns; the 16-bit weight arrives with whole rows and is cut after quantizing (quant/tp_split.py)
@@ -111,9 +110,6 @@ class IntWeightMethod(_Collecting):
         self.parts: list[IntWeight] = []
         self.dense: list[torch.Tensor] = []
         self.counters: list[torch.Tensor] = []  # per part: the decode GEMV's split-K counters (GPU)
-        from kvpilot.runtime.quant.fused_gemv import FUSE_INT4_SILU
-
-        self.fuses = FUSE_INT4_SILU and quant.bits == 4  # the decode MLP asks apply_silu (norms stay apart)
 
     def expected_shape(self, layer: Linear, suffix: str, out: int) -> tuple[int, ...] | None:
         if suffix == "weight":
@@ -200,13 +196,6 @@ class IntWeightMethod(_Collecting):
                 dtype=self.dtype,
             )
         return _to(weight, self.device, self.dtype)
-
-    def apply_silu(self, layer: Linear, gate_up: torch.Tensor) -> torch.Tensor | None:
-        if self.backend != "triton" or len(self.parts) != 1 or self.dense:
-            return None
-        from kvpilot.runtime.quant.fused_gemv import int4_silu_linear
-
-        return int4_silu_linear(gate_up, self.parts[0], self.counters[0])
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         outs = [self._gemm(x, part, i) for i, part in enumerate(self.parts)]
