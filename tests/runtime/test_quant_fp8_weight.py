@@ -47,3 +47,31 @@ def test_rows_searched_in_chunks_give_the_same_result(monkeypatch: pytest.Monkey
     part_q, part_s = quantize_fp8_weight(w)
     torch.testing.assert_close(part_s, whole_s, atol=0, rtol=0)
     assert torch.equal(part_q.view(torch.uint8), whole_q.view(torch.uint8))
+
+
+def test_the_triton_kernel_scores_candidates_as_the_reference() -> None:
+    # CPU under TRITON_INTERPRET (tests/conftest.py), the GPU path's kernel against the torch scoring: rows
+    # of mixed magnitudes (some in e4m3's subnormal range at their scale), exact ties between two fp8
+    # values (1.0625 lies halfway between 1.0 and 1.125: to even, 1.0), K not a multiple of the block
+    from kvpilot.runtime.kernels.fp8_scale_search_triton import candidate_errors_triton
+    from kvpilot.runtime.quant.fp8_weight import candidate_errors_ref, candidate_scales
+
+    gen = torch.Generator().manual_seed(2)
+    w = torch.randn(7, 1100, generator=gen) * torch.logspace(-4, 1, 7).view(-1, 1)
+    w[0, :4] = torch.tensor([448.0, 1.0625, -1.0625, 3.25]) * 0.01  # row 0's absmax scale is 0.01
+    scales = candidate_scales(w.abs().amax(dim=1) / 448.0, 8, 0.5)
+    want = candidate_errors_ref(w, scales)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the GPU itself where there is one
+    got = candidate_errors_triton(w.to(device), scales.to(device)).cpu()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-12)
+    assert torch.equal(got.argmin(dim=0), want.argmin(dim=0))
+
+
+@pytest.mark.gpu
+def test_the_gpu_picks_the_scales_the_cpu_picks() -> None:
+    # The perplexity rows are measured on the CPU; a GPU load must quantize to the same bytes.
+    w = torch.randn(256, 4096, generator=torch.Generator().manual_seed(3)).bfloat16()
+    q_cpu, s_cpu = quantize_fp8_weight(w)
+    q_gpu, s_gpu = quantize_fp8_weight(w.cuda())
+    torch.testing.assert_close(s_gpu.cpu(), s_cpu, atol=0, rtol=0)
+    assert torch.equal(q_gpu.cpu().view(torch.uint8), q_cpu.view(torch.uint8))
