@@ -9,6 +9,7 @@ import triton.language as tl
 from .triton_utils import pdl_launch, pdl_supported, require_last_dim_contiguous
 
 _BLOCK = 1024
+SILU_RELEASE_EARLY = False  # PDL: release the next kernel (a GEMV) at entry; being measured
 
 
 @triton.jit
@@ -20,7 +21,10 @@ def _silu_and_mul_kernel(
     inter,
     BLOCK: tl.constexpr,
     PDL: tl.constexpr = False,  # programmatic dependent launch (triton_utils.pdl_supported)
+    RELEASE_EARLY: tl.constexpr = False,  # PDL: release the next kernel at entry (SILU_RELEASE_EARLY)
 ):
+    if PDL and RELEASE_EARLY:
+        tl.extra.cuda.gdc_launch_dependents()
     if PDL:  # [gate | up] comes from the kernel before
         tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
@@ -29,7 +33,7 @@ def _silu_and_mul_kernel(
     gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + inter + offs, mask=mask, other=0.0).to(tl.float32)
     out = gate * tl.sigmoid(gate) * up
-    if PDL:
+    if PDL and not RELEASE_EARLY:
         tl.extra.cuda.gdc_launch_dependents()
     tl.store(out_ptr + row * stride_o + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -47,5 +51,7 @@ def silu_and_mul_triton(x: torch.Tensor, pdl: bool = True) -> torch.Tensor:
         grid = (x2.shape[0], triton.cdiv(inter, _BLOCK))
         pdl = pdl and pdl_supported(x.device)
         args = (x2, out2, x2.stride(0), out2.stride(0), inter)
-        _silu_and_mul_kernel[grid](*args, BLOCK=_BLOCK, PDL=pdl, num_warps=4, **pdl_launch(pdl))
+        _silu_and_mul_kernel[grid](
+            *args, BLOCK=_BLOCK, PDL=pdl, RELEASE_EARLY=SILU_RELEASE_EARLY, num_warps=4, **pdl_launch(pdl)
+        )
     return out

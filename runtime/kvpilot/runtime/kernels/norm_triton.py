@@ -12,6 +12,10 @@ import triton.language as tl
 
 from .triton_utils import next_power_of_2, pdl_launch, pdl_supported, require_same_device
 
+# Release the next kernel at entry instead of after the norm: a GEMV after it (the int4 CUDA GEMV loads its
+# first weight tiles before it waits) then starts while the GEMV before the norm drains. Being measured.
+NORM_RELEASE_EARLY = False
+
 
 @triton.jit
 def _rms_norm_kernel(
@@ -29,7 +33,10 @@ def _rms_norm_kernel(
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
     PDL: tl.constexpr = False,  # programmatic dependent launch (triton_utils.pdl_supported)
+    RELEASE_EARLY: tl.constexpr = False,  # PDL: release the next kernel at entry (NORM_RELEASE_EARLY)
 ):
+    if PDL and RELEASE_EARLY:
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < hidden
@@ -43,7 +50,7 @@ def _rms_norm_kernel(
         tl.store(residual_out_ptr + row * stride_ro + offs, x, mask=mask)
     xf = x.to(tl.float32)
     inv_rms = tl.rsqrt(tl.sum(xf * xf, 0) / hidden + eps)
-    if PDL:  # the next kernel may launch now (late, so that its waiting programs hold no slots long)
+    if PDL and not RELEASE_EARLY:  # late, so that the next kernel's waiting programs hold no slots long
         tl.extra.cuda.gdc_launch_dependents()
     tl.store(out_ptr + row * stride_o + offs, (xf * inv_rms * w).to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -96,6 +103,7 @@ def rms_norm_triton(
             HAS_RESIDUAL=residual is not None,
             BLOCK=block,
             PDL=pdl,
+            RELEASE_EARLY=NORM_RELEASE_EARLY,
             num_warps=min(16, max(1, block // 512)),
             **pdl_launch(pdl),
         )
