@@ -9,7 +9,7 @@ import triton.language as tl
 from .triton_utils import pdl_launch, pdl_supported, require_last_dim_contiguous
 
 _BLOCK = 1024
-SILU_RELEASE_EARLY = False  # PDL: release the next kernel (a GEMV) at entry; being measured
+SILU_RELEASE_EARLY = True  # PDL: release the next kernel at entry (see norm_triton.NORM_RELEASE_EARLY)
 
 
 @triton.jit
