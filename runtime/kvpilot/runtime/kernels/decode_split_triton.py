@@ -11,6 +11,12 @@ import triton.language as tl
 from .decode_plan import DecodePlan, reduce_block_s
 from .triton_utils import next_power_of_2, pdl_launch
 
+# PDL: release the next kernel (the o projection's GEMV, which loads its first weight tiles before it waits)
+# at entry. H200, W3 tpot, two same-call pairs: int4 2.606 / 2.604 -> 2.558 / 2.557 ms, bf16 4.266 / 4.258
+# -> 4.247 / 4.248. The next kernel launches only once every program of this one has started, so waiting
+# programs never hold slots this grid still needs.
+REDUCE_RELEASE_EARLY = True
+
 
 @triton.jit
 def _partition_for(ctx, min_partition, num_splits, BLOCK_N: tl.constexpr):
@@ -51,11 +57,14 @@ def _decode_reduce_kernel(
     BLOCK_N: tl.constexpr = 64,  # the main kernel's tile (partitions are multiples of it)
     Q: tl.constexpr = 1,  # query tokens per sequence (k + 1 in a speculative verification)
     PDL: tl.constexpr = False,  # programmatic dependent launch (triton_utils.pdl_supported)
+    RELEASE_EARLY: tl.constexpr = False,  # PDL: release the next kernel at entry (REDUCE_RELEASE_EARLY)
 ):
     """Merges a query row's split-KV partials. Row `token` is query token % Q of sequence token // Q; it
     sees the context up to its own position, so only the partitions holding those positions are merged."""
     head = tl.program_id(0)
     token = tl.program_id(1)
+    if PDL and RELEASE_EARLY:
+        tl.extra.cuda.gdc_launch_dependents()
     if PDL:  # as _decode_kernel's: wait first, release the next kernel when the work is done
         tl.extra.cuda.gdc_wait()
     ctx = tl.load(context_lens_ptr + token // Q)
@@ -77,7 +86,7 @@ def _decode_reduce_kernel(
     )  # [BLOCK_S, BLOCK_D]
     total = tl.sum(w, 0)
     o = tl.sum(parts * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)  # [BLOCK_D]
-    if PDL:
+    if PDL and not RELEASE_EARLY:
         tl.extra.cuda.gdc_launch_dependents()
     o_ptrs = out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh + offs_d
     tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
@@ -110,6 +119,7 @@ def reduce_splits(
         BLOCK_S=reduce_block_s(plan.num_splits),
         BLOCK_N=block_n,
         PDL=pdl,
+        RELEASE_EARLY=REDUCE_RELEASE_EARLY,
         num_warps=4 if block_d * reduce_block_s(plan.num_splits) >= 2048 else 2,
         **pdl_launch(pdl),
     )
