@@ -15,7 +15,8 @@ from .triton_utils import next_power_of_2, pdl_launch, pdl_supported, require_sa
 # Release the next kernel at entry instead of after the norm: a GEMV after it (the int4 CUDA GEMV loads its
 # first weight tiles before it waits) then starts while the GEMV before the norm drains. H200, W3 (with
 # SILU_RELEASE_EARLY): int4 decode steps 2.66-2.67 -> 2.59-2.60 ms (two same-call pairs), bf16 and fp8
-# unchanged. (Late release stays right for the attention kernels: sixth session.)
+# unchanged. (The decode attention kernels keep their late release: released early, back-to-back decodes
+# got slower in the sixth session.)
 NORM_RELEASE_EARLY = True
 
 
