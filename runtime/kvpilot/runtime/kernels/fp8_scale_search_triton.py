@@ -15,7 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-FP8_MAX = 448.0
+from .quant_reference import FP8_MAX
+
 ROUND = tl.constexpr(
     12582912.0
 )  # 1.5 * 2^23: x + ROUND - ROUND rounds |x| < 2^22 to an integer, ties to even

@@ -256,7 +256,7 @@ class Fp8Method(_Collecting):
         super().load(layer, suffix, tensor, shard)
         if suffix == "weight" and not self.quant.from_checkpoint:
             index = shard or 0
-            weight, scale = _fp8_rows(self.pending.pop((index, "weight")).to(self.device))
+            weight, scale = quantize_fp8_weight(self.pending.pop((index, "weight")).to(self.device))
             if self.input_split is not None:
                 weight = fp8_columns(weight, self.input_split)
             self.quantized[index] = (weight, scale)
@@ -264,7 +264,7 @@ class Fp8Method(_Collecting):
     def init_dummy(self, layer: Linear, generator: torch.Generator) -> None:
         super().init_dummy(layer, generator)
         for shard in range(len(layer.shard_sizes)):
-            self.quantized[shard] = _fp8_rows(self.pending.pop((shard, "weight")))
+            self.quantized[shard] = quantize_fp8_weight(self.pending.pop((shard, "weight")))
 
     def finish(self, layer: Linear) -> None:
         weights, scales = [], []
@@ -337,9 +337,3 @@ class Fp8Method(_Collecting):
     def _counters(self) -> torch.Tensor | None:
         """The GEMV's split-K counters (GPU; None: the kernel makes zeroed ones per call)."""
         return self.counters if self.counters.numel() else None
-
-
-def _fp8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """W [N, K] -> (float8_e4m3fn [N, K], float32 scales [N]): one scale per output channel, the one of
-    least rounding error (quant/fp8_weight.py)."""
-    return quantize_fp8_weight(weight)
