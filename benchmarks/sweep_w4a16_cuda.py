@@ -1,29 +1,31 @@
-"""w4a16_gemv.cu's K slicing (ctas_per_sm) and register stages at Qwen3-8B's layer shapes, beside bf16
-cuBLAS and the Triton dispatch, one run; each CUDA cell's error against the Triton output is printed.
+"""w4a16_gemv.cu's builds and slicings at Qwen3-8B's layer shapes, beside bf16 cuBLAS and the Triton
+dispatch, one run; each CUDA cell's error against the Triton output is printed. A variant is
+CTAS:STAGES:EARLY (K slices until ~CTAS CTAs per SM, register ring depth, 1 = release the next kernel at
+entry, 0 = after the K loop).
 
-source benchmarks/gpu_env.sh && python benchmarks/sweep_w4a16_cuda.py [--ms 1 4 16] [--stages 2 3]
+source benchmarks/gpu_env.sh && python benchmarks/sweep_w4a16_cuda.py [--ms 1 4 16] [--variants 3:2:0 3:2:1]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import torch
 import torch.nn.functional as F
 from bench_w4a16 import LAYERS, Formats, copies, graph_us, nbytes
-from kvpilot.runtime.kernels.w4a16_cuda import w4a16_gemv
+from kvpilot.runtime.kernels.w4a16_cuda import launch_for, w4a16_gemv
 from kvpilot.runtime.kernels.w4a16_triton import int_gemm
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ms", type=int, nargs="*", default=[1])
-    parser.add_argument("--ctas", type=float, nargs="*", default=[2.0, 3.0, 4.0])
-    parser.add_argument("--stages", type=int, nargs="*", default=[2])
+    parser.add_argument("--variants", nargs="*", default=["3:2:0", "3:2:1"])
     args = parser.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    cases = [(c, s) for s in args.stages for c in args.ctas]
-    head = " | ".join(f"cuda {c:g}/SM s{s} µs (×bf16)" for c, s in cases)
+    cases = [v.split(":") for v in args.variants]
+    head = " | ".join(f"cuda {v} µs (×bf16)" for v in args.variants)
     print(f"| layer | M | bf16 µs | triton µs (×bf16) | {head} |")
     for name, (n, k) in LAYERS.items():
         fmt = Formats(n, k)
@@ -34,11 +36,14 @@ def main() -> None:
             tri = graph_us(lambda x, *t: int_gemm(x, *t, 4, cuda_kernel=False), [(x, *t) for t in sets])
             want = int_gemm(x, *fmt.w4, 4, cuda_kernel=False).float()
             cells = []
-            for c, s in cases:
+            for ctas, stages, early in cases:
                 counters = torch.zeros(n // 64, device="cuda", dtype=torch.int32)
+                plan = launch_for(m, n, k, 128, sms, float(ctas), int(stages))
+                spec = dataclasses.replace(plan.spec, early_release=early == "1")
+                plan = dataclasses.replace(plan, spec=spec)
 
-                def run(x, q, sc, z, counters=counters, c=c, s=s):
-                    return w4a16_gemv(x, q, sc, z, sms, counters, c, s)
+                def run(x, q, sc, z, counters=counters, plan=plan):
+                    return w4a16_gemv(x, q, sc, z, sms, counters, plan)
 
                 err = (run(x, *fmt.w4).float() - want).abs().max() / want.abs().max()
                 us = graph_us(run, [(x, *t) for t in sets])

@@ -25,6 +25,7 @@ WARPS = 4
 STAGES = 2  # K tiles per warp in registers: 161 registers at sm_90, so 3 CTAs of 4 warps fit per SM
 CTAS_PER_SM = 3.0  # K slices per column block until the GPU holds ~this many CTAs per SM
 X_BYTES = 32768  # the kernel's shared memory for the staged x: 256 bytes per K tile and token
+EARLY_RELEASE = True
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class W4Spec:
     token_tiles: int  # 8 tokens each
     tiles_per_group: int
     stages: int = STAGES
+    early_release: bool = EARLY_RELEASE
 
     def macros(self) -> dict[str, int]:
         return {
@@ -42,6 +44,7 @@ class W4Spec:
             "NT": self.token_tiles,
             "TILES_PER_GROUP": self.tiles_per_group,
             "STAGES": self.stages,
+            "EARLY_RELEASE": int(self.early_release),
         }
 
 
@@ -121,15 +124,15 @@ def w4a16_gemv(
     zeros: torch.Tensor,
     sms: int,
     counters: torch.Tensor | None = None,
-    ctas_per_sm: float = CTAS_PER_SM,
-    stages: int = STAGES,
+    plan: W4Launch | None = None,
 ) -> torch.Tensor:
     """x [M, K] bf16 @ W^T -> [M, N] bf16 (the caller checked unsupported()). counters: >= N / 64 zeroed
-    int32 the launch leaves zero (split_k_triton.split_counters, the layer's own); None: fresh zeros."""
+    int32 the launch leaves zero (split_k_triton.split_counters, the layer's own); None: fresh zeros.
+    plan: the build and slicing (None: launch_for's; benchmarks pass others)."""
     m, k = x.shape
     n = qweight.shape[1]
     hopper = torch.cuda.get_device_capability(x.device) >= (9, 0)
-    plan = launch_for(m, n, k, k // scales.shape[0], sms, ctas_per_sm, stages)
+    plan = plan or launch_for(m, n, k, k // scales.shape[0], sms)
     y = torch.empty(m, n, device=x.device, dtype=x.dtype)
     if plan.slices > 1:
         workspace = torch.empty(plan.slices, m, n, device=x.device, dtype=torch.float32)

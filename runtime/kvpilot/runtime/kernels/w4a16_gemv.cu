@@ -2,7 +2,8 @@
 // weight in the canonical layout of quant_reference.py (qweight int32 [K/8, N], value j of word row 16T + r
 // is K row 128T + 16j + r; scales, zeros bf16 [K/G, N]). w4a16_cuda.py compiles it with NVRTC and macros:
 //   WARPS (warps per CTA, splitting its K slice), NT (token tiles of 8: 1 for M <= 8, 2 for M <= 16),
-//   TILES_PER_GROUP (G / 128), STAGES (K tiles each warp has loaded, in registers, while it computes one).
+//   TILES_PER_GROUP (G / 128), STAGES (K tiles each warp has loaded, in registers, while it computes one),
+//   EARLY_RELEASE (1: the next kernel may launch at this one's entry, not only after its K loop).
 // The staged x takes 256 M bytes per K tile out of X_BYTES: the host gives a CTA at most X_BYTES / 256 M tiles.
 // Grid (N / 64, S): CTA (b, s) takes 64 output columns and the s-th of S slices of K's tiles. It stages its x
 // slice in shared memory in the mma's B-fragment order, its warps take the slice's tiles in turn, their
@@ -269,6 +270,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) w4a16_gemv(
     const u16* __restrict__ x, const u32* __restrict__ qweight, const u16* __restrict__ scales,
     const u16* __restrict__ zeros, u16* __restrict__ y, float* __restrict__ workspace, int* __restrict__ counters,
     int m, int n, int k, int stride_x, int stride_y) {
+#if EARLY_RELEASE
+    gdc_launch_dependents();  // its CTAs take each SM slot this grid frees, their first tiles in flight
+#endif
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * COLS, col = n0 + 4 * g;
     const int all_tiles = k / TILE, slices = gridDim.y;
@@ -289,7 +293,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) w4a16_gemv(
 #pragma unroll
     for (int i = 0; i < 4 * NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
     stream_tiles(acc, ring, qweight, scales, zeros, smem, first, count, t_lo, n, col, g, t, m);
+#if !EARLY_RELEASE
     gdc_launch_dependents();
+#endif
     __syncthreads();  // x is no longer read: the space takes the partial sums
     store_columns(acc, smem, y, workspace, counters, m, n, n0, stride_y, warp, g, t);
 }
