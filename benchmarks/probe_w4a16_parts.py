@@ -10,6 +10,7 @@ source benchmarks/gpu_env.sh && python benchmarks/probe_w4a16_parts.py
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import tempfile
 from pathlib import Path
@@ -48,18 +49,21 @@ def build(name: str, spec: w4a16_cuda.W4Spec) -> object:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ms", type=int, nargs="*", default=[1, 4, 8])
+    args = parser.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     names = ["full", *PATCHES]
-    print("| layer | M | slices | " + " | ".join(f"{n} µs" for n in names) + " | full, release at entry µs |")
+    print("| layer | M | slices | " + " | ".join(f"{n} µs" for n in names) + " | full, late release µs |")
     for layer, (n, k) in LAYERS.items():
         fmt = Formats(n, k)
         sets = copies(fmt.w4)
-        for m in (1, 4, 8):
+        for m in args.ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 0.1
             plan = w4a16_cuda.launch_for(m, n, k, 128, sms)
             cells = []
             variants = [(name, plan.spec) for name in names]
-            variants.append(("full", dataclasses.replace(plan.spec, early_release=True)))
+            variants.append(("full", dataclasses.replace(plan.spec, early_release=False)))
             for name, spec in variants:
                 kernel = build(name, spec)
                 counters = torch.zeros(n // 64, device="cuda", dtype=torch.int32)
