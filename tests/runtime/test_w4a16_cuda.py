@@ -62,7 +62,8 @@ def test_compiles_for_sm90_without_spills(warps: int, nt: int, tmp_path: Path) -
     spec = W4Spec(warps, nt, 1)
     registers, spills, report = sm90_resources(ptx(SOURCE, spec.macros()), tmp_path)
     assert spills == 0, report
-    assert registers <= (168 if nt == 1 else 255), report  # 3 CTAs of 4 warps per SM at one token tile
+    # 3 CTAs of 4 warps per SM at one token tile (the default build); the others only must not spill
+    assert registers <= (168 if (warps, nt) == (4, 1) else 255), report
 
 
 def _case(m: int, n: int, k: int, group: int, sym: bool, seed: int) -> tuple[torch.Tensor, ...]:
