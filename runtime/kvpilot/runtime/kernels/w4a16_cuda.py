@@ -105,8 +105,9 @@ PREFERRED_MAX_M = 8  # one token tile (161 registers); 16 tokens (218) lost to t
 def preferred(m: int, n: int, k: int, group: int, sms: int) -> bool:
     """Whether this kernel is expected to beat the Triton ones at this shape (the H200 sweep,
     benchmarks/sweep_w4a16_cuda.py): at most 8 tokens, and a launch that fits in one wave of CTAS_PER_SM
-    per SM. Its time is ~5-6 µs fixed plus the bytes at ~4.2 TB/s, and a second wave pays the fixed part
-    again (gate_up at 8 tokens: the staged x forces 2 slices, 768 CTAs, 32.1 µs against Triton's 29.9)."""
+    per SM. Its time is ~4.5-5.5 µs fixed plus the bytes at ~4.2 TB/s, and a second wave pays the fixed
+    part again (gate_up at 8 tokens: the staged x forces 2 slices, 768 CTAs, 31.8 µs against Triton's
+    30.0)."""
     if m > PREFERRED_MAX_M:
         return False
     return (n // COLS) * launch_for(m, n, k, group, sms).slices <= CTAS_PER_SM * sms

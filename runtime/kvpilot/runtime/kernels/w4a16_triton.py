@@ -38,8 +38,8 @@ from kvpilot.runtime.kernels.triton_utils import num_sms
 
 DECODE_MAX_M = 16
 # int4 on CUDA through the hand-laid-out mma.sync kernel (w4a16_gemv.cu) where it beats the Triton ones:
-# 1-8 tokens in one wave of CTAs (w4a16_cuda.preferred; the H200 sweep of the eighth session: at one token
-# qkv 8.7 vs 12.3 µs, o 6.8 vs 10.7, gate_up 18.4 vs 25.2, down 12.7 vs 18.7). int_gemm(...,
+# 1-8 tokens in one wave of CTAs (w4a16_cuda.preferred; the H200 sweep of the ninth session: at one token
+# qkv 7.9 vs 12.3 µs, o 6.7 vs 10.7, gate_up 18.0 vs 25.3, down 11.7 vs 18.9). int_gemm(...,
 # cuda_kernel=False) keeps the Triton kernels.
 CUDA_W4A16 = True
 DEQUANT_CUBLAS_MIN_M = GEMV_MAX_M + 1  # the H200 sweep: the GEMV loses to it by M = 256
