@@ -14,6 +14,7 @@ import torch
 from kvpilot.runtime.kernels.quant_reference import int_gemm_ref
 from kvpilot.runtime.kernels.w4a16_cuda import (
     SOURCE,
+    W4Launch,
     W4Spec,
     launch_for,
     max_tiles,
@@ -28,14 +29,10 @@ from tests.runtime.nvrtc_offline import ptx, sm90_resources
 def test_launch_slices_k_until_the_gpu_holds_three_ctas_per_sm() -> None:
     # Qwen3-8B at one token on 132 SMs: o_proj's 64 column blocks in 6 slices; gate_up's 384 fill the GPU
     # unsliced; down's 64 in 6; 16 tokens stage 8 tiles per CTA, so down needs 12 slices
-    def shape(*args: int) -> tuple[W4Spec, int]:
-        launch = launch_for(*args)
-        return launch.spec, launch.slices
-
-    assert shape(1, 4096, 4096, 128, 132) == (W4Spec(4, 1, 1), 6)
-    assert shape(1, 24576, 4096, 128, 132) == (W4Spec(4, 1, 1), 1)
-    assert shape(1, 4096, 12288, 128, 132) == (W4Spec(4, 1, 1), 6)
-    assert shape(16, 4096, 12288, 4096, 132) == (W4Spec(4, 2, 32), 12)
+    assert launch_for(1, 4096, 4096, 128, 132) == W4Launch(W4Spec(4, 1, 1), 6)
+    assert launch_for(1, 24576, 4096, 128, 132) == W4Launch(W4Spec(4, 1, 1), 1)
+    assert launch_for(1, 4096, 12288, 128, 132) == W4Launch(W4Spec(4, 1, 1), 6)
+    assert launch_for(16, 4096, 12288, 4096, 132) == W4Launch(W4Spec(4, 2, 32), 12)
     assert launch_for(1, 64, 256, 256, 132).slices == 2  # never more slices than K tiles
     assert launch_for(1, 64, 256, 256, 132, stages=3).spec.stages == 3
     assert max_tiles(1) == 128 and max_tiles(16) == 8  # 32 KB of staged x
