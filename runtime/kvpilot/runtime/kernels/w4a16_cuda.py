@@ -22,7 +22,7 @@ COLS = 64  # output columns per CTA
 TILE = 128  # K rows per tile (quant_reference.pack_tile of every real layer)
 MAX_M = 16
 WARPS = 4
-STAGES = 2  # K tiles per warp in registers: 161 registers at sm_90, so 3 CTAs of 4 warps fit per SM
+STAGES = 2  # K tiles per warp in registers: 167 registers at sm_90, so 3 CTAs of 4 warps fit per SM
 CTAS_PER_SM = 3.0  # K slices per column block until the GPU holds ~this many CTAs per SM
 X_BYTES = 32768  # the kernel's shared memory for the staged x: 256 bytes per K tile and token
 EARLY_RELEASE = True
@@ -99,7 +99,7 @@ def launch_for(
     return W4Launch(W4Spec(WARPS, 1 if m <= 8 else 2, group // TILE, stages), slices)
 
 
-PREFERRED_MAX_M = 8  # one token tile (161 registers); 16 tokens (218) lost to the Triton kernels everywhere
+PREFERRED_MAX_M = 8  # one token tile (167 registers); 16 tokens (218) lost to the Triton kernels everywhere
 
 
 def preferred(m: int, n: int, k: int, group: int, sms: int) -> bool:
