@@ -110,6 +110,29 @@ def test_either_release_point_computes_the_same_gemm(m: int, early: bool) -> Non
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 5, 8, 16])
+@pytest.mark.parametrize("ring", [1, 3])
+@pytest.mark.parametrize(("n", "k", "group", "ctas"), [(1024, 4096, 256, 2.0), (960, 576 * 2, 128, 1.0)])
+def test_the_shared_ring_build_computes_the_same_gemm(
+    m: int, ring: int, n: int, k: int, group: int, ctas: float
+) -> None:
+    # Warps with fewer tiles than stages, more (the ring refills), and none (9 tiles over 4 warps); split K
+    # (4096: several slices) and one slice; staged x and the rings side by side in dynamic shared memory.
+    from kvpilot.runtime.kernels.w4a16_cuda import w4a16_gemv
+
+    x, qweight, scales, zeros = _case(m, n, k, group, False, seed=m + ring)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    plan = launch_for(m, n, k, group, sms, ctas, ring=ring, min_ctas=4 if m <= 8 else 3)
+    assert plan.shared_bytes(m, k) > 0
+    counters = torch.zeros(n // 64, device="cuda", dtype=torch.int32)
+    want = int_gemm_ref(x, qweight, scales, zeros, 4).float()
+    for _ in range(2):
+        out = w4a16_gemv(x, qweight, scales, zeros, sms, counters, plan)
+        torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
+        assert int(counters.abs().sum()) == 0
+
+
+@pytest.mark.gpu
 def test_int_gemm_dispatches_here_when_asked_and_replays_in_a_graph() -> None:
     from kvpilot.runtime.kernels import nvrtc
     from kvpilot.runtime.kernels.w4a16_triton import int_gemm

@@ -36,6 +36,28 @@ def num_registers(kernel: Any) -> int:
     return regs.value
 
 
+MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CU_FUNC_ATTRIBUTE_*
+PREFERRED_SHARED_MEMORY_CARVEOUT = 9
+
+
+def allow_shared_memory(kernel: Any, nbytes: int) -> None:
+    """Let kernel launch with nbytes of dynamic shared memory (past the default 48 KB), and ask for the whole
+    carveout as shared memory (CTAs of consecutive kernels then fit on one SM side by side)."""
+    from torch.cuda._utils import _get_gpu_runtime_library
+
+    settings = [(PREFERRED_SHARED_MEMORY_CARVEOUT, 100)]
+    if nbytes >= 48 * 1024:
+        if hasattr(kernel, "set_shared_memory_config"):
+            kernel.set_shared_memory_config(nbytes)  # torch's own launcher checks its record of this
+        else:
+            settings.append((MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes))
+    driver = _get_gpu_runtime_library()
+    for attribute, value in settings:
+        result = driver.cuFuncSetAttribute(kernel.func, attribute, value)
+        if result != 0:
+            raise RuntimeError(f"cuFuncSetAttribute({attribute}) failed with CUresult {result}")
+
+
 class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, padding to 8, a 64-byte value union
     _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
 
@@ -54,7 +76,9 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
 PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 
 
-def launch_pdl(kernel: Any, grid: tuple[int, int, int], block: tuple[int, int, int], args: list[Any]) -> None:
+def launch_pdl(
+    kernel: Any, grid: tuple[int, int, int], block: tuple[int, int, int], args: list[Any], shared_mem: int = 0
+) -> None:
     """kernel(grid, block, args) on the current stream with programmatic dependent launch (sm_90+): it may
     start while its predecessor drains, and must `griddepcontrol.wait` before reading what that wrote.
     torch's launcher (cuLaunchKernel) takes no attributes, so this calls cuLaunchKernelEx. Tensors pass as
@@ -68,7 +92,7 @@ def launch_pdl(kernel: Any, grid: tuple[int, int, int], block: tuple[int, int, i
     config = _LaunchConfig(
         (ctypes.c_uint * 3)(*grid),
         (ctypes.c_uint * 3)(*block),
-        0,
+        shared_mem,
         ctypes.c_void_p(torch.cuda.current_stream().cuda_stream),
         ctypes.pointer(attr),
         1,

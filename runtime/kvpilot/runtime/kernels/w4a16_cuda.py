@@ -9,13 +9,14 @@ not take (see unsupported).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .nvrtc import compile_cuda, launch_pdl
+from .nvrtc import allow_shared_memory, compile_cuda, launch_pdl
 
 SOURCE = Path(__file__).with_name("w4a16_gemv.cu")
 COLS = 64  # output columns per CTA
@@ -26,6 +27,7 @@ STAGES = 2  # K tiles per warp in registers: 167 registers at sm_90, so 3 CTAs o
 CTAS_PER_SM = 3.0  # K slices per column block until the GPU holds ~this many CTAs per SM
 X_BYTES = 32768  # the kernel's shared memory for the staged x: 256 bytes per K tile and token
 EARLY_RELEASE = True
+STAGE_BYTES = 16 * COLS * 4 + 2 * COLS * 2  # one tile of a shared ring: its words, then 64 scales and zeros
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,8 @@ class W4Spec:
     tiles_per_group: int
     stages: int = STAGES
     early_release: bool = EARLY_RELEASE
+    ring: int = 0  # > 0: shared-memory stages per warp (cp.async) in place of the register ring
+    min_ctas: int = 1  # the launch bound's CTAs per SM (4 caps a 4-warp CTA at 128 registers)
 
     def macros(self) -> dict[str, int]:
         return {
@@ -45,6 +49,8 @@ class W4Spec:
             "TILES_PER_GROUP": self.tiles_per_group,
             "STAGES": self.stages,
             "EARLY_RELEASE": int(self.early_release),
+            "RING": self.ring,
+            "MIN_CTAS": self.min_ctas,
         }
 
 
@@ -59,6 +65,14 @@ class W4Launch:
 
     spec: W4Spec
     slices: int
+
+    def shared_bytes(self, m: int, k: int) -> int:
+        """Dynamic shared memory of a shared-ring build (0 for the register ring, whose is static): the
+        staged x of the longest slice, then each warp's ring."""
+        if not self.spec.ring:
+            return 0
+        slice_tiles = -(-(k // TILE) // self.slices)
+        return 256 * m * slice_tiles + self.spec.warps * self.spec.ring * STAGE_BYTES
 
 
 def unsupported(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int) -> str | None:
@@ -91,12 +105,15 @@ def launch_for(
     sms: int,
     ctas_per_sm: float = CTAS_PER_SM,
     stages: int = STAGES,
+    ring: int = 0,
+    min_ctas: int = 1,
 ) -> W4Launch:
     """4 warps per CTA; K cut into slices until the CTAs number ~CTAS_PER_SM per SM (never fewer slices
     than the staged x allows, never more than K's tiles)."""
     tiles, blocks = k // TILE, n // COLS
     slices = max(1, min(max(-(-tiles // max_tiles(m)), round(ctas_per_sm * sms / blocks)), tiles))
-    return W4Launch(W4Spec(WARPS, 1 if m <= 8 else 2, group // TILE, stages), slices)
+    spec = W4Spec(WARPS, 1 if m <= 8 else 2, group // TILE, stages, ring=ring, min_ctas=min_ctas)
+    return W4Launch(spec, slices)
 
 
 PREFERRED_MAX_M = 8  # one token tile (167 registers); 16 tokens (218) lost to the Triton kernels everywhere
@@ -113,9 +130,18 @@ def preferred(m: int, n: int, k: int, group: int, sms: int) -> bool:
     return (n // COLS) * launch_for(m, n, k, group, sms).slices <= CTAS_PER_SM * sms
 
 
-def compiled(spec: W4Spec) -> Any:
-    """The loaded kernel for spec (nvrtc.compile_cuda: compiled on first use, memoized)."""
-    return compile_cuda(SOURCE, "w4a16_gemv", tuple(spec.macros().items()))
+def compiled(spec: W4Spec, shared_bytes: int = 0) -> Any:
+    """The loaded kernel for spec (nvrtc.compile_cuda: compiled on first use, memoized), allowed
+    shared_bytes of dynamic shared memory (a shared-ring build's; memoized per size)."""
+    kernel = compile_cuda(SOURCE, "w4a16_gemv", tuple(spec.macros().items()))
+    if shared_bytes:
+        _allowed(spec, shared_bytes)
+    return kernel
+
+
+@functools.cache
+def _allowed(spec: W4Spec, shared_bytes: int) -> None:
+    allow_shared_memory(compiled(spec), shared_bytes)
 
 
 def w4a16_gemv(
@@ -142,9 +168,11 @@ def w4a16_gemv(
     else:
         workspace = counters = y  # unused
     args = [x, qweight, scales, zeros.contiguous(), y, workspace, counters, m, n, k, x.stride(0), y.stride(0)]
-    kernel, grid, block = compiled(plan.spec), (n // COLS, plan.slices, 1), (plan.spec.warps * 32, 1, 1)
+    shared = plan.shared_bytes(m, k)
+    kernel = compiled(plan.spec, shared)
+    grid, block = (n // COLS, plan.slices, 1), (plan.spec.warps * 32, 1, 1)
     if hopper:  # PDL: its first weight tiles load while the predecessor drains
-        launch_pdl(kernel, grid, block, args)
+        launch_pdl(kernel, grid, block, args, shared)
     else:
-        kernel(grid=grid, block=block, args=args)
+        kernel(grid=grid, block=block, args=args, shared_mem=shared)
     return y

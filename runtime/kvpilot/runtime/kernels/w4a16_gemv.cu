@@ -3,7 +3,13 @@
 // is K row 128T + 16j + r; scales, zeros bf16 [K/G, N]). w4a16_cuda.py compiles it with NVRTC and macros:
 //   WARPS (warps per CTA, splitting its K slice), NT (token tiles of 8: 1 for M <= 8, 2 for M <= 16),
 //   TILES_PER_GROUP (G / 128), STAGES (K tiles each warp has loaded, in registers, while it computes one),
-//   EARLY_RELEASE (1: the next kernel may launch at this one's entry, not only after its K loop).
+//   EARLY_RELEASE (1: the next kernel may launch at this one's entry, not only after its K loop),
+//   RING (0: each warp holds STAGES tiles in registers; R > 0: each warp streams its tiles through R stages
+//   of shared memory with cp.async, all R issued before the wait), MIN_CTAS (the launch bound's CTAs per SM).
+// Why RING: released at entry, the next GEMM's CTAs can only stream while this one computes if both fit on
+// an SM at once. The register ring needs ~167 registers a thread (3 CTAs fill an SM); the shared ring keeps
+// a CTA at <= 128 registers and ~55 KB, so 2 CTAs of this GEMM and 2 of the next fit, and the next one's
+// first R tiles a warp are in flight before this one ends (for qkv and o at one token: its whole slice).
 // The staged x takes 256 M bytes per K tile out of X_BYTES: the host gives a CTA at most X_BYTES / 256 M tiles.
 // Grid (N / 64, S): CTA (b, s) takes 64 output columns and the s-th of S slices of K's tiles. It stages its x
 // slice in shared memory in the mma's B-fragment order, its warps take the slice's tiles in turn, their
@@ -26,6 +32,12 @@
 typedef unsigned int u32;
 typedef unsigned short u16;
 
+#ifndef RING
+#define RING 0
+#endif
+#ifndef MIN_CTAS
+#define MIN_CTAS 1
+#endif
 #define COLS 64
 #define TILE 128
 #define WORDS_PER_TILE 16
@@ -191,6 +203,70 @@ __device__ __forceinline__ void tile_into(float (*acc)[4], const Tile& w, const 
     fold_tile(acc, part, xsum, w);
 }
 
+#if RING
+// One stage: the tile's 16 word rows x 64 columns (chunk c of 16 bytes = 4 columns of row r stored at chunk
+// c ^ 2 (r % 4), so the 8 lanes (g, t) of one phase of a 16-byte read, rows 4 rs + t and chunks g (or 8 + g),
+// hit 8 distinct bank groups), then its group's 64 scales and 64 zeros.
+#define STAGE_BYTES (WORDS_PER_TILE * COLS * 4 + 2 * COLS * 2)
+
+__device__ __forceinline__ int swizzled(int row, int chunk) { return row * 16 + (chunk ^ ((row & 3) << 1)); }
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    const u32 at = static_cast<u32>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(at), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// The warp's lanes copy one tile into a stage: 256 weight chunks (8 a lane, two rows per instruction,
+// coalesced) and 16 of scales and zeros.
+__device__ __forceinline__ void fetch_tile(uint4* stage, const u32* qw, const u16* scales, const u16* zeros,
+                                           int tile, int n, int n0, int lane) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int i = lane + 32 * j, row = i >> 4, chunk = i & 15;
+        cp_async16(stage + swizzled(row, chunk), qw + (long long)(tile * WORDS_PER_TILE + row) * n + n0 + 4 * chunk);
+    }
+    if (lane < 16) {
+        const u16* src = lane < 8 ? scales : zeros;
+        cp_async16(stage + 256 + lane, src + (long long)(tile / TILES_PER_GROUP) * n + n0 + 8 * (lane & 7));
+    }
+}
+
+// The stage as load_tile would have left it in registers.
+__device__ __forceinline__ void read_tile(Tile& w, const uint4* stage, int g, int t) {
+#pragma unroll
+    for (int rs = 0; rs < 4; ++rs) {
+        w.lo[rs] = stage[swizzled(4 * rs + t, g)];
+        w.hi[rs] = stage[swizzled(4 * rs + t, 8 + g)];
+    }
+    const uint2* sz = reinterpret_cast<const uint2*>(stage + 256);  // 16 uint2 of scales, then 16 of zeros
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        w.s[h] = sz[g + 8 * h];
+        w.z[h] = sz[16 + g + 8 * h];
+    }
+}
+
+// Tiles first + WARPS i of the slice; the caller issued i < RING (one commit group each) before the wait.
+// A group per iteration (empty past the end) keeps "all but the newest RING - 1 done" = tile i has landed.
+__device__ __forceinline__ void stream_ring(float (*acc)[4], uint4* ring, const u32* qweight, const u16* scales,
+                                            const u16* zeros, const uint4* xs, int first, int count, int t_lo,
+                                            int n, int n0, int lane, int g, int t, int m) {
+    for (int i = 0; i < count; ++i) {
+        uint4* stage = ring + (i % RING) * (STAGE_BYTES / 16);
+        asm volatile("cp.async.wait_group %0;" ::"n"(RING - 1) : "memory");
+        __syncwarp();  // the other lanes' copies are visible too
+        Tile w;
+        read_tile(w, stage, g, t);
+        __syncwarp();  // every lane holds the stage: refill it while this tile computes
+        if (i + RING < count) fetch_tile(stage, qweight, scales, zeros, first + (i + RING) * WARPS, n, n0, lane);
+        cp_async_commit();
+        tile_into(acc, w, xs, first + i * WARPS - t_lo, g, t, m);
+    }
+}
+#endif
+
 // This warp's tiles t_lo + warp + WARPS i of the slice, STAGES - 1 of them loaded ahead of the one in use
 // (the ring is indexed by compile-time constants: the loop is unrolled by STAGES).
 __device__ __forceinline__ void stream_tiles(float (*acc)[4], Tile (&ring)[STAGES], const u32* qweight,
@@ -265,9 +341,9 @@ __device__ void store_by_counter(const float (*sums)[COLS], u16* y, float* works
 
 // The warps' sums meet in shared memory (part [WARPS][NT * 8][64] fp32; warp 0's rows end up holding the
 // CTA's sum) and go out as bf16: directly (one slice) or through the workspace.
-__device__ void store_columns(float (*acc)[4], uint4* smem, u16* y, float* workspace, int* counters, int m,
+__device__ void store_columns(float (*acc)[4], void* scratch, u16* y, float* workspace, int* counters, int m,
                               int n, int n0, int stride_y, int warp, int g, int t) {
-    float (*part)[NT * 8][COLS] = reinterpret_cast<float (*)[NT * 8][COLS]>(smem);
+    float (*part)[NT * 8][COLS] = reinterpret_cast<float (*)[NT * 8][COLS]>(scratch);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
@@ -298,7 +374,8 @@ __device__ void store_columns(float (*acc)[4], uint4* smem, u16* y, float* works
 
 // x [M, K] bf16 (row stride stride_x), qweight int32 [K/8, N], scales/zeros bf16 [K/G, N], y [M, N] bf16;
 // workspace fp32 [S, M, N] and counters int32 [N / 64] (zero; left zero) when S > 1.
-extern "C" __global__ void __launch_bounds__(WARPS * 32) w4a16_gemv(
+// RING > 0: dynamic shared memory of 256 M ceil(K tiles / S) bytes (x) + WARPS RING STAGE_BYTES (the rings).
+extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_CTAS) w4a16_gemv(
     const u16* __restrict__ x, const u32* __restrict__ qweight, const u16* __restrict__ scales,
     const u16* __restrict__ zeros, u16* __restrict__ y, float* __restrict__ workspace, int* __restrict__ counters,
     int m, int n, int k, int stride_x, int stride_y) {
@@ -311,12 +388,26 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) w4a16_gemv(
     const int t_lo = blockIdx.y * all_tiles / slices, t_hi = (blockIdx.y + 1) * all_tiles / slices;
     const int first = t_lo + warp, count = first < t_hi ? (t_hi - first + WARPS - 1) / WARPS : 0;
 
+#if RING
+    // x's slice as B fragments, then the warps' rings; the partial sums later reuse the rings
+    extern __shared__ uint4 smem[];
+    uint4* rings = smem + m * ((all_tiles + slices - 1) / slices) * 16;
+    uint4* ring = rings + warp * RING * (STAGE_BYTES / 16);
+#pragma unroll
+    for (int j = 0; j < RING; ++j) {  // in flight while the predecessor finishes and x is staged
+        if (j < count) fetch_tile(ring + j * (STAGE_BYTES / 16), qweight, scales, zeros, first + j * WARPS, n, n0, lane);
+        cp_async_commit();
+    }
+    void* scratch = rings;
+#else
     // x's slice as B fragments, then (after the sync) the warps' partial sums: [WARPS][NT * 8][64] fp32
     __shared__ uint4 smem[X_BYTES / 16 > WARPS * NT * 8 * COLS / 4 ? X_BYTES / 16 : WARPS * NT * 8 * COLS / 4];
     Tile ring[STAGES];
 #pragma unroll
     for (int j = 0; j < STAGES - 1; ++j)  // in flight while the predecessor finishes and x is staged
         if (j < count) load_tile(ring[j], qweight, scales, zeros, first + j * WARPS, n, col, t);
+    void* scratch = smem;
+#endif
     gdc_wait();
     stage_x(smem, x, stride_x, m, t_lo * TILE, t_hi - t_lo);
     __syncthreads();
@@ -324,10 +415,14 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) w4a16_gemv(
     float acc[4 * NT][4];
 #pragma unroll
     for (int i = 0; i < 4 * NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+#if RING
+    stream_ring(acc, ring, qweight, scales, zeros, smem, first, count, t_lo, n, n0, lane, g, t, m);
+#else
     stream_tiles(acc, ring, qweight, scales, zeros, smem, first, count, t_lo, n, col, g, t, m);
+#endif
 #if !EARLY_RELEASE
     gdc_launch_dependents();
 #endif
-    __syncthreads();  // x is no longer read: the space takes the partial sums
-    store_columns(acc, smem, y, workspace, counters, m, n, n0, stride_y, warp, g, t);
+    __syncthreads();  // x and the rings are no longer read: the space takes the partial sums
+    store_columns(acc, scratch, y, workspace, counters, m, n, n0, stride_y, warp, g, t);
 }
