@@ -4,6 +4,9 @@ the source text (a diagnostic only; their outputs are wrong by design):
   nocompute  tiles are loaded and XORed together, no mma and no fold
   nostage    x is not staged (the mmas read whatever shared memory holds)
   noreduce   each K slice stores its own partial (no workspace, fence, counter or final sum)
+  nowait     no griddepcontrol.wait: x is read without waiting for the predecessor (the bench's x never
+             changes; the slices' counters race), so the time is the kernel's without the dependency
+Parts combine with "+" (--parts nowait+noreduce). --ring/--slices/--warps probe a shared-ring build.
 
 source benchmarks/gpu_env.sh && python benchmarks/probe_w4a16_parts.py
 """
@@ -18,7 +21,7 @@ from pathlib import Path
 import torch
 from bench_w4a16 import LAYERS, Formats, copies, graph_us
 from kvpilot.runtime.kernels import w4a16_cuda
-from kvpilot.runtime.kernels.nvrtc import compile_cuda, launch_pdl
+from kvpilot.runtime.kernels.nvrtc import allow_shared_memory, compile_cuda, launch_pdl
 
 PATCHES = {
     "nocompute": [
@@ -34,45 +37,70 @@ PATCHES = {
         ("    if (slices == 1) return;", "    return;"),
         ("        if (slices == 1)\n", "        if (true)\n"),
     ],
+    "nowait": [("    gdc_wait();\n    stage_x(", "    stage_x(")],
 }
 
 
-def build(name: str, spec: w4a16_cuda.W4Spec) -> object:
+def build(name: str, spec: w4a16_cuda.W4Spec, shared: int) -> object:
     text = w4a16_cuda.SOURCE.read_text()
-    for old, new in PATCHES.get(name, []):
+    for old, new in [patch for part in name.split("+") for patch in PATCHES.get(part, [])]:
         if old not in text:
             raise SystemExit(f"patch {name} no longer applies: {old!r}")
         text = text.replace(old, new)
     path = Path(tempfile.gettempdir()) / f"w4a16_{name}.cu"
     path.write_text(text)
-    return compile_cuda(path, "w4a16_gemv", tuple(spec.macros().items()))
+    kernel = compile_cuda(path, "w4a16_gemv", tuple(spec.macros().items()))
+    if shared:
+        allow_shared_memory(kernel, shared)
+    return kernel
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ms", type=int, nargs="*", default=[1, 4, 8])
+    parser.add_argument("--parts", nargs="*", default=list(PATCHES))
+    parser.add_argument("--layers", nargs="*", default=list(LAYERS))
+    parser.add_argument("--ring", type=int, default=0)
+    parser.add_argument("--slices", type=int, default=0)
+    parser.add_argument("--warps", type=int, default=w4a16_cuda.WARPS)
     args = parser.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    names = ["full", *PATCHES]
+    names = ["full", *args.parts]
     print("| layer | M | slices | " + " | ".join(f"{n} µs" for n in names) + " | full, late release µs |")
-    for layer, (n, k) in LAYERS.items():
+    for layer in args.layers:
+        n, k = LAYERS[layer]
         fmt = Formats(n, k)
         sets = copies(fmt.w4)
         for m in args.ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 0.1
-            plan = w4a16_cuda.launch_for(m, n, k, 128, sms)
+            plan = w4a16_cuda.launch_for(m, n, k, 128, sms, ring=args.ring, min_ctas=4 if args.ring else 1)
+            spec = dataclasses.replace(plan.spec, warps=args.warps)
+            plan = dataclasses.replace(plan, spec=spec, slices=args.slices or plan.slices)
+            shared = plan.shared_bytes(m, k)
             cells = []
             variants = [(name, plan.spec) for name in names]
             variants.append(("full", dataclasses.replace(plan.spec, early_release=False)))
             for name, spec in variants:
-                kernel = build(name, spec)
+                kernel = build(name, spec, shared)
                 counters = torch.zeros(n // 64, device="cuda", dtype=torch.int32)
                 work = torch.empty(plan.slices, m, n, device="cuda", dtype=torch.float32)
 
-                def run(x, q, s, z, kernel=kernel, counters=counters, work=work, shape=(m, n, k), plan=plan):
+                def run(
+                    x,
+                    q,
+                    s,
+                    z,
+                    kernel=kernel,
+                    counters=counters,
+                    work=work,
+                    shape=(m, n, k),
+                    plan=plan,
+                    shared=shared,
+                ):
                     y = torch.empty(shape[:2], device="cuda", dtype=torch.bfloat16)
                     args = [x, q, s, z, y, work, counters, *shape, x.stride(0), y.stride(0)]
-                    launch_pdl(kernel, (shape[1] // 64, plan.slices, 1), (128, 1, 1), args)
+                    block = (32 * plan.spec.warps, 1, 1)
+                    launch_pdl(kernel, (shape[1] // 64, plan.slices, 1), block, args, shared)
 
                 cells.append(f"{graph_us(run, [(x, *t) for t in sets]):.1f}")
             print(f"| {layer} | {m} | {plan.slices} | " + " | ".join(cells) + " |", flush=True)

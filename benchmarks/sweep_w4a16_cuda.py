@@ -1,10 +1,12 @@
 """w4a16_gemv.cu's builds and slicings at Qwen3-8B's layer shapes, beside bf16 cuBLAS and the Triton
-dispatch, one run; each CUDA cell's error against the Triton output is printed. A variant is
-CTAS:STAGES:EARLY[:RING:MIN] (K slices until ~CTAS CTAs per SM, or sN: N slices; register ring depth,
-1 = release the next kernel at entry, 0 = after the K loop; RING > 0: shared-memory stages per warp in
-place of the register ring, MIN: the launch bound's CTAs per SM).
+dispatch, one run; each CUDA cell's error against the Triton output is printed. A variant is key=value
+pairs joined by commas, each defaulting to the dispatched launch: ctas (K slices until ~ctas CTAs per SM) or
+slices (exactly), stages (register ring depth), early (1: release the next kernel at entry, 0: after the K
+loop), ring (> 0: shared-memory stages per warp in place of the register ring), min (the launch bound's CTAs
+per SM), warps, cluster (1: the slices meet in a cluster's shared memory; 2..8 slices); dispatch=1 is
+the launch w4a16_gemv takes by itself.
 
-source benchmarks/gpu_env.sh && python benchmarks/sweep_w4a16_cuda.py [--ms 1 4 16] [--variants 3:2:0 3:2:1]
+source benchmarks/gpu_env.sh && python benchmarks/sweep_w4a16_cuda.py --ms 1 4 --variants early=1 cluster=1
 """
 
 from __future__ import annotations
@@ -15,19 +17,46 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 from bench_w4a16 import LAYERS, Formats, copies, graph_us, nbytes
-from kvpilot.runtime.kernels.w4a16_cuda import launch_for, w4a16_gemv
+from kvpilot.runtime.kernels.w4a16_cuda import (
+    CTAS_PER_SM,
+    MAX_CLUSTER,
+    STAGES,
+    WARPS,
+    W4Launch,
+    dispatched_launch,
+    launch_for,
+    w4a16_gemv,
+)
 from kvpilot.runtime.kernels.w4a16_triton import int_gemm
+
+
+def variant_plan(case: dict[str, str], m: int, n: int, k: int, sms: int) -> W4Launch:
+    get = {key: float(value) for key, value in case.items()}.get
+    if get("dispatch"):
+        return dispatched_launch(m, n, k, 128, sms, hopper=True)
+    plan = launch_for(
+        m, n, k, 128, sms, get("ctas", CTAS_PER_SM), int(get("stages", STAGES)), int(get("ring", 0)),
+        int(get("min", 1)), clusters=bool(get("cluster", 0)),
+    )  # fmt: skip
+    slices = int(get("slices", plan.slices))
+    spec = dataclasses.replace(
+        plan.spec,
+        early_release=bool(get("early", 1)),
+        warps=int(get("warps", WARPS)),
+        cluster_reduce=bool(get("cluster", 0)) and 1 < slices <= MAX_CLUSTER,
+    )
+    return dataclasses.replace(plan, spec=spec, slices=slices)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ms", type=int, nargs="*", default=[1])
-    parser.add_argument("--variants", nargs="*", default=["3:2:0", "3:2:1"])
+    parser.add_argument("--variants", nargs="*", default=["early=0", "early=1"])
     parser.add_argument("--layers", nargs="*", default=[])
     args = parser.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin - 1024
-    cases = [v.split(":") for v in args.variants]
+    cases = [dict(item.split("=") for item in v.split(",")) for v in args.variants]
     head = " | ".join(f"cuda {v} µs (×bf16)" for v in args.variants)
     print(f"| layer | M | bf16 µs | triton µs (×bf16) | {head} |")
     for name, (n, k) in LAYERS.items():
@@ -41,14 +70,9 @@ def main() -> None:
             tri = graph_us(lambda x, *t: int_gemm(x, *t, 4, cuda_kernel=False), [(x, *t) for t in sets])
             want = int_gemm(x, *fmt.w4, 4, cuda_kernel=False).float()
             cells = []
-            for ctas, stages, early, *shared in cases:
+            for case in cases:
                 counters = torch.zeros(n // 64, device="cuda", dtype=torch.int32)
-                ring, min_ctas = (int(v) for v in shared) if shared else (0, 1)
-                per_sm = float(ctas.lstrip("s"))
-                plan = launch_for(m, n, k, 128, sms, per_sm, int(stages), ring, min_ctas)
-                spec = dataclasses.replace(plan.spec, early_release=early == "1")
-                slices = int(per_sm) if ctas.startswith("s") else plan.slices
-                plan = dataclasses.replace(plan, spec=spec, slices=slices)
+                plan = variant_plan(case, m, n, k, sms)
                 if plan.shared_bytes(m, k) > optin:
                     cells.append("too much shared memory")
                     continue
@@ -56,7 +80,11 @@ def main() -> None:
                 def run(x, q, sc, z, counters=counters, plan=plan):
                     return w4a16_gemv(x, q, sc, z, sms, counters, plan)
 
-                err = (run(x, *fmt.w4).float() - want).abs().max() / want.abs().max()
+                try:
+                    err = (run(x, *fmt.w4).float() - want).abs().max() / want.abs().max()
+                except RuntimeError as error:  # a launch the driver refuses (shared memory, cluster)
+                    cells.append(str(error)[-24:])
+                    continue
                 us = graph_us(run, [(x, *t) for t in sets])
                 gbs = nbytes(fmt.w4) / us / 1e3
                 cells.append(f"{us:.1f} ({bf16 / us:.2f}×, {gbs:.0f} GB/s, err {err:.0e})")

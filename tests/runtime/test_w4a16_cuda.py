@@ -16,6 +16,7 @@ from kvpilot.runtime.kernels.w4a16_cuda import (
     SOURCE,
     W4Launch,
     W4Spec,
+    dispatched_launch,
     launch_for,
     max_tiles,
     preferred,
@@ -46,6 +47,23 @@ def test_preferred_up_to_eight_tokens_in_one_wave() -> None:
     # 8 tokens: gate_up's staged x forces a second wave of CTAs (it lost there); the others still fit
     assert [preferred(8, n, k, 128, 132) for n, k in layers.values()] == [True, True, False, True]
     assert not any(preferred(9, n, k, 128, 132) for n, k in layers.values())
+
+
+def test_the_dispatch_takes_the_shared_ring_where_it_measured_faster() -> None:
+    # Qwen3-8B on the H200's 132 SMs (the tenth session's sweep): qkv (4 slices of 8 tiles) and o (6 of 5-6)
+    # at 1-4 tokens; not down (16 tiles a slice), gate_up (one slice), 8 tokens, or a GPU without clusters
+    layers = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
+
+    def shared(m: int, layer: str, hopper: bool = True) -> bool:
+        plan = dispatched_launch(m, *layers[layer], 128, 132, hopper)
+        return plan.spec.ring > 0
+
+    assert all(shared(m, layer) for m in (1, 2, 4) for layer in ("qkv", "o"))
+    assert not any(shared(m, layer) for m in (1, 4) for layer in ("gate_up", "down"))
+    assert not shared(8, "qkv") and not shared(1, "qkv", hopper=False)
+    plan = dispatched_launch(1, 4096, 4096, 128, 132, True)
+    assert plan.spec.cluster_reduce and plan.spec.ring == 2 and plan.slices == 6
+    assert plan.shared_bytes(1, 4096) == 256 * 6 + 4 * 2 * 4352
 
 
 def test_unsupported_names_the_reason() -> None:
@@ -107,6 +125,43 @@ def test_either_release_point_computes_the_same_gemm(m: int, early: bool) -> Non
     want = int_gemm_ref(x, qweight, scales, zeros, 4).float()
     out = w4a16_gemv(x, qweight, scales, zeros, sms, plan=plan)
     torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("m", "slices"), [(1, 2), (8, 2), (1, 5), (1, 6), (8, 6), (16, 4), (16, 8)])
+def test_a_cluster_adds_the_slices_as_the_workspace_does(m: int, slices: int) -> None:
+    # Same partial sums, added in the same slice order: the outputs agree bit for bit, and both match the
+    # reference; in a graph replayed twice (the workspace's counters must come back to zero).
+    import dataclasses
+
+    from kvpilot.runtime.kernels.w4a16_cuda import w4a16_gemv
+
+    n, k, group = 1024, 4096, 128
+    x, qweight, scales, zeros = _case(m, n, k, group, False, seed=slices)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    base = dataclasses.replace(launch_for(m, n, k, group, sms), slices=slices)
+    cluster = dataclasses.replace(base, spec=dataclasses.replace(base.spec, cluster_reduce=True))
+    counters = torch.zeros(n // 64, device="cuda", dtype=torch.int32)
+    outs = [w4a16_gemv(x, qweight, scales, zeros, sms, counters, plan) for plan in (base, cluster)]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = [w4a16_gemv(x, qweight, scales, zeros, sms, counters, plan) for plan in (base, cluster)]
+    for _ in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(replayed[0], replayed[1]) and torch.equal(replayed[1], outs[1])
+    assert torch.equal(outs[0], outs[1])
+    want = int_gemm_ref(x, qweight, scales, zeros, 4).float()
+    torch.testing.assert_close(outs[1].float(), want, atol=2e-2, rtol=2e-2)
+    assert int(counters.abs().sum()) == 0
+
+
+def test_clusters_take_two_to_eight_slices() -> None:
+    # o_proj at one token: 6 slices meet in a cluster; down at 16 tokens: 12 slices use the workspace
+    assert launch_for(1, 4096, 4096, 128, 132, clusters=True).spec.cluster_reduce
+    assert not launch_for(1, 4096, 4096, 128, 132).spec.cluster_reduce
+    assert not launch_for(16, 4096, 12288, 4096, 132, clusters=True).spec.cluster_reduce
+    assert not launch_for(1, 24576, 4096, 128, 132, clusters=True).spec.cluster_reduce  # one slice
 
 
 @pytest.mark.gpu

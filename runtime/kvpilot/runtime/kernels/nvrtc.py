@@ -73,29 +73,38 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
     ]
 
 
-PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_*
+CLUSTER_DIMENSION = 4
 
 
 def launch_pdl(
-    kernel: Any, grid: tuple[int, int, int], block: tuple[int, int, int], args: list[Any], shared_mem: int = 0
+    kernel: Any,
+    grid: tuple[int, int, int],
+    block: tuple[int, int, int],
+    args: list[Any],
+    shared_mem: int = 0,
+    cluster: tuple[int, int, int] | None = None,
 ) -> None:
     """kernel(grid, block, args) on the current stream with programmatic dependent launch (sm_90+): it may
     start while its predecessor drains, and must `griddepcontrol.wait` before reading what that wrote.
     torch's launcher (cuLaunchKernel) takes no attributes, so this calls cuLaunchKernelEx. Tensors pass as
-    pointers, ints as 32-bit ints (as kernel(...) does)."""
+    pointers, ints as 32-bit ints (as kernel(...) does). cluster: thread block cluster dims (sm_90)."""
     from torch.cuda._utils import _get_gpu_runtime_library
 
     values = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_int(a) for a in args]
     params = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
-    attr = _LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION)
-    attr.value[0] = 1
+    attrs = (_LaunchAttribute * 2)()
+    attrs[0].id, attrs[0].value[0] = PROGRAMMATIC_STREAM_SERIALIZATION, 1
+    if cluster is not None:  # the value is the cluster's dims, three unsigned ints
+        attrs[1].id = CLUSTER_DIMENSION
+        attrs[1].value[0], attrs[1].value[1], attrs[1].value[2] = cluster
     config = _LaunchConfig(
         (ctypes.c_uint * 3)(*grid),
         (ctypes.c_uint * 3)(*block),
         shared_mem,
         ctypes.c_void_p(torch.cuda.current_stream().cuda_stream),
-        ctypes.pointer(attr),
-        1,
+        ctypes.cast(attrs, ctypes.POINTER(_LaunchAttribute)),
+        1 if cluster is None else 2,
     )
     result = _get_gpu_runtime_library().cuLaunchKernelEx(ctypes.byref(config), kernel.func, params, None)
     if result != 0:

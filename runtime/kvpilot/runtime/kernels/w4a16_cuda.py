@@ -27,6 +27,7 @@ STAGES = 2  # K tiles per warp in registers: 167 registers at sm_90, so 3 CTAs o
 CTAS_PER_SM = 3.0  # K slices per column block until the GPU holds ~this many CTAs per SM
 X_BYTES = 32768  # the kernel's shared memory for the staged x: 256 bytes per K tile and token
 EARLY_RELEASE = True
+MAX_CLUSTER = 8  # the portable cluster size
 STAGE_BYTES = 16 * COLS * 4 + 2 * COLS * 2  # one tile of a shared ring: its words, then 64 scales and zeros
 
 
@@ -41,6 +42,7 @@ class W4Spec:
     early_release: bool = EARLY_RELEASE
     ring: int = 0  # > 0: shared-memory stages per warp (cp.async) in place of the register ring
     min_ctas: int = 1  # the launch bound's CTAs per SM (4 caps a 4-warp CTA at 128 registers)
+    cluster_reduce: bool = False  # sm_90: a column block's 2..8 K slices are one cluster
 
     def macros(self) -> dict[str, int]:
         return {
@@ -51,6 +53,7 @@ class W4Spec:
             "EARLY_RELEASE": int(self.early_release),
             "RING": self.ring,
             "MIN_CTAS": self.min_ctas,
+            "CLUSTER_REDUCE": int(self.cluster_reduce),
         }
 
 
@@ -107,13 +110,41 @@ def launch_for(
     stages: int = STAGES,
     ring: int = 0,
     min_ctas: int = 1,
+    clusters: bool = False,
 ) -> W4Launch:
     """4 warps per CTA; K cut into slices until the CTAs number ~CTAS_PER_SM per SM (never fewer slices
-    than the staged x allows, never more than K's tiles)."""
+    than the staged x allows, never more than K's tiles). clusters (the GPU has them, sm_90): 2..8 slices
+    meet in a cluster's shared memory, not through the workspace."""
     tiles, blocks = k // TILE, n // COLS
     slices = max(1, min(max(-(-tiles // max_tiles(m)), round(ctas_per_sm * sms / blocks)), tiles))
-    spec = W4Spec(WARPS, 1 if m <= 8 else 2, group // TILE, stages, ring=ring, min_ctas=min_ctas)
+    spec = W4Spec(
+        WARPS,
+        1 if m <= 8 else 2,
+        group // TILE,
+        stages,
+        ring=ring,
+        min_ctas=min_ctas,
+        cluster_reduce=clusters and 1 < slices <= MAX_CLUSTER,
+    )
     return W4Launch(spec, slices)
+
+
+SHARED_RING = 2  # the dispatched shared-ring build's stages per warp
+SHARED_RING_MAX_M = 4
+
+
+def dispatched_launch(m: int, n: int, k: int, group: int, sms: int, hopper: bool) -> W4Launch:
+    """The launch w4a16_gemv takes: on sm_90 at <= 4 tokens, when every warp's tiles of a K slice fit a
+    ring of SHARED_RING (all in flight before the wait) and the 2..8 slices fit a cluster, the shared-ring
+    build with the slices adding up in the cluster; otherwise the register build. The rule reproduces the
+    H200 sweep of the tenth session (benchmarks/sweep_w4a16_cuda.py): qkv and o at 1 and 4 tokens gained
+    0.5-0.8 us; down (16 tiles a slice) and everything at 8 tokens were slower on the shared ring."""
+    plan = launch_for(m, n, k, group, sms)
+    slice_tiles = -(-(k // TILE) // plan.slices)
+    fits = slice_tiles <= SHARED_RING * WARPS and 1 < plan.slices <= MAX_CLUSTER
+    if hopper and m <= SHARED_RING_MAX_M and fits:
+        return launch_for(m, n, k, group, sms, ring=SHARED_RING, min_ctas=4, clusters=True)
+    return plan
 
 
 PREFERRED_MAX_M = 8  # one token tile (167 registers); 16 tokens (218) lost to the Triton kernels everywhere
@@ -155,13 +186,13 @@ def w4a16_gemv(
 ) -> torch.Tensor:
     """x [M, K] bf16 @ W^T -> [M, N] bf16 (the caller checked unsupported()). counters: >= N / 64 zeroed
     int32 the launch leaves zero (split_k_triton.split_counters, the layer's own); None: fresh zeros.
-    plan: the build and slicing (None: launch_for's; benchmarks pass others)."""
+    plan: the build and slicing (None: dispatched_launch's; benchmarks pass others)."""
     m, k = x.shape
     n = qweight.shape[1]
     hopper = torch.cuda.get_device_capability(x.device) >= (9, 0)
-    plan = plan or launch_for(m, n, k, k // scales.shape[0], sms)
+    plan = plan or dispatched_launch(m, n, k, k // scales.shape[0], sms, hopper)
     y = torch.empty(m, n, device=x.device, dtype=x.dtype)
-    if plan.slices > 1:
+    if plan.slices > 1 and not plan.spec.cluster_reduce:
         workspace = torch.empty(plan.slices, m, n, device=x.device, dtype=torch.float32)
         if counters is None or counters.numel() < n // COLS:
             counters = torch.zeros(n // COLS, device=x.device, dtype=torch.int32)
@@ -172,7 +203,8 @@ def w4a16_gemv(
     kernel = compiled(plan.spec, shared)
     grid, block = (n // COLS, plan.slices, 1), (plan.spec.warps * 32, 1, 1)
     if hopper:  # PDL: its first weight tiles load while the predecessor drains
-        launch_pdl(kernel, grid, block, args, shared)
+        cluster = (1, plan.slices, 1) if plan.spec.cluster_reduce else None
+        launch_pdl(kernel, grid, block, args, shared, cluster)
     else:
         kernel(grid=grid, block=block, args=args, shared_mem=shared)
     return y

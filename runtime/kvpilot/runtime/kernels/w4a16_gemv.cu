@@ -5,7 +5,8 @@
 //   TILES_PER_GROUP (G / 128), STAGES (K tiles each warp has loaded, in registers, while it computes one),
 //   EARLY_RELEASE (1: the next kernel may launch at this one's entry, not only after its K loop),
 //   RING (0: each warp holds STAGES tiles in registers; R > 0: each warp streams its tiles through R stages
-//   of shared memory with cp.async, all R issued before the wait), MIN_CTAS (the launch bound's CTAs per SM).
+//   of shared memory with cp.async, all R issued before the wait), MIN_CTAS (the launch bound's CTAs per SM),
+//   CLUSTER_REDUCE (1: sm_90, a column block's S <= 8 slices are one cluster and meet in shared memory).
 // Why RING: released at entry, the next GEMM's CTAs can only stream while this one computes if both fit on
 // an SM at once. The register ring needs ~167 registers a thread (3 CTAs fill an SM); the shared ring keeps
 // a CTA at <= 128 registers and ~55 KB, so 2 CTAs of this GEMM and 2 of the next fit, and the next one's
@@ -37,6 +38,9 @@ typedef unsigned short u16;
 #endif
 #ifndef MIN_CTAS
 #define MIN_CTAS 1
+#endif
+#ifndef CLUSTER_REDUCE
+#define CLUSTER_REDUCE 0
 #endif
 #define COLS 64
 #define TILE 128
@@ -339,6 +343,42 @@ __device__ void store_by_counter(const float (*sums)[COLS], u16* y, float* works
     if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // ready for the next launch (CUDA graphs replay it)
 }
 
+#if CLUSTER_REDUCE
+// The S slices of a column block launched as one cluster (dims (1, S, 1), so the slice is the rank): each
+// CTA's sum stays in its shared memory and rank 0 adds them in slice order (deterministic, as the workspace
+// path) through distributed shared memory: no workspace round trip, fence or counter, which cost ~2 us of
+// o_proj's 6.7 at one token (H200, benchmarks/probe_w4a16_parts.py).
+__device__ __forceinline__ void cluster_sync() {  // every thread of every CTA in the cluster; orders memory
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ float cluster_load(const float* local, int rank) {
+    const u32 at = static_cast<u32>(__cvta_generic_to_shared(local));
+    u32 remote;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(at), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+    return v;
+}
+
+__device__ void store_by_cluster(const float (*sums)[COLS], u16* y, int m, int n0, int stride_y) {
+    cluster_sync();  // every slice's sums are in place
+    if (blockIdx.y == 0) {
+        for (int i = threadIdx.x; i < m * COLS; i += WARPS * 32) {
+            const int tok = i / COLS, c = i % COLS;
+            float part[8];  // all slices' loads in flight before the adds (S <= 8, a portable cluster)
+#pragma unroll
+            for (int sl = 0; sl < 8; ++sl) part[sl] = sl < gridDim.y ? cluster_load(&sums[tok][c], sl) : 0.f;
+            float sum = 0.f;
+#pragma unroll
+            for (int sl = 0; sl < 8; ++sl) sum += part[sl];
+            y[(long long)tok * stride_y + n0 + c] = f32_to_bf16(sum);
+        }
+    }
+    cluster_sync();  // no CTA leaves (its shared memory) before rank 0 has read it
+}
+#endif
+
 // The warps' sums meet in shared memory (part [WARPS][NT * 8][64] fp32; warp 0's rows end up holding the
 // CTA's sum) and go out as bf16: directly (one slice) or through the workspace.
 __device__ void store_columns(float (*acc)[4], void* scratch, u16* y, float* workspace, int* counters, int m,
@@ -368,8 +408,12 @@ __device__ void store_columns(float (*acc)[4], void* scratch, u16* y, float* wor
             part[0][tok][c] = sum;
     }
     if (slices == 1) return;
+#if CLUSTER_REDUCE
+    store_by_cluster(part[0], y, m, n0, stride_y);
+#else
     __syncthreads();
     store_by_counter(part[0], y, workspace, counters, m, n, n0, stride_y);
+#endif
 }
 
 // x [M, K] bf16 (row stride stride_x), qweight int32 [K/8, N], scales/zeros bf16 [K/G, N], y [M, N] bf16;
