@@ -1,7 +1,9 @@
 """Host side of w4a16_gemv.cu: the int4 weight-only GEMM for 1-16 tokens on mma.sync (CUDA sm_80+, bf16).
 
 Compiled at run time by NVRTC (nvrtc.py), once per W4Spec, and launched on the
-current stream (CUDA-graph capturable once compiled: the model's warm-up compiles it). The weight stays in
+current stream (CUDA-graph capturable once compiled: the model's warm-up compiles it). Two builds: weight
+tiles in a register ring, or in per-warp shared-memory rings whose K slices add up in a cluster (sm_90);
+dispatched_launch picks one per shape. The weight stays in
 the canonical layout of quant_reference.py, so every int4 format the loader reads (AWQ, GPTQ, load-time
 int4) runs here unchanged; the Triton kernels remain the CPU path and the fallback for what this one does
 not take (see unsupported).

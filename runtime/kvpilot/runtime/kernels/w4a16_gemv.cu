@@ -8,14 +8,15 @@
 //   of shared memory with cp.async, all R issued before the wait), MIN_CTAS (the launch bound's CTAs per SM),
 //   CLUSTER_REDUCE (1: sm_90, a column block's S <= 8 slices are one cluster and meet in shared memory).
 // Why RING: released at entry, the next GEMM's CTAs can only stream while this one computes if both fit on
-// an SM at once. The register ring needs ~167 registers a thread (3 CTAs fill an SM); the shared ring keeps
-// a CTA at <= 128 registers and ~55 KB, so 2 CTAs of this GEMM and 2 of the next fit, and the next one's
-// first R tiles a warp are in flight before this one ends (for qkv and o at one token: its whole slice).
+// an SM at once. The register ring needs ~162 registers a thread (3 CTAs fill an SM); the shared ring keeps
+// a CTA at <= 128 registers and ~35-55 KB, so CTAs of the next GEMM fit beside this one's, with the first
+// R tiles of each warp in flight before this one ends (qkv and o at 1-4 tokens: the whole slice). Alone it
+// was slower on the H200; with CLUSTER_REDUCE it is the faster build there (w4a16_cuda.dispatched_launch).
 // The staged x takes 256 M bytes per K tile out of X_BYTES: the host gives a CTA at most X_BYTES / 256 M tiles.
 // Grid (N / 64, S): CTA (b, s) takes 64 output columns and the s-th of S slices of K's tiles. It stages its x
 // slice in shared memory in the mma's B-fragment order, its warps take the slice's tiles in turn, their
 // partial sums meet in shared memory in a fixed order; with S > 1 the slices' sums meet through a workspace
-// and a counter, added in slice order (deterministic).
+// and a counter (or a cluster's shared memory), added in slice order (deterministic).
 //
 // Swapped, y^T = W x^T, so the weight is mma.m16n8k16's A operand straight from the registers it was loaded
 // into: lane (g = lane / 4, t = lane % 4) loads, for row set rs of a tile, the 16-byte words at word row
