@@ -34,7 +34,7 @@ setup(
         "kvpilot.runtime.fixtures": ["*.txt"],
         "kvpilot.runtime.eval": ["*.txt"],
         "kvpilot.operator.planning": ["*.yaml"],
-        "kvpilot.runtime.kernels": ["*.cu"],
+        "kvpilot.runtime.kernels": ["*.cu", "*.cuh"],
     },
     include_package_data=True,
 )

@@ -28,7 +28,7 @@ def ptx(source: Path, macros: dict[str, int]) -> bytes:
         lib.nvrtcCreateProgram(ctypes.byref(prog), source.read_bytes(), source.name.encode(), 0, None, None)
         == 0
     )
-    opts = [b"--gpu-architecture=compute_90", b"-std=c++17"]
+    opts = [b"--gpu-architecture=compute_90", b"-std=c++17", f"-I{source.parent}".encode()]
     opts += [f"-D{k}={v}".encode() for k, v in macros.items()]
     result = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
     size = ctypes.c_size_t()

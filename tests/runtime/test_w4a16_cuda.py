@@ -81,6 +81,16 @@ def test_compiles_for_sm90_without_spills(warps: int, nt: int, tmp_path: Path) -
     assert registers <= (168 if (warps, nt) == (4, 1) else 255), report
 
 
+@pytest.mark.parametrize("cluster", [False, True])
+def test_the_shared_ring_build_fits_four_ctas_per_sm(cluster: bool, tmp_path: Path) -> None:
+    # the dispatched shared-ring build: <= 128 registers (4 CTAs of 4 warps), its headers included
+    spec = W4Spec(4, 1, 1, ring=2, min_ctas=4, cluster_reduce=cluster)
+    registers, spills, report = sm90_resources(ptx(SOURCE, spec.macros()), tmp_path)
+    assert spills == 0 and registers <= 128, report
+    assert b"cp.async.cg.shared.global" in ptx(SOURCE, spec.macros())
+    assert (b"ld.shared::cluster" in ptx(SOURCE, spec.macros())) == cluster
+
+
 def _case(m: int, n: int, k: int, group: int, sym: bool, seed: int) -> tuple[torch.Tensor, ...]:
     gen = torch.Generator().manual_seed(seed)
     w = quantize_rtn(torch.randn(n, k, generator=gen) * 0.05, 4, group, sym=sym)

@@ -18,12 +18,17 @@ def _compile_fn() -> Any:
     return fn
 
 
+KERNELS = Path(
+    __file__
+).parent  # where the sources' #include "..." headers are (a patched copy may be elsewhere)
+
+
 @functools.cache
 def compile_cuda(source: Path, kernel: str, macros: tuple[tuple[str, int], ...]) -> Any:
     """The loaded `extern "C"` kernel of source built with -D macros (compiled on first use, a fraction of
     a second; memoized per process). Call it as kernel(grid=..., block=..., args=[...]) on the current
     stream: tensors pass as pointers, ints as 32-bit ints."""
-    options = [f"-D{name}={value}" for name, value in macros] + ["-std=c++17"]
+    options = [f"-D{name}={value}" for name, value in macros] + ["-std=c++17", f"-I{KERNELS}"]
     return _compile_fn()(source.read_text(), kernel, nvcc_options=options)
 
 
