@@ -98,7 +98,7 @@ def main() -> None:
                     shared=shared,
                 ):
                     y = torch.empty(shape[:2], device="cuda", dtype=torch.bfloat16)
-                    args = [x, q, s, z, y, work, counters, *shape, x.stride(0), y.stride(0), x, x, x, 0, 0]
+                    args = [x, q, s, z, y, work, counters, *shape, x.stride(0), y.stride(0)]
                     block = (32 * plan.spec.warps, 1, 1)
                     launch_pdl(kernel, (shape[1] // 64, plan.slices, 1), block, args, shared)
 

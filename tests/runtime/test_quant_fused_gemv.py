@@ -105,7 +105,7 @@ def test_fused_launches_refuse_what_they_cannot_run() -> None:
 
 def test_by_default_only_fp8_silu_fuses(monkeypatch: pytest.MonkeyPatch) -> None:
     """The H200 chain's verdict (quant/fused_gemv.py's doc): the fp8 SiLU fuses; the fp8 norm leaves the
-    layer to the separate ops (None) unless a config asks for the kernel."""
+    layer to the separate ops (None) unless a config asks for the kernel; the int formats never fuse."""
     monkeypatch.setattr(fused_gemv, "kernels_run_on", lambda x: True)
     hidden, residual, norm_weight, gate_up = _vectors(K, torch.float32, seed=4)
     weight, scale = quantize_fp8_rows_ref(torch.randn(N, K))
@@ -220,12 +220,11 @@ def test_quantized_fused_decode_path_matches_unfused(
 def test_int_formats_run_the_ops_apart_on_the_fused_path(
     quantization: str, tiny_checkpoint_factory: Callable[..., Path]
 ) -> None:
-    """int4 fuses only its norm, and only into w4a16_gemv.cu (CUDA): elsewhere the int formats' fused
-    entries decline, so a runner whose layers may fuse runs the norm, the SiLU and the GEMVs apart and gives
-    the unfused runner's logits."""
+    """int4 / int8 have no fused GEMV: their projections are not fusable, so a runner whose layers may
+    fuse runs the norm, the SiLU and the GEMVs apart and gives the unfused runner's logits."""
     ckpt = tiny_checkpoint_factory("qwen3", hidden_size=128, intermediate_size=256)
     fused, unfused = _runner(ckpt, quantization, True), _runner(ckpt, quantization, False)
-    assert all(layer.self_attn.fusable and layer.mlp.fusable for layer in fused.model.model.layers)
+    assert not any(layer.self_attn.fusable or layer.mlp.fusable for layer in fused.model.model.layers)
     steps = [StepBatch([SeqChunk(0, [5, 9, 17], 0, [3], True)]), StepBatch([SeqChunk(0, [12], 3, [3], True)])]
     for step in steps:
         torch.testing.assert_close(fused.execute(step), unfused.execute(step), **MODEL_TOL)

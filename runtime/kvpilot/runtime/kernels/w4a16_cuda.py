@@ -12,8 +12,7 @@ not take (see unsupported).
 from __future__ import annotations
 
 import functools
-import struct
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,6 @@ class W4Spec:
     ring: int = 0  # > 0: shared-memory stages per warp (cp.async) in place of the register ring
     min_ctas: int = 1  # the launch bound's CTAs per SM (4 caps a 4-warp CTA at 128 registers)
     cluster_reduce: bool = False  # sm_90: a column block's 2..8 K slices are one cluster
-    norm: bool = False  # x = RMSNorm(hidden + residual), made while staging (one token)
 
     def macros(self) -> dict[str, int]:
         return {
@@ -58,7 +56,6 @@ class W4Spec:
             "RING": self.ring,
             "MIN_CTAS": self.min_ctas,
             "CLUSTER_REDUCE": int(self.cluster_reduce),
-            "NORM": int(self.norm),
         }
 
 
@@ -180,34 +177,6 @@ def _allowed(spec: W4Spec, shared_bytes: int) -> None:
     allow_shared_memory(compiled(spec), shared_bytes)
 
 
-@dataclass(frozen=True)
-class NormInputs:
-    """The RMSNorm w4a16_gemv makes its x with (x is then hidden [1, K]): rms_norm_ref(hidden + residual)."""
-
-    residual: torch.Tensor | None  # [1, K] bf16; None: h = hidden
-    weight: torch.Tensor  # [K] bf16
-    eps: float
-    h_out: torch.Tensor  # [1, K] bf16, receives hidden + residual (when there is a residual)
-
-    def args(self, hidden: torch.Tensor) -> list[Any]:
-        eps_bits = struct.unpack("<i", struct.pack("<f", self.eps))[0]
-        residual = hidden if self.residual is None else self.residual
-        return [residual, self.weight, self.h_out, eps_bits, int(self.residual is not None)]
-
-
-def norm_unsupported(hidden: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor) -> str | None:
-    """Why the fused norm cannot take these (None: it can; the GEMM's own checks are unsupported())."""
-    if hidden.shape[0] != 1 or not hidden.is_contiguous():
-        return "one token, a dense row"
-    if residual is not None and (residual.shape != hidden.shape or residual.dtype != hidden.dtype):
-        return f"residual {tuple(residual.shape)} {residual.dtype} for hidden {tuple(hidden.shape)}"
-    if residual is not None and (not residual.is_contiguous() or residual.data_ptr() % 16):
-        return "a dense, 16-byte aligned residual"
-    if weight.dtype != hidden.dtype or weight.shape != hidden.shape[1:] or not weight.is_contiguous():
-        return f"norm weight {tuple(weight.shape)} {weight.dtype}"
-    return None
-
-
 def w4a16_gemv(
     x: torch.Tensor,
     qweight: torch.Tensor,
@@ -216,18 +185,14 @@ def w4a16_gemv(
     sms: int,
     counters: torch.Tensor | None = None,
     plan: W4Launch | None = None,
-    norm: NormInputs | None = None,
 ) -> torch.Tensor:
     """x [M, K] bf16 @ W^T -> [M, N] bf16 (the caller checked unsupported()). counters: >= N / 64 zeroed
     int32 the launch leaves zero (split_k_triton.split_counters, the layer's own); None: fresh zeros.
-    plan: the build and slicing (None: dispatched_launch's; benchmarks pass others). norm: x is hidden,
-    normed while staged (the caller checked norm_unsupported())."""
+    plan: the build and slicing (None: dispatched_launch's; benchmarks pass others)."""
     m, k = x.shape
     n = qweight.shape[1]
     hopper = torch.cuda.get_device_capability(x.device) >= (9, 0)
     plan = plan or dispatched_launch(m, n, k, k // scales.shape[0], sms, hopper)
-    if norm is not None:
-        plan = replace(plan, spec=replace(plan.spec, norm=True))
     y = torch.empty(m, n, device=x.device, dtype=x.dtype)
     if plan.slices > 1 and not plan.spec.cluster_reduce:
         workspace = torch.empty(plan.slices, m, n, device=x.device, dtype=torch.float32)
@@ -236,7 +201,6 @@ def w4a16_gemv(
     else:
         workspace = counters = y  # unused
     args = [x, qweight, scales, zeros.contiguous(), y, workspace, counters, m, n, k, x.stride(0), y.stride(0)]
-    args += norm.args(x) if norm is not None else [x, x, x, 0, 0]
     shared = plan.shared_bytes(m, k)
     kernel = compiled(plan.spec, shared)
     grid, block = (n // COLS, plan.slices, 1), (plan.spec.warps * 32, 1, 1)

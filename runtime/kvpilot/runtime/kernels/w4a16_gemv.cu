@@ -6,8 +6,7 @@
 //   EARLY_RELEASE (1: the next kernel may launch at this one's entry, not only after its K loop),
 //   RING (0: each warp holds STAGES tiles in registers; R > 0: each warp streams its tiles through R stages
 //   of shared memory with cp.async, all R issued before the wait), MIN_CTAS (the launch bound's CTAs per SM),
-//   CLUSTER_REDUCE (1: sm_90, a column block's S <= 8 slices are one cluster and meet in shared memory),
-//   NORM (1: x is RMSNorm(hidden + residual), made while staging; one token).
+//   CLUSTER_REDUCE (1: sm_90, a column block's S <= 8 slices are one cluster and meet in shared memory).
 // Why RING: released at entry, the next GEMM's CTAs can only stream while this one computes if both fit on
 // an SM at once. The register ring needs ~162 registers a thread (3 CTAs fill an SM); the shared ring keeps
 // a CTA at <= 128 registers and ~35-55 KB, so CTAs of the next GEMM fit beside this one's, with the first
@@ -43,9 +42,6 @@ typedef unsigned short u16;
 #endif
 #ifndef CLUSTER_REDUCE
 #define CLUSTER_REDUCE 0
-#endif
-#ifndef NORM
-#define NORM 0
 #endif
 #define COLS 64
 #define TILE 128
@@ -117,34 +113,13 @@ __device__ __forceinline__ int x_entry(int tile, int rs, int tok, int t, int m) 
 
 // One unit per thread: token tok's half h (r = 8h..8h+7) of one tile, eight 16-byte loads (j = 0..7) in
 // flight together; value r of loads j and j + 4 pair up into register j of entry (rs, t) = (r / 4, r % 4).
-// The fused RMSNorm's inputs (the NORM build reads them; the kernel takes them in every build).
-struct NormArgs {
-    const u16* residual;
-    const u16* weight;
-    u16* h_out;
-    float eps;
-    int add;  // 0: h = hidden (no residual)
-};
-
-#if NORM
-#include "w4a16_norm.cuh"
-#endif
-
-// NORM: x is hidden, and the staged values are normed_chunk's (one token).
-__device__ void stage_x(uint4* xs, const u16* x, int stride_x, int m, int k_lo, int tiles, const NormArgs& norm,
-                        float inv) {
+__device__ void stage_x(uint4* xs, const u16* x, int stride_x, int m, int k_lo, int tiles) {
     for (int u = threadIdx.x; u < m * tiles * 2; u += WARPS * 32) {
         const int h = u & 1, tile = (u >> 1) % tiles, tok = (u >> 1) / tiles;
-        const int k0 = k_lo + tile * TILE + 8 * h;
+        const uint4* src = reinterpret_cast<const uint4*>(x + (long long)tok * stride_x + k_lo + tile * TILE + 8 * h);
         uint4 v[8];
-#if NORM
-#pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = normed_chunk(x, norm, k0 + 16 * j, inv);  // tok is 0
-#else
-        const uint4* src = reinterpret_cast<const uint4*>(x + (long long)tok * stride_x + k0);
 #pragma unroll
         for (int j = 0; j < 8; ++j) v[j] = __ldg(src + 2 * j);  // 16 K rows = 2 uint4 apart
-#endif
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             u32 reg[4];
@@ -351,20 +326,17 @@ __device__ void store_columns(float (*acc)[4], void* scratch, u16* y, float* wor
 }
 
 // x [M, K] bf16 (row stride stride_x), qweight int32 [K/8, N], scales/zeros bf16 [K/G, N], y [M, N] bf16;
-// workspace fp32 [S, M, N] and counters int32 [N / 64] (zero; left zero) when S > 1. NORM (M = 1): x is
-// hidden [1, K], and residual [1, K] (when add_residual), norm_weight [K], eps (a float's bits: torch's
-// launcher passes Python floats as doubles) and h_out [1, K] the norm's.
+// workspace fp32 [S, M, N] and counters int32 [N / 64] (zero; left zero) when S > 1.
 // RING > 0: dynamic shared memory of 256 M ceil(K tiles / S) bytes (x) + WARPS RING STAGE_BYTES (the rings).
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_CTAS) w4a16_gemv(
     const u16* __restrict__ x, const u32* __restrict__ qweight, const u16* __restrict__ scales,
     const u16* __restrict__ zeros, u16* __restrict__ y, float* __restrict__ workspace, int* __restrict__ counters,
-    int m, int n, int k, int stride_x, int stride_y, const u16* __restrict__ residual,
-    const u16* __restrict__ norm_weight, u16* __restrict__ h_out, int eps_bits, int add_residual) {
+    int m, int n, int k, int stride_x, int stride_y) {
 #if EARLY_RELEASE
     gdc_launch_dependents();  // its CTAs take each SM slot this grid frees, their first tiles in flight
 #endif
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int n0 = blockIdx.x * COLS;
+    const int n0 = blockIdx.x * COLS, col = n0 + 4 * g;
     const int all_tiles = k / TILE, slices = gridDim.y;
     const int t_lo = blockIdx.y * all_tiles / slices, t_hi = (blockIdx.y + 1) * all_tiles / slices;
     const int first = t_lo + warp, count = first < t_hi ? (t_hi - first + WARPS - 1) / WARPS : 0;
@@ -384,20 +356,13 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_CTAS) w4a16_gemv(
     // x's slice as B fragments, then (after the sync) the warps' partial sums: [WARPS][NT * 8][64] fp32
     __shared__ uint4 smem[X_BYTES / 16 > WARPS * NT * 8 * COLS / 4 ? X_BYTES / 16 : WARPS * NT * 8 * COLS / 4];
     Tile ring[STAGES];
-    const int col = n0 + 4 * g;
 #pragma unroll
     for (int j = 0; j < STAGES - 1; ++j)  // in flight while the predecessor finishes and x is staged
         if (j < count) load_tile(ring[j], qweight, scales, zeros, first + j * WARPS, n, col, t);
     void* scratch = smem;
 #endif
     gdc_wait();
-    const NormArgs norm{residual, norm_weight, h_out, __int_as_float(eps_bits), add_residual};
-#if NORM
-    const float inv = inverse_rms(x, norm, k);
-#else
-    const float inv = 0.f;
-#endif
-    stage_x(smem, x, stride_x, m, t_lo * TILE, t_hi - t_lo, norm, inv);
+    stage_x(smem, x, stride_x, m, t_lo * TILE, t_hi - t_lo);
     __syncthreads();
 
     float acc[4 * NT][4];

@@ -6,9 +6,8 @@ bf16 counterpart: kernels/gemv_dispatch.py; the quant methods in quant/methods.p
 
   fp8   the weight-only GEMV's one-warp multiply-add path (kernels/fp8_gemv_triton.py), with
         programmatic dependent launch on sm_90+ (gemv_dispatch.pdl_enabled).
-  int4  the norm, in w4a16_gemv.cu's x staging (FUSE_INT4_NORM; every CTA reads the row for the sum of
-        squares). int4 / int8 had norm and SiLU prologues on the tensor-core GEMV's dot path; they lost
-        (below) and were removed (fifth session); int_linear takes explicit launch shapes (sweeps).
+  int   none: int4 / int8 had norm and SiLU prologues on the tensor-core GEMV's dot path; they lost (below)
+        and were removed (2026-12-01, fifth session); int_linear takes explicit launch shapes (sweeps).
 Which fuse by default: what beat the separate ops on the H200 (benchmarks/bench_gemv_chain.py: 36
 layers' GEMMs of Qwen3-8B at batch 1 in one CUDA graph, ms/token, 2026-12-01, one run each):
 
@@ -45,8 +44,6 @@ from kvpilot.runtime.quant.int_weight import IntWeight
 
 FUSED_M = 1  # the decoder layer fuses at <= gemv.GEMV_MAX_M tokens; the fused kernels were tuned at 1
 FUSE_FP8_NORM, FUSE_FP8_SILU = False, True
-# int4 norm: RMSNorm made while w4a16_gemv.cu stages x (tenth session), not the Triton dot GEMV's prologue
-FUSE_INT4_NORM = True
 INT_PDL = False  # the chain: 2.771 with PDL vs 2.762 ms (int4), 3.796 vs 3.852 (int8): no clear gain
 # fp8 silu: 8 rows x 2 warps per program (the chain: 2.465 ms/token with both fused against 2.587 with
 # 4 x 1 and 2.461 with 16 x 4); the fp8 norm (if fused) as the plain GEMV, 4 x 1 (8 x 2: 2.535 vs 2.465);
@@ -120,33 +117,6 @@ def fp8_silu_linear(
         return None
     cfg = config or fp8_config(n, k, gate_up.device, FP8_SILU_TILE)
     return silu_fp8_gemv(gate_up, weight, weight_scale, cfg, counters)
-
-
-def int4_norm_linear(
-    hidden: torch.Tensor,
-    residual: torch.Tensor | None,
-    norm_weight: torch.Tensor,
-    eps: float,
-    w: IntWeight,
-    counters: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(rmsnorm(h) W^T, h) in one launch of w4a16_gemv.cu (its NORM build), or None: where that kernel
-    runs the GEMM at one token (int4, bf16, w4a16_cuda.preferred) and FUSE_INT4_NORM is on."""
-    k = w.qweight.shape[0] * 8
-    if not (FUSE_INT4_NORM and w.bits == 4 and w.perm is None and _takes(hidden, k)):
-        return None
-    from kvpilot.runtime.kernels.w4a16_cuda import NormInputs, norm_unsupported, preferred, unsupported
-
-    group, sms = k // w.scales.shape[0], num_sms(hidden.device)
-    if unsupported(hidden, w.qweight, w.scales, 4) or norm_unsupported(hidden, residual, norm_weight):
-        return None
-    if not preferred(1, w.qweight.shape[1], k, group, sms):
-        return None
-    from kvpilot.runtime.kernels.w4a16_cuda import w4a16_gemv
-
-    h = hidden if residual is None else torch.empty_like(hidden)
-    norm = NormInputs(residual, norm_weight, eps, h)
-    return w4a16_gemv(hidden, w.qweight, w.scales, w.zeros, sms, counters, norm=norm), h
 
 
 def int_config(w: IntWeight, device: torch.device) -> GemvConfig:

@@ -197,22 +197,6 @@ class IntWeightMethod(_Collecting):
             )
         return _to(weight, self.device, self.dtype)
 
-    fuses = True  # the int4 norm (quant/fused_gemv.int4_norm_linear); no SiLU
-
-    def apply_norm(
-        self,
-        layer: Linear,
-        hidden: torch.Tensor,
-        residual: torch.Tensor | None,
-        norm_weight: torch.Tensor,
-        eps: float,
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        if self.backend != "triton" or len(self.parts) != 1 or self.dense:
-            return None
-        from kvpilot.runtime.quant.fused_gemv import int4_norm_linear
-
-        return int4_norm_linear(hidden, residual, norm_weight, eps, self.parts[0], self.counters[0])
-
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         outs = [self._gemm(x, part, i) for i, part in enumerate(self.parts)]
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
