@@ -18,9 +18,8 @@ def _compile_fn() -> Any:
     return fn
 
 
-KERNELS = Path(
-    __file__
-).parent  # where the sources' #include "..." headers are (a patched copy may be elsewhere)
+# where the sources' #include "..." headers are (a patched copy of a source may be elsewhere)
+KERNELS = Path(__file__).parent
 
 
 @functools.cache
@@ -50,8 +49,9 @@ def allow_shared_memory(kernel: Any, nbytes: int) -> None:
     between kernels that do not made W3 int4 2% slower on the H200 (tenth session)."""
     if nbytes < 48 * 1024:
         return
-    if hasattr(kernel, "set_shared_memory_config"):
-        kernel.set_shared_memory_config(nbytes)  # torch's own launcher checks its record of this
+    if hasattr(kernel, "set_shared_memory_config"):  # torch's launcher checks its record of this
+        if getattr(kernel, "_max_shared_mem_bytes", 0) < nbytes:  # only ever raised: once per size at most
+            kernel.set_shared_memory_config(nbytes)
         return
     from torch.cuda._utils import _get_gpu_runtime_library
 

@@ -11,7 +11,6 @@ not take (see unsupported).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ COLS = 64  # output columns per CTA
 TILE = 128  # K rows per tile (quant_reference.pack_tile of every real layer)
 MAX_M = 16
 WARPS = 4
-STAGES = 2  # K tiles per warp in registers: 167 registers at sm_90, so 3 CTAs of 4 warps fit per SM
+STAGES = 2  # K tiles per warp in registers: 162 registers at sm_90, so 3 CTAs of 4 warps fit per SM
 CTAS_PER_SM = 3.0  # K slices per column block until the GPU holds ~this many CTAs per SM
 X_BYTES = 32768  # the kernel's shared memory for the staged x: 256 bytes per K tile and token
 EARLY_RELEASE = True
@@ -149,7 +148,7 @@ def dispatched_launch(m: int, n: int, k: int, group: int, sms: int, hopper: bool
     return plan
 
 
-PREFERRED_MAX_M = 8  # one token tile (167 registers); 16 tokens (218) lost to the Triton kernels everywhere
+PREFERRED_MAX_M = 8  # one token tile (162 registers); 16 tokens (218) lost to the Triton kernels everywhere
 
 
 def preferred(m: int, n: int, k: int, group: int, sms: int) -> bool:
@@ -163,18 +162,9 @@ def preferred(m: int, n: int, k: int, group: int, sms: int) -> bool:
     return (n // COLS) * launch_for(m, n, k, group, sms).slices <= CTAS_PER_SM * sms
 
 
-def compiled(spec: W4Spec, shared_bytes: int = 0) -> Any:
-    """The loaded kernel for spec (nvrtc.compile_cuda: compiled on first use, memoized), allowed
-    shared_bytes of dynamic shared memory (a shared-ring build's; memoized per size)."""
-    kernel = compile_cuda(SOURCE, "w4a16_gemv", tuple(spec.macros().items()))
-    if shared_bytes:
-        _allowed(spec, shared_bytes)
-    return kernel
-
-
-@functools.cache
-def _allowed(spec: W4Spec, shared_bytes: int) -> None:
-    allow_shared_memory(compiled(spec), shared_bytes)
+def compiled(spec: W4Spec) -> Any:
+    """The loaded kernel for spec (nvrtc.compile_cuda: compiled on first use, memoized)."""
+    return compile_cuda(SOURCE, "w4a16_gemv", tuple(spec.macros().items()))
 
 
 def w4a16_gemv(
@@ -202,7 +192,8 @@ def w4a16_gemv(
         workspace = counters = y  # unused
     args = [x, qweight, scales, zeros.contiguous(), y, workspace, counters, m, n, k, x.stride(0), y.stride(0)]
     shared = plan.shared_bytes(m, k)
-    kernel = compiled(plan.spec, shared)
+    kernel = compiled(plan.spec)
+    allow_shared_memory(kernel, shared)  # per launch: the sizes differ by M (none dispatched passes 48 KB)
     grid, block = (n // COLS, plan.slices, 1), (plan.spec.warps * 32, 1, 1)
     if hopper:  # PDL: its first weight tiles load while the predecessor drains
         cluster = (1, plan.slices, 1) if plan.spec.cluster_reduce else None
