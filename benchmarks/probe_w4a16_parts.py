@@ -73,7 +73,9 @@ def main() -> None:
         sets = copies(fmt.w4)
         for m in args.ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 0.1
-            plan = w4a16_cuda.launch_for(m, n, k, 128, sms, ring=args.ring, min_ctas=4 if args.ring else 1)
+            plan = w4a16_cuda.launch_for(
+                m, n, k, 128, sms, ring=args.ring, min_ctas=16 // args.warps if args.ring else 1
+            )
             spec = dataclasses.replace(plan.spec, warps=args.warps)
             plan = dataclasses.replace(plan, spec=spec, slices=args.slices or plan.slices)
             shared = plan.shared_bytes(m, k)
