@@ -19,10 +19,10 @@ import torch.nn.functional as F
 from bench_w4a16 import LAYERS, Formats, copies, graph_us, nbytes
 from kvpilot.runtime.kernels.w4a16_cuda import (
     CTAS_PER_SM,
-    MAX_CLUSTER,
     STAGES,
     WARPS,
     W4Launch,
+    cluster_fits,
     dispatched_launch,
     launch_for,
     w4a16_gemv,
@@ -43,7 +43,7 @@ def variant_plan(case: dict[str, str], m: int, n: int, k: int, sms: int) -> W4La
         plan.spec,
         early_release=bool(get("early", 1)),
         warps=int(get("warps", WARPS)),
-        cluster_reduce=bool(get("cluster", 0)) and 1 < slices <= MAX_CLUSTER,
+        cluster_reduce=bool(get("cluster", 0)) and cluster_fits(slices),
     )
     return dataclasses.replace(plan, spec=spec, slices=slices)
 

@@ -11,7 +11,7 @@ not take (see unsupported).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +101,11 @@ def unsupported(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bi
     return None
 
 
+def cluster_fits(slices: int) -> bool:
+    """Whether a column block's K slices can meet in one portable cluster."""
+    return 1 < slices <= MAX_CLUSTER
+
+
 def launch_for(
     m: int,
     n: int,
@@ -125,7 +130,7 @@ def launch_for(
         stages,
         ring=ring,
         min_ctas=min_ctas,
-        cluster_reduce=clusters and 1 < slices <= MAX_CLUSTER,
+        cluster_reduce=clusters and cluster_fits(slices),
     )
     return W4Launch(spec, slices)
 
@@ -142,9 +147,9 @@ def dispatched_launch(m: int, n: int, k: int, group: int, sms: int, hopper: bool
     0.5-0.8 us; down (16 tiles a slice) and everything at 8 tokens were slower on the shared ring."""
     plan = launch_for(m, n, k, group, sms)
     slice_tiles = -(-(k // TILE) // plan.slices)
-    fits = slice_tiles <= SHARED_RING * WARPS and 1 < plan.slices <= MAX_CLUSTER
+    fits = slice_tiles <= SHARED_RING * WARPS and cluster_fits(plan.slices)
     if hopper and m <= SHARED_RING_MAX_M and fits:
-        return launch_for(m, n, k, group, sms, ring=SHARED_RING, min_ctas=4, clusters=True)
+        return replace(plan, spec=replace(plan.spec, ring=SHARED_RING, min_ctas=4, cluster_reduce=True))
     return plan
 
 
