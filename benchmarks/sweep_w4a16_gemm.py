@@ -1,0 +1,88 @@
+"""w4a16_gemm.cu's builds at Qwen3-8B's layer shapes and 17+ tokens, beside bf16 cuBLAS and the Triton
+tensor-core GEMM that the dispatch ran there before (w4a16_mma_triton), one run; each CUDA cell's error
+against the bf16 GEMM of the dequantized weight is printed. A variant is key=value pairs joined by commas,
+each defaulting to launch_for's: warps (32 columns each), stages, ctas (K slices until ~ctas CTAs per SM) or
+slices (exactly).
+
+source benchmarks/gpu_env.sh && python benchmarks/sweep_w4a16_gemm.py --ms 32 64 --variants warps=4 warps=8
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from bench_w4a16 import LAYERS, Formats, copies, graph_us, nbytes
+from kvpilot.runtime.kernels.w4a16_gemm_cuda import (
+    CTAS_PER_SM,
+    STAGES,
+    WARPS,
+    GemmLaunch,
+    launch_for,
+    w4a16_gemm,
+)
+from kvpilot.runtime.kernels.w4a16_mma_triton import int_gemm_mma
+
+
+def variant_plan(case: dict[str, str], m: int, n: int, k: int, sms: int) -> GemmLaunch:
+    get = {key: float(value) for key, value in case.items()}.get
+    warps, stages = int(get("warps", WARPS)), int(get("stages", STAGES))
+    plan = launch_for(m, n, k, 128, sms, True, warps, stages, get("ctas", CTAS_PER_SM))
+    slices = int(get("slices", plan.slices))
+    spec = dataclasses.replace(plan.spec, cluster_reduce=slices > 1)
+    return dataclasses.replace(plan, spec=spec, slices=slices)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ms", type=int, nargs="*", default=[64])
+    parser.add_argument("--variants", nargs="*", default=["warps=4"])
+    parser.add_argument("--layers", nargs="*", default=[])
+    args = parser.parse_args()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin - 1024
+    cases = [dict(item.split("=") for item in v.split(",")) for v in args.variants]
+    head = " | ".join(f"cuda {v} µs (×bf16)" for v in args.variants)
+    print(f"| layer | M | bf16 µs | triton µs (×bf16) | {head} |")
+    for name, (n, k) in LAYERS.items():
+        if args.layers and name not in args.layers:
+            continue
+        fmt = Formats(n, k)
+        sets, dense = copies(fmt.w4), copies(fmt.bf16)
+        for m in args.ms:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 0.1
+            want = F.linear(x, fmt.dense["w4"]).float()
+            bf16 = graph_us(F.linear, [(x, *t) for t in dense])
+
+            def triton(x, q, sc, z, counters=fmt.counters):
+                return int_gemm_mma(x, q, sc, z, 4, None, counters)
+
+            tri = graph_us(triton, [(x, *t) for t in sets])
+            cells = []
+            for case in cases:
+                plan = variant_plan(case, m, n, k, sms)
+                if plan.spec.shared_bytes() > optin:
+                    cells.append("too much shared memory")
+                    continue
+
+                def run(x, q, sc, z, plan=plan):
+                    return w4a16_gemm(x, q, sc, z, sms, plan)
+
+                try:
+                    err = (run(x, *fmt.w4).float() - want).abs().max() / want.abs().max()
+                except RuntimeError as error:  # a launch the driver refuses (shared memory, cluster)
+                    cells.append(str(error)[-24:])
+                    continue
+                us = graph_us(run, [(x, *t) for t in sets])
+                gbs = nbytes(fmt.w4) / us / 1e3
+                cells.append(f"{us:.1f} ({bf16 / us:.2f}×, {gbs:.0f} GB/s, err {err:.0e})")
+            row = f"| {name} | {m} | {bf16:.1f} | {tri:.1f} ({bf16 / tri:.2f}×) | " + " | ".join(cells) + " |"
+            print(row, flush=True)
+        del fmt, sets, dense
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

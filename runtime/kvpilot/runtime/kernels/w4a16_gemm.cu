@@ -1,0 +1,257 @@
+// int4 weight-only GEMM for 17-64 tokens per CTA on mma.sync, bf16 activations: y [M, N] = x [M, K] W^T, the
+// weight in the canonical layout of quant_reference.py (qweight int32 [K/8, N]: value j of word row 16T + r is
+// K row 128T + 16j + r; scales, zeros bf16 [K/G, N]). w4a16_gemm_cuda.py compiles it with NVRTC and macros:
+//   WARPS (each warp owns 32 output columns: a CTA takes BN = 32 WARPS), NT (token tiles of 8, 1..8: a CTA
+//   takes BM = 8 NT tokens, grid.z more token blocks), STAGES (K tiles in flight through the cp.async ring),
+//   TILES_PER_GROUP (G / 128), CLUSTER_REDUCE (1: sm_90, a column block's S <= 8 K slices are one cluster).
+//
+// Why not the decode GEMV (w4a16_gemv.cu) widened: there each lane's weight words pair K rows 16 apart, so x
+// must be permuted into B fragments through registers, and each A fragment fed 1-2 token tiles; tried at 64
+// tokens it ran 0.35-0.8x bf16 (BENCHMARKS, ninth session). Here lane (g = lane / 4, t = lane % 4) takes word
+// rows 2t, 2t + 1 (and 2t + 8, 2t + 9): value j of those two words is K rows 16j + 2t and 16j + 2t + 1, so
+// one byte_perm and one lop3 give the A pair of two consecutive K rows and x is used in its own layout: each
+// K tile's x rows go to shared memory with cp.async and come out as B fragments by ldmatrix. Each A fragment
+// is dequantized once, exactly as the reference (bf16((q - z) s): the difference is exact, the product
+// rounded once), and feeds NT mmas.
+//
+// Grid (N / BN, S, ceil(M / BM)): CTA (b, s, z) takes columns [b BN, +BN), tokens [z BM, +BM) and the s-th of
+// S slices of K's tiles. Mma block c (0, 1) of warp w: A rows g -> column 32w + 2g + c, g + 8 -> 32w + 16 +
+// 2g + c; its fp32 sums acc[c][nt] cover tokens 8 nt + (2t, 2t + 1).
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+
+#ifndef CLUSTER_REDUCE
+#define CLUSTER_REDUCE 0
+#endif
+#define TILE 128
+#define BN (32 * WARPS)
+#define BM (8 * NT)
+#define NT_PAIRS ((NT + 1) / 2)  // ldmatrix.x4 takes two token tiles: x rows are staged for 16 NT_PAIRS
+#define X_STAGE (16 * NT_PAIRS * TILE * 2)  // bytes: x rows of 256 bytes, 16-byte chunks swizzled
+#define W_STAGE (WARPS * 2048)  // bytes: each warp's 16 word rows x 32 columns, in its lanes' read order
+#define SZ_STAGE (4 * BN)  // bytes: the group's BN scales, then BN zeros
+#define STAGE_BYTES (X_STAGE + W_STAGE + SZ_STAGE)
+#define ONES 0x3F803F80u  // bf16x2 (1, 1)
+
+__device__ __forceinline__ void gdc_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void gdc_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ u32 smem_at(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
+
+// src_bytes 0 fills the 16 bytes with zeros (x rows past M: their mma columns reach no stored output)
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes = 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_at(dst)), "l"(src), "r"(src_bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+__device__ __forceinline__ void mma_bf16(float* c, const u32* a, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(u32* b, const void* at) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                 : "r"(smem_at(at)));
+}
+
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+    u32 d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
+__device__ __forceinline__ u32 fma_bf16x2(u32 a, u32 b, u32 c) {
+    u32 d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// Chunk (row r, 4-column chunk a of the warp's 8) of a warp's weight stage: grouped by the read that takes it
+// ((r / 8, r % 2, a / 4): 8 reads of 16 chunks), then by (t = r % 8 / 2, a % 4), so each read's 32 lanes take
+// 256 consecutive bytes (no bank conflict).
+__device__ __forceinline__ int w_chunk(int r, int a) {
+    return ((((r >> 3) * 2 + (r & 1)) * 2 + (a >> 2)) * 16) + ((r & 7) >> 1) * 4 + (a & 3);
+}
+
+// One K tile into a stage, all threads: x's BM rows (chunk kc of token row tok at kc ^ tok % 8), the CTA's
+// 16 word rows x BN columns (coalesced reads, scattered into w_chunk order), its group's scales and zeros.
+__device__ __forceinline__ void fetch_weight(char* stage, const u32* qw, const u16* scales, const u16* zeros,
+                                             int tile, int n, int n0) {
+    uint4* w = reinterpret_cast<uint4*>(stage + X_STAGE);
+    for (int i = threadIdx.x; i < 16 * BN / 4; i += WARPS * 32) {
+        const int r = i / (BN / 4), a = i % (BN / 4);
+        cp_async16(w + (a >> 3) * 128 + w_chunk(r, a & 7), qw + (long long)(tile * 16 + r) * n + n0 + 4 * a);
+    }
+    uint4* sz = reinterpret_cast<uint4*>(stage + X_STAGE + W_STAGE);
+    const long long at = (long long)(tile / TILES_PER_GROUP) * n + n0;
+    for (int i = threadIdx.x; i < BN / 4; i += WARPS * 32) {  // BN / 8 chunks of scales, then of zeros
+        const int h = i / (BN / 8), c = i % (BN / 8);
+        cp_async16(sz + i, (h ? zeros : scales) + at + 8 * c);
+    }
+}
+
+__device__ __forceinline__ void fetch_x(char* stage, const u16* x, int stride_x, int m_left, int tile) {
+    for (int i = threadIdx.x; i < 16 * NT_PAIRS * 16; i += WARPS * 32) {
+        const int tok = i >> 4, kc = i & 15, real = tok < m_left;
+        const u16* src = x + (real ? (long long)tok * stride_x + tile * TILE + 8 * kc : 0);
+        cp_async16(stage + tok * 256 + ((kc ^ (tok & 7)) << 4), src, real ? 16 : 0);
+    }
+}
+
+// The stage's weights as this lane's A pairs: p[h][hi][c][v] holds, for word rows (2t + 8h, 2t + 8h + 1) of
+// column (hi ? 16 : 0) + 2g + c, nibbles 4v..4v+3 of each (byte_perm: the first row's in the low half).
+// Pair j % 4 of p[..][j / 4] is then (q at K row 16j + 2t + 8h, q at the next row).
+__device__ __forceinline__ void read_words(u32 (&p)[2][2][2][2], const char* stage, int warp, int lane) {
+    const uint2* w = reinterpret_cast<const uint2*>(stage + X_STAGE) + warp * 256;
+    const int at = 8 * (lane & 3) + (lane >> 2);  // chunk t * 4 + g / 2 of the read, half g % 2
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+            const uint2 r0 = w[((h * 2 + 0) * 2 + hi) * 32 + at];  // word row 2t + 8h
+            const uint2 r1 = w[((h * 2 + 1) * 2 + hi) * 32 + at];  // word row 2t + 8h + 1
+            p[h][hi][0][0] = __byte_perm(r0.x, r1.x, 0x5410);
+            p[h][hi][0][1] = __byte_perm(r0.x, r1.x, 0x7632);
+            p[h][hi][1][0] = __byte_perm(r0.y, r1.y, 0x5410);
+            p[h][hi][1][1] = __byte_perm(r0.y, r1.y, 0x7632);
+        }
+    }
+}
+
+// Per column (hi, c) of this lane: (s, s) and (-(128 + z), -(128 + z)) as bf16x2.
+__device__ __forceinline__ void read_group(u32 (&s)[2][2], u32 (&nz)[2][2], const char* stage, int warp, int g) {
+    const u32* sz = reinterpret_cast<const u32*>(stage + X_STAGE + W_STAGE);
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+        const int col = warp * 32 + hi * 16 + 2 * g;  // columns col, col + 1 (c = 0, 1)
+        const u32 sc = sz[col / 2], zr = sz[BN / 2 + col / 2];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            s[hi][c] = __byte_perm(sc, sc, c ? 0x3232 : 0x1010);
+            const float z = __uint_as_float(c ? zr & 0xFFFF0000u : zr << 16);
+            const u32 b = __float_as_uint(-(128.f + z)) >> 16;  // exact: an integer below 256
+            nz[hi][c] = b | (b << 16);
+        }
+    }
+}
+
+// bf16x2 (q_a - z) s, (q_b - z) s for pair i of p: (128 + q) by one lop3, minus (128 + z) exactly, then scaled.
+__device__ __forceinline__ u32 dequant(u32 p, int i, u32 s, u32 nz) {
+    u32 biased;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(biased) : "r"(p >> (4 * i)), "n"(0x000F000F), "n"(0x43004300));
+    return fma_bf16x2(fma_bf16x2(biased, ONES, nz), s, 0x80008000u);  // + (-0): the product rounded once
+}
+
+// acc[c][nt] += this warp's 32 columns x the CTA's tokens over one K tile.
+__device__ __forceinline__ void mma_stage(float (&acc)[2][2 * NT_PAIRS][4], const char* stage, int warp, int lane) {
+    const int g = lane >> 2;
+    u32 p[2][2][2][2], s[2][2], nz[2][2];
+    read_words(p, stage, warp, lane);
+    read_group(s, nz, stage, warp, g);
+    // ldmatrix: lanes 8q..8q+7 give the rows of matrix q: token tile 2 pair + q / 2, K chunk 2j + q % 2
+    const int tok = ((lane >> 4) << 3) + (lane & 7), half = (lane >> 3) & 1;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        u32 a[2][4];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            a[c][0] = dequant(p[0][0][c][j / 4], j % 4, s[0][c], nz[0][c]);  // row g, K 16j + 2t
+            a[c][1] = dequant(p[0][1][c][j / 4], j % 4, s[1][c], nz[1][c]);  // row g + 8
+            a[c][2] = dequant(p[1][0][c][j / 4], j % 4, s[0][c], nz[0][c]);  // row g, K 16j + 2t + 8
+            a[c][3] = dequant(p[1][1][c][j / 4], j % 4, s[1][c], nz[1][c]);
+        }
+#pragma unroll
+        for (int pr = 0; pr < NT_PAIRS; ++pr) {
+            const int row = 16 * pr + tok, kc = 2 * j + half;
+            u32 b[4];
+            ldmatrix_x4(b, stage + row * 256 + ((kc ^ (row & 7)) << 4));
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                mma_bf16(acc[c][2 * pr], a[c], b[0], b[1]);
+                if (2 * pr + 1 < NT) mma_bf16(acc[c][2 * pr + 1], a[c], b[2], b[3]);
+            }
+        }
+    }
+}
+
+#if CLUSTER_REDUCE
+#include "w4a16_gemm_cluster.cuh"
+#endif
+
+// x [M, K] bf16 (row stride stride_x), qweight int32 [K/8, N], scales/zeros bf16 [K/G, N], y [M, N] bf16.
+// Dynamic shared memory: STAGES * STAGE_BYTES (the sums of the split path reuse it).
+extern "C" __global__ void __launch_bounds__(WARPS * 32) w4a16_gemm(
+    const u16* __restrict__ x, const u32* __restrict__ qweight, const u16* __restrict__ scales,
+    const u16* __restrict__ zeros, u16* __restrict__ y, int m, int n, int k, int stride_x, int stride_y) {
+    gdc_launch_dependents();  // the next kernel's CTAs may take each slot this grid frees
+    extern __shared__ uint4 smem_raw[];
+    char* smem = reinterpret_cast<char*>(smem_raw);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n0 = blockIdx.x * BN, m0 = blockIdx.z * BM;
+    const int all_tiles = k / TILE, slices = gridDim.y;
+    const int t_lo = blockIdx.y * all_tiles / slices, count = (blockIdx.y + 1) * all_tiles / slices - t_lo;
+    x += (long long)m0 * stride_x;
+    const int m_left = min(m - m0, BM);
+
+    // The weight is never written by a predecessor: the first stages' weights load while it drains; each
+    // stage's commit group closes with its x, so "group i done" = tile i landed.
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i)
+        if (i < count) fetch_weight(smem + i * STAGE_BYTES, qweight, scales, zeros, t_lo + i, n, n0);
+    gdc_wait();
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) {
+        if (i < count) fetch_x(smem + i * STAGE_BYTES, x, stride_x, m_left, t_lo + i);
+        cp_async_commit();
+    }
+
+    float acc[2][2 * NT_PAIRS][4] = {};  // padded to whole pairs: every index below is in bounds
+    for (int i = 0; i < count; ++i) {
+        asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 2) : "memory");
+        __syncthreads();  // tile i is visible to all, and every warp is done with tile i - 1's stage
+        const int ahead = i + STAGES - 1;
+        if (ahead < count) {
+            char* stage = smem + (ahead % STAGES) * STAGE_BYTES;
+            fetch_weight(stage, qweight, scales, zeros, t_lo + ahead, n, n0);
+            fetch_x(stage, x, stride_x, m_left, t_lo + ahead);
+        }
+        cp_async_commit();
+        mma_stage(acc, smem + (i % STAGES) * STAGE_BYTES, warp, lane);
+    }
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    y += (long long)m0 * stride_y + n0;
+#if CLUSTER_REDUCE
+    if (slices > 1) {
+        __syncthreads();  // the stages are no longer read: they take the sums
+        store_by_cluster(acc, reinterpret_cast<float*>(smem), y, m_left, stride_y, warp, lane);
+        return;
+    }
+#endif
+    // one slice: each lane's sums straight out, columns (2g, 2g + 1) as one bf16x2
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {  // e: (token 2t | 2t + 1) x (row g | g + 8)
+            const int tok = 8 * nt + 2 * t + (e & 1), col = warp * 32 + (e >> 1) * 16 + 2 * g;
+            if (tok < m_left) {
+                *reinterpret_cast<u32*>(y + (long long)tok * stride_y + col) = pack_bf16x2(acc[0][nt][e], acc[1][nt][e]);
+            }
+        }
+    }
+}

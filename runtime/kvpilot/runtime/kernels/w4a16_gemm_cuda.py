@@ -1,0 +1,154 @@
+"""Host side of w4a16_gemm.cu: the int4 weight-only GEMM for 17+ tokens on mma.sync (CUDA sm_80+, bf16).
+
+Compiled at run time by NVRTC (nvrtc.py), once per GemmSpec, launched on the current stream (CUDA-graph
+capturable once compiled). The weight stays in the canonical layout of quant_reference.py, so every int4
+format the loader reads runs here unchanged. On sm_90 a column block's K slices meet in a cluster's
+shared memory; elsewhere a launch takes one slice. The Triton kernels (w4a16_mma_triton) stay the CPU path
+and the fallback for what this one does not take (see unsupported).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .nvrtc import allow_shared_memory, compile_cuda, launch_pdl
+
+SOURCE = Path(__file__).with_name("w4a16_gemm.cu")
+TILE = 128  # K rows per tile (quant_reference.pack_tile of every real layer)
+COLS_PER_WARP = 32
+MAX_TOKEN_TILES = 8  # 8 tokens each: a CTA takes up to 64 tokens, grid.z the rest
+MAX_CLUSTER = 8  # the portable cluster size
+WARPS = 4
+STAGES = 3
+CTAS_PER_SM = 2.0  # K slices per column block until the GPU holds ~this many CTAs per SM
+MIN_SLICE_TILES = 2  # a slice shorter than this spends more on its fixup than on its tiles
+
+
+@dataclass(frozen=True)
+class GemmSpec:
+    """The compile-time constants of one w4a16_gemm.cu build."""
+
+    warps: int
+    token_tiles: int  # 8 tokens each, 1..8
+    tiles_per_group: int
+    stages: int = STAGES
+    cluster_reduce: bool = False
+
+    @property
+    def block_n(self) -> int:
+        return COLS_PER_WARP * self.warps
+
+    @property
+    def block_m(self) -> int:
+        return 8 * self.token_tiles
+
+    def macros(self) -> dict[str, int]:
+        return {
+            "WARPS": self.warps,
+            "NT": self.token_tiles,
+            "TILES_PER_GROUP": self.tiles_per_group,
+            "STAGES": self.stages,
+            "CLUSTER_REDUCE": int(self.cluster_reduce),
+        }
+
+    def shared_bytes(self) -> int:
+        """Dynamic shared memory: the stages (x rows for token-tile pairs, the weight words, the scales and
+        zeros), or the split sums ([BM][BN + 4] fp32) where those are larger."""
+        x_rows = 16 * -(-self.token_tiles // 2)
+        stage = x_rows * TILE * 2 + self.block_n * 64 + 4 * self.block_n
+        return max(self.stages * stage, self.block_m * (self.block_n + 4) * 4)
+
+
+@dataclass(frozen=True)
+class GemmLaunch:
+    """One GEMM's launch: the build, and grid (N / BN, slices, token blocks)."""
+
+    spec: GemmSpec
+    slices: int
+    token_blocks: int
+
+    def grid(self, n: int) -> tuple[int, int, int]:
+        return (n // self.spec.block_n, self.slices, self.token_blocks)
+
+
+def unsupported(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int) -> str | None:
+    """Why this kernel cannot run x [M, K] @ W^T (None: it can)."""
+    if x.device.type != "cuda" or torch.version.cuda is None:
+        return "needs a CUDA device"
+    if torch.cuda.get_device_capability(x.device) < (8, 0):
+        return "needs sm_80+ (bf16 mma, cp.async)"
+    if bits != 4 or x.dtype != torch.bfloat16 or scales.dtype != torch.bfloat16:
+        return f"{bits}-bit weights with {x.dtype} activations (int4 with bf16 only)"
+    m, k = x.shape
+    n = qweight.shape[1]
+    group = k // scales.shape[0]
+    block_n = COLS_PER_WARP * WARPS
+    if m < 1 or k % TILE or n % block_n or group % TILE:
+        return f"K={k} (a multiple of {TILE}), N={n} (of {block_n}), group {group} (of {TILE})"
+    if x.stride(1) != 1 or not (qweight.is_contiguous() and scales.is_contiguous()):
+        return "x rows and the weight tensors must be contiguous"
+    if x.data_ptr() % 16 or x.stride(0) % 8:
+        return "x rows must start 16-byte aligned (they are copied in 16-byte chunks)"
+    return None
+
+
+def launch_for(
+    m: int,
+    n: int,
+    k: int,
+    group: int,
+    sms: int,
+    hopper: bool,
+    warps: int = WARPS,
+    stages: int = STAGES,
+    ctas_per_sm: float = CTAS_PER_SM,
+) -> GemmLaunch:
+    """Token tiles to cover M (at most 64 tokens per CTA; balanced over the token blocks), then on sm_90 K
+    slices until the CTAs number ~ctas_per_sm per SM (at most a portable cluster, each slice at least
+    MIN_SLICE_TILES tiles)."""
+    blocks_m = -(-m // (8 * MAX_TOKEN_TILES))
+    token_tiles = -(-m // (8 * blocks_m))
+    tiles, blocks = k // TILE, (n // (COLS_PER_WARP * warps)) * blocks_m
+    slices = 1
+    if hopper:
+        wanted = round(ctas_per_sm * sms / blocks)
+        slices = max(1, min(wanted, MAX_CLUSTER, tiles // MIN_SLICE_TILES))
+    spec = GemmSpec(warps, token_tiles, group // TILE, stages, cluster_reduce=slices > 1)
+    return GemmLaunch(spec, slices, blocks_m)
+
+
+def compiled(spec: GemmSpec) -> Any:
+    """The loaded kernel for spec (nvrtc.compile_cuda: compiled on first use, memoized)."""
+    return compile_cuda(SOURCE, "w4a16_gemm", tuple(spec.macros().items()))
+
+
+def w4a16_gemm(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    sms: int,
+    plan: GemmLaunch | None = None,
+) -> torch.Tensor:
+    """x [M, K] bf16 @ W^T -> [M, N] bf16 (the caller checked unsupported()). plan: the build and grid
+    (None: launch_for's; benchmarks pass others)."""
+    m, k = x.shape
+    n = qweight.shape[1]
+    hopper = torch.cuda.get_device_capability(x.device) >= (9, 0)
+    plan = plan or launch_for(m, n, k, k // scales.shape[0], sms, hopper)
+    y = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    args = [x, qweight, scales, zeros.contiguous(), y, m, n, k, x.stride(0), y.stride(0)]
+    shared = plan.spec.shared_bytes()
+    kernel = compiled(plan.spec)
+    allow_shared_memory(kernel, shared)
+    grid, block = plan.grid(n), (plan.spec.warps * 32, 1, 1)
+    if hopper:  # PDL: its first weight tiles load while the predecessor drains
+        cluster = (1, plan.slices, 1) if plan.spec.cluster_reduce else None
+        launch_pdl(kernel, grid, block, args, shared, cluster)
+    else:
+        kernel(grid=grid, block=block, args=args, shared_mem=shared)
+    return y

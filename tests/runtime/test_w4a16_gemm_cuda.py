@@ -1,0 +1,125 @@
+"""w4a16_gemm.cu (the int4 GEMM for 17+ tokens): its launch rule and its sm_90 build on CPU (NVRTC + ptxas,
+offline); against the reference on the GPU (marked gpu)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from kvpilot.runtime.kernels.quant_reference import dequantize_int_ref
+from kvpilot.runtime.kernels.w4a16_gemm_cuda import SOURCE, GemmSpec, launch_for, unsupported
+from kvpilot.runtime.quant.int_weight import quantize_rtn
+
+from tests.runtime.nvrtc_offline import ptx, sm90_resources
+
+
+@pytest.mark.parametrize(
+    ("m", "tiles", "blocks"), [(17, 3, 1), (24, 3, 1), (64, 8, 1), (65, 5, 2), (100, 7, 2), (128, 8, 2)]
+)
+def test_token_tiles_cover_m_in_balanced_blocks_of_at_most_64(m: int, tiles: int, blocks: int) -> None:
+    plan = launch_for(m, 4096, 4096, 128, 132, hopper=True)
+    assert (plan.spec.token_tiles, plan.token_blocks) == (tiles, blocks)
+    assert plan.spec.block_m * plan.token_blocks >= m
+
+
+def test_k_slices_fill_the_gpu_within_a_cluster_on_hopper_only() -> None:
+    qkv = launch_for(64, 6144, 4096, 128, 132, hopper=True)  # 48 column blocks: 264 / 48 -> 6 slices
+    assert (qkv.slices, qkv.spec.cluster_reduce, qkv.grid(6144)) == (6, True, (48, 6, 1))
+    gate_up = launch_for(64, 24576, 4096, 128, 132, hopper=True)  # 192 blocks: one slice, no cluster
+    assert (gate_up.slices, gate_up.spec.cluster_reduce) == (1, False)
+    short = launch_for(64, 128, 512, 128, 132, hopper=True)  # 4 tiles: at most 2 slices of 2
+    assert short.slices == 2
+    assert launch_for(64, 6144, 4096, 128, 132, hopper=False).slices == 1
+    assert launch_for(64, 6144, 4096, 4096, 132, hopper=True).spec.tiles_per_group == 32
+
+
+def test_shared_memory_holds_the_stages_or_the_split_sums() -> None:
+    spec = GemmSpec(4, 8, 1, stages=3)  # x 16 KB + weight 8 KB + scales and zeros 512 B per stage
+    assert spec.shared_bytes() == 3 * (16384 + 8192 + 512)
+    for warps in (4, 8):
+        for nt in range(1, 9):
+            for stages in (2, 3, 4):
+                spec = GemmSpec(warps, nt, 1, stages)
+                assert spec.shared_bytes() >= spec.block_m * (spec.block_n + 4) * 4  # the split sums fit
+
+
+def test_unsupported_names_the_reason() -> None:
+    x = torch.zeros(32, 4096, dtype=torch.bfloat16)
+    qweight = torch.zeros(512, 4096, dtype=torch.int32)
+    assert "CUDA" in (unsupported(x, qweight, torch.zeros(32, 4096, dtype=torch.bfloat16), 4) or "")
+
+
+@pytest.mark.parametrize(("nt", "cluster"), [(8, False), (8, True), (3, True), (1, False)])
+def test_compiles_for_sm90_without_spills(nt: int, cluster: bool, tmp_path: Path) -> None:
+    spec = GemmSpec(4, nt, 1, cluster_reduce=cluster)
+    code = ptx(SOURCE, spec.macros())
+    registers, spills, report = sm90_resources(code, tmp_path)
+    assert spills == 0 and registers <= 168, report  # 3 CTAs of 4 warps per SM
+    for op in (b"ldmatrix.sync.aligned.m8n8.x4", b"cp.async.cg.shared.global", b"fma.rn.bf16x2"):
+        assert op in code
+    assert (b"ld.shared::cluster.v4.f32" in code) == cluster
+
+
+def _case(m: int, n: int, k: int, group: int, sym: bool, seed: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    w = quantize_rtn(torch.randn(n, k, generator=gen) * 0.05, 4, group, sym=sym)
+    x = torch.randn(m, k, generator=gen).bfloat16()
+    return x.cuda(), w.qweight.cuda(), w.scales.bfloat16().cuda(), w.zeros.bfloat16().cuda()
+
+
+def _want(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
+    """fp32 products of the bf16 dequantized weight (what the kernel's mmas take) and x."""
+    return x.float() @ dequantize_int_ref(qweight, scales, zeros, 4).float()
+
+
+def _sms() -> int:
+    return torch.cuda.get_device_properties(0).multi_processor_count
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [17, 24, 40, 64, 65, 100, 128])
+@pytest.mark.parametrize(("n", "k", "group"), [(4096, 4096, 128), (1024, 1152, 128), (256, 2048, -1)])
+@pytest.mark.parametrize("sym", [False, True], ids=["zero-point", "sym"])
+def test_matches_the_reference(m: int, n: int, k: int, group: int, sym: bool) -> None:
+    from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
+
+    x, qweight, scales, zeros = _case(m, n, k, group, sym, seed=m * 5 + n)
+    assert unsupported(x, qweight, scales, 4) is None
+    want = _want(x, qweight, scales, zeros)
+    out = w4a16_gemm(x, qweight, scales, zeros, _sms())
+    torch.testing.assert_close(out.float(), want, atol=1e-2, rtol=1e-2)
+    assert torch.equal(w4a16_gemm(x, qweight, scales, zeros, _sms()), out)  # deterministic
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("slices", [1, 2, 5, 8])
+@pytest.mark.parametrize(("warps", "stages"), [(4, 2), (4, 4), (8, 3)])
+def test_every_build_and_slicing_computes_the_same_gemm(slices: int, warps: int, stages: int) -> None:
+    import dataclasses
+
+    from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
+
+    x, qweight, scales, zeros = _case(48, 2048, 4096, 128, False, seed=slices)
+    plan = launch_for(48, 2048, 4096, 128, _sms(), True, warps, stages)
+    spec = dataclasses.replace(plan.spec, cluster_reduce=slices > 1)
+    plan = dataclasses.replace(plan, slices=slices, spec=spec)
+    out = w4a16_gemm(x, qweight, scales, zeros, _sms(), plan)
+    torch.testing.assert_close(out.float(), _want(x, qweight, scales, zeros), atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.gpu
+def test_a_graph_replay_reads_its_predecessors_output_under_pdl() -> None:
+    from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
+
+    x, qweight, scales, zeros = _case(64, 4096, 4096, 128, False, seed=3)
+    x2 = torch.empty_like(x)
+    graph = torch.cuda.CUDAGraph()
+    w4a16_gemm(x, qweight, scales, zeros, _sms())  # compiled outside the capture
+    with torch.cuda.graph(graph):
+        x2.copy_(x * 2)  # the predecessor writes x2 right before the GEMM reads it
+        out = w4a16_gemm(x2, qweight, scales, zeros, _sms())
+    for scale in (1.0, -3.0):
+        x.mul_(scale)
+        graph.replay()
+        torch.testing.assert_close(out.float(), _want(x * 2, qweight, scales, zeros), atol=2e-2, rtol=1e-2)
