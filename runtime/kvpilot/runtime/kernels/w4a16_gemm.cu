@@ -89,28 +89,57 @@ __device__ __forceinline__ int w_chunk(int r, int a) {
     return ((((r >> 3) * 2 + (r & 1)) * 2 + (a >> 2)) * 16) + ((r & 7) >> 1) * 4 + (a & 3);
 }
 
-// One K tile into a stage, all threads: x's BM rows (chunk kc of token row tok at kc ^ tok % 8), the CTA's
-// 16 word rows x BN columns (coalesced reads, scattered into w_chunk order), its group's scales and zeros.
-__device__ __forceinline__ void fetch_weight(char* stage, const u32* qw, const u16* scales, const u16* zeros,
-                                             int tile, int n, int n0) {
-    uint4* w = reinterpret_cast<uint4*>(stage + X_STAGE);
-    for (int i = threadIdx.x; i < 16 * BN / 4; i += WARPS * 32) {
-        const int r = i / (BN / 4), a = i % (BN / 4);
-        cp_async16(w + (a >> 3) * 128 + w_chunk(r, a & 7), qw + (long long)(tile * 16 + r) * n + n0 + 4 * a);
-    }
-    uint4* sz = reinterpret_cast<uint4*>(stage + X_STAGE + W_STAGE);
-    const long long at = (long long)(tile / TILES_PER_GROUP) * n + n0;
-    for (int i = threadIdx.x; i < BN / 4; i += WARPS * 32) {  // BN / 8 chunks of scales, then of zeros
-        const int h = i / (BN / 8), c = i % (BN / 8);
-        cp_async16(sz + i, (h ? zeros : scales) + at + 8 * c);
-    }
+// What one thread copies of each K tile, fixed for the whole K loop (the addresses are worked out once: the
+// copies of a tile are then a few instructions each). The CTA's 16 word rows x BN columns: chunk (r, a) to
+// w_chunk order in the warp's region of column chunk a, rows r0 + 4k (k < 4) of one column chunk a per
+// thread; x: rows tok0 + X_ROWS k of one 16-byte chunk kc per thread (stored at kc ^ tok % 8, the same for
+// every k); the group's scales and zeros: one chunk for each of the first BN / 4 threads.
+#define X_ROWS (2 * WARPS)  // x rows per pass of the CTA's threads (16 chunks each)
+#define X_CHUNKS (16 * NT_PAIRS / X_ROWS)
+struct Fetch {
+    const u32* w;  // tile 0's chunk of row r0
+    const u16* x;  // row tok0's chunk kc at K 0
+    const u16* sz;  // tile 0's scale or zero chunk (threads past BN / 4: null)
+    int w_dst, x_dst, sz_dst;  // byte offsets in a stage
+    int x_real;  // chunks k < x_real are rows below M; the rest are zero-filled
+};
+
+__device__ __forceinline__ Fetch plan_fetch(const u32* qw, const u16* scales, const u16* zeros, const u16* x,
+                                            int n, int n0, int stride_x, int m_left) {
+    Fetch f;
+    const int tid = threadIdx.x, r0 = tid / (BN / 4), a = tid % (BN / 4);  // r0 < 4: 32 WARPS threads, BN / 4 chunks
+    f.w = qw + (long long)r0 * n + n0 + 4 * a;
+    f.w_dst = X_STAGE + ((a >> 3) * 128 + w_chunk(r0, a & 7)) * 16;
+    const int tok0 = tid >> 4, kc = tid & 15;
+    f.x = x + (long long)tok0 * stride_x + 8 * kc;
+    f.x_dst = tok0 * 256 + ((kc ^ (tok0 & 7)) << 4);
+    f.x_real = m_left > tok0 ? (m_left - tok0 + X_ROWS - 1) / X_ROWS : 0;
+    const int h = tid / (BN / 8), c = tid % (BN / 8);  // BN / 8 chunks of scales, then of zeros
+    f.sz = tid < BN / 4 ? (h ? zeros : scales) + n0 + 8 * c : nullptr;
+    f.sz_dst = X_STAGE + W_STAGE + 16 * tid;
+    return f;
 }
 
-__device__ __forceinline__ void fetch_x(char* stage, const u16* x, int stride_x, int m_left, int tile) {
-    for (int i = threadIdx.x; i < 16 * NT_PAIRS * 16; i += WARPS * 32) {
-        const int tok = i >> 4, kc = i & 15, real = tok < m_left;
-        const u16* src = x + (real ? (long long)tok * stride_x + tile * TILE + 8 * kc : 0);
-        cp_async16(stage + tok * 256 + ((kc ^ (tok & 7)) << 4), src, real ? 16 : 0);
+// Row r0 + 4k's chunk lands (k / 2) * 64 + (k % 2) * 8 chunks after row r0's (see w_chunk).
+__device__ __forceinline__ void fetch_weight(char* stage, const Fetch& f, int tile, int n) {
+    const u32* w = f.w + (long long)tile * 16 * n;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) cp_async16(stage + f.w_dst + ((k >> 1) * 64 + (k & 1) * 8) * 16, w + (long long)k * 4 * n);
+    if (f.sz) cp_async16(stage + f.sz_dst, f.sz + (long long)(tile / TILES_PER_GROUP) * n);
+}
+
+__device__ __forceinline__ void fetch_x(char* stage, const Fetch& f, int tile, int stride_x) {
+    const u16* x = f.x + tile * TILE;
+    const long long step = (long long)X_ROWS * stride_x;
+    if (f.x_real >= X_CHUNKS) {  // a whole token block (the common case): no predicates, no selects
+#pragma unroll
+        for (int k = 0; k < X_CHUNKS; ++k) cp_async16(stage + f.x_dst + k * X_ROWS * 256, x + k * step);
+        return;
+    }
+#pragma unroll
+    for (int k = 0; k < X_CHUNKS; ++k) {  // rows past M: zero-filled from row tok0's (a valid) address
+        const bool real = k < f.x_real;
+        cp_async16(stage + f.x_dst + k * X_ROWS * 256, real ? x + k * step : x, real ? 16 : 0);
     }
 }
 
@@ -208,15 +237,17 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) w4a16_gemm(
     x += (long long)m0 * stride_x;
     const int m_left = min(m - m0, BM);
 
+    const Fetch f = plan_fetch(qweight, scales, zeros, x, n, n0, stride_x, m_left);
+
     // The weight is never written by a predecessor: the first stages' weights load while it drains; each
     // stage's commit group closes with its x, so "group i done" = tile i landed.
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i)
-        if (i < count) fetch_weight(smem + i * STAGE_BYTES, qweight, scales, zeros, t_lo + i, n, n0);
+        if (i < count) fetch_weight(smem + i * STAGE_BYTES, f, t_lo + i, n);
     gdc_wait();
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) {
-        if (i < count) fetch_x(smem + i * STAGE_BYTES, x, stride_x, m_left, t_lo + i);
+        if (i < count) fetch_x(smem + i * STAGE_BYTES, f, t_lo + i, stride_x);
         cp_async_commit();
     }
 
@@ -227,8 +258,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) w4a16_gemm(
         const int ahead = i + STAGES - 1;
         if (ahead < count) {
             char* stage = smem + (ahead % STAGES) * STAGE_BYTES;
-            fetch_weight(stage, qweight, scales, zeros, t_lo + ahead, n, n0);
-            fetch_x(stage, x, stride_x, m_left, t_lo + ahead);
+            fetch_weight(stage, f, t_lo + ahead, n);
+            fetch_x(stage, f, t_lo + ahead, stride_x);
         }
         cp_async_commit();
         mma_stage(acc, smem + (i % STAGES) * STAGE_BYTES, warp, lane);

@@ -24,7 +24,7 @@ MAX_TOKEN_TILES = 8  # 8 tokens each: a CTA takes up to 64 tokens, grid.z the re
 MAX_CLUSTER = 8  # the portable cluster size
 WARPS = 4
 STAGES = 3
-CTAS_PER_SM = 2.0  # K slices per column block until the GPU holds ~this many CTAs per SM
+CTAS_PER_SM = 3.0  # K slices per column block until the GPU holds ~this many CTAs per SM
 MIN_SLICE_TILES = 2  # a slice shorter than this spends more on its fixup than on its tiles
 
 
