@@ -57,7 +57,7 @@ def main() -> None:
             bf16 = graph_us(F.linear, [(x, *t) for t in dense])
 
             def triton(x, q, sc, z, counters=fmt.counters):
-                return int_gemm_mma(x, q, sc, z, 4, None, counters)
+                return int_gemm_mma(x, q, sc, z, 4, None, counters, cuda_kernel=False)
 
             tri = graph_us(triton, [(x, *t) for t in sets])
             cells = []

@@ -121,6 +121,27 @@ def launch_for(
     return GemmLaunch(spec, slices, blocks_m)
 
 
+PREFERRED_M = (17, 128)  # placeholder: set from the H200 sweep
+
+
+def preferred(m: int) -> bool:
+    """Whether this kernel is expected to beat the Triton tensor-core GEMM at m tokens (the H200 sweep,
+    benchmarks/sweep_w4a16_gemm.py)."""
+    return PREFERRED_M[0] <= m <= PREFERRED_M[1]
+
+
+def takes(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, sms: int) -> bool:
+    """Whether the dispatch (w4a16_mma_triton.int_gemm_mma) sends x [M, K] @ W^T here: it can, and is
+    expected to be faster."""
+    return unsupported(x, qweight, scales, 4) is None and preferred(x.shape[0])
+
+
+def warm_up_ms(top: int) -> list[int]:
+    """One M per build up to top tokens (a build per token-tile count and cluster use): running each once
+    compiles them all while the model loads."""
+    return [m for m in (*range(24, 65, 8), *range(80, 129, 16)) if m <= top and preferred(m)]
+
+
 def compiled(spec: GemmSpec) -> Any:
     """The loaded kernel for spec (nvrtc.compile_cuda: compiled on first use, memoized)."""
     return compile_cuda(SOURCE, "w4a16_gemm", tuple(spec.macros().items()))

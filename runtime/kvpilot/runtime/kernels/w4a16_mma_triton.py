@@ -258,11 +258,19 @@ def int_gemm_mma(
     bits: int,
     perm: torch.Tensor | None = None,
     counters: torch.Tensor | None = None,
+    cuda_kernel: bool = True,
 ) -> torch.Tensor:
-    """x [..., K] @ W^T -> [..., N] with the bucket's launch shape (mma_dispatched M only)."""
+    """x [..., K] @ W^T -> [..., N] with the bucket's launch shape (mma_dispatched M only); int4 with bf16
+    goes to w4a16_gemm.cu where that is expected to be faster (cuda_kernel False: never)."""
     lead = x.shape[:-1]
     x = x.reshape(-1, x.shape[-1])
     x = x[:, perm] if perm is not None else (x if x.stride(-1) == 1 else x.contiguous())
+    if cuda_kernel and bits == 4 and x.is_cuda:
+        from .w4a16_gemm_cuda import takes, w4a16_gemm  # CUDA-only (NVRTC)
+
+        if takes(x, qweight, scales, num_sms(x.device)):
+            y = w4a16_gemm(x, qweight, scales, zeros, num_sms(x.device))
+            return y.reshape(*lead, y.shape[-1])
     cfg = bucket_config(x.shape[0], qweight.shape[1], x.shape[1], bits, num_sms(x.device))
     y = w4a16_mma(x, qweight, scales, zeros, bits, cfg, counters)
     return y.reshape(*lead, y.shape[-1])
@@ -276,10 +284,16 @@ def warm_up_mma(
     dtype: torch.dtype,
     counters: torch.Tensor | None = None,
 ) -> None:
-    """Run each bucket's launch shape once (zeros in), so Triton compiles them while the model loads."""
+    """Run each bucket's launch shape once (zeros in), so Triton compiles them while the model loads, and
+    w4a16_gemm.cu's builds (one per token-tile count) where it takes the bucket."""
     k = qweight.shape[0] * (32 // bits)
-    for top, cfg in MMA_BUCKETS.get(bits, ()):
-        if cfg is None:
-            continue
+    tops = [top for top, cfg in MMA_BUCKETS.get(bits, ()) if cfg is not None]
+    for top in tops:
         x = torch.zeros(top, k, device=qweight.device, dtype=dtype)
-        int_gemm_mma(x, qweight, scales, zeros, bits, None, counters)
+        int_gemm_mma(x, qweight, scales, zeros, bits, None, counters, cuda_kernel=False)
+    if bits == 4 and tops:
+        from .w4a16_gemm_cuda import warm_up_ms
+
+        x = torch.zeros(max(tops), k, device=qweight.device, dtype=dtype)
+        for m in warm_up_ms(max(tops)):
+            int_gemm_mma(x[:m], qweight, scales, zeros, bits, None, counters)
