@@ -23,7 +23,9 @@ COLS_PER_WARP = 32
 MAX_TOKEN_TILES = 8  # 8 tokens each: a CTA takes up to 64 tokens, grid.z the rest
 MAX_CLUSTER = 8  # the portable cluster size
 WARPS = 4
-STAGES = 3
+STAGES = 0  # 0: as many as fit STAGE_BUDGET (3 at 64 tokens, 4 at 32, 6 at 16)
+STAGE_BUDGET = 76 * 1024  # bytes of stages per CTA: 3 CTAs per SM in the H200's 227 KB
+MAX_STAGES = 6
 CTAS_PER_SM = 3.0  # K slices per column block until the GPU holds ~this many CTAs per SM
 MIN_SLICE_TILES = 2  # a slice shorter than this spends more on its fixup than on its tiles
 
@@ -35,7 +37,7 @@ class GemmSpec:
     warps: int
     token_tiles: int  # 8 tokens each, 1..8
     tiles_per_group: int
-    stages: int = STAGES
+    stages: int = 3
     cluster_reduce: bool = False
 
     @property
@@ -56,11 +58,16 @@ class GemmSpec:
         }
 
     def shared_bytes(self) -> int:
-        """Dynamic shared memory: the stages (x rows for token-tile pairs, the weight words, the scales and
-        zeros), or the split sums ([BM][BN + 4] fp32) where those are larger."""
-        x_rows = 16 * -(-self.token_tiles // 2)
-        stage = x_rows * TILE * 2 + self.block_n * 64 + 4 * self.block_n
-        return max(self.stages * stage, self.block_m * (self.block_n + 4) * 4)
+        """Dynamic shared memory: the stages, or the split sums ([BM][BN + 4] fp32) where those are larger."""
+        return max(
+            self.stages * stage_bytes(self.warps, self.token_tiles), self.block_m * (self.block_n + 4) * 4
+        )
+
+
+def stage_bytes(warps: int, token_tiles: int) -> int:
+    """One K tile in shared memory: x rows for whole token-tile pairs, the weight words, scales and zeros."""
+    block_n = COLS_PER_WARP * warps
+    return 16 * -(-token_tiles // 2) * TILE * 2 + block_n * 64 + 4 * block_n
 
 
 @dataclass(frozen=True)
@@ -107,9 +114,9 @@ def launch_for(
     stages: int = STAGES,
     ctas_per_sm: float = CTAS_PER_SM,
 ) -> GemmLaunch:
-    """Token tiles to cover M (at most 64 tokens per CTA; balanced over the token blocks), then on sm_90 K
-    slices until the CTAs number ~ctas_per_sm per SM (at most a portable cluster, each slice at least
-    MIN_SLICE_TILES tiles)."""
+    """Token tiles to cover M (at most 64 tokens per CTA; balanced over the token blocks), the stages that
+    fit STAGE_BUDGET (stages 0), then on sm_90 K slices until the CTAs number ~ctas_per_sm per SM (at most
+    a portable cluster, each slice at least MIN_SLICE_TILES tiles)."""
     blocks_m = -(-m // (8 * MAX_TOKEN_TILES))
     token_tiles = -(-m // (8 * blocks_m))
     tiles, blocks = k // TILE, (n // (COLS_PER_WARP * warps)) * blocks_m
@@ -117,6 +124,8 @@ def launch_for(
     if hopper:
         wanted = round(ctas_per_sm * sms / blocks)
         slices = max(1, min(wanted, MAX_CLUSTER, tiles // MIN_SLICE_TILES))
+    if not stages:
+        stages = max(2, min(MAX_STAGES, STAGE_BUDGET // stage_bytes(warps, token_tiles)))
     spec = GemmSpec(warps, token_tiles, group // TILE, stages, cluster_reduce=slices > 1)
     return GemmLaunch(spec, slices, blocks_m)
 

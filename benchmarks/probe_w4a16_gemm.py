@@ -1,0 +1,100 @@
+"""Where w4a16_gemm.cu's time goes at 16-128 tokens: the kernel beside builds with one part taken out (the
+differences are that part's cost), in the GEMM bench's setting (bench_w4a16.graph_us). The builds patch
+the source text (a diagnostic only; their outputs are wrong by design):
+  nomma      the tiles are copied and waited for, but no stage is read: no dequantization, ldmatrix or mma
+  nodequant  the weight pairs go to the mmas as they come out of the lop3 (no subtraction, no scaling)
+  noreduce   each K slice stores its own sums (no cluster barrier, no distributed shared memory)
+  nowait     no griddepcontrol.wait (the bench's x never changes): the time without the dependency
+Parts combine with "+" (--parts nowait+noreduce).
+
+source benchmarks/gpu_env.sh && python benchmarks/probe_w4a16_gemm.py --ms 16 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import torch
+from bench_w4a16 import LAYERS, Formats, copies, graph_us
+from kvpilot.runtime.kernels import w4a16_gemm_cuda
+from kvpilot.runtime.kernels.nvrtc import allow_shared_memory, compile_cuda, launch_pdl
+
+PATCHES = {
+    "nomma": [
+        (
+            "        mma_stage(acc, smem + (i % STAGES) * STAGE_BYTES, warp, lane);",
+            "        if (acc[0][0][0] == 1234.5f)\n"
+            "            mma_stage(acc, smem + (i % STAGES) * STAGE_BYTES, warp, lane);",
+        )
+    ],
+    "nodequant": [
+        (
+            "    return fma_bf16x2(fma_bf16x2(biased, ONES, nz), s, 0x80008000u);",
+            "    return biased;",
+        )
+    ],
+    "noreduce": [
+        ("    if (slices > 1) {\n        __syncthreads();", "    if (false) {\n        __syncthreads();")
+    ],
+    "nowait": [("    gdc_wait();\n", "")],
+}
+
+
+def build(name: str, spec: w4a16_gemm_cuda.GemmSpec) -> object:
+    text = w4a16_gemm_cuda.SOURCE.read_text()
+    for old, new in [patch for part in name.split("+") for patch in PATCHES.get(part, [])]:
+        if old not in text:
+            raise SystemExit(f"patch {name} no longer applies: {old!r}")
+        text = text.replace(old, new)
+    path = Path(tempfile.gettempdir()) / f"w4a16_gemm_{name}.cu"
+    path.write_text(text)
+    kernel = compile_cuda(path, "w4a16_gemm", tuple(spec.macros().items()))
+    allow_shared_memory(kernel, spec.shared_bytes())
+    return kernel
+
+
+def launcher(kernel: object, plan: w4a16_gemm_cuda.GemmLaunch, m: int, n: int, k: int) -> object:
+    block, shared = (plan.spec.warps * 32, 1, 1), plan.spec.shared_bytes()
+    cluster = (1, plan.slices, 1) if plan.spec.cluster_reduce else None
+
+    def run(x: torch.Tensor, q: torch.Tensor, sc: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        launch_pdl(
+            kernel, plan.grid(n), block, [x, q, sc, z, y, m, n, k, x.stride(0), y.stride(0)], shared, cluster
+        )
+        return y
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ms", type=int, nargs="*", default=[16, 64])
+    parser.add_argument("--parts", nargs="*", default=["base", "nomma", "nodequant", "noreduce", "nowait"])
+    parser.add_argument("--layers", nargs="*", default=[])
+    args = parser.parse_args()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print("| layer | M | grid | " + " | ".join(f"{p} µs" for p in args.parts) + " |")
+    for name, (n, k) in LAYERS.items():
+        if args.layers and name not in args.layers:
+            continue
+        fmt = Formats(n, k)
+        sets = copies(fmt.w4)
+        for m in args.ms:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 0.1
+            plan = w4a16_gemm_cuda.launch_for(m, n, k, 128, sms, True)
+            cells = []
+            for part in args.parts:
+                kernel = build(part, plan.spec)
+
+                run = launcher(kernel, plan, m, n, k)
+                cells.append(f"{graph_us(run, [(x, *t) for t in sets]):.1f}")
+            print(f"| {name} | {m} | {plan.grid(n)} | " + " | ".join(cells) + " |", flush=True)
+        del fmt, sets
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
