@@ -46,6 +46,15 @@ def test_shared_memory_holds_the_stages_or_the_split_sums() -> None:
                 assert spec.shared_bytes() >= spec.block_m * (spec.block_n + 4) * 4  # the split sums fit
 
 
+def test_preferred_from_9_to_128_tokens() -> None:
+    from kvpilot.runtime.kernels.w4a16_gemm_cuda import preferred, warm_up_ms
+
+    assert [m for m in (1, 8, 9, 16, 17, 64, 128, 129, 256) if preferred(m)] == [9, 16, 17, 64, 128]
+    # the warm-up compiles every build the dispatch can take up to 128 tokens
+    builds = {launch_for(m, 4096, 4096, 128, 132, True).spec for m in range(9, 129)}
+    assert {launch_for(m, 4096, 4096, 128, 132, True).spec for m in warm_up_ms(128)} == builds
+
+
 def test_unsupported_names_the_reason() -> None:
     x = torch.zeros(32, 4096, dtype=torch.bfloat16)
     qweight = torch.zeros(512, 4096, dtype=torch.int32)
@@ -125,3 +134,21 @@ def test_a_graph_replay_reads_its_predecessors_output_under_pdl() -> None:
         x.mul_(scale)
         graph.replay()
         torch.testing.assert_close(out.float(), _want(x * 2, qweight, scales, zeros), atol=2e-2, rtol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [12, 40, 100])
+def test_the_int4_dispatch_takes_it_from_9_to_128_tokens(m: int) -> None:
+    from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
+    from kvpilot.runtime.kernels.w4a16_mma_triton import int_gemm_mma
+    from kvpilot.runtime.kernels.w4a16_triton import int_gemm
+
+    x, qweight, scales, zeros = _case(m, 2048, 4096, 128, False, seed=m)
+    direct = w4a16_gemm(x, qweight, scales, zeros, _sms())
+    dispatched = (
+        int_gemm(x, qweight, scales, zeros, 4) if m <= 16 else int_gemm_mma(x, qweight, scales, zeros, 4)
+    )
+    assert torch.equal(dispatched, direct)
+    triton = int_gemm_mma(x, qweight, scales, zeros, 4, cuda_kernel=False) if m > 16 else None
+    if triton is not None:  # the Triton GEMM it replaces agrees within bf16 rounding
+        torch.testing.assert_close(direct.float(), triton.float(), atol=2e-2, rtol=2e-2)

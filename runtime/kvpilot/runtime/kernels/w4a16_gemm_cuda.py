@@ -130,7 +130,9 @@ def launch_for(
     return GemmLaunch(spec, slices, blocks_m)
 
 
-PREFERRED_M = (17, 128)  # placeholder: set from the H200 sweep
+# 9-128 tokens: faster than the Triton kernels there in the sum over Qwen3-8B's four layers at M = 16,
+# 32, 64, 128 (H200, benchmarks/sweep_w4a16_gemm.py, BENCHMARKS "eleventh session"); <= 8: the GEMV.
+PREFERRED_M = (9, 128)
 
 
 def preferred(m: int) -> bool:
@@ -146,9 +148,9 @@ def takes(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, sms: int
 
 
 def warm_up_ms(top: int) -> list[int]:
-    """One M per build up to top tokens (a build per token-tile count and cluster use): running each once
-    compiles them all while the model loads."""
-    return [m for m in (*range(24, 65, 8), *range(80, 129, 16)) if m <= top and preferred(m)]
+    """One M per build up to top tokens (a build per token-tile count, stage count and cluster use):
+    running each once compiles them all while the model loads."""
+    return [m for m in (16, *range(24, 65, 8), *range(80, 129, 16)) if m <= top and preferred(m)]
 
 
 def compiled(spec: GemmSpec) -> Any:

@@ -271,6 +271,10 @@ def int_gemm(
         from .w4a16_cuda import w4a16_gemv  # CUDA-only (NVRTC)
 
         y = w4a16_gemv(x, qweight, scales, zeros, num_sms(x.device), counters)
+    elif cuda_kernel and bits == 4 and x.is_cuda and _cuda_gemm_takes(x, qweight, scales):
+        from .w4a16_gemm_cuda import w4a16_gemm  # CUDA-only (NVRTC): 9-16 tokens
+
+        y = w4a16_gemm(x, qweight, scales, zeros, num_sms(x.device))
     elif bits == 4 and int4_mma_dispatched(x, qweight.shape[1], group):
         y = int4_mma_gemv(x, qweight, scales, zeros, counters=counters)
     elif bits == 8 and x.shape[0] == 1:
@@ -292,6 +296,12 @@ def _cuda_w4a16_runs(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
     if unsupported(x, qweight, scales, bits) is not None:
         return False
     return preferred(x.shape[0], qweight.shape[1], k, k // scales.shape[0], num_sms(x.device))
+
+
+def _cuda_gemm_takes(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> bool:
+    from .w4a16_gemm_cuda import takes
+
+    return takes(x, qweight, scales, num_sms(x.device))
 
 
 def warm_up_int_gemm(
