@@ -113,11 +113,12 @@ def launch_for(
     warps: int = WARPS,
     stages: int = STAGES,
     ctas_per_sm: float = CTAS_PER_SM,
+    max_token_tiles: int = MAX_TOKEN_TILES,
 ) -> GemmLaunch:
     """Token tiles to cover M (at most 64 tokens per CTA; balanced over the token blocks), the stages that
     fit STAGE_BUDGET (stages 0), then on sm_90 K slices until the CTAs number ~ctas_per_sm per SM (at most
     a portable cluster, each slice at least MIN_SLICE_TILES tiles)."""
-    blocks_m = -(-m // (8 * MAX_TOKEN_TILES))
+    blocks_m = -(-m // (8 * max_token_tiles))
     token_tiles = -(-m // (8 * blocks_m))
     tiles, blocks = k // TILE, (n // (COLS_PER_WARP * warps)) * blocks_m
     slices = 1
