@@ -24,8 +24,10 @@ def test_token_tiles_cover_m_in_balanced_blocks_of_at_most_64(m: int, tiles: int
 
 
 def test_k_slices_fill_the_gpu_within_a_cluster_on_hopper_only() -> None:
-    qkv = launch_for(64, 6144, 4096, 128, 132, hopper=True)  # 48 column blocks: 396 / 48 -> 8 slices
-    assert (qkv.slices, qkv.spec.cluster_reduce, qkv.grid(6144)) == (8, True, (48, 8, 1))
+    qkv = launch_for(64, 6144, 4096, 128, 132, hopper=True)  # 48 column blocks: 290 / 48 -> 6 slices
+    assert (qkv.slices, qkv.spec.cluster_reduce, qkv.grid(6144)) == (6, True, (48, 6, 1))
+    o = launch_for(64, 4096, 4096, 128, 132, hopper=True)  # 32 blocks: 9 slices wanted, a cluster holds 8
+    assert o.slices == 8
     gate_up = launch_for(64, 24576, 4096, 128, 132, hopper=True)  # 192 blocks: 2 slices
     assert (gate_up.slices, gate_up.spec.cluster_reduce) == (2, True)
     wide = launch_for(64, 65536, 4096, 128, 132, hopper=True)  # 512 blocks: one slice, no cluster
