@@ -31,7 +31,7 @@ def variant_plan(case: dict[str, str], m: int, n: int, k: int, sms: int) -> Gemm
     get = {key: float(value) for key, value in case.items()}.get
     warps, stages = int(get("warps", WARPS)), int(get("stages", STAGES))
     tiles = int(get("tt", MAX_TOKEN_TILES))
-    wgmma = int(get("wg", 0))
+    wgmma = bool(get("wg", 0))
     plan = launch_for(m, n, k, 128, sms, True, warps, stages, get("ctas", CTAS_PER_SM), tiles, wgmma)
     slices = int(get("slices", plan.slices))
     spec = dataclasses.replace(plan.spec, cluster_reduce=slices > 1)

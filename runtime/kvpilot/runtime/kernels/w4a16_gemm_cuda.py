@@ -42,8 +42,7 @@ class GemmSpec:
     tiles_per_group: int
     stages: int = 3
     cluster_reduce: bool = False
-    wgmma: int = 0  # sm_90a: wgmma.mma_async in place of mma.sync (64 tokens per CTA, 4 warps); 1, 2: how
-    # its A fragments are staged (w4a16_gemm_wgmma.cuh)
+    wgmma: bool = False  # sm_90a: wgmma.mma_async in place of mma.sync (64 tokens per CTA, 4 warps)
 
     @property
     def block_n(self) -> int:
@@ -120,7 +119,7 @@ def launch_for(
     stages: int = STAGES,
     ctas_per_sm: float = CTAS_PER_SM,
     max_token_tiles: int = MAX_TOKEN_TILES,
-    wgmma: int = 0,
+    wgmma: bool = False,
 ) -> GemmLaunch:
     """Token tiles to cover M (at most 64 tokens per CTA; balanced over the token blocks), the stages that
     fit STAGE_BUDGET (stages 0), then on sm_90 K slices until the CTAs number ~ctas_per_sm per SM (at most

@@ -28,18 +28,6 @@ __device__ __forceinline__ unsigned long long x_descriptor(u32 at) {
     return (unsigned long long)((at >> 4) & 0x3FFF) | (lbo << 16) | (sbo << 32);
 }
 
-// Step j's A fragments of mma blocks c = 0, 1 (rows g, g + 8; K 16j + 2t.. and + 8): mma_stage's
-__device__ __forceinline__ void dequant_step(u32 (&a)[2][4], const u32 (&p)[2][2][2][2], const u32 (&s)[2][2],
-                                             const u32 (&nz)[2][2], int j) {
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-        a[c][0] = dequant(p[0][0][c][j / 4], j % 4, s[0][c], nz[0][c]);
-        a[c][1] = dequant(p[0][1][c][j / 4], j % 4, s[1][c], nz[1][c]);
-        a[c][2] = dequant(p[1][0][c][j / 4], j % 4, s[0][c], nz[0][c]);
-        a[c][3] = dequant(p[1][1][c][j / 4], j % 4, s[1][c], nz[1][c]);
-    }
-}
-
 // d [64 rows of this warpgroup][64 tokens] += A (registers) B (descriptor): d[nt][e] as mma.sync's acc[c][nt][e]
 __device__ __forceinline__ void wgmma_64x64(float (&d)[8][4], const u32* a, unsigned long long b) {
     asm volatile(
@@ -57,10 +45,9 @@ __device__ __forceinline__ void wgmma_64x64(float (&d)[8][4], const u32* a, unsi
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
-// acc += the warpgroup's 128 columns x 64 tokens over one K tile.
-#if WGMMA == 1
-// A fragments alternate between two sets: a set is rewritten only after the wgmmas that read it have
-// completed (wait_group 1: at most the last step's pair still in flight).
+// acc += the warpgroup's 128 columns x 64 tokens over one K tile. A fragments alternate between two sets:
+// a set is rewritten only after the wgmmas that read it have completed (wait_group 1: at most the last
+// step's pair still in flight).
 __device__ __forceinline__ void wgmma_stage(float (&acc)[2][8][4], const char* stage, int warp, int lane) {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async wrote x: wgmma reads it async
     const int g = lane >> 2;
@@ -72,7 +59,13 @@ __device__ __forceinline__ void wgmma_stage(float (&acc)[2][8][4], const char* s
     for (int j = 0; j < 8; ++j) {
         u32 (&aj)[2][4] = a[j & 1];
         if (j >= 2) wgmma_wait<1>();
-        dequant_step(aj, p, s, nz, j);
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            aj[c][0] = dequant(p[0][0][c][j / 4], j % 4, s[0][c], nz[0][c]);
+            aj[c][1] = dequant(p[0][1][c][j / 4], j % 4, s[1][c], nz[1][c]);
+            aj[c][2] = dequant(p[1][0][c][j / 4], j % 4, s[0][c], nz[0][c]);
+            aj[c][3] = dequant(p[1][1][c][j / 4], j % 4, s[1][c], nz[1][c]);
+        }
         wgmma_fence();
         const unsigned long long b = x_descriptor(x0 + x_core(0, 2 * j));  // K chunks 2j, 2j + 1
         wgmma_64x64(acc[0], aj[0], b);
@@ -81,29 +74,3 @@ __device__ __forceinline__ void wgmma_stage(float (&acc)[2][8][4], const char* s
     }
     wgmma_wait<0>();  // the stage is refilled after the next barrier; acc is read after the loop
 }
-#else
-// Every step's A fragments in their own registers (64): the first half's 8 wgmmas run while the second
-// half is dequantized, and nothing waits until the tile's end.
-__device__ __forceinline__ void wgmma_stage(float (&acc)[2][8][4], const char* stage, int warp, int lane) {
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async wrote x: wgmma reads it async
-    const int g = lane >> 2;
-    u32 p[2][2][2][2], s[2][2], nz[2][2], a[8][2][4];
-    read_words(p, stage, warp, lane);
-    read_group(s, nz, stage, warp, g);
-    const u32 x0 = smem_at(stage);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-#pragma unroll
-        for (int j = 4 * half; j < 4 * half + 4; ++j) dequant_step(a[j], p, s, nz, j);
-        wgmma_fence();
-#pragma unroll
-        for (int j = 4 * half; j < 4 * half + 4; ++j) {
-            const unsigned long long b = x_descriptor(x0 + x_core(0, 2 * j));
-            wgmma_64x64(acc[0], a[j][0], b);
-            wgmma_64x64(acc[1], a[j][1], b);
-        }
-        wgmma_commit();
-    }
-    wgmma_wait<0>();
-}
-#endif
