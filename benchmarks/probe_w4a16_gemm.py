@@ -50,7 +50,7 @@ def build(name: str, spec: w4a16_gemm_cuda.GemmSpec) -> object:
         text = text.replace(old, new)
     path = Path(tempfile.gettempdir()) / f"w4a16_gemm_{name}.cu"
     path.write_text(text)
-    kernel = compile_cuda(path, "w4a16_gemm", tuple(spec.macros().items()), "90a" if spec.wgmma else None)
+    kernel = compile_cuda(path, "w4a16_gemm", tuple(spec.macros().items()))
     allow_shared_memory(kernel, spec.shared_bytes())
     return kernel
 
@@ -74,7 +74,6 @@ def main() -> None:
     parser.add_argument("--ms", type=int, nargs="*", default=[16, 64])
     parser.add_argument("--parts", nargs="*", default=["base", "nomma", "nodequant", "noreduce", "nowait"])
     parser.add_argument("--layers", nargs="*", default=[])
-    parser.add_argument("--wgmma", action="store_true", help="probe the wgmma build (sm_90a)")
     args = parser.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print("| layer | M | grid | " + " | ".join(f"{p} µs" for p in args.parts) + " |")
@@ -85,7 +84,7 @@ def main() -> None:
         sets = copies(fmt.w4)
         for m in args.ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 0.1
-            plan = w4a16_gemm_cuda.launch_for(m, n, k, 128, sms, True, wgmma=args.wgmma)
+            plan = w4a16_gemm_cuda.launch_for(m, n, k, 128, sms, True)
             cells = []
             for part in args.parts:
                 kernel = build(part, plan.spec)

@@ -2,7 +2,7 @@
 tensor-core GEMM that the dispatch ran there before (w4a16_mma_triton), one run; each CUDA cell's error
 against the bf16 GEMM of the dequantized weight is printed. A variant is key=value pairs joined by commas,
 each defaulting to launch_for's: warps (32 columns each), stages, ctas (K slices until ~ctas CTAs per SM) or
-slices (exactly), tt (token tiles of 8 per CTA at most), wg (1: the wgmma build, sm_90a).
+slices (exactly), tt (token tiles of 8 per CTA at most).
 
 source benchmarks/gpu_env.sh && python benchmarks/sweep_w4a16_gemm.py --ms 32 64 --variants warps=4 warps=8
 """
@@ -31,8 +31,7 @@ def variant_plan(case: dict[str, str], m: int, n: int, k: int, sms: int) -> Gemm
     get = {key: float(value) for key, value in case.items()}.get
     warps, stages = int(get("warps", WARPS)), int(get("stages", STAGES))
     tiles = int(get("tt", MAX_TOKEN_TILES))
-    wgmma = bool(get("wg", 0))
-    plan = launch_for(m, n, k, 128, sms, True, warps, stages, get("ctas", CTAS_PER_SM), tiles, wgmma)
+    plan = launch_for(m, n, k, 128, sms, True, warps, stages, get("ctas", CTAS_PER_SM), tiles)
     slices = int(get("slices", plan.slices))
     spec = dataclasses.replace(plan.spec, cluster_reduce=slices > 1)
     return dataclasses.replace(plan, spec=spec, slices=slices)

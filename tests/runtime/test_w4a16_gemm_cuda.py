@@ -74,18 +74,6 @@ def test_compiles_for_sm90_without_spills(nt: int, cluster: bool, tmp_path: Path
     assert (b"ld.shared::cluster.v4.f32" in code) == cluster
 
 
-@pytest.mark.parametrize("cluster", [False, True])
-def test_the_wgmma_build_compiles_for_sm90a_without_serialization(cluster: bool, tmp_path: Path) -> None:
-    spec = launch_for(64, 4096 if cluster else 65536, 4096, 128, 132, True, wgmma=True).spec
-    assert (spec.token_tiles, spec.wgmma, spec.cluster_reduce) == (8, True, cluster)
-    code = ptx(SOURCE, spec.macros(), arch="90a")
-    registers, spills, report = sm90_resources(code, tmp_path, arch="90a")
-    assert spills == 0 and registers <= 168, report
-    assert "serializ" not in report, report  # ptxas serializes wgmma it cannot keep in flight
-    assert code.count(b"wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16") == 16  # 8 K steps x 2
-    assert b"mma.sync" not in code
-
-
 def _case(m: int, n: int, k: int, group: int, sym: bool, seed: int) -> tuple[torch.Tensor, ...]:
     gen = torch.Generator().manual_seed(seed)
     w = quantize_rtn(torch.randn(n, k, generator=gen) * 0.05, 4, group, sym=sym)
@@ -166,20 +154,3 @@ def test_the_int4_dispatch_takes_it_from_9_to_128_tokens(m: int) -> None:
     triton = int_gemm_mma(x, qweight, scales, zeros, 4, cuda_kernel=False) if m > 16 else None
     if triton is not None:  # the Triton GEMM it replaces agrees within bf16 rounding
         torch.testing.assert_close(direct.float(), triton.float(), atol=2e-2, rtol=2e-2)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("m", [17, 40, 64, 100])
-@pytest.mark.parametrize("slices", [1, 4])
-def test_the_wgmma_build_matches_the_reference(m: int, slices: int) -> None:
-    import dataclasses
-
-    from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
-
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("wgmma is sm_90a")
-    x, qweight, scales, zeros = _case(m, 2048, 4096, 128, False, seed=m + slices)
-    plan = launch_for(m, 2048, 4096, 128, _sms(), True, wgmma=True)
-    spec = dataclasses.replace(plan.spec, cluster_reduce=slices > 1)
-    out = w4a16_gemm(x, qweight, scales, zeros, _sms(), dataclasses.replace(plan, slices=slices, spec=spec))
-    torch.testing.assert_close(out.float(), _want(x, qweight, scales, zeros), atol=1e-2, rtol=1e-2)

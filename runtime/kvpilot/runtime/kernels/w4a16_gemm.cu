@@ -24,9 +24,6 @@ typedef unsigned short u16;
 #ifndef CLUSTER_REDUCE
 #define CLUSTER_REDUCE 0
 #endif
-#ifndef WGMMA
-#define WGMMA 0
-#endif
 #define TILE 128
 #define BN (32 * WARPS)
 #define BM (8 * NT)
@@ -99,15 +96,6 @@ __device__ __forceinline__ int w_chunk(int r, int a) {
 // every k); the group's scales and zeros: one chunk for each of the first BN / 4 threads.
 #define X_ROWS (2 * WARPS)  // x rows per pass of the CTA's threads (16 chunks each)
 #define X_CHUNKS (16 * NT_PAIRS / X_ROWS)
-#if WGMMA
-// wgmma reads x as 8 x 16-byte core matrices, (token group tok / 8, K chunk kc) at (kc XG + tok / 8) 128
-// bytes: contiguous rows, no swizzle (no bank conflict either: a core matrix is 128 contiguous bytes).
-#define XG (2 * NT_PAIRS)
-#define X_STEP 128  // bytes from a thread's x chunk k to k + 1 (rows X_ROWS = 8 apart: the next group)
-__device__ __forceinline__ int x_core(int tok, int kc) { return (kc * XG + (tok >> 3)) * 128 + (tok & 7) * 16; }
-#else
-#define X_STEP (X_ROWS * 256)
-#endif
 struct Fetch {
     const u32* w;  // tile 0's chunk of row r0
     const u16* x;  // row tok0's chunk kc at K 0
@@ -124,11 +112,7 @@ __device__ __forceinline__ Fetch plan_fetch(const u32* qw, const u16* scales, co
     f.w_dst = X_STAGE + ((a >> 3) * 128 + w_chunk(r0, a & 7)) * 16;
     const int tok0 = tid >> 4, kc = tid & 15;
     f.x = x + (long long)tok0 * stride_x + 8 * kc;
-#if WGMMA
-    f.x_dst = x_core(tok0, kc);
-#else
     f.x_dst = tok0 * 256 + ((kc ^ (tok0 & 7)) << 4);
-#endif
     f.x_real = m_left > tok0 ? (m_left - tok0 + X_ROWS - 1) / X_ROWS : 0;
     const int h = tid / (BN / 8), c = tid % (BN / 8);  // BN / 8 chunks of scales, then of zeros
     f.sz = tid < BN / 4 ? (h ? zeros : scales) + n0 + 8 * c : nullptr;
@@ -149,13 +133,13 @@ __device__ __forceinline__ void fetch_x(char* stage, const Fetch& f, int tile, i
     const long long step = (long long)X_ROWS * stride_x;
     if (f.x_real >= X_CHUNKS) {  // a whole token block (the common case): no predicates, no selects
 #pragma unroll
-        for (int k = 0; k < X_CHUNKS; ++k) cp_async16(stage + f.x_dst + k * X_STEP, x + k * step);
+        for (int k = 0; k < X_CHUNKS; ++k) cp_async16(stage + f.x_dst + k * X_ROWS * 256, x + k * step);
         return;
     }
 #pragma unroll
     for (int k = 0; k < X_CHUNKS; ++k) {  // rows past M: zero-filled from row tok0's (a valid) address
         const bool real = k < f.x_real;
-        cp_async16(stage + f.x_dst + k * X_STEP, real ? x + k * step : x, real ? 16 : 0);
+        cp_async16(stage + f.x_dst + k * X_ROWS * 256, real ? x + k * step : x, real ? 16 : 0);
     }
 }
 
@@ -235,9 +219,6 @@ __device__ __forceinline__ void mma_stage(float (&acc)[2][2 * NT_PAIRS][4], cons
     }
 }
 
-#if WGMMA
-#include "w4a16_gemm_wgmma.cuh"
-#endif
 #if CLUSTER_REDUCE
 #include "w4a16_gemm_cluster.cuh"
 #endif
@@ -281,11 +262,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) w4a16_gemm(
             fetch_x(stage, f, t_lo + ahead, stride_x);
         }
         cp_async_commit();
-#if WGMMA
-        wgmma_stage(acc, smem + (i % STAGES) * STAGE_BYTES, warp, lane);
-#else
         mma_stage(acc, smem + (i % STAGES) * STAGE_BYTES, warp, lane);
-#endif
     }
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     y += (long long)m0 * stride_y + n0;

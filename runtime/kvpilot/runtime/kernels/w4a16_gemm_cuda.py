@@ -42,7 +42,6 @@ class GemmSpec:
     tiles_per_group: int
     stages: int = 3
     cluster_reduce: bool = False
-    wgmma: bool = False  # sm_90a: wgmma.mma_async in place of mma.sync (64 tokens per CTA, 4 warps)
 
     @property
     def block_n(self) -> int:
@@ -59,7 +58,6 @@ class GemmSpec:
             "TILES_PER_GROUP": self.tiles_per_group,
             "STAGES": self.stages,
             "CLUSTER_REDUCE": int(self.cluster_reduce),
-            "WGMMA": int(self.wgmma),
         }
 
     def shared_bytes(self) -> int:
@@ -119,13 +117,12 @@ def launch_for(
     stages: int = STAGES,
     ctas_per_sm: float = CTAS_PER_SM,
     max_token_tiles: int = MAX_TOKEN_TILES,
-    wgmma: bool = False,
 ) -> GemmLaunch:
     """Token tiles to cover M (at most 64 tokens per CTA; balanced over the token blocks), the stages that
     fit STAGE_BUDGET (stages 0), then on sm_90 K slices until the CTAs number ~ctas_per_sm per SM (at most
     a portable cluster, each slice at least MIN_SLICE_TILES tiles)."""
     blocks_m = -(-m // (8 * max_token_tiles))
-    token_tiles = MAX_TOKEN_TILES if wgmma else -(-m // (8 * blocks_m))  # wgmma: 64 rows, zeros past M
+    token_tiles = -(-m // (8 * blocks_m))
     tiles, blocks = k // TILE, (n // (COLS_PER_WARP * warps)) * blocks_m
     slices = 1
     if hopper:
@@ -133,7 +130,7 @@ def launch_for(
         slices = max(1, min(wanted, MAX_CLUSTER, tiles // MIN_SLICE_TILES))
     if not stages:
         stages = max(2, min(MAX_STAGES, STAGE_BUDGET // stage_bytes(warps, token_tiles)))
-    spec = GemmSpec(warps, token_tiles, group // TILE, stages, cluster_reduce=slices > 1, wgmma=wgmma)
+    spec = GemmSpec(warps, token_tiles, group // TILE, stages, cluster_reduce=slices > 1)
     return GemmLaunch(spec, slices, blocks_m)
 
 
@@ -162,7 +159,7 @@ def warm_up_ms(top: int) -> list[int]:
 
 def compiled(spec: GemmSpec) -> Any:
     """The loaded kernel for spec (nvrtc.compile_cuda: compiled on first use, memoized)."""
-    return compile_cuda(SOURCE, "w4a16_gemm", tuple(spec.macros().items()), "90a" if spec.wgmma else None)
+    return compile_cuda(SOURCE, "w4a16_gemm", tuple(spec.macros().items()))
 
 
 def w4a16_gemm(
