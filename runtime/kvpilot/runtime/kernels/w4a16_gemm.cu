@@ -1,6 +1,7 @@
-// int4 weight-only GEMM for 17-64 tokens per CTA on mma.sync, bf16 activations: y [M, N] = x [M, K] W^T, the
-// weight in the canonical layout of quant_reference.py (qweight int32 [K/8, N]: value j of word row 16T + r is
-// K row 128T + 16j + r; scales, zeros bf16 [K/G, N]). w4a16_gemm_cuda.py compiles it with NVRTC and macros:
+// int4 weight-only GEMM for 9+ tokens (up to 64 a CTA) on mma.sync, bf16 activations: y [M, N] = x [M, K]
+// W^T, the weight in the canonical layout of quant_reference.py (qweight int32 [K/8, N]: value j of word row
+// 16T + r is K row 128T + 16j + r; scales, zeros bf16 [K/G, N]). w4a16_gemm_cuda.py compiles it with NVRTC
+// and macros:
 //   WARPS (each warp owns 32 output columns: a CTA takes BN = 32 WARPS), NT (token tiles of 8, 1..8: a CTA
 //   takes BM = 8 NT tokens, grid.z more token blocks), STAGES (K tiles in flight through the cp.async ring),
 //   TILES_PER_GROUP (G / 128), CLUSTER_REDUCE (1: sm_90, a column block's S <= 8 K slices are one cluster).
@@ -124,7 +125,8 @@ __device__ __forceinline__ Fetch plan_fetch(const u32* qw, const u16* scales, co
 __device__ __forceinline__ void fetch_weight(char* stage, const Fetch& f, int tile, int n) {
     const u32* w = f.w + (long long)tile * 16 * n;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) cp_async16(stage + f.w_dst + ((k >> 1) * 64 + (k & 1) * 8) * 16, w + (long long)k * 4 * n);
+    for (int k = 0; k < 4; ++k)
+        cp_async16(stage + f.w_dst + ((k >> 1) * 64 + (k & 1) * 8) * 16, w + (long long)k * 4 * n);
     if (f.sz) cp_async16(stage + f.sz_dst, f.sz + (long long)(tile / TILES_PER_GROUP) * n);
 }
 
@@ -281,7 +283,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) w4a16_gemm(
         for (int e = 0; e < 4; ++e) {  // e: (token 2t | 2t + 1) x (row g | g + 8)
             const int tok = 8 * nt + 2 * t + (e & 1), col = warp * 32 + (e >> 1) * 16 + 2 * g;
             if (tok < m_left) {
-                *reinterpret_cast<u32*>(y + (long long)tok * stride_y + col) = pack_bf16x2(acc[0][nt][e], acc[1][nt][e]);
+                u32* out = reinterpret_cast<u32*>(y + (long long)tok * stride_y + col);
+                *out = pack_bf16x2(acc[0][nt][e], acc[1][nt][e]);
             }
         }
     }
