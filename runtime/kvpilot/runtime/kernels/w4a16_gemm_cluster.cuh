@@ -22,8 +22,8 @@ __device__ __forceinline__ float4 cluster_load4(const float* local, int rank) {
 }
 
 // sums: [BM][SUMS_STRIDE] fp32 of this CTA's shared memory; y at the block's first token and column.
-__device__ void store_by_cluster(const float (&acc)[2][2 * NT_PAIRS][4], float* sums, u16* y, int m_left, int stride_y,
-                                 int warp, int lane) {
+__device__ void store_by_cluster(const float (&acc)[2][2 * NT_PAIRS][4], float* sums, u16* y, int m_left,
+                                 int stride_y, int warp, int lane) {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
