@@ -1,5 +1,5 @@
-"""w4a16_gemm.cu's builds at Qwen3-8B's layer shapes and 17+ tokens, beside bf16 cuBLAS and the Triton
-tensor-core GEMM that the dispatch ran there before (w4a16_mma_triton), one run; each CUDA cell's error
+"""w4a16_gemm.cu's builds at Qwen3-8B's layer shapes, beside bf16 cuBLAS and what ran there before it (the
+decode GEMV w4a16_gemv.cu at <= 8 tokens, the Triton tensor-core GEMM w4a16_mma_triton above), one run; each CUDA cell's error
 against the bf16 GEMM of the dequantized weight is printed. A variant is key=value pairs joined by commas,
 each defaulting to launch_for's: warps (32 columns each), stages, ctas (K slices until ~ctas CTAs per SM) or
 slices (exactly), tt (token tiles of 8 per CTA at most).
@@ -24,7 +24,9 @@ from kvpilot.runtime.kernels.w4a16_gemm_cuda import (
     launch_for,
     w4a16_gemm,
 )
+from kvpilot.runtime.kernels.w4a16_cuda import PREFERRED_MAX_M
 from kvpilot.runtime.kernels.w4a16_mma_triton import int_gemm_mma
+from kvpilot.runtime.kernels.w4a16_triton import int_gemm
 
 
 def variant_plan(case: dict[str, str], m: int, n: int, k: int, sms: int) -> GemmLaunch:
@@ -47,7 +49,7 @@ def main() -> None:
     optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin - 1024
     cases = [dict(item.split("=") for item in v.split(",")) for v in args.variants]
     head = " | ".join(f"cuda {v} µs (×bf16)" for v in args.variants)
-    print(f"| layer | M | bf16 µs | triton µs (×bf16) | {head} |")
+    print(f"| layer | M | bf16 µs | before µs (×bf16) | {head} |")
     for name, (n, k) in LAYERS.items():
         if args.layers and name not in args.layers:
             continue
@@ -58,10 +60,12 @@ def main() -> None:
             want = F.linear(x, fmt.dense["w4"]).float()
             bf16 = graph_us(F.linear, [(x, *t) for t in dense])
 
-            def triton(x, q, sc, z, counters=fmt.counters):
+            def before(x, q, sc, z, counters=fmt.counters, m=m):
+                if m <= PREFERRED_MAX_M:  # the dispatch's own (the decode GEMV, w4a16_gemv.cu)
+                    return int_gemm(x, q, sc, z, 4, None, counters)
                 return int_gemm_mma(x, q, sc, z, 4, None, counters, cuda_kernel=False)
 
-            tri = graph_us(triton, [(x, *t) for t in sets])
+            tri = graph_us(before, [(x, *t) for t in sets])
             cells = []
             for case in cases:
                 plan = variant_plan(case, m, n, k, sms)
