@@ -1,8 +1,8 @@
 """w4a16_gemm.cu's builds at Qwen3-8B's layer shapes, beside bf16 cuBLAS and what ran there before it (the
-decode GEMV w4a16_gemv.cu at <= 8 tokens, the Triton tensor-core GEMM w4a16_mma_triton above), one run; each CUDA cell's error
-against the bf16 GEMM of the dequantized weight is printed. A variant is key=value pairs joined by commas,
-each defaulting to launch_for's: warps (32 columns each), stages, ctas (K slices until ~ctas CTAs per SM) or
-slices (exactly), tt (token tiles of 8 per CTA at most).
+decode GEMV w4a16_gemv.cu at <= 8 tokens, the Triton tensor-core GEMM w4a16_mma_triton above), one run;
+each CUDA cell's error against the bf16 GEMM of the dequantized weight is printed. A variant is key=value
+pairs joined by commas, each defaulting to launch_for's: warps (32 columns each), stages, ctas (K slices
+until ~ctas CTAs per SM) or slices (exactly), tt (token tiles of 8 per CTA at most).
 
 source benchmarks/gpu_env.sh && python benchmarks/sweep_w4a16_gemm.py --ms 32 64 --variants warps=4 warps=8
 """
@@ -15,6 +15,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 from bench_w4a16 import LAYERS, Formats, copies, graph_us, nbytes
+from kvpilot.runtime.kernels.w4a16_cuda import PREFERRED_MAX_M
 from kvpilot.runtime.kernels.w4a16_gemm_cuda import (
     CTAS_PER_SM,
     MAX_TOKEN_TILES,
@@ -24,7 +25,6 @@ from kvpilot.runtime.kernels.w4a16_gemm_cuda import (
     launch_for,
     w4a16_gemm,
 )
-from kvpilot.runtime.kernels.w4a16_cuda import PREFERRED_MAX_M
 from kvpilot.runtime.kernels.w4a16_mma_triton import int_gemm_mma
 from kvpilot.runtime.kernels.w4a16_triton import int_gemm
 
