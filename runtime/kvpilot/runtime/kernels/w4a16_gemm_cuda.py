@@ -134,9 +134,11 @@ def launch_for(
     return GemmLaunch(spec, slices, blocks_m)
 
 
-# 9-128 tokens: faster than the Triton kernels there in the sum over Qwen3-8B's four layers at M = 16,
-# 32, 64, 128 (H200, benchmarks/sweep_w4a16_gemm.py, BENCHMARKS "eleventh session"); <= 8: the GEMV.
-PREFERRED_M = (9, 128)
+# 8-128 tokens: faster than what ran there before in the sum over Qwen3-8B's four layers (H200,
+# benchmarks/sweep_w4a16_gemm.py, BENCHMARKS "eleventh session"): at 8 tokens than the decode GEMV (54.3
+# against 63.7 us; down alone 0.5 us slower), at 16-128 than the Triton GEMM. At 4 tokens the GEMV wins
+# (49.8 against 53.4), so below 8 it keeps them.
+PREFERRED_M = (8, 128)
 
 
 def preferred(m: int) -> bool:
@@ -154,7 +156,7 @@ def takes(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, sms: int
 def warm_up_ms(top: int) -> list[int]:
     """One M per build up to top tokens (a build per token-tile count, stage count and cluster use):
     running each once compiles them all while the model loads."""
-    return [m for m in (16, *range(24, 65, 8), *range(80, 129, 16)) if m <= top and preferred(m)]
+    return [m for m in (8, 16, *range(24, 65, 8), *range(80, 129, 16)) if m <= top and preferred(m)]
 
 
 def compiled(spec: GemmSpec) -> Any:

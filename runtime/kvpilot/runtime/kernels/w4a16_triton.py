@@ -267,14 +267,14 @@ def int_gemm(
     group = x.shape[1] // scales.shape[0]
     if not fused_supported(x.shape[1], group, bits) or x.shape[0] >= DEQUANT_CUBLAS_MIN_M:
         y = x @ dequantize_triton(qweight, scales, zeros, bits, x.dtype)
+    elif cuda_kernel and bits == 4 and x.is_cuda and _cuda_gemm_takes(x, qweight, scales):
+        from .w4a16_gemm_cuda import w4a16_gemm  # CUDA-only (NVRTC): 8-16 tokens
+
+        y = w4a16_gemm(x, qweight, scales, zeros, num_sms(x.device))
     elif cuda_kernel and _cuda_w4a16_runs(x, qweight, scales, bits):
         from .w4a16_cuda import w4a16_gemv  # CUDA-only (NVRTC)
 
         y = w4a16_gemv(x, qweight, scales, zeros, num_sms(x.device), counters)
-    elif cuda_kernel and bits == 4 and x.is_cuda and _cuda_gemm_takes(x, qweight, scales):
-        from .w4a16_gemm_cuda import w4a16_gemm  # CUDA-only (NVRTC): 9-16 tokens
-
-        y = w4a16_gemm(x, qweight, scales, zeros, num_sms(x.device))
     elif bits == 4 and int4_mma_dispatched(x, qweight.shape[1], group):
         y = int4_mma_gemv(x, qweight, scales, zeros, counters=counters)
     elif bits == 8 and x.shape[0] == 1:
