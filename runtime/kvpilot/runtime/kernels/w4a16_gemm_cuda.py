@@ -141,16 +141,19 @@ def launch_for(
 PREFERRED_M = (8, 128)
 
 
-def preferred(m: int) -> bool:
-    """Whether this kernel is expected to beat the Triton tensor-core GEMM at m tokens (the H200 sweep,
-    benchmarks/sweep_w4a16_gemm.py)."""
-    return PREFERRED_M[0] <= m <= PREFERRED_M[1]
+def preferred(m: int, hopper: bool = True) -> bool:
+    """Whether this kernel is expected to beat what the dispatch ran before at m tokens (the H200 sweep,
+    benchmarks/sweep_w4a16_gemm.py). Only measured on sm_90, where its K slices meet in a cluster; without
+    clusters a launch takes one slice (48 CTAs for Qwen3-8B's qkv), so elsewhere the other kernels keep it."""
+    return hopper and PREFERRED_M[0] <= m <= PREFERRED_M[1]
 
 
-def takes(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, sms: int) -> bool:
-    """Whether the dispatch (w4a16_mma_triton.int_gemm_mma) sends x [M, K] @ W^T here: it can, and is
-    expected to be faster."""
-    return unsupported(x, qweight, scales, 4) is None and preferred(x.shape[0])
+def takes(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> bool:
+    """Whether the int4 dispatch (w4a16_triton.int_gemm, w4a16_mma_triton.int_gemm_mma) sends x [M, K] @ W^T
+    here: it can, and is expected to be faster."""
+    if unsupported(x, qweight, scales, 4) is not None:
+        return False
+    return preferred(x.shape[0], torch.cuda.get_device_capability(x.device) >= (9, 0))
 
 
 def warm_up_ms(top: int) -> list[int]:

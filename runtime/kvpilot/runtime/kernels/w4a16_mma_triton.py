@@ -268,7 +268,7 @@ def int_gemm_mma(
     if cuda_kernel and bits == 4 and x.is_cuda:
         from .w4a16_gemm_cuda import takes, w4a16_gemm  # CUDA-only (NVRTC)
 
-        if takes(x, qweight, scales, num_sms(x.device)):
+        if takes(x, qweight, scales):
             y = w4a16_gemm(x, qweight, scales, zeros, num_sms(x.device))
             return y.reshape(*lead, y.shape[-1])
     cfg = bucket_config(x.shape[0], qweight.shape[1], x.shape[1], bits, num_sms(x.device))

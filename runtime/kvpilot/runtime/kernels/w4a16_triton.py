@@ -301,7 +301,7 @@ def _cuda_w4a16_runs(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
 def _cuda_gemm_takes(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> bool:
     from .w4a16_gemm_cuda import takes
 
-    return takes(x, qweight, scales, num_sms(x.device))
+    return takes(x, qweight, scales)
 
 
 def warm_up_int_gemm(
