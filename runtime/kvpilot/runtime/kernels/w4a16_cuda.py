@@ -81,23 +81,30 @@ class W4Launch:
 
 def unsupported(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int) -> str | None:
     """Why this kernel cannot run x [M, K] @ W^T (None: it can)."""
+    return int4_cuda_unsupported(x, qweight, scales, bits, COLS, MAX_M)
+
+
+def int4_cuda_unsupported(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int, cols: int, max_m: int | None
+) -> str | None:
+    """Why an int4 x bf16 mma.sync kernel of this folder (w4a16_gemv.cu, w4a16_gemm.cu) cannot run
+    x [M, K] @ W^T, given the output columns its CTA takes and the most tokens it takes (None: any)."""
     if x.device.type != "cuda" or torch.version.cuda is None:
         return "needs a CUDA device"
     if torch.cuda.get_device_capability(x.device) < (8, 0):
-        return "needs sm_80+ (bf16 mma)"
+        return "needs sm_80+ (bf16 mma, cp.async)"
     if bits != 4 or x.dtype != torch.bfloat16 or scales.dtype != torch.bfloat16:
         return f"{bits}-bit weights with {x.dtype} activations (int4 with bf16 only)"
     m, k = x.shape
     n = qweight.shape[1]
     group = k // scales.shape[0]
-    if not 1 <= m <= MAX_M or k % TILE or n % COLS or group % TILE:
-        return (
-            f"M={m} (1..{MAX_M}), K={k} (a multiple of {TILE}), N={n} (of {COLS}), group {group} (of {TILE})"
-        )
+    if m < 1 or (max_m is not None and m > max_m) or k % TILE or n % cols or group % TILE:
+        tokens = f"1..{max_m}" if max_m is not None else "1+"
+        return f"M={m} ({tokens}), K={k} (a multiple of {TILE}), N={n} (of {cols}), group {group} (of {TILE})"
     if x.stride(1) != 1 or not (qweight.is_contiguous() and scales.is_contiguous()):
         return "x rows and the weight tensors must be contiguous"
     if x.data_ptr() % 16 or x.stride(0) % 8:
-        return "x rows must start 16-byte aligned (it is staged in 16-byte loads)"
+        return "x rows must start 16-byte aligned (they are copied in 16-byte loads)"
     return None
 
 

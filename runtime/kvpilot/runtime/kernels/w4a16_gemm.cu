@@ -35,17 +35,7 @@ typedef unsigned short u16;
 #define STAGE_BYTES (X_STAGE + W_STAGE + SZ_STAGE)
 #define ONES 0x3F803F80u  // bf16x2 (1, 1)
 
-__device__ __forceinline__ void gdc_wait() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void gdc_launch_dependents() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
+#include "pdl.cuh"
 
 __device__ __forceinline__ u32 smem_at(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
 

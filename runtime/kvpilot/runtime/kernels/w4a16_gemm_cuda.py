@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from .nvrtc import allow_shared_memory, compile_cuda, launch_pdl
+from .w4a16_cuda import int4_cuda_unsupported
 
 SOURCE = Path(__file__).with_name("w4a16_gemm.cu")
 TILE = 128  # K rows per tile (quant_reference.pack_tile of every real layer)
@@ -87,23 +88,7 @@ class GemmLaunch:
 
 def unsupported(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int) -> str | None:
     """Why this kernel cannot run x [M, K] @ W^T (None: it can)."""
-    if x.device.type != "cuda" or torch.version.cuda is None:
-        return "needs a CUDA device"
-    if torch.cuda.get_device_capability(x.device) < (8, 0):
-        return "needs sm_80+ (bf16 mma, cp.async)"
-    if bits != 4 or x.dtype != torch.bfloat16 or scales.dtype != torch.bfloat16:
-        return f"{bits}-bit weights with {x.dtype} activations (int4 with bf16 only)"
-    m, k = x.shape
-    n = qweight.shape[1]
-    group = k // scales.shape[0]
-    block_n = COLS_PER_WARP * WARPS
-    if m < 1 or k % TILE or n % block_n or group % TILE:
-        return f"K={k} (a multiple of {TILE}), N={n} (of {block_n}), group {group} (of {TILE})"
-    if x.stride(1) != 1 or not (qweight.is_contiguous() and scales.is_contiguous()):
-        return "x rows and the weight tensors must be contiguous"
-    if x.data_ptr() % 16 or x.stride(0) % 8:
-        return "x rows must start 16-byte aligned (they are copied in 16-byte chunks)"
-    return None
+    return int4_cuda_unsupported(x, qweight, scales, bits, COLS_PER_WARP * WARPS, None)
 
 
 def launch_for(

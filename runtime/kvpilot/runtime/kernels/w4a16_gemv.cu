@@ -64,19 +64,9 @@ __device__ __forceinline__ u16 f32_to_bf16(float x) {
     return y;
 }
 
-// Programmatic dependent launch (sm_90; no-ops when launched without the attribute): the weight is never
-// written by a predecessor, so its first tiles are loaded before the wait; x and every store come after it.
-__device__ __forceinline__ void gdc_wait() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void gdc_launch_dependents() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
+// Programmatic dependent launch: the weight is never written by a predecessor, so its first tiles are loaded
+// before the wait; x and every store come after it.
+#include "pdl.cuh"
 
 // One K tile's weight words in this lane's registers: row set rs, lo/hi columns; and its group's raw
 // scales and zeros (4 bf16 each for the lo and the hi columns), loaded with it so nothing waits on them.
