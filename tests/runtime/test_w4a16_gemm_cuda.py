@@ -56,6 +56,7 @@ def test_preferred_from_8_to_128_tokens() -> None:
     # the warm-up compiles every build the dispatch can take up to 128 tokens
     builds = {launch_for(m, 4096, 4096, 128, 132, True).spec for m in range(8, 129)}
     assert {launch_for(m, 4096, 4096, 128, 132, True).spec for m in warm_up_ms(128)} == builds
+    assert warm_up_ms(128, hopper=False) == []
 
 
 def test_unsupported_names_the_reason() -> None:

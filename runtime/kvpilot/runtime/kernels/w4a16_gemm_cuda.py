@@ -141,10 +141,11 @@ def takes(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> bool:
     return preferred(x.shape[0], torch.cuda.get_device_capability(x.device) >= (9, 0))
 
 
-def warm_up_ms(top: int) -> list[int]:
+def warm_up_ms(top: int, hopper: bool = True) -> list[int]:
     """One M per build up to top tokens (a build per token-tile count, stage count and cluster use):
-    running each once compiles them all while the model loads."""
-    return [m for m in (8, 16, *range(24, 65, 8), *range(80, 129, 16)) if m <= top and preferred(m)]
+    running each once compiles them all while the model loads (none where the dispatch never comes here)."""
+    ms = (8, 16, *range(24, 65, 8), *range(80, 129, 16))
+    return [m for m in ms if m <= top and preferred(m, hopper)]
 
 
 def compiled(spec: GemmSpec) -> Any:

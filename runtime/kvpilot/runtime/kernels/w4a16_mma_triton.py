@@ -295,5 +295,6 @@ def warm_up_mma(
         from .w4a16_gemm_cuda import warm_up_ms
 
         x = torch.zeros(max(tops), k, device=qweight.device, dtype=dtype)
-        for m in warm_up_ms(max(tops)):
+        hopper = qweight.is_cuda and torch.cuda.get_device_capability(qweight.device) >= (9, 0)
+        for m in warm_up_ms(max(tops), hopper):
             int_gemm_mma(x[:m], qweight, scales, zeros, bits, None, counters)
