@@ -1,4 +1,4 @@
-"""w4a16_gemm.cu (the int4 GEMM for 17+ tokens): its launch rule and its sm_90 build on CPU (NVRTC + ptxas,
+"""w4a16_gemm.cu (the int4 GEMM for 8+ tokens): its launch rule and its sm_90 build on CPU (NVRTC + ptxas,
 offline); against the reference on the GPU (marked gpu)."""
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def _sms() -> int:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [17, 24, 40, 64, 65, 100, 128])
+@pytest.mark.parametrize("m", [1, 8, 12, 17, 24, 40, 64, 65, 100, 128])
 @pytest.mark.parametrize(("n", "k", "group"), [(4096, 4096, 128), (1024, 1152, 128), (256, 2048, -1)])
 @pytest.mark.parametrize("sym", [False, True], ids=["zero-point", "sym"])
 def test_matches_the_reference(m: int, n: int, k: int, group: int, sym: bool) -> None:
