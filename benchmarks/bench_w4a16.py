@@ -124,6 +124,24 @@ class Formats:
         yield "fp8_mm", lambda x, w, s: fp8_scaled_mm(x, w, s, None), self.fp8, "fp8"
 
 
+def sweep_cell(
+    run: Callable[..., torch.Tensor],
+    x: torch.Tensor,
+    weight: tuple[torch.Tensor, ...],
+    sets: list[tuple[torch.Tensor, ...]],
+    want: torch.Tensor,
+    bf16_us: float,
+) -> str:
+    """One variant's cell of the CUDA sweeps: run(x, *weight)'s max error against want (float), then its
+    graph time over the weight copies beside bf16 (a launch the driver refuses: the end of its error)."""
+    try:
+        err = (run(x, *weight).float() - want).abs().max() / want.abs().max()
+    except RuntimeError as error:  # shared memory, cluster
+        return str(error)[-24:]
+    us = graph_us(run, [(x, *t) for t in sets])
+    return f"{us:.1f} ({bf16_us / us:.2f}×, {nbytes(weight) / us / 1e3:.0f} GB/s, err {err:.0e})"
+
+
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.float() - want.float()).norm() / want.float().norm())
 

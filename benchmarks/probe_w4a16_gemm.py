@@ -13,13 +13,12 @@ source benchmarks/gpu_env.sh && python benchmarks/probe_w4a16_gemm.py --ms 16 64
 from __future__ import annotations
 
 import argparse
-import tempfile
-from pathlib import Path
 
 import torch
 from bench_w4a16 import LAYERS, Formats, copies, graph_us
 from kvpilot.runtime.kernels import w4a16_gemm_cuda
 from kvpilot.runtime.kernels.nvrtc import allow_shared_memory, compile_cuda, launch_pdl
+from probe_w4a16_parts import patched
 
 PATCHES = {
     "nomma": [
@@ -43,13 +42,7 @@ PATCHES = {
 
 
 def build(name: str, spec: w4a16_gemm_cuda.GemmSpec) -> object:
-    text = w4a16_gemm_cuda.SOURCE.read_text()
-    for old, new in [patch for part in name.split("+") for patch in PATCHES.get(part, [])]:
-        if old not in text:
-            raise SystemExit(f"patch {name} no longer applies: {old!r}")
-        text = text.replace(old, new)
-    path = Path(tempfile.gettempdir()) / f"w4a16_gemm_{name}.cu"
-    path.write_text(text)
+    path = patched(w4a16_gemm_cuda.SOURCE, PATCHES, name)
     kernel = compile_cuda(path, "w4a16_gemm", tuple(spec.macros().items()))
     allow_shared_memory(kernel, spec.shared_bytes())
     return kernel

@@ -41,14 +41,20 @@ PATCHES = {
 }
 
 
-def build(name: str, spec: w4a16_cuda.W4Spec, shared: int) -> object:
-    text = w4a16_cuda.SOURCE.read_text()
-    for old, new in [patch for part in name.split("+") for patch in PATCHES.get(part, [])]:
+def patched(source: Path, patches: dict[str, list[tuple[str, str]]], name: str) -> Path:
+    """A copy of source (in the temp folder) with the patches of each "+"-joined part of name applied."""
+    text = source.read_text()
+    for old, new in [patch for part in name.split("+") for patch in patches.get(part, [])]:
         if old not in text:
             raise SystemExit(f"patch {name} no longer applies: {old!r}")
         text = text.replace(old, new)
-    path = Path(tempfile.gettempdir()) / f"w4a16_{name}.cu"
+    path = Path(tempfile.gettempdir()) / f"{source.stem}_{name}.cu"
     path.write_text(text)
+    return path
+
+
+def build(name: str, spec: w4a16_cuda.W4Spec, shared: int) -> object:
+    path = patched(w4a16_cuda.SOURCE, PATCHES, name)
     kernel = compile_cuda(path, "w4a16_gemv", tuple(spec.macros().items()))
     if shared:
         allow_shared_memory(kernel, shared)

@@ -16,7 +16,7 @@ import dataclasses
 
 import torch
 import torch.nn.functional as F
-from bench_w4a16 import LAYERS, Formats, copies, graph_us, nbytes
+from bench_w4a16 import LAYERS, Formats, copies, graph_us, sweep_cell
 from kvpilot.runtime.kernels.w4a16_cuda import (
     CTAS_PER_SM,
     STAGES,
@@ -80,14 +80,7 @@ def main() -> None:
                 def run(x, q, sc, z, counters=counters, plan=plan):
                     return w4a16_gemv(x, q, sc, z, sms, counters, plan)
 
-                try:
-                    err = (run(x, *fmt.w4).float() - want).abs().max() / want.abs().max()
-                except RuntimeError as error:  # a launch the driver refuses (shared memory, cluster)
-                    cells.append(str(error)[-24:])
-                    continue
-                us = graph_us(run, [(x, *t) for t in sets])
-                gbs = nbytes(fmt.w4) / us / 1e3
-                cells.append(f"{us:.1f} ({bf16 / us:.2f}×, {gbs:.0f} GB/s, err {err:.0e})")
+                cells.append(sweep_cell(run, x, fmt.w4, sets, want, bf16))
             row = f"| {name} | {m} | {bf16:.1f} | {tri:.1f} ({bf16 / tri:.2f}×) | " + " | ".join(cells) + " |"
             print(row, flush=True)
         del fmt, sets, dense
