@@ -1,4 +1,5 @@
-"""Host side of w4a16_gemm.cu: the int4 weight-only GEMM for 17+ tokens on mma.sync (CUDA sm_80+, bf16).
+"""Host side of w4a16_gemm.cu: the int4 weight-only GEMM for 8+ tokens on mma.sync (CUDA sm_80+, bf16;
+dispatched on sm_90 at 8-128 tokens, see preferred).
 
 Compiled at run time by NVRTC (nvrtc.py), once per GemmSpec, launched on the current stream (CUDA-graph
 capturable once compiled). The weight stays in the canonical layout of quant_reference.py, so every int4
@@ -27,7 +28,7 @@ WARPS = 4
 STAGES = 0  # 0: as many as fit STAGE_BUDGET (3 at 64 tokens, 4 at 32, 6 at 16)
 STAGE_BUDGET = 76 * 1024  # bytes of stages per CTA: 3 CTAs per SM in the H200's 227 KB
 MAX_STAGES = 6
-# K slices per column block until the GPU holds ~this many CTAs per SM: at 9-32 tokens on the H200, qkv
+# K slices per column block until the GPU holds ~this many CTAs per SM: at 16 tokens on the H200, qkv
 # took 10.7 us with 6 slices (288 CTAs) against 12.0 with 8 (384), o 7.8 with 8 (256) against 10.5 with 6
 # (192), gate_up 24.1 with 2 (384) against 31.6 with 3 and 35.9 with 8 (eleventh session, sweep5)
 CTAS_PER_SM = 2.2
