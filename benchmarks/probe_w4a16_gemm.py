@@ -19,6 +19,7 @@ from bench_w4a16 import LAYERS, Formats, copies, graph_us
 from kvpilot.runtime.kernels import w4a16_gemm_cuda
 from kvpilot.runtime.kernels.nvrtc import allow_shared_memory, compile_cuda, launch_pdl
 from probe_w4a16_parts import patched
+from sweep_w4a16_gemm import variant_plan
 
 PATCHES = {
     "nomma": [
@@ -67,7 +68,9 @@ def main() -> None:
     parser.add_argument("--ms", type=int, nargs="*", default=[16, 64])
     parser.add_argument("--parts", nargs="*", default=["base", "nomma", "nodequant", "noreduce", "nowait"])
     parser.add_argument("--layers", nargs="*", default=[])
+    parser.add_argument("--variant", default="", help="as sweep_w4a16_gemm.py's (default: launch_for's)")
     args = parser.parse_args()
+    case = dict(item.split("=") for item in args.variant.split(",") if item)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print("| layer | M | grid | " + " | ".join(f"{p} µs" for p in args.parts) + " |")
     for name, (n, k) in LAYERS.items():
@@ -77,7 +80,7 @@ def main() -> None:
         sets = copies(fmt.w4)
         for m in args.ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 0.1
-            plan = w4a16_gemm_cuda.launch_for(m, n, k, 128, sms, True)
+            plan = variant_plan(case, m, n, k, sms)
             cells = []
             for part in args.parts:
                 kernel = build(part, plan.spec)

@@ -2,7 +2,8 @@
 decode GEMV w4a16_gemv.cu at <= 8 tokens, the Triton tensor-core GEMM w4a16_mma_triton above), one run;
 each CUDA cell's error against the bf16 GEMM of the dequantized weight is printed. A variant is key=value
 pairs joined by commas, each defaulting to launch_for's: warps (32 columns each), stages, ctas (K slices
-until ~ctas CTAs per SM) or slices (exactly), tt (token tiles of 8 per CTA at most).
+until ~ctas CTAs per SM) or slices (exactly), tt (token tiles of 8 per CTA at most), biased (token tiles of 8
+up to which the mmas take 128 + q; 0: never).
 
 source benchmarks/gpu_env.sh && python benchmarks/sweep_w4a16_gemm.py --ms 32 64 --variants warps=4 warps=8
 """
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 from bench_w4a16 import LAYERS, Formats, copies, graph_us, sweep_cell
 from kvpilot.runtime.kernels.w4a16_cuda import PREFERRED_MAX_M
 from kvpilot.runtime.kernels.w4a16_gemm_cuda import (
+    BIASED_MAX_TOKEN_TILES,
     CTAS_PER_SM,
     MAX_TOKEN_TILES,
     STAGES,
@@ -32,8 +34,8 @@ from kvpilot.runtime.kernels.w4a16_triton import int_gemm
 def variant_plan(case: dict[str, str], m: int, n: int, k: int, sms: int) -> GemmLaunch:
     get = {key: float(value) for key, value in case.items()}.get
     warps, stages = int(get("warps", WARPS)), int(get("stages", STAGES))
-    tiles = int(get("tt", MAX_TOKEN_TILES))
-    plan = launch_for(m, n, k, 128, sms, True, warps, stages, get("ctas", CTAS_PER_SM), tiles)
+    tiles, biased = int(get("tt", MAX_TOKEN_TILES)), int(get("biased", BIASED_MAX_TOKEN_TILES))
+    plan = launch_for(m, n, k, 128, sms, True, warps, stages, get("ctas", CTAS_PER_SM), tiles, biased)
     slices = int(get("slices", plan.slices))
     spec = dataclasses.replace(plan.spec, cluster_reduce=slices > 1)
     return dataclasses.replace(plan, spec=spec, slices=slices)

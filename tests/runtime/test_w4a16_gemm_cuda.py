@@ -65,15 +65,25 @@ def test_unsupported_names_the_reason() -> None:
     assert "CUDA" in (unsupported(x, qweight, torch.zeros(32, 4096, dtype=torch.bfloat16), 4) or "")
 
 
-@pytest.mark.parametrize(("nt", "cluster"), [(8, False), (8, True), (3, True), (1, False)])
-def test_compiles_for_sm90_without_spills(nt: int, cluster: bool, tmp_path: Path) -> None:
-    spec = GemmSpec(4, nt, 1, cluster_reduce=cluster)
+@pytest.mark.parametrize(
+    ("nt", "cluster", "biased"),
+    [(8, False, False), (8, True, False), (3, True, False), (1, False, True), (2, True, True)],
+)
+def test_compiles_for_sm90_without_spills(nt: int, cluster: bool, biased: bool, tmp_path: Path) -> None:
+    spec = GemmSpec(4, nt, 1, cluster_reduce=cluster, biased=biased)
     code = ptx(SOURCE, spec.macros())
     registers, spills, report = sm90_resources(code, tmp_path)
     assert spills == 0 and registers <= 168, report  # 3 CTAs of 4 warps per SM
-    for op in (b"ldmatrix.sync.aligned.m8n8.x4", b"cp.async.cg.shared.global", b"fma.rn.bf16x2"):
+    for op in (b"ldmatrix.sync.aligned.m8n8.x4", b"cp.async.cg.shared.global"):
         assert op in code
+    assert (b"fma.rn.bf16x2" in code) != biased  # biased builds never dequantize in bf16
     assert (b"ld.shared::cluster.v4.f32" in code) == cluster
+
+
+def test_the_mmas_take_128_plus_q_up_to_16_tokens_a_cta() -> None:
+    assert all(launch_for(m, 4096, 4096, 128, 132, True).spec.biased for m in (1, 8, 9, 16))
+    assert not any(launch_for(m, 4096, 4096, 128, 132, True).spec.biased for m in (17, 64, 65, 128))
+    assert not launch_for(16, 4096, 4096, 128, 132, True, biased_max_token_tiles=0).spec.biased
 
 
 def _case(m: int, n: int, k: int, group: int, sym: bool, seed: int) -> tuple[torch.Tensor, ...]:
@@ -83,9 +93,13 @@ def _case(m: int, n: int, k: int, group: int, sym: bool, seed: int) -> tuple[tor
     return x.cuda(), w.qweight.cuda(), w.scales.bfloat16().cuda(), w.zeros.bfloat16().cuda()
 
 
-def _want(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
-    """fp32 products of the bf16 dequantized weight (what the kernel's mmas take) and x."""
-    return x.float() @ dequantize_int_ref(qweight, scales, zeros, 4).float()
+def _want(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, biased: bool = False
+) -> torch.Tensor:
+    """fp32 products of x and the weight the kernel's mmas take: the bf16 dequantized weight, or in biased
+    builds the exact (q - z) s (never rounded to bf16)."""
+    dtype = torch.float32 if biased else scales.dtype
+    return x.float() @ dequantize_int_ref(qweight, scales.to(dtype), zeros.to(dtype), 4).float()
 
 
 def _sms() -> int:
@@ -101,10 +115,28 @@ def test_matches_the_reference(m: int, n: int, k: int, group: int, sym: bool) ->
 
     x, qweight, scales, zeros = _case(m, n, k, group, sym, seed=m * 5 + n)
     assert unsupported(x, qweight, scales, 4) is None
-    want = _want(x, qweight, scales, zeros)
+    biased = launch_for(m, n, k, k if group == -1 else group, _sms(), True).spec.biased
+    want = _want(x, qweight, scales, zeros, biased)
     out = w4a16_gemm(x, qweight, scales, zeros, _sms())
     torch.testing.assert_close(out.float(), want, atol=1e-2, rtol=1e-2)
     assert torch.equal(w4a16_gemm(x, qweight, scales, zeros, _sms()), out)  # deterministic
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [8, 16])
+@pytest.mark.parametrize("sym", [False, True], ids=["zero-point", "sym"])
+def test_biased_and_dequantizing_builds_compute_the_same_gemm(m: int, sym: bool) -> None:
+    from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
+
+    x, qweight, scales, zeros = _case(m, 3072, 4096, 128, sym, seed=m)
+    plans = [launch_for(m, 3072, 4096, 128, _sms(), True, biased_max_token_tiles=b) for b in (0, 2)]
+    assert [plan.spec.biased for plan in plans] == [False, True]
+    dequantizing, biased = (w4a16_gemm(x, qweight, scales, zeros, _sms(), plan).float() for plan in plans)
+    exact = _want(x, qweight, scales, zeros, biased=True)
+    torch.testing.assert_close(dequantizing, _want(x, qweight, scales, zeros), atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(biased, exact, atol=1e-2, rtol=1e-2)
+    # the bf16 rounding of each weight is the dequantizing build's only extra error (H200: 0.0052 vs 0.0036)
+    assert (biased - exact).abs().mean() < (dequantizing - exact).abs().mean()
 
 
 @pytest.mark.gpu

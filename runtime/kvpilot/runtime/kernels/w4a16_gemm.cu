@@ -4,7 +4,8 @@
 // and macros:
 //   WARPS (each warp owns 32 output columns: a CTA takes BN = 32 WARPS), NT (token tiles of 8, 1..8: a CTA
 //   takes BM = 8 NT tokens, grid.z more token blocks), STAGES (K tiles in flight through the cp.async ring),
-//   TILES_PER_GROUP (G / 128), CLUSTER_REDUCE (1: sm_90, a column block's S <= 8 K slices are one cluster).
+//   TILES_PER_GROUP (G / 128), CLUSTER_REDUCE (1: sm_90, a column block's S <= 8 K slices are one cluster),
+//   BIASED (1: the mmas take 128 + q, each tile's sums corrected in fp32; see mma_stage_biased).
 //
 // Why not the decode GEMV (w4a16_gemv.cu) widened: there each lane's weight words pair K rows 16 apart, so x
 // must be permuted into B fragments through registers, and each A fragment fed 1-2 token tiles; tried at 64
@@ -25,6 +26,9 @@ typedef unsigned short u16;
 #ifndef CLUSTER_REDUCE
 #define CLUSTER_REDUCE 0
 #endif
+#ifndef BIASED
+#define BIASED 0
+#endif
 #define TILE 128
 #define BN (32 * WARPS)
 #define BM (8 * NT)
@@ -35,6 +39,7 @@ typedef unsigned short u16;
 #define STAGE_BYTES (X_STAGE + W_STAGE + SZ_STAGE)
 #define ONES 0x3F803F80u  // bf16x2 (1, 1)
 
+#include "int4_pairs.cuh"
 #include "pdl.cuh"
 
 __device__ __forceinline__ u32 smem_at(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
@@ -174,9 +179,7 @@ __device__ __forceinline__ void read_group(u32 (&s)[2][2], u32 (&nz)[2][2], cons
 
 // bf16x2 (q_a - z) s, (q_b - z) s for pair i of p: (128 + q) by one lop3, minus (128 + z) exactly, then scaled.
 __device__ __forceinline__ u32 dequant(u32 p, int i, u32 s, u32 nz) {
-    u32 biased;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(biased) : "r"(p >> (4 * i)), "n"(0x000F000F), "n"(0x43004300));
-    return fma_bf16x2(fma_bf16x2(biased, ONES, nz), s, 0x80008000u);  // + (-0): the product rounded once
+    return fma_bf16x2(fma_bf16x2(biased_pair(p, i), ONES, nz), s, 0x80008000u);  // + (-0): the product rounded once
 }
 
 // acc[c][nt] += this warp's 32 columns x the CTA's tokens over one K tile.
@@ -209,6 +212,70 @@ __device__ __forceinline__ void mma_stage(float (&acc)[2][2 * NT_PAIRS][4], cons
             }
         }
     }
+}
+
+// BIASED builds (few token tiles): the A pairs go to the mmas as the lop3 makes them, bf16 (128 + q, 128 + q'),
+// and each K tile's sums are corrected once: acc += s (T - (128 + z) xsum), T the tile's sums of x (128 + q),
+// xsum the tile's sums of x (one more mma a token tile, with A all ones). That saves the two bf16x2 FMAs of
+// every pair (1-4 us at 8-16 tokens, benchmarks/probe_w4a16_gemm.py nodequant) for two FFMAs per sum per
+// tile, which only pays while NT is small. The weight is never rounded to bf16 here: y is the exact
+// (q - z) s product summed in fp32, not bitwise the reference's bf16((q - z) s).
+// Per column (hi, c) of this lane: s and 128 + z in fp32.
+__device__ __forceinline__ void read_group_f32(float (&s)[2][2], float (&zb)[2][2], const char* stage, int warp,
+                                               int g) {
+    const u32* sz = reinterpret_cast<const u32*>(stage + X_STAGE + W_STAGE);
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+        const int col = warp * 32 + hi * 16 + 2 * g;
+        const u32 sc = sz[col / 2], zr = sz[BN / 2 + col / 2];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            s[hi][c] = __uint_as_float(c ? sc & 0xFFFF0000u : sc << 16);
+            zb[hi][c] = 128.f + __uint_as_float(c ? zr & 0xFFFF0000u : zr << 16);
+        }
+    }
+}
+
+__device__ __forceinline__ void mma_stage_biased(float (&acc)[2][2 * NT_PAIRS][4], const char* stage, int warp,
+                                                 int lane) {
+    u32 p[2][2][2][2];
+    read_words(p, stage, warp, lane);
+    float t[2][2 * NT_PAIRS][4] = {}, xs[2 * NT_PAIRS][4] = {};  // xs [nt][e]: token 8 nt + 2t + e % 2
+    const u32 ones[4] = {ONES, ONES, ONES, ONES};
+    const int tok = ((lane >> 4) << 3) + (lane & 7), half = (lane >> 3) & 1;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        u32 a[2][4];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {  // as mma_stage's, without the dequantization
+            a[c][0] = biased_pair(p[0][0][c][j / 4], j % 4);
+            a[c][1] = biased_pair(p[0][1][c][j / 4], j % 4);
+            a[c][2] = biased_pair(p[1][0][c][j / 4], j % 4);
+            a[c][3] = biased_pair(p[1][1][c][j / 4], j % 4);
+        }
+#pragma unroll
+        for (int pr = 0; pr < NT_PAIRS; ++pr) {
+            const int row = 16 * pr + tok, kc = 2 * j + half;
+            u32 b[4];
+            ldmatrix_x4(b, stage + row * 256 + ((kc ^ (row & 7)) << 4));
+            mma_bf16(xs[2 * pr], ones, b[0], b[1]);
+            if (2 * pr + 1 < NT) mma_bf16(xs[2 * pr + 1], ones, b[2], b[3]);
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                mma_bf16(t[c][2 * pr], a[c], b[0], b[1]);
+                if (2 * pr + 1 < NT) mma_bf16(t[c][2 * pr + 1], a[c], b[2], b[3]);
+            }
+        }
+    }
+    float s[2][2], zb[2][2];
+    read_group_f32(s, zb, stage, warp, lane >> 2);
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)  // e: (token 2t | 2t + 1) x (row g | g + 8)
+                acc[c][nt][e] += s[e >> 1][c] * fmaf(-zb[e >> 1][c], xs[nt][e & 1], t[c][nt][e]);
 }
 
 #if CLUSTER_REDUCE
@@ -254,7 +321,11 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) w4a16_gemm(
             fetch_x(stage, f, t_lo + ahead, stride_x);
         }
         cp_async_commit();
+#if BIASED
+        mma_stage_biased(acc, smem + (i % STAGES) * STAGE_BYTES, warp, lane);
+#else
         mma_stage(acc, smem + (i % STAGES) * STAGE_BYTES, warp, lane);
+#endif
     }
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     y += (long long)m0 * stride_y + n0;

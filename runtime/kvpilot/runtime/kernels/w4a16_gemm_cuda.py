@@ -33,6 +33,7 @@ MAX_STAGES = 6
 # (192), gate_up 24.1 with 2 (384) against 31.6 with 3 and 35.9 with 8 (eleventh session, sweep5)
 CTAS_PER_SM = 2.2
 MIN_SLICE_TILES = 2  # a slice shorter than this spends more on its fixup than on its tiles
+BIASED_MAX_TOKEN_TILES = 2  # up to 16 tokens a CTA the mmas take 128 + q (its fp32 correction costs per sum)
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class GemmSpec:
     tiles_per_group: int
     stages: int = 3
     cluster_reduce: bool = False
+    biased: bool = False  # the mmas take 128 + q, each tile's sums corrected in fp32 (w4a16_gemm.cu)
 
     @property
     def block_n(self) -> int:
@@ -60,6 +62,7 @@ class GemmSpec:
             "TILES_PER_GROUP": self.tiles_per_group,
             "STAGES": self.stages,
             "CLUSTER_REDUCE": int(self.cluster_reduce),
+            "BIASED": int(self.biased),
         }
 
     def shared_bytes(self) -> int:
@@ -103,6 +106,7 @@ def launch_for(
     stages: int = STAGES,
     ctas_per_sm: float = CTAS_PER_SM,
     max_token_tiles: int = MAX_TOKEN_TILES,
+    biased_max_token_tiles: int = BIASED_MAX_TOKEN_TILES,
 ) -> GemmLaunch:
     """Token tiles to cover M (at most 64 tokens per CTA; balanced over the token blocks), the stages that
     fit STAGE_BUDGET (stages 0), then on sm_90 K slices until the CTAs number ~ctas_per_sm per SM (at most
@@ -116,7 +120,8 @@ def launch_for(
         slices = max(1, min(wanted, MAX_CLUSTER, tiles // MIN_SLICE_TILES))
     if not stages:
         stages = max(2, min(MAX_STAGES, STAGE_BUDGET // stage_bytes(warps, token_tiles)))
-    spec = GemmSpec(warps, token_tiles, group // TILE, stages, cluster_reduce=slices > 1)
+    biased = token_tiles <= biased_max_token_tiles
+    spec = GemmSpec(warps, token_tiles, group // TILE, stages, cluster_reduce=slices > 1, biased=biased)
     return GemmLaunch(spec, slices, blocks_m)
 
 

@@ -66,6 +66,7 @@ __device__ __forceinline__ u16 f32_to_bf16(float x) {
 
 // Programmatic dependent launch: the weight is never written by a predecessor, so its first tiles are loaded
 // before the wait; x and every store come after it.
+#include "int4_pairs.cuh"
 #include "pdl.cuh"
 
 // One K tile's weight words in this lane's registers: row set rs, lo/hi columns; and its group's raw
@@ -124,12 +125,7 @@ __device__ void stage_x(uint4* xs, const u16* x, int stride_x, int m, int k_lo, 
     }
 }
 
-// bf16x2 (128 + q_i, 128 + q_{i+4}): one lop3 ((a & b) | c; written out in C it takes an AND and an OR)
-__device__ __forceinline__ u32 biased_pair(u32 word, int i) {
-    u32 d;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(word >> (4 * i)), "n"(0x000F000F), "n"(0x43004300));
-    return d;
-}
+// biased_pair (int4_pairs.cuh): bf16x2 (128 + q_i, 128 + q_{i+4}); in C the lop3 would take an AND and an OR
 
 // The tile's sums: part[4 nt + c] is mma block c of token tile nt, (col + c | col + 32 + c) x tokens
 // (8 nt + 2t, + 1), over the biased weights; xsum[nt] holds x's sum over the tile for those two tokens.
