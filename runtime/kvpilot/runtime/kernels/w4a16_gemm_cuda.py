@@ -1,5 +1,5 @@
-"""Host side of w4a16_gemm.cu: the int4 weight-only GEMM for 8+ tokens on mma.sync (CUDA sm_80+, bf16;
-dispatched on sm_90 at 8-128 tokens, see preferred).
+"""Host side of w4a16_gemm.cu: the int4 weight-only GEMM for 5+ tokens on mma.sync (CUDA sm_80+, bf16;
+dispatched on sm_90 at 5-128 tokens, see preferred).
 
 Compiled at run time by NVRTC (nvrtc.py), once per GemmSpec, launched on the current stream (CUDA-graph
 capturable once compiled). The weight stays in the canonical layout of quant_reference.py, so every int4
@@ -125,11 +125,11 @@ def launch_for(
     return GemmLaunch(spec, slices, blocks_m)
 
 
-# 8-128 tokens: faster than what ran there before in the sum over Qwen3-8B's four layers (H200,
-# benchmarks/sweep_w4a16_gemm.py, BENCHMARKS "eleventh session"): at 8 tokens than the decode GEMV (54.3
-# against 63.7 us; down alone 0.5 us slower), at 16-128 than the Triton GEMM. At 4 tokens the GEMV wins
-# (49.8 against 53.4), so below 8 it keeps them.
-PREFERRED_M = (8, 128)
+# 5-128 tokens: faster than what ran there before in the sum over Qwen3-8B's four layers (H200,
+# benchmarks/sweep_w4a16_gemm.py): at 5-7 tokens than the decode GEMV (the biased build, twelfth session:
+# 50.1 against 59.5 us at 5; down alone ties at 5), at 16-128 than the Triton GEMM (eleventh session). At 4
+# tokens they tie (49.8 against 50.0; the GEMV wins down by 2.1 us), so below 5 the GEMV keeps them.
+PREFERRED_M = (5, 128)
 
 
 def preferred(m: int, hopper: bool = True) -> bool:
