@@ -17,7 +17,7 @@ import argparse
 import torch
 from bench_w4a16 import LAYERS, Formats, copies, graph_us
 from kvpilot.runtime.kernels import w4a16_gemm_cuda
-from kvpilot.runtime.kernels.nvrtc import allow_shared_memory, compile_cuda, launch_pdl
+from kvpilot.runtime.kernels.nvrtc import allow_cluster, allow_shared_memory, compile_cuda, launch_pdl
 from probe_w4a16_parts import patched
 from sweep_w4a16_gemm import variant_plan
 
@@ -52,6 +52,7 @@ def build(name: str, spec: w4a16_gemm_cuda.GemmSpec) -> object:
 def launcher(kernel: object, plan: w4a16_gemm_cuda.GemmLaunch, m: int, n: int, k: int) -> object:
     block, shared = (plan.spec.warps * 32, 1, 1), plan.spec.shared_bytes()
     cluster = (1, plan.slices, 1) if plan.spec.cluster_reduce else None
+    allow_cluster(kernel, plan.slices)
 
     def run(x: torch.Tensor, q: torch.Tensor, sc: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)

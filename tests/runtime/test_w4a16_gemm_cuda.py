@@ -35,6 +35,9 @@ def test_k_slices_fill_the_gpu_within_a_cluster_on_hopper_only() -> None:
     short = launch_for(64, 128, 512, 128, 132, hopper=True)  # 4 tiles: at most 2 slices of 2
     assert short.slices == 2
     assert launch_for(64, 6144, 4096, 128, 132, hopper=False).slices == 1
+    # a long K (down, 96 tiles) at 33-64 tokens: slices of 6 tiles, a non-portable cluster of 16
+    assert [launch_for(m, 4096, 12288, 128, 132, True).slices for m in (32, 40, 64, 65)] == [8, 16, 16, 5]
+    assert launch_for(64, 4096, 65536, 128, 132, True).slices == 16  # never past sm_90's largest cluster
     assert launch_for(64, 6144, 4096, 4096, 132, hopper=True).spec.tiles_per_group == 32
 
 
@@ -140,7 +143,7 @@ def test_biased_and_dequantizing_builds_compute_the_same_gemm(m: int, sym: bool)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("slices", [1, 2, 5, 8])
+@pytest.mark.parametrize("slices", [1, 2, 5, 8, 12, 16])  # past 8: a non-portable cluster
 @pytest.mark.parametrize(("warps", "stages"), [(4, 2), (4, 4), (8, 3)])
 def test_every_build_and_slicing_computes_the_same_gemm(slices: int, warps: int, stages: int) -> None:
     import dataclasses

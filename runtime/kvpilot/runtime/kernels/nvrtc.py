@@ -41,6 +41,8 @@ def num_registers(kernel: Any) -> int:
 
 
 MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CU_FUNC_ATTRIBUTE_*
+NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
+PORTABLE_CLUSTER = 8  # CTAs; sm_90 takes up to 16 once the kernel allows it
 
 
 def allow_shared_memory(kernel: Any, nbytes: int) -> None:
@@ -58,6 +60,19 @@ def allow_shared_memory(kernel: Any, nbytes: int) -> None:
     result = _get_gpu_runtime_library().cuFuncSetAttribute(kernel.func, MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes)
     if result != 0:
         raise RuntimeError(f"cuFuncSetAttribute failed with CUresult {result}")
+
+
+def allow_cluster(kernel: Any, size: int) -> None:
+    """Let kernel launch in clusters of size CTAs: past PORTABLE_CLUSTER the driver wants the kernel's
+    consent (CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED)."""
+    if size <= PORTABLE_CLUSTER or getattr(kernel, "_non_portable_cluster", False):
+        return
+    from torch.cuda._utils import _get_gpu_runtime_library
+
+    result = _get_gpu_runtime_library().cuFuncSetAttribute(kernel.func, NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+    if result != 0:
+        raise RuntimeError(f"cuFuncSetAttribute failed with CUresult {result}")
+    kernel._non_portable_cluster = True  # once per loaded kernel
 
 
 class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, padding to 8, a 64-byte value union

@@ -3,7 +3,7 @@
 // the rank). Each CTA leaves its fp32 sums in its own shared memory; then rank r adds, in slice order
 // (deterministic), the r-th of S shares of the block's outputs from every rank and stores them: the adds and
 // the stores are spread over the S CTAs, and no workspace, fence or counter is needed.
-#define MAX_SLICES 8  // a portable cluster
+#define MAX_SLICES 16  // the largest cluster sm_90 allows (past 8: non-portable, nvrtc.allow_cluster)
 #define SUMS_STRIDE (BN + 4)  // floats per token row: the lanes' float2 writes (rows 2t apart) hit no bank twice
 
 __device__ __forceinline__ void cluster_sync() {  // every thread of every CTA in the cluster; orders memory

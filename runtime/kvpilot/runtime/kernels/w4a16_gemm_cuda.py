@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .nvrtc import allow_shared_memory, compile_cuda, launch_pdl
+from .nvrtc import allow_cluster, allow_shared_memory, compile_cuda, launch_pdl
 from .w4a16_cuda import int4_cuda_unsupported
 
 SOURCE = Path(__file__).with_name("w4a16_gemm.cu")
@@ -24,6 +24,13 @@ TILE = 128  # K rows per tile (quant_reference.pack_tile of every real layer)
 COLS_PER_WARP = 32
 MAX_TOKEN_TILES = 8  # 8 tokens each: a CTA takes up to 64 tokens, grid.z the rest
 MAX_CLUSTER = 8  # the portable cluster size
+# A long K (>= 64 tiles: a down projection) at 33-64 tokens in one token block splits into slices of
+# LONG_K_SLICE_TILES, up to a non-portable cluster of 16: Qwen3-8B's down (96 tiles) at 64 tokens took
+# 29.3-29.5 us with 16 slices against 32.3-32.4 with 8 (12: 31.5), at 40-48 0.3-0.6 us less; at 80-96 tokens
+# (two token blocks) and for the 32-tile layers more slices were slower (H200, twelfth session).
+LONG_K_TILES = 64
+LONG_K_SLICE_TILES = 6
+MAX_NON_PORTABLE_CLUSTER = 16
 WARPS = 4
 STAGES = 0  # 0: as many as fit STAGE_BUDGET (3 at 64 tokens, 4 at 32, 6 at 16)
 STAGE_BUDGET = 76 * 1024  # bytes of stages per CTA: 3 CTAs per SM in the H200's 227 KB
@@ -110,7 +117,8 @@ def launch_for(
 ) -> GemmLaunch:
     """Token tiles to cover M (at most 64 tokens per CTA; balanced over the token blocks), the stages that
     fit STAGE_BUDGET (stages 0), then on sm_90 K slices until the CTAs number ~ctas_per_sm per SM (at most
-    a portable cluster, each slice at least MIN_SLICE_TILES tiles)."""
+    a portable cluster, each slice at least MIN_SLICE_TILES tiles; a long K at 33-64 tokens: slices of
+    LONG_K_SLICE_TILES, up to 16)."""
     blocks_m = -(-m // (8 * max_token_tiles))
     token_tiles = -(-m // (8 * blocks_m))
     tiles, blocks = k // TILE, (n // (COLS_PER_WARP * warps)) * blocks_m
@@ -118,6 +126,8 @@ def launch_for(
     if hopper:
         wanted = round(ctas_per_sm * sms / blocks)
         slices = max(1, min(wanted, MAX_CLUSTER, tiles // MIN_SLICE_TILES))
+        if tiles >= LONG_K_TILES and token_tiles > 4 and blocks_m == 1:
+            slices = max(slices, min(MAX_NON_PORTABLE_CLUSTER, tiles // LONG_K_SLICE_TILES))
     if not stages:
         stages = max(2, min(MAX_STAGES, STAGE_BUDGET // stage_bytes(warps, token_tiles)))
     biased = token_tiles <= biased_max_token_tiles
@@ -181,6 +191,7 @@ def w4a16_gemm(
     grid, block = plan.grid(n), (plan.spec.warps * 32, 1, 1)
     if hopper:  # PDL: its first weight tiles load while the predecessor drains
         cluster = (1, plan.slices, 1) if plan.spec.cluster_reduce else None
+        allow_cluster(kernel, plan.slices)
         launch_pdl(kernel, grid, block, args, shared, cluster)
     else:
         kernel(grid=grid, block=block, args=args, shared_mem=shared)
