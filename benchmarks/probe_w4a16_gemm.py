@@ -2,7 +2,8 @@
 differences are that part's cost), in the GEMM bench's setting (bench_w4a16.graph_us). The builds patch
 the source text (a diagnostic only; their outputs are wrong by design):
   nomma      the tiles are copied and waited for, but no stage is read: no dequantization, ldmatrix or mma
-  nodequant  the weight pairs go to the mmas as they come out of the lop3 (no subtraction, no scaling)
+  nodequant  the weight pairs go to the mmas as they come out of the lop3 (no subtraction, no scaling; the
+             builds above 16 tokens: the biased ones at 5-16 never dequantize per pair)
   noreduce   each K slice stores its own sums (no cluster barrier, no distributed shared memory)
   nowait     no griddepcontrol.wait (the bench's x never changes): the time without the dependency
 Parts combine with "+" (--parts nowait+noreduce).
@@ -24,15 +25,16 @@ from sweep_w4a16_gemm import variant_plan
 PATCHES = {
     "nomma": [
         (
-            "        mma_stage(acc, smem + (i % STAGES) * STAGE_BYTES, warp, lane);",
-            "        if (acc[0][0][0] == 1234.5f)\n"
-            "            mma_stage(acc, smem + (i % STAGES) * STAGE_BYTES, warp, lane);",
+            f"        {stage}(acc, smem + (i % STAGES) * STAGE_BYTES, warp, lane);",
+            f"        if (acc[0][0][0] == 1234.5f)\n"
+            f"            {stage}(acc, smem + (i % STAGES) * STAGE_BYTES, warp, lane);",
         )
+        for stage in ("mma_stage_biased", "mma_stage")
     ],
     "nodequant": [
         (
-            "    return fma_bf16x2(fma_bf16x2(biased, ONES, nz), s, 0x80008000u);",
-            "    return biased;",
+            "    return fma_bf16x2(fma_bf16x2(biased_pair(p, i), ONES, nz), s, 0x80008000u);",
+            "    return biased_pair(p, i);",
         )
     ],
     "noreduce": [
