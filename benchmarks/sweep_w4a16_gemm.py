@@ -1,7 +1,9 @@
-"""w4a16_gemm.cu's builds at Qwen3-8B's layer shapes, beside bf16 cuBLAS and what ran there before it (the
-decode GEMV w4a16_gemv.cu at <= 8 tokens, the Triton tensor-core GEMM w4a16_mma_triton above), one run;
+"""w4a16_gemm.cu's builds at Qwen3-8B's layer shapes, beside bf16 cuBLAS and what ran there before it (what
+int_gemm dispatches at <= 8 tokens: the decode GEMV w4a16_gemv.cu at 1-4, this kernel at 5-8; above, the
+Triton tensor-core GEMM w4a16_mma_triton), one run;
 each CUDA cell's error against the bf16 GEMM of the dequantized weight is printed. A variant is key=value
-pairs joined by commas, each defaulting to launch_for's: warps (32 columns each), stages, ctas (K slices
+pairs joined by commas, each defaulting to launch_for's ("stages=0" is launch_for's own launch): warps (32
+columns each), stages, ctas (K slices
 until ~ctas CTAs per SM) or slices (exactly), tt (token tiles of 8 per CTA at most), biased (token tiles of 8
 up to which the mmas take 128 + q; 0: never).
 
@@ -22,7 +24,6 @@ from kvpilot.runtime.kernels.w4a16_gemm_cuda import (
     CTAS_PER_SM,
     MAX_TOKEN_TILES,
     STAGES,
-    WARPS,
     GemmLaunch,
     launch_for,
     w4a16_gemm,
@@ -33,7 +34,7 @@ from kvpilot.runtime.kernels.w4a16_triton import int_gemm
 
 def variant_plan(case: dict[str, str], m: int, n: int, k: int, sms: int) -> GemmLaunch:
     get = {key: float(value) for key, value in case.items()}.get
-    warps, stages = int(get("warps", WARPS)), int(get("stages", STAGES))
+    warps, stages = int(get("warps", 0)), int(get("stages", STAGES))
     tiles, biased = int(get("tt", MAX_TOKEN_TILES)), int(get("biased", BIASED_MAX_TOKEN_TILES))
     plan = launch_for(m, n, k, 128, sms, True, warps, stages, get("ctas", CTAS_PER_SM), tiles, biased)
     slices = int(get("slices", plan.slices))
@@ -44,7 +45,7 @@ def variant_plan(case: dict[str, str], m: int, n: int, k: int, sms: int) -> Gemm
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ms", type=int, nargs="*", default=[64])
-    parser.add_argument("--variants", nargs="*", default=["warps=4"])
+    parser.add_argument("--variants", nargs="*", default=["stages=0"])
     parser.add_argument("--layers", nargs="*", default=[])
     args = parser.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count

@@ -89,6 +89,16 @@ def test_the_mmas_take_128_plus_q_up_to_16_tokens_a_cta() -> None:
     assert not launch_for(16, 4096, 4096, 128, 132, True, biased_max_token_tiles=0).spec.biased
 
 
+def test_eight_warps_for_mid_width_outputs_at_the_biased_token_counts() -> None:
+    def warps(m: int, n: int, hopper: bool = True) -> int:
+        return launch_for(m, n, 4096, 128, 132, hopper).spec.warps
+
+    assert [warps(m, 6144) for m in (5, 16, 17, 64)] == [8, 8, 4, 4]  # qkv-wide: 48 blocks of 128 columns
+    assert [warps(16, n) for n in (4096, 24576)] == [4, 4]  # o, down (32 blocks) and gate_up (192)
+    assert warps(16, 6144, hopper=False) == 4
+    assert launch_for(16, 6144, 4096, 128, 132, True, warps=4).spec.warps == 4  # explicit warps stay
+
+
 def _case(m: int, n: int, k: int, group: int, sym: bool, seed: int) -> tuple[torch.Tensor, ...]:
     gen = torch.Generator().manual_seed(seed)
     w = quantize_rtn(torch.randn(n, k, generator=gen) * 0.05, 4, group, sym=sym)

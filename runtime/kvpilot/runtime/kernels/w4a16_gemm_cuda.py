@@ -32,6 +32,12 @@ LONG_K_TILES = 64
 LONG_K_SLICE_TILES = 6
 MAX_NON_PORTABLE_CLUSTER = 16
 WARPS = 4
+# 8 warps (256 columns a CTA) for mid-width outputs at <= 16 tokens: Qwen3-8B's qkv (6144 columns, 48
+# blocks of 128) took 8.2 / 8.3 / 9.3 / 9.5 us at 5 / 8 / 12 / 16 tokens against 9.1 / 9.4 / 10.3 / 10.5
+# with 4 warps (biased builds, H200, twelfth session); o and down (32 blocks) and gate_up (192) were slower
+# with 8.
+WIDE_WARPS = 8
+WIDE_BLOCKS = (40, 64)  # N / 128 where WIDE_WARPS were measured faster
 STAGES = 0  # 0: as many as fit STAGE_BUDGET (3 at 64 tokens, 4 at 32, 6 at 16)
 STAGE_BUDGET = 76 * 1024  # bytes of stages per CTA: 3 CTAs per SM in the H200's 227 KB
 MAX_STAGES = 6
@@ -109,18 +115,23 @@ def launch_for(
     group: int,
     sms: int,
     hopper: bool,
-    warps: int = WARPS,
+    warps: int = 0,
     stages: int = STAGES,
     ctas_per_sm: float = CTAS_PER_SM,
     max_token_tiles: int = MAX_TOKEN_TILES,
     biased_max_token_tiles: int = BIASED_MAX_TOKEN_TILES,
 ) -> GemmLaunch:
-    """Token tiles to cover M (at most 64 tokens per CTA; balanced over the token blocks), the stages that
-    fit STAGE_BUDGET (stages 0), then on sm_90 K slices until the CTAs number ~ctas_per_sm per SM (at most
-    a portable cluster, each slice at least MIN_SLICE_TILES tiles; a long K at 33-64 tokens: slices of
+    """Token tiles to cover M (at most 64 tokens per CTA; balanced over the token blocks), the warps (0:
+    WARPS, or WIDE_WARPS for WIDE_BLOCKS at the biased builds' token counts), the stages that fit
+    STAGE_BUDGET (stages 0), then on sm_90 K slices until the CTAs number ~ctas_per_sm per SM (at most a
+    portable cluster, each slice at least MIN_SLICE_TILES tiles; a long K at 33-64 tokens: slices of
     LONG_K_SLICE_TILES, up to 16)."""
     blocks_m = -(-m // (8 * max_token_tiles))
     token_tiles = -(-m // (8 * blocks_m))
+    biased = token_tiles <= biased_max_token_tiles
+    if not warps:
+        wide = WIDE_BLOCKS[0] <= n // (COLS_PER_WARP * WARPS) <= WIDE_BLOCKS[1]
+        warps = WIDE_WARPS if wide and biased and hopper else WARPS
     tiles, blocks = k // TILE, (n // (COLS_PER_WARP * warps)) * blocks_m
     slices = 1
     if hopper:
@@ -130,7 +141,6 @@ def launch_for(
             slices = max(slices, min(MAX_NON_PORTABLE_CLUSTER, tiles // LONG_K_SLICE_TILES))
     if not stages:
         stages = max(2, min(MAX_STAGES, STAGE_BUDGET // stage_bytes(warps, token_tiles)))
-    biased = token_tiles <= biased_max_token_tiles
     spec = GemmSpec(warps, token_tiles, group // TILE, stages, cluster_reduce=slices > 1, biased=biased)
     return GemmLaunch(spec, slices, blocks_m)
 
