@@ -236,6 +236,14 @@ def test_decode_plan_smaller_than_the_context_still_covers_it() -> None:
         torch.testing.assert_close(out, reference(b, 0.3), **SMALL_TOL)
 
 
+def test_decode_merges_more_partials_than_one_reduce_pass_holds() -> None:
+    """Past 64 splits the reduce merges 64 at a time, rescaling the sums so far by the running maximum."""
+    b = make_batch([1100, 40, 700], [1, 1, 1], 4, 2, 16, 16, seed=9)
+    for splits in (17, 70):  # one pass of the wide build; two passes (64 + 6 partitions of 16 positions)
+        out = decode(b, 0.3, config=SMALL_DECODE, plan=DecodePlan(num_splits=splits, partition_size=16))
+        torch.testing.assert_close(out, reference(b, 0.3), **SMALL_TOL)
+
+
 def test_decode_empty_context_gives_zeros() -> None:
     b = make_batch([0, 5], [1, 1], 4, 2, 16, 4, seed=5)  # a padding row (context 0) beside a real one
     for sms in (1, 132):

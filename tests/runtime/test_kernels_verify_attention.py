@@ -157,7 +157,7 @@ for kv, cfg in (("bf16", v.DecodeConfig()), ("fp8", v.EIGHT_BIT_VERIFY), ("int8"
         specs.append(KernelSpec(f"{kv}_{split}", v._verify_kernel, kernel_types, c, *launch))
 reduce_types = {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16"}
 reduce_types["context_lens_ptr"] = "*i32"
-reduce_consts = {"Q": 5, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_S": 64, "BLOCK_N": 64}
+reduce_consts = {"Q": 5, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_S": 64}
 specs.append(KernelSpec("reduce", v._decode_reduce_kernel, reduce_types, reduce_consts, 4, 1, _DEC_NODIV))
 print(json.dumps({s.name: compile_kernel(s).__dict__ for s in specs}))
 """

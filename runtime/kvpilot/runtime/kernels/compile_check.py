@@ -337,7 +337,7 @@ def default_specs() -> list[KernelSpec]:
                 "out_ptr": "*bf16",
                 "context_lens_ptr": "*i32",
             },
-            {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_S": 64, "BLOCK_N": dec.block_n},
+            {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_S": 64},
             4,
             1,
             _DEC_NODIV,

@@ -270,12 +270,17 @@ def partition_for(ctx: int, plan: DecodePlan, block_n: int) -> int:
     return max(plan.partition_size, _cdiv(_cdiv(ctx, plan.num_splits), block_n) * block_n)
 
 
+REDUCE_NARROW, REDUCE_WIDE = 16, 64
+
+
 def reduce_block_s(num_splits: int) -> int:
-    """The split-KV reduce kernel's BLOCK_S: splits rounded up to a power of two, at least 16. Mixed steps
-    run the decode kernel eagerly with plans of their own (narrower tables, fewer splits); with the
-    floor every such plan reuses a BLOCK_S the CUDA-graph capture compiled (the graphs' plans reach 16
-    and up), instead of compiling 2, 4 or 8 while serving (tests/runtime/test_no_recompile_gpu.py)."""
-    return 1 << max(4, (num_splits - 1).bit_length())
+    """The split-KV reduce kernel's BLOCK_S, the partials it merges per pass: 16 up to 16 splits, else 64
+    (past 64 in several passes). Two builds serve every plan. Mixed steps run the decode kernel eagerly
+    with plans of their own (narrower tables, fewer or more splits than any captured graph's), and a
+    BLOCK_S per power of two compiled 2, 4 or 8 while serving, then 16 with the 8-bit Triton tile and 128+
+    past the graphs' context (tests/runtime/test_no_recompile_gpu.py; test_decode_plan.py checks that
+    the captured plans reach both builds)."""
+    return REDUCE_NARROW if num_splits <= REDUCE_NARROW else REDUCE_WIDE
 
 
 def _cdiv(a: int, b: int) -> int:

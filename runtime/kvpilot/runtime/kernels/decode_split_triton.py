@@ -40,7 +40,7 @@ def store_partial(
     tl.store(part_lse_ptr + row, m_i + tl.log2(l_i), mask=h_mask)
 
 
-@triton.jit(do_not_specialize=["partition_size", "num_splits"])
+@triton.jit(do_not_specialize=["partition_size", "num_splits", "tile_n"])
 def _decode_reduce_kernel(
     part_out_ptr,  # [num_seqs * Q, num_heads, num_splits, head_dim] fp32
     part_lse_ptr,  # [num_seqs * Q, num_heads, num_splits] fp32
@@ -48,19 +48,21 @@ def _decode_reduce_kernel(
     context_lens_ptr,  # [num_seqs] int32
     partition_size,
     num_splits,
+    tile_n,  # the main kernel's tile (partitions are multiples of it); not a constexpr: one build for all
     num_heads,
     stride_ot,
     stride_oh,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    BLOCK_S: tl.constexpr,  # num_splits padded to a power of two
-    BLOCK_N: tl.constexpr = 64,  # the main kernel's tile (partitions are multiples of it)
+    BLOCK_S: tl.constexpr,  # splits merged per pass (reduce_block_s: 16, or 64 in as many passes as needed)
     Q: tl.constexpr = 1,  # query tokens per sequence (k + 1 in a speculative verification)
     PDL: tl.constexpr = False,  # programmatic dependent launch (triton_utils.pdl_supported)
     RELEASE_EARLY: tl.constexpr = False,  # PDL: release the next kernel at entry (REDUCE_RELEASE_EARLY)
 ):
     """Merges a query row's split-KV partials. Row `token` is query token % Q of sequence token // Q; it
-    sees the context up to its own position, so only the partitions holding those positions are merged."""
+    sees the context up to its own position, so only the partitions holding those positions are merged.
+    Up to BLOCK_S partials take one pass (its sums equal a single softmax's); more are merged BLOCK_S at a
+    time with the running maximum rescaling the sums so far."""
     head = tl.program_id(0)
     token = tl.program_id(1)
     if PDL and RELEASE_EARLY:
@@ -69,23 +71,31 @@ def _decode_reduce_kernel(
         tl.extra.cuda.gdc_wait()
     ctx = tl.load(context_lens_ptr + token // Q)
     visible = ctx - Q + token % Q + 1  # positions this row sees (decode: the whole context)
-    # the partitions that hold at least one of them (sized from ctx, as the main kernel's)
-    used = tl.cdiv(visible, _partition_for(ctx, partition_size, num_splits, BLOCK_N))
-    offs_s = tl.arange(0, BLOCK_S)
+    # the partitions that hold at least one of them (sized from ctx, as the main kernel's _partition_for)
+    partition = tl.maximum(partition_size, tl.cdiv(tl.cdiv(ctx, num_splits), tile_n) * tile_n)
+    used = tl.cdiv(visible, partition)
     offs_d = tl.arange(0, BLOCK_D)
-    s_mask = offs_s < used
     row0 = (token.to(tl.int64) * num_heads + head) * num_splits
-    lse = tl.load(part_lse_ptr + row0 + offs_s, mask=s_mask, other=float("-inf"))  # [BLOCK_S]
-    m = tl.max(lse, 0)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp2(lse - m)  # [BLOCK_S], 0 for partitions not merged
-    parts = tl.load(
-        part_out_ptr + (row0 + offs_s[:, None]) * HEAD_DIM + offs_d[None, :],
-        mask=s_mask[:, None] & (offs_d[None, :] < HEAD_DIM),
-        other=0.0,
-    )  # [BLOCK_S, BLOCK_D]
-    total = tl.sum(w, 0)
-    o = tl.sum(parts * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)  # [BLOCK_D]
+    m_run = tl.full((), float("-inf"), tl.float32)
+    total = tl.zeros((), tl.float32)
+    acc = tl.zeros((BLOCK_D,), tl.float32)
+    for s0 in range(0, used, BLOCK_S):
+        offs_s = s0 + tl.arange(0, BLOCK_S)
+        s_mask = offs_s < used
+        lse = tl.load(part_lse_ptr + row0 + offs_s, mask=s_mask, other=float("-inf"))  # [BLOCK_S]
+        m_new = tl.maximum(m_run, tl.max(lse, 0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        w = tl.exp2(lse - m_safe)  # [BLOCK_S], 0 for partitions not merged
+        parts = tl.load(
+            part_out_ptr + (row0 + offs_s[:, None]) * HEAD_DIM + offs_d[None, :],
+            mask=s_mask[:, None] & (offs_d[None, :] < HEAD_DIM),
+            other=0.0,
+        )  # [BLOCK_S, BLOCK_D]
+        rescale = tl.exp2(m_run - m_safe)  # 0 on the first pass (m_run = -inf): its sums are as they come
+        total = total * rescale + tl.sum(w, 0)
+        acc = acc * rescale + tl.sum(parts * w[:, None], 0)
+        m_run = m_new
+    o = acc / tl.where(total > 0.0, total, 1.0)  # [BLOCK_D]
     if PDL and not RELEASE_EARLY:
         tl.extra.cuda.gdc_launch_dependents()
     o_ptrs = out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh + offs_d
@@ -111,13 +121,13 @@ def reduce_splits(
         context_lens,
         plan.partition_size,
         plan.num_splits,
+        block_n,
         num_heads,
         out.stride(0),
         out.stride(1),
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
         BLOCK_S=reduce_block_s(plan.num_splits),
-        BLOCK_N=block_n,
         PDL=pdl,
         RELEASE_EARLY=REDUCE_RELEASE_EARLY,
         num_warps=4 if block_d * reduce_block_s(plan.num_splits) >= 2048 else 2,

@@ -212,13 +212,12 @@ def paged_verify_attention_triton(
     )  # fmt: skip
     if split:
         _decode_reduce_kernel[(num_heads, num_tokens)](
-            part_out, part_lse, out, context_lens, plan.partition_size, plan.num_splits, num_heads,
-            out.stride(0), out.stride(1),
+            part_out, part_lse, out, context_lens, plan.partition_size, plan.num_splits, cfg.block_n,
+            num_heads, out.stride(0), out.stride(1),
             Q=query_len,
             HEAD_DIM=head_dim,
             BLOCK_D=block_d,
             BLOCK_S=reduce_block_s(plan.num_splits),
-            BLOCK_N=cfg.block_n,
             num_warps=4 if block_d * reduce_block_s(plan.num_splits) >= 2048 else 2,
         )  # fmt: skip
     return out
