@@ -5,7 +5,7 @@
 //   WARPS (each warp owns 32 output columns: a CTA takes BN = 32 WARPS), NT (token tiles of 8, 1..8: a CTA
 //   takes BM = 8 NT tokens, grid.z more token blocks), STAGES (K tiles in flight through the cp.async ring),
 //   TILES_PER_GROUP (G / 128), CLUSTER_REDUCE (1: sm_90, a column block's S <= 8 K slices are one cluster),
-//   BIASED (1: the mmas take 128 + q, each tile's sums corrected in fp32; see mma_stage_biased).
+//   BIASED (1: the mmas take 128 + q, each tile's sums corrected in fp32; w4a16_gemm_biased.cuh).
 //
 // Why not the decode GEMV (w4a16_gemv.cu) widened: there each lane's weight words pair K rows 16 apart, so x
 // must be permuted into B fragments through registers, and each A fragment fed 1-2 token tiles; tried at 64
