@@ -96,6 +96,7 @@ def test_eight_warps_for_mid_width_outputs_at_the_biased_token_counts() -> None:
     assert [warps(m, 6144) for m in (5, 16, 17, 64)] == [8, 8, 4, 4]  # qkv-wide: 48 blocks of 128 columns
     assert [warps(16, n) for n in (4096, 24576)] == [4, 4]  # o, down (32 blocks) and gate_up (192)
     assert warps(16, 6144, hopper=False) == 4
+    assert warps(8, 41 * 128) == 4  # 8 warps would leave N's last 128 columns to no CTA
     assert launch_for(16, 6144, 4096, 128, 132, True, warps=4).spec.warps == 4  # explicit warps stay
 
 

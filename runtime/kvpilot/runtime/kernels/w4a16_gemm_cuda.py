@@ -130,7 +130,8 @@ def launch_for(
     token_tiles = -(-m // (8 * blocks_m))
     biased = token_tiles <= biased_max_token_tiles
     if not warps:
-        wide = WIDE_BLOCKS[0] <= n // (COLS_PER_WARP * WARPS) <= WIDE_BLOCKS[1]
+        whole = n % (COLS_PER_WARP * WIDE_WARPS) == 0  # a CTA's 256 columns must tile N
+        wide = whole and WIDE_BLOCKS[0] <= n // (COLS_PER_WARP * WARPS) <= WIDE_BLOCKS[1]
         warps = WIDE_WARPS if wide and biased and hopper else WARPS
     tiles, blocks = k // TILE, (n // (COLS_PER_WARP * warps)) * blocks_m
     slices = 1
