@@ -142,9 +142,9 @@ def test_matches_the_reference(m: int, n: int, k: int, group: int, sym: bool) ->
 def test_biased_and_dequantizing_builds_compute_the_same_gemm(m: int, sym: bool) -> None:
     from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
 
-    x, qweight, scales, zeros = _case(m, 3072, 4096, 128, sym, seed=m)
-    plans = [launch_for(m, 3072, 4096, 128, _sms(), True, biased_max_token_tiles=b) for b in (0, 2)]
-    assert [plan.spec.biased for plan in plans] == [False, True]
+    x, qweight, scales, zeros = _case(m, 6144, 4096, 128, sym, seed=m)  # qkv-wide: biased at 8 warps
+    plans = [launch_for(m, 6144, 4096, 128, _sms(), True, biased_max_token_tiles=b) for b in (0, 2)]
+    assert [(plan.spec.biased, plan.spec.warps) for plan in plans] == [(False, 4), (True, 8)]
     dequantizing, biased = (w4a16_gemm(x, qweight, scales, zeros, _sms(), plan).float() for plan in plans)
     exact = _want(x, qweight, scales, zeros, biased=True)
     torch.testing.assert_close(dequantizing, _want(x, qweight, scales, zeros), atol=1e-2, rtol=1e-2)
