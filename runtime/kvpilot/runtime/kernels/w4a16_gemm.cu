@@ -4,7 +4,7 @@
 // and macros:
 //   WARPS (each warp owns 32 output columns: a CTA takes BN = 32 WARPS), NT (token tiles of 8, 1..8: a CTA
 //   takes BM = 8 NT tokens, grid.z more token blocks), STAGES (K tiles in flight through the cp.async ring),
-//   TILES_PER_GROUP (G / 128), CLUSTER_REDUCE (1: sm_90, a column block's S <= 8 K slices are one cluster),
+//   TILES_PER_GROUP (G / 128), CLUSTER_REDUCE (1: sm_90, a column block's S <= 16 K slices are one cluster),
 //   BIASED (1: the mmas take 128 + q, each tile's sums corrected in fp32; w4a16_gemm_biased.cuh).
 //
 // Why not the decode GEMV (w4a16_gemv.cu) widened: there each lane's weight words pair K rows 16 apart, so x
@@ -160,17 +160,33 @@ __device__ __forceinline__ void read_words(u32 (&p)[2][2][2][2], const char* sta
     }
 }
 
+// The stage's scales (x) and zeros (y) of columns col, col + 1 (c = 0, 1) of this lane's half hi, as bf16x2.
+__device__ __forceinline__ uint2 group_words(const char* stage, int warp, int g, int hi) {
+    const u32* sz = reinterpret_cast<const u32*>(stage + X_STAGE + W_STAGE);
+    const int col = warp * 32 + hi * 16 + 2 * g;
+    return make_uint2(sz[col / 2], sz[BN / 2 + col / 2]);
+}
+
+__device__ __forceinline__ float bf16_half(u32 w, int c) {  // bf16 c of the pair w, as fp32 (exact)
+    return __uint_as_float(c ? w & 0xFFFF0000u : w << 16);
+}
+
+// x's B fragments for K chunk pair j and token tiles (2 pr, 2 pr + 1): lanes 8q..8q+7 give the rows of
+// matrix q of ldmatrix.x4 (token tile 2 pr + q / 2, K chunk 2j + q % 2).
+__device__ __forceinline__ void read_x(u32 (&b)[4], const char* stage, int j, int pr, int lane) {
+    const int row = 16 * pr + ((lane >> 4) << 3) + (lane & 7), kc = 2 * j + ((lane >> 3) & 1);
+    ldmatrix_x4(b, stage + row * 256 + ((kc ^ (row & 7)) << 4));
+}
+
 // Per column (hi, c) of this lane: (s, s) and (-(128 + z), -(128 + z)) as bf16x2.
 __device__ __forceinline__ void read_group(u32 (&s)[2][2], u32 (&nz)[2][2], const char* stage, int warp, int g) {
-    const u32* sz = reinterpret_cast<const u32*>(stage + X_STAGE + W_STAGE);
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
-        const int col = warp * 32 + hi * 16 + 2 * g;  // columns col, col + 1 (c = 0, 1)
-        const u32 sc = sz[col / 2], zr = sz[BN / 2 + col / 2];
+        const uint2 w = group_words(stage, warp, g, hi);
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-            s[hi][c] = __byte_perm(sc, sc, c ? 0x3232 : 0x1010);
-            const float z = __uint_as_float(c ? zr & 0xFFFF0000u : zr << 16);
+            s[hi][c] = __byte_perm(w.x, w.x, c ? 0x3232 : 0x1010);
+            const float z = bf16_half(w.y, c);
             const u32 b = __float_as_uint(-(128.f + z)) >> 16;  // exact: an integer below 256
             nz[hi][c] = b | (b << 16);
         }
@@ -188,8 +204,6 @@ __device__ __forceinline__ void mma_stage(float (&acc)[2][2 * NT_PAIRS][4], cons
     u32 p[2][2][2][2], s[2][2], nz[2][2];
     read_words(p, stage, warp, lane);
     read_group(s, nz, stage, warp, g);
-    // ldmatrix: lanes 8q..8q+7 give the rows of matrix q: token tile 2 pair + q / 2, K chunk 2j + q % 2
-    const int tok = ((lane >> 4) << 3) + (lane & 7), half = (lane >> 3) & 1;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
         u32 a[2][4];
@@ -202,9 +216,8 @@ __device__ __forceinline__ void mma_stage(float (&acc)[2][2 * NT_PAIRS][4], cons
         }
 #pragma unroll
         for (int pr = 0; pr < NT_PAIRS; ++pr) {
-            const int row = 16 * pr + tok, kc = 2 * j + half;
             u32 b[4];
-            ldmatrix_x4(b, stage + row * 256 + ((kc ^ (row & 7)) << 4));
+            read_x(b, stage, j, pr, lane);
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
                 mma_bf16(acc[c][2 * pr], a[c], b[0], b[1]);

@@ -1,5 +1,5 @@
-// w4a16_gemm.cu's K tile for BIASED builds, included where read_words, mma_bf16, ldmatrix_x4, ONES and the
-// stage layout are defined.
+// w4a16_gemm.cu's K tile for BIASED builds, included where read_words, read_x, group_words, mma_bf16, ONES
+// and the stage layout are defined.
 #pragma once
 
 // BIASED builds (few token tiles): the A pairs go to the mmas as the lop3 makes them, bf16 (128 + q, 128 + q'),
@@ -8,18 +8,17 @@
 // every pair (1-4 us at 8-16 tokens, benchmarks/probe_w4a16_gemm.py nodequant) for two FFMAs per sum per
 // tile, which only pays while NT is small. The weight is never rounded to bf16 here: y is the exact
 // (q - z) s product summed in fp32, not bitwise the reference's bf16((q - z) s).
+
 // Per column (hi, c) of this lane: s and 128 + z in fp32.
 __device__ __forceinline__ void read_group_f32(float (&s)[2][2], float (&zb)[2][2], const char* stage, int warp,
                                                int g) {
-    const u32* sz = reinterpret_cast<const u32*>(stage + X_STAGE + W_STAGE);
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
-        const int col = warp * 32 + hi * 16 + 2 * g;
-        const u32 sc = sz[col / 2], zr = sz[BN / 2 + col / 2];
+        const uint2 w = group_words(stage, warp, g, hi);
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-            s[hi][c] = __uint_as_float(c ? sc & 0xFFFF0000u : sc << 16);
-            zb[hi][c] = 128.f + __uint_as_float(c ? zr & 0xFFFF0000u : zr << 16);
+            s[hi][c] = bf16_half(w.x, c);
+            zb[hi][c] = 128.f + bf16_half(w.y, c);
         }
     }
 }
@@ -30,7 +29,6 @@ __device__ __forceinline__ void mma_stage_biased(float (&acc)[2][2 * NT_PAIRS][4
     read_words(p, stage, warp, lane);
     float t[2][2 * NT_PAIRS][4] = {}, xs[2 * NT_PAIRS][4] = {};  // xs [nt][e]: token 8 nt + 2t + e % 2
     const u32 ones[4] = {ONES, ONES, ONES, ONES};
-    const int tok = ((lane >> 4) << 3) + (lane & 7), half = (lane >> 3) & 1;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
         u32 a[2][4];
@@ -43,9 +41,8 @@ __device__ __forceinline__ void mma_stage_biased(float (&acc)[2][2 * NT_PAIRS][4
         }
 #pragma unroll
         for (int pr = 0; pr < NT_PAIRS; ++pr) {
-            const int row = 16 * pr + tok, kc = 2 * j + half;
             u32 b[4];
-            ldmatrix_x4(b, stage + row * 256 + ((kc ^ (row & 7)) << 4));
+            read_x(b, stage, j, pr, lane);
             mma_bf16(xs[2 * pr], ones, b[0], b[1]);
             if (2 * pr + 1 < NT) mma_bf16(xs[2 * pr + 1], ones, b[2], b[3]);
 #pragma unroll
