@@ -1,0 +1,136 @@
+"""When each phase of w4a16_gemm.cu's CTAs happens, in the GEMM bench's chain (bench_w4a16.graph_us: calls
+back to back over distinct weight copies, each waiting on its predecessor through PDL). A build of the
+kernel (source text patched; a diagnostic only) stamps %globaltimer (ns, one clock for all SMs) in thread 0 of
+every CTA at: entry, after griddepcontrol.wait, when the first K tile has landed, after the K loop, after
+the cluster's sums met (split builds) and at exit. Per call, each phase's earliest / median / latest CTA is
+printed relative to the predecessor's last exit, averaged over the chain's middle calls; "period" is the
+distance between consecutive calls' last exits (the bench's µs per call).
+
+source benchmarks/gpu_env.sh && python benchmarks/probe_w4a16_timeline.py --ms 8 64 --layers qkv o
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+
+import torch
+from bench_w4a16 import LAYERS, Formats, copies, graph_us
+from kvpilot.runtime.kernels import w4a16_gemm_cuda
+from kvpilot.runtime.kernels.nvrtc import allow_cluster, allow_shared_memory, compile_cuda, launch_pdl
+from sweep_w4a16_gemm import variant_plan
+
+PHASES = ("entry", "waited", "first tile", "K loop done", "sums met", "exit")
+STAMP = (
+    "#define STAMP(p) do { if (threadIdx.x == 0) { unsigned long long t_;"
+    ' asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));'
+    " tl[((blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * 8 + (p)] = t_; } } while (0)\n"
+)
+MAIN_PATCHES = [
+    (
+        "int k, int stride_x, int stride_y) {",
+        "int k, int stride_x, int stride_y, unsigned long long* tl) {\n    STAMP(0);",
+    ),
+    ("    gdc_wait();\n", "    gdc_wait();\n    STAMP(1);\n"),
+    (
+        "        __syncthreads();  // tile i is visible to all",
+        "        __syncthreads();\n        if (i == 0) STAMP(2);  // tile i is visible to all",
+    ),
+    (
+        '    asm volatile("cp.async.wait_group 0;" ::: "memory");\n',
+        '    asm volatile("cp.async.wait_group 0;" ::: "memory");\n    STAMP(3);\n',
+    ),
+    (
+        "y, m_left, stride_y, warp, lane);\n        return;",
+        "y, m_left, stride_y, warp, lane, tl);\n        STAMP(5);\n        return;",
+    ),
+]
+CLUSTER_PATCHES = [
+    ("int stride_y, int warp, int lane) {", "int stride_y, int warp, int lane, unsigned long long* tl) {"),
+    ("    cluster_sync();  // every slice's sums are in place\n", "    cluster_sync();\n    STAMP(4);\n"),
+]
+
+
+def stamped_source() -> Path:
+    """w4a16_gemm.cu with the cluster header inlined and both stamped."""
+    kernels = w4a16_gemm_cuda.SOURCE.parent
+    text, cluster = w4a16_gemm_cuda.SOURCE.read_text(), (kernels / "w4a16_gemm_cluster.cuh").read_text()
+    for old, new in CLUSTER_PATCHES:
+        if old not in cluster:
+            raise SystemExit(f"patch no longer applies: {old!r}")
+        cluster = cluster.replace(old, new)
+    text = text.replace('#include "w4a16_gemm_cluster.cuh"', cluster)
+    for old, new in MAIN_PATCHES:
+        if old not in text:
+            raise SystemExit(f"patch no longer applies: {old!r}")
+        text = text.replace(old, new)
+    text = text.replace('#include "pdl.cuh"\n', '#include "pdl.cuh"\n' + STAMP)
+    path = Path(tempfile.gettempdir()) / "w4a16_gemm_stamped.cu"
+    path.write_text(text)
+    return path
+
+
+def phase_rows(stamps: list[torch.Tensor]) -> tuple[list[list[float]], float]:
+    """Per phase [earliest, median, latest] µs after the predecessor's last exit (mean over the middle
+    calls), and the mean period."""
+    rows, periods = [[[] for _ in range(3)] for _ in PHASES], []
+    calls = [s.view(-1, 8).cpu().double() for s in stamps]
+    ends = [c[:, 5].max().item() if c[:, 5].max() > 0 else c[:, 3].max().item() for c in calls]
+    for i in range(2, len(calls) - 1):
+        periods.append(ends[i] - ends[i - 1])
+        for p in range(len(PHASES)):
+            col = calls[i][:, p]
+            if col.max() == 0:
+                continue
+            rel = (col - ends[i - 1]) / 1e3
+            for j, v in enumerate((rel.min().item(), rel.median().item(), rel.max().item())):
+                rows[p][j].append(v)
+    mean = [[statistics.fmean(v) if v else float("nan") for v in phase] for phase in rows]
+    return mean, statistics.fmean(periods) / 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ms", type=int, nargs="*", default=[8, 64])
+    parser.add_argument("--layers", nargs="*", default=["qkv", "o"])
+    parser.add_argument("--variant", default="", help="as sweep_w4a16_gemm.py's (default: launch_for's)")
+    args = parser.parse_args()
+    case = dict(item.split("=") for item in args.variant.split(",") if item)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    source = stamped_source()
+    for name in args.layers:
+        n, k = LAYERS[name]
+        fmt = Formats(n, k)
+        sets = copies(fmt.w4)
+        for m in args.ms:
+            plan = variant_plan(case, m, n, k, sms)
+            kernel = compile_cuda(source, "w4a16_gemm", tuple(plan.spec.macros().items()))
+            allow_shared_memory(kernel, plan.spec.shared_bytes())
+            allow_cluster(kernel, plan.slices)
+            grid = plan.grid(n)
+            ctas = grid[0] * grid[1] * grid[2]
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 0.1
+            stamps = [torch.zeros(ctas * 8, device="cuda", dtype=torch.int64) for _ in sets]
+            cluster = (1, plan.slices, 1) if plan.spec.cluster_reduce else None
+
+            def run(x, q, sc, z, tl, kernel=kernel, plan=plan, grid=grid, cluster=cluster, m=m, n=n, k=k):
+                y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+                args_ = [x, q, sc, z, y, m, n, k, x.stride(0), y.stride(0), tl]
+                block = (plan.spec.warps * 32, 1, 1)
+                launch_pdl(kernel, grid, block, args_, plan.spec.shared_bytes(), cluster)
+                return y
+
+            us = graph_us(run, [(x, *t, s) for t, s in zip(sets, stamps, strict=True)])
+            rows, period = phase_rows(stamps)
+            print(f"\n{name} M={m} grid={grid} ctas={ctas} bench {us:.2f} µs/call, period {period:.2f} µs")
+            print("| phase | earliest | median | latest |  (µs after the predecessor's last exit)")
+            for phase, (lo, mid, hi) in zip(PHASES, rows, strict=True):
+                print(f"| {phase} | {lo:.2f} | {mid:.2f} | {hi:.2f} |")
+        del fmt, sets
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
