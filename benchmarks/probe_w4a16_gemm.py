@@ -6,6 +6,7 @@ the source text (a diagnostic only; their outputs are wrong by design):
              builds above 16 tokens: the biased ones at 5-16 never dequantize per pair)
   noreduce   each K slice stores its own sums (no cluster barrier, no distributed shared memory)
   nowait     no griddepcontrol.wait (the bench's x never changes): the time without the dependency
+  releasemeet  the cluster's last meeting with a release arrive, as before the thirteenth session
 Parts combine with "+" (--parts nowait+noreduce).
 
 source benchmarks/gpu_env.sh && python benchmarks/probe_w4a16_gemm.py --ms 16 64
@@ -19,7 +20,7 @@ import torch
 from bench_w4a16 import LAYERS, Formats, copies, graph_us
 from kvpilot.runtime.kernels import w4a16_gemm_cuda
 from kvpilot.runtime.kernels.nvrtc import allow_cluster, allow_shared_memory, compile_cuda, launch_pdl
-from probe_w4a16_parts import patched
+from probe_w4a16_parts import RELEASE_MEET, patched
 from sweep_w4a16_gemm import variant_plan
 
 PATCHES = {
@@ -41,11 +42,12 @@ PATCHES = {
         ("    if (slices > 1) {\n        __syncthreads();", "    if (false) {\n        __syncthreads();")
     ],
     "nowait": [("    gdc_wait();\n", "")],
+    "releasemeet": RELEASE_MEET,
 }
 
 
 def build(name: str, spec: w4a16_gemm_cuda.GemmSpec) -> object:
-    path = patched(w4a16_gemm_cuda.SOURCE, PATCHES, name)
+    path = patched(w4a16_gemm_cuda.SOURCE, PATCHES, name, "w4a16_gemm_cluster.cuh")
     kernel = compile_cuda(path, "w4a16_gemm", tuple(spec.macros().items()))
     allow_shared_memory(kernel, spec.shared_bytes())
     return kernel

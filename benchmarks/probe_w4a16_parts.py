@@ -23,6 +23,8 @@ from bench_w4a16 import LAYERS, Formats, copies, graph_us
 from kvpilot.runtime.kernels import w4a16_cuda
 from kvpilot.runtime.kernels.nvrtc import allow_shared_memory, compile_cuda, launch_pdl
 
+# the last cluster meeting as it was before the thirteenth session (a release arrive, cluster_barrier.cuh)
+RELEASE_MEET = [("cluster_arrive_relaxed();", "cluster_sync();"), ("    cluster_wait();\n}", "}")]
 PATCHES = {
     "nocompute": [
         (
@@ -38,12 +40,16 @@ PATCHES = {
         ("        if (slices == 1)\n", "        if (true)\n"),
     ],
     "nowait": [("    gdc_wait();\n    stage_x(", "    stage_x(")],
+    "releasemeet": RELEASE_MEET,
 }
 
 
-def patched(source: Path, patches: dict[str, list[tuple[str, str]]], name: str) -> Path:
-    """A copy of source (in the temp folder) with the patches of each "+"-joined part of name applied."""
+def patched(source: Path, patches: dict[str, list[tuple[str, str]]], name: str, inline: str = "") -> Path:
+    """A copy of source (in the temp folder) with the patches of each "+"-joined part of name applied; the
+    header inline (beside source) is pasted in place of its #include first, so patches reach it too."""
     text = source.read_text()
+    if inline:
+        text = text.replace(f'#include "{inline}"', (source.parent / inline).read_text())
     for old, new in [patch for part in name.split("+") for patch in patches.get(part, [])]:
         if old not in text:
             raise SystemExit(f"patch {name} no longer applies: {old!r}")
@@ -54,7 +60,7 @@ def patched(source: Path, patches: dict[str, list[tuple[str, str]]], name: str) 
 
 
 def build(name: str, spec: w4a16_cuda.W4Spec, shared: int) -> object:
-    path = patched(w4a16_cuda.SOURCE, PATCHES, name)
+    path = patched(w4a16_cuda.SOURCE, PATCHES, name, "w4a16_cluster.cuh")
     kernel = compile_cuda(path, "w4a16_gemv", tuple(spec.macros().items()))
     if shared:
         allow_shared_memory(kernel, shared)

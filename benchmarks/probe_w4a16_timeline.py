@@ -22,7 +22,16 @@ from kvpilot.runtime.kernels import w4a16_gemm_cuda
 from kvpilot.runtime.kernels.nvrtc import allow_cluster, allow_shared_memory, compile_cuda, launch_pdl
 from sweep_w4a16_gemm import variant_plan
 
-PHASES = ("entry", "waited", "first tile", "K loop done", "sums met", "exit")
+# (name, stamp slot): slot 6 was added last, so it is not in stamp order
+PHASES = (
+    ("entry", 0),
+    ("waited", 1),
+    ("first tile", 2),
+    ("K loop done", 3),
+    ("sums met", 4),
+    ("sums stored", 6),
+    ("exit", 5),
+)
 STAMP = (
     "#define STAMP(p) do { if (threadIdx.x == 0) { unsigned long long t_;"
     ' asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));'
@@ -47,9 +56,11 @@ MAIN_PATCHES = [
         "y, m_left, stride_y, warp, lane, tl);\n        STAMP(5);\n        return;",
     ),
 ]
+ARRIVE = "    cluster_arrive_relaxed();  // no CTA leaves"
 CLUSTER_PATCHES = [
     ("int stride_y, int warp, int lane) {", "int stride_y, int warp, int lane, unsigned long long* tl) {"),
     ("    cluster_sync();  // every slice's sums are in place\n", "    cluster_sync();\n    STAMP(4);\n"),
+    (ARRIVE, "    STAMP(6);\n" + ARRIVE),
 ]
 
 
@@ -80,8 +91,8 @@ def phase_rows(stamps: list[torch.Tensor]) -> tuple[list[list[float]], float]:
     ends = [c[:, 5].max().item() if c[:, 5].max() > 0 else c[:, 3].max().item() for c in calls]
     for i in range(2, len(calls) - 1):
         periods.append(ends[i] - ends[i - 1])
-        for p in range(len(PHASES)):
-            col = calls[i][:, p]
+        for p, (_, slot) in enumerate(PHASES):
+            col = calls[i][:, slot]
             if col.max() == 0:
                 continue
             rel = (col - ends[i - 1]) / 1e3
@@ -126,7 +137,7 @@ def main() -> None:
             rows, period = phase_rows(stamps)
             print(f"\n{name} M={m} grid={grid} ctas={ctas} bench {us:.2f} µs/call, period {period:.2f} µs")
             print("| phase | earliest | median | latest |  (µs after the predecessor's last exit)")
-            for phase, (lo, mid, hi) in zip(PHASES, rows, strict=True):
+            for (phase, _), (lo, mid, hi) in zip(PHASES, rows, strict=True):
                 print(f"| {phase} | {lo:.2f} | {mid:.2f} | {hi:.2f} |")
         del fmt, sets
         torch.cuda.empty_cache()

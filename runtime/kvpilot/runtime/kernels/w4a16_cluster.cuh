@@ -5,9 +5,7 @@
 // CTA's sum stays in its shared memory and rank 0 adds them in slice order (deterministic, as the workspace
 // path) through distributed shared memory: no workspace round trip, fence or counter, which cost ~2 us of
 // o_proj's 6.7 at one token (H200, benchmarks/probe_w4a16_parts.py).
-__device__ __forceinline__ void cluster_sync() {  // every thread of every CTA in the cluster; orders memory
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
+#include "cluster_barrier.cuh"
 
 __device__ __forceinline__ float cluster_load(const float* local, int rank) {
     const u32 at = static_cast<u32>(__cvta_generic_to_shared(local));
@@ -32,5 +30,6 @@ __device__ void store_by_cluster(const float (*sums)[COLS], u16* y, int m, int n
             y[(long long)tok * stride_y + n0 + c] = f32_to_bf16(sum);
         }
     }
-    cluster_sync();  // no CTA leaves (its shared memory) before rank 0 has read it
+    cluster_arrive_relaxed();  // no CTA leaves (its shared memory) before rank 0 has read it
+    cluster_wait();
 }

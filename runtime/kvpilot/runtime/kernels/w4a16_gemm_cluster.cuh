@@ -3,12 +3,10 @@
 // the rank). Each CTA leaves its fp32 sums in its own shared memory; then rank r adds, in slice order
 // (deterministic), the r-th of S shares of the block's outputs from every rank and stores them: the adds and
 // the stores are spread over the S CTAs, and no workspace, fence or counter is needed.
+#include "cluster_barrier.cuh"
+
 #define MAX_SLICES 16  // the largest cluster sm_90 allows (past 8: non-portable, nvrtc.allow_cluster)
 #define SUMS_STRIDE (BN + 4)  // floats per token row: the lanes' float2 writes (rows 2t apart) hit no bank twice
-
-__device__ __forceinline__ void cluster_sync() {  // every thread of every CTA in the cluster; orders memory
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
 
 __device__ __forceinline__ float4 cluster_load4(const float* local, int rank) {
     u32 remote;
@@ -50,5 +48,6 @@ __device__ void store_by_cluster(const float (&acc)[2][2 * NT_PAIRS][4], float* 
         *reinterpret_cast<uint2*>(y + (long long)tok * stride_y + col) =
             make_uint2(pack_bf16x2(sum.x, sum.y), pack_bf16x2(sum.z, sum.w));
     }
-    cluster_sync();  // no CTA leaves (its shared memory) before the others have read it
+    cluster_arrive_relaxed();  // no CTA leaves (its shared memory) before the others have read it
+    cluster_wait();
 }
