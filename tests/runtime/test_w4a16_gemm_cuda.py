@@ -156,17 +156,19 @@ def test_biased_and_dequantizing_builds_compute_the_same_gemm(m: int, sym: bool)
 @pytest.mark.gpu
 @pytest.mark.parametrize("slices", [1, 2, 5, 8, 12, 16])  # past 8: a non-portable cluster
 @pytest.mark.parametrize(("warps", "stages"), [(4, 2), (4, 4), (8, 3)])
-def test_every_build_and_slicing_computes_the_same_gemm(slices: int, warps: int, stages: int) -> None:
+@pytest.mark.parametrize("m", [5, 16, 48])  # 5, 16: biased builds
+def test_every_build_and_slicing_computes_the_same_gemm(m: int, slices: int, warps: int, stages: int) -> None:
     import dataclasses
 
     from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
 
-    x, qweight, scales, zeros = _case(48, 2048, 4096, 128, False, seed=slices)
-    plan = launch_for(48, 2048, 4096, 128, _sms(), True, warps, stages)
+    x, qweight, scales, zeros = _case(m, 2048, 4096, 128, False, seed=slices)
+    plan = launch_for(m, 2048, 4096, 128, _sms(), True, warps, stages)
     spec = dataclasses.replace(plan.spec, cluster_reduce=slices > 1)
     plan = dataclasses.replace(plan, slices=slices, spec=spec)
     out = w4a16_gemm(x, qweight, scales, zeros, _sms(), plan)
-    torch.testing.assert_close(out.float(), _want(x, qweight, scales, zeros), atol=1e-2, rtol=1e-2)
+    want = _want(x, qweight, scales, zeros, biased=plan.spec.biased)
+    torch.testing.assert_close(out.float(), want, atol=1e-2, rtol=1e-2)
 
 
 @pytest.mark.gpu
