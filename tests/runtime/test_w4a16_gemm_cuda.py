@@ -1,4 +1,4 @@
-"""w4a16_gemm.cu (the int4 GEMM for 5+ tokens): its launch rule and its sm_90 build on CPU (NVRTC + ptxas,
+"""w4a16_gemm.cu (the int4 GEMM for 3+ tokens): its launch rule and its sm_90 build on CPU (NVRTC + ptxas,
 offline); against the reference on the GPU (marked gpu)."""
 
 from __future__ import annotations
@@ -51,15 +51,18 @@ def test_shared_memory_holds_the_stages_or_the_split_sums() -> None:
                 assert spec.shared_bytes() >= spec.block_m * (spec.block_n + 4) * 4  # the split sums fit
 
 
-def test_preferred_from_5_to_128_tokens() -> None:
+def test_preferred_from_3_or_5_to_128_tokens() -> None:
     from kvpilot.runtime.kernels.w4a16_gemm_cuda import preferred, warm_up_ms
 
-    assert [m for m in (1, 4, 5, 8, 16, 17, 64, 128, 129, 256) if preferred(m)] == [5, 8, 16, 17, 64, 128]
-    assert not preferred(64, hopper=False)  # measured on sm_90 only (clusters)
+    ms = (1, 2, 3, 4, 5, 8, 16, 17, 64, 128, 129, 256)
+    assert [m for m in ms if preferred(m, 4096)] == [3, 4, 5, 8, 16, 17, 64, 128]
+    assert [m for m in ms if preferred(m, 12288)] == [5, 8, 16, 17, 64, 128]  # a long K: the GEMV to 4
+    assert not preferred(64, 4096, hopper=False)  # measured on sm_90 only (clusters)
     # the warm-up compiles every build the dispatch can take up to 128 tokens
-    builds = {launch_for(m, 4096, 4096, 128, 132, True).spec for m in range(5, 129)}
-    assert {launch_for(m, 4096, 4096, 128, 132, True).spec for m in warm_up_ms(128)} == builds
-    assert warm_up_ms(128, hopper=False) == []
+    for k, first in ((4096, 3), (12288, 5)):
+        builds = {launch_for(m, 4096, k, 128, 132, True).spec for m in range(first, 129)}
+        assert {launch_for(m, 4096, k, 128, 132, True).spec for m in warm_up_ms(128, k)} == builds
+    assert warm_up_ms(128, 4096, hopper=False) == []
 
 
 def test_unsupported_names_the_reason() -> None:
@@ -189,8 +192,8 @@ def test_a_graph_replay_reads_its_predecessors_output_under_pdl() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [5, 8, 12, 40, 100])
-def test_the_int4_dispatch_takes_it_from_5_to_128_tokens(m: int) -> None:
+@pytest.mark.parametrize("m", [3, 5, 8, 12, 40, 100])
+def test_the_int4_dispatch_takes_it_from_3_to_128_tokens(m: int) -> None:
     from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
     from kvpilot.runtime.kernels.w4a16_mma_triton import int_gemm_mma
     from kvpilot.runtime.kernels.w4a16_triton import int_gemm

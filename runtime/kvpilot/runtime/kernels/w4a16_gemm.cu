@@ -1,4 +1,4 @@
-// int4 weight-only GEMM for 5+ tokens (up to 64 a CTA) on mma.sync, bf16 activations: y [M, N] = x [M, K]
+// int4 weight-only GEMM for 3+ tokens (up to 64 a CTA) on mma.sync, bf16 activations: y [M, N] = x [M, K]
 // W^T, the weight in the canonical layout of quant_reference.py (qweight int32 [K/8, N]: value j of word row
 // 16T + r is K row 128T + 16j + r; scales, zeros bf16 [K/G, N]). w4a16_gemm_cuda.py compiles it with NVRTC
 // and macros:

@@ -1,5 +1,5 @@
-"""Host side of w4a16_gemm.cu: the int4 weight-only GEMM for 5+ tokens on mma.sync (CUDA sm_80+, bf16;
-dispatched on sm_90 at 5-128 tokens, see preferred).
+"""Host side of w4a16_gemm.cu: the int4 weight-only GEMM for 3+ tokens on mma.sync (CUDA sm_80+, bf16;
+dispatched on sm_90 at 5-128 tokens, from 3 below a long K, see preferred).
 
 Compiled at run time by NVRTC (nvrtc.py), once per GemmSpec, launched on the current stream (CUDA-graph
 capturable once compiled). The weight stays in the canonical layout of quant_reference.py, so every int4
@@ -146,18 +146,24 @@ def launch_for(
     return GemmLaunch(spec, slices, blocks_m)
 
 
-# 5-128 tokens: faster than what ran there before in the sum over Qwen3-8B's four layers (H200,
-# benchmarks/sweep_w4a16_gemm.py): at 5-7 tokens than the decode GEMV (the biased build, twelfth session:
-# 50.1 against 59.5 us at 5; down alone ties at 5), at 16-128 than the Triton GEMM (eleventh session). At 4
-# tokens they tie (49.8 against 50.0; the GEMV wins down by 2.1 us), so below 5 the GEMV keeps them.
+# 5-128 tokens (3-128 below a long K): faster than what ran there before in the sum over Qwen3-8B's four
+# layers (H200, benchmarks/sweep_w4a16_gemm.py): at 5-7 tokens than the decode GEMV (the biased build,
+# twelfth session: 50.1 against 59.5 us at 5; down alone ties at 5), at 16-128 than the Triton GEMM (eleventh
+# session). Since the cluster's last meeting arrives relaxed (thirteenth session) it also beats the GEMV at
+# 3-4 tokens for qkv / o / gate_up (4 tokens: 7.7 / 6.5 / 19.6 against 8.7 / 6.7 / 21.0 us; 3: 7.6 / 6.5 /
+# 19.7 against 8.4 / 6.5 / 19.9) but not for down, a long K (14.8 against 12.7 at 4), nor at 2 tokens
+# (o 6.4 against 5.9, gate_up 19.5 against 18.0).
 PREFERRED_M = (5, 128)
+SHORT_K_FIRST_M = 3  # where K has fewer than LONG_K_TILES tiles
 
 
-def preferred(m: int, hopper: bool = True) -> bool:
-    """Whether this kernel is expected to beat what the dispatch ran before at m tokens (the H200 sweep,
-    benchmarks/sweep_w4a16_gemm.py). Only measured on sm_90, where its K slices meet in a cluster; without
-    clusters a launch takes one slice (48 CTAs for Qwen3-8B's qkv), so elsewhere the other kernels keep it."""
-    return hopper and PREFERRED_M[0] <= m <= PREFERRED_M[1]
+def preferred(m: int, k: int, hopper: bool = True) -> bool:
+    """Whether this kernel is expected to beat what the dispatch ran before at m tokens and this K (the H200
+    sweep, benchmarks/sweep_w4a16_gemm.py). Only measured on sm_90, where its K slices meet in a cluster;
+    without clusters a launch takes one slice (48 CTAs for Qwen3-8B's qkv), so elsewhere the other kernels
+    keep it."""
+    first = PREFERRED_M[0] if k // TILE >= LONG_K_TILES else SHORT_K_FIRST_M
+    return hopper and first <= m <= PREFERRED_M[1]
 
 
 def takes(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> bool:
@@ -165,14 +171,15 @@ def takes(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> bool:
     here: it can, and is expected to be faster."""
     if unsupported(x, qweight, scales, 4) is not None:
         return False
-    return preferred(x.shape[0], torch.cuda.get_device_capability(x.device) >= (9, 0))
+    return preferred(x.shape[0], x.shape[1], torch.cuda.get_device_capability(x.device) >= (9, 0))
 
 
-def warm_up_ms(top: int, hopper: bool = True) -> list[int]:
-    """One M per build up to top tokens (a build per token-tile count, stage count and cluster use):
-    running each once compiles them all while the model loads (none where the dispatch never comes here)."""
+def warm_up_ms(top: int, k: int, hopper: bool = True) -> list[int]:
+    """One M per build up to top tokens (a build per token-tile count, stage count and cluster use; 3-8
+    tokens share one): running each once compiles them all while the model loads (none where the dispatch
+    never comes here)."""
     ms = (8, 16, *range(24, 65, 8), *range(80, 129, 16))
-    return [m for m in ms if m <= top and preferred(m, hopper)]
+    return [m for m in ms if m <= top and preferred(m, k, hopper)]
 
 
 def compiled(spec: GemmSpec) -> Any:

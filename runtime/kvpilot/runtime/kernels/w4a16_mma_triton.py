@@ -296,5 +296,5 @@ def warm_up_mma(
 
         x = torch.zeros(max(tops), k, device=qweight.device, dtype=dtype)
         hopper = qweight.is_cuda and torch.cuda.get_device_capability(qweight.device) >= (9, 0)
-        for m in warm_up_ms(max(tops), hopper):
+        for m in warm_up_ms(max(tops), k, hopper):
             int_gemm_mma(x[:m], qweight, scales, zeros, bits, None, counters)

@@ -268,7 +268,7 @@ def int_gemm(
     if not fused_supported(x.shape[1], group, bits) or x.shape[0] >= DEQUANT_CUBLAS_MIN_M:
         y = x @ dequantize_triton(qweight, scales, zeros, bits, x.dtype)
     elif cuda_kernel and bits == 4 and x.is_cuda and _cuda_gemm_takes(x, qweight, scales):
-        from .w4a16_gemm_cuda import w4a16_gemm  # CUDA-only (NVRTC): 5-16 tokens
+        from .w4a16_gemm_cuda import w4a16_gemm  # CUDA-only (NVRTC): 3-16 tokens (5-16 for a long K)
 
         y = w4a16_gemm(x, qweight, scales, zeros, num_sms(x.device))
     elif cuda_kernel and _cuda_w4a16_runs(x, qweight, scales, bits):
