@@ -6,7 +6,10 @@ the source text (a diagnostic only; their outputs are wrong by design):
   noreduce   each K slice stores its own partial (no workspace, fence, counter or final sum)
   nowait     no griddepcontrol.wait: x is read without waiting for the predecessor (the bench's x never
              changes; the slices' counters race), so the time is the kernel's without the dependency
-Parts combine with "+" (--parts nowait+noreduce). --ring/--slices/--warps probe a shared-ring build.
+  releasemeet  the cluster's last meeting with a release arrive (before the thirteenth session; cluster
+             builds only: with --dispatched, qkv and o at 1-4 tokens)
+Parts combine with "+" (--parts nowait+noreduce). --ring/--slices/--warps probe a shared-ring build;
+--dispatched takes w4a16_gemv's own launch (shared ring, cluster) instead.
 
 source benchmarks/gpu_env.sh && python benchmarks/probe_w4a16_parts.py
 """
@@ -75,6 +78,7 @@ def main() -> None:
     parser.add_argument("--ring", type=int, default=0)
     parser.add_argument("--slices", type=int, default=0)
     parser.add_argument("--warps", type=int, default=w4a16_cuda.WARPS)
+    parser.add_argument("--dispatched", action="store_true", help="w4a16_gemv's own launch (ring, cluster)")
     args = parser.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     names = ["full", *args.parts]
@@ -90,6 +94,8 @@ def main() -> None:
             )
             spec = dataclasses.replace(plan.spec, warps=args.warps)
             plan = dataclasses.replace(plan, spec=spec, slices=args.slices or plan.slices)
+            if args.dispatched:
+                plan = w4a16_cuda.dispatched_launch(m, n, k, 128, sms, hopper=True)
             shared = plan.shared_bytes(m, k)
             cells = []
             variants = [(name, plan.spec) for name in names]
@@ -114,7 +120,8 @@ def main() -> None:
                     y = torch.empty(shape[:2], device="cuda", dtype=torch.bfloat16)
                     args = [x, q, s, z, y, work, counters, *shape, x.stride(0), y.stride(0)]
                     block = (32 * plan.spec.warps, 1, 1)
-                    launch_pdl(kernel, (shape[1] // 64, plan.slices, 1), block, args, shared)
+                    cluster = (1, plan.slices, 1) if plan.spec.cluster_reduce else None
+                    launch_pdl(kernel, (shape[1] // 64, plan.slices, 1), block, args, shared, cluster)
 
                 cells.append(f"{graph_us(run, [(x, *t) for t in sets]):.1f}")
             print(f"| {layer} | {m} | {plan.slices} | " + " | ".join(cells) + " |", flush=True)
