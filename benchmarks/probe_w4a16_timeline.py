@@ -13,31 +13,26 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 from pathlib import Path
 
 import torch
 from bench_w4a16 import LAYERS, Formats, copies, graph_us
 from kvpilot.runtime.kernels import w4a16_gemm_cuda
 from kvpilot.runtime.kernels.nvrtc import allow_cluster, allow_shared_memory, compile_cuda, launch_pdl
+from probe_w4a16_parts import patched
 from sweep_w4a16_gemm import variant_plan
 
-# (name, stamp slot): slot 6 was added last, so it is not in stamp order
-PHASES = (
-    ("entry", 0),
-    ("waited", 1),
-    ("first tile", 2),
-    ("K loop done", 3),
-    ("sums met", 4),
-    ("sums stored", 6),
-    ("exit", 5),
-)
+PHASES = ("entry", "waited", "first tile", "K loop done", "sums met", "sums stored", "exit")  # stamp slots
 STAMP = (
     "#define STAMP(p) do { if (threadIdx.x == 0) { unsigned long long t_;"
     ' asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));'
     " tl[((blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * 8 + (p)] = t_; } } while (0)\n"
 )
-MAIN_PATCHES = [
+ARRIVE = "    cluster_arrive_relaxed();  // no CTA leaves"
+# w4a16_gemm.cu with the cluster header inlined (probe_w4a16_parts.patched): tl, the stamps' buffer, is a
+# new last argument of the kernel and of store_by_cluster
+STAMPED = [
+    ('#include "pdl.cuh"\n', '#include "pdl.cuh"\n' + STAMP),
     (
         "int k, int stride_x, int stride_y) {",
         "int k, int stride_x, int stride_y, unsigned long long* tl) {\n    STAMP(0);",
@@ -51,36 +46,19 @@ MAIN_PATCHES = [
         '    asm volatile("cp.async.wait_group 0;" ::: "memory");\n',
         '    asm volatile("cp.async.wait_group 0;" ::: "memory");\n    STAMP(3);\n',
     ),
-    (
-        "y, m_left, stride_y, warp, lane);\n        return;",
-        "y, m_left, stride_y, warp, lane, tl);\n        STAMP(5);\n        return;",
-    ),
-]
-ARRIVE = "    cluster_arrive_relaxed();  // no CTA leaves"
-CLUSTER_PATCHES = [
     ("int stride_y, int warp, int lane) {", "int stride_y, int warp, int lane, unsigned long long* tl) {"),
     ("    cluster_sync();  // every slice's sums are in place\n", "    cluster_sync();\n    STAMP(4);\n"),
-    (ARRIVE, "    STAMP(6);\n" + ARRIVE),
+    (ARRIVE, "    STAMP(5);\n" + ARRIVE),
+    (
+        "y, m_left, stride_y, warp, lane);\n        return;",
+        "y, m_left, stride_y, warp, lane, tl);\n        STAMP(6);\n        return;",
+    ),
 ]
 
 
 def stamped_source() -> Path:
     """w4a16_gemm.cu with the cluster header inlined and both stamped."""
-    kernels = w4a16_gemm_cuda.SOURCE.parent
-    text, cluster = w4a16_gemm_cuda.SOURCE.read_text(), (kernels / "w4a16_gemm_cluster.cuh").read_text()
-    for old, new in CLUSTER_PATCHES:
-        if old not in cluster:
-            raise SystemExit(f"patch no longer applies: {old!r}")
-        cluster = cluster.replace(old, new)
-    text = text.replace('#include "w4a16_gemm_cluster.cuh"', cluster)
-    for old, new in MAIN_PATCHES:
-        if old not in text:
-            raise SystemExit(f"patch no longer applies: {old!r}")
-        text = text.replace(old, new)
-    text = text.replace('#include "pdl.cuh"\n', '#include "pdl.cuh"\n' + STAMP)
-    path = Path(tempfile.gettempdir()) / "w4a16_gemm_stamped.cu"
-    path.write_text(text)
-    return path
+    return patched(w4a16_gemm_cuda.SOURCE, {"stamped": STAMPED}, "stamped", "w4a16_gemm_cluster.cuh")
 
 
 def phase_rows(stamps: list[torch.Tensor]) -> tuple[list[list[float]], float]:
@@ -88,11 +66,11 @@ def phase_rows(stamps: list[torch.Tensor]) -> tuple[list[list[float]], float]:
     calls), and the mean period."""
     rows, periods = [[[] for _ in range(3)] for _ in PHASES], []
     calls = [s.view(-1, 8).cpu().double() for s in stamps]
-    ends = [c[:, 5].max().item() if c[:, 5].max() > 0 else c[:, 3].max().item() for c in calls]
+    ends = [c[:, 6].max().item() if c[:, 6].max() > 0 else c[:, 3].max().item() for c in calls]  # exit
     for i in range(2, len(calls) - 1):
         periods.append(ends[i] - ends[i - 1])
-        for p, (_, slot) in enumerate(PHASES):
-            col = calls[i][:, slot]
+        for p in range(len(PHASES)):
+            col = calls[i][:, p]
             if col.max() == 0:
                 continue
             rel = (col - ends[i - 1]) / 1e3
@@ -137,7 +115,7 @@ def main() -> None:
             rows, period = phase_rows(stamps)
             print(f"\n{name} M={m} grid={grid} ctas={ctas} bench {us:.2f} µs/call, period {period:.2f} µs")
             print("| phase | earliest | median | latest |  (µs after the predecessor's last exit)")
-            for (phase, _), (lo, mid, hi) in zip(PHASES, rows, strict=True):
+            for phase, (lo, mid, hi) in zip(PHASES, rows, strict=True):
                 print(f"| {phase} | {lo:.2f} | {mid:.2f} | {hi:.2f} |")
         del fmt, sets
         torch.cuda.empty_cache()

@@ -1,11 +1,10 @@
 """w4a16_gemm.cu's builds at Qwen3-8B's layer shapes, beside bf16 cuBLAS and what ran there before it (what
 int_gemm dispatches at <= 8 tokens: the decode GEMV w4a16_gemv.cu at 1-2 (1-4 for a long K), this kernel
-from 3 (5); above, the Triton tensor-core GEMM w4a16_mma_triton), one run;
-each CUDA cell's error against the bf16 GEMM of the dequantized weight is printed. A variant is key=value
-pairs joined by commas, each defaulting to launch_for's ("stages=0" is launch_for's own launch): warps (32
-columns each), stages, ctas (K slices
-until ~ctas CTAs per SM) or slices (exactly), tt (token tiles of 8 per CTA at most), biased (token tiles of 8
-up to which the mmas take 128 + q; 0: never).
+from 3 (5); above, the Triton tensor-core GEMM w4a16_mma_triton), one run; each CUDA cell's error against
+the bf16 GEMM of the dequantized weight is printed. A variant is key=value pairs joined by commas, each
+defaulting to launch_for's ("stages=0" is launch_for's own launch): warps (32 columns each), stages, ctas
+(K slices until ~ctas CTAs per SM) or slices (exactly), tt (token tiles of 8 per CTA at most), biased
+(token tiles of 8 up to which the mmas take 128 + q; 0: never).
 
 source benchmarks/gpu_env.sh && python benchmarks/sweep_w4a16_gemm.py --ms 32 64 --variants warps=4 warps=8
 """

@@ -278,7 +278,7 @@ def reduce_block_s(num_splits: int) -> int:
     (past 64 in several passes). Two builds serve every plan. Mixed steps run the decode kernel eagerly
     with plans of their own (narrower tables, fewer or more splits than any captured graph's), and a
     BLOCK_S per power of two compiled 2, 4 or 8 while serving, then 16 with the 8-bit Triton tile and 128+
-    past the graphs' context (tests/runtime/test_no_recompile_gpu.py; test_decode_plan.py checks that
+    past the graphs' context (tests/runtime/test_no_recompile_gpu.py; test_decode_reduce_builds.py checks that
     the captured plans reach both builds)."""
     return REDUCE_NARROW if num_splits <= REDUCE_NARROW else REDUCE_WIDE
 

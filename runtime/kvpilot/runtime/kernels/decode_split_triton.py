@@ -19,10 +19,11 @@ REDUCE_RELEASE_EARLY = True
 
 
 @triton.jit
-def _partition_for(ctx, min_partition, num_splits, BLOCK_N: tl.constexpr):
+def _partition_for(ctx, min_partition, num_splits, tile):
     """Context positions per split for a sequence of ctx positions (DecodePlan): its context spread over
-    all num_splits, in whole tiles, and never fewer than min_partition."""
-    return tl.maximum(min_partition, tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N)
+    all num_splits, in whole tiles (the main kernels' BLOCK_N; the reduce's runtime tile_n), and never
+    fewer than min_partition."""
+    return tl.maximum(min_partition, tl.cdiv(tl.cdiv(ctx, num_splits), tile) * tile)
 
 
 @triton.jit
@@ -71,9 +72,8 @@ def _decode_reduce_kernel(
         tl.extra.cuda.gdc_wait()
     ctx = tl.load(context_lens_ptr + token // Q)
     visible = ctx - Q + token % Q + 1  # positions this row sees (decode: the whole context)
-    # the partitions that hold at least one of them (sized from ctx, as the main kernel's _partition_for)
-    partition = tl.maximum(partition_size, tl.cdiv(tl.cdiv(ctx, num_splits), tile_n) * tile_n)
-    used = tl.cdiv(visible, partition)
+    # the partitions that hold at least one of them (sized from ctx, as the main kernel's)
+    used = tl.cdiv(visible, _partition_for(ctx, partition_size, num_splits, tile_n))
     offs_d = tl.arange(0, BLOCK_D)
     row0 = (token.to(tl.int64) * num_heads + head) * num_splits
     m_run = tl.full((), float("-inf"), tl.float32)
