@@ -3,6 +3,7 @@ offline); against the reference on the GPU (marked gpu)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,33 @@ def test_k_slices_fill_the_gpu_within_a_cluster_on_hopper_only() -> None:
     assert launch_for(64, 6144, 4096, 4096, 132, hopper=True).spec.tiles_per_group == 32
 
 
+# cuOccupancyMaxActiveClusters on the H200 (fourteenth session) for the 4-warp builds at 33-64 tokens:
+# clusters of 2..8 CTAs held at once at 3 and at 4 stages (3 and 2 CTAs per SM, less what the GPCs leave)
+H200_HELD = {
+    3: {2: 198, 3: 124, 4: 92, 5: 69, 6: 62, 7: 47, 8: 45},
+    4: {2: 132, 3: 79, 4: 62, 5: 47, 6: 39, 7: 32, 8: 30},
+}
+
+
+def _h200_held(spec: GemmSpec, slices: int) -> int:
+    return H200_HELD[spec.stages][slices]
+
+
+def test_33_to_64_tokens_take_four_stages_and_the_most_slices_held_in_one_wave() -> None:
+    def plan(m: int, n: int, k: int = 4096) -> tuple[int, int]:
+        launch = launch_for(m, n, k, 128, 132, True, held=_h200_held)
+        return launch.slices, launch.spec.stages
+
+    assert plan(64, 6144) == (4, 4)  # qkv: 48 clusters; 5 slices are held 47 at a time
+    assert [plan(m, 4096) for m in (33, 48, 64)] == [(7, 4)] * 3  # o: 32 clusters, 7 slices held 32
+    assert plan(64, 24576) == (2, 3)  # gate_up: 192 clusters, none of 4+ slices in one wave: the rule's
+    assert plan(64, 4096, 12288) == (16, 3)  # down, a long K: its own slices
+    assert plan(32, 6144) == (6, 4)  # 4 token tiles: the budget's 4 stages and the rule's slices
+    assert plan(80, 6144) == (launch_for(80, 6144, 4096, 128, 132, True).slices, 3)  # two token blocks
+    assert launch_for(64, 6144, 4096, 128, 132, True).slices == 6  # not asked (held None): the 3-stage rule
+    assert launch_for(64, 6144, 4096, 128, 132, True, stages=3, held=_h200_held).spec.stages == 3  # explicit
+
+
 def test_shared_memory_holds_the_stages_or_the_split_sums() -> None:
     spec = GemmSpec(4, 8, 1, stages=3)  # x 16 KB + weight 8 KB + scales and zeros 512 B per stage
     assert spec.shared_bytes() == 3 * (16384 + 8192 + 512)
@@ -60,8 +88,10 @@ def test_preferred_from_3_or_5_to_128_tokens() -> None:
     assert not preferred(64, 4096, hopper=False)  # measured on sm_90 only (clusters)
     # the warm-up compiles every build the dispatch can take up to 128 tokens
     for k, first in ((4096, 3), (12288, 5)):
-        builds = {launch_for(m, 4096, k, 128, 132, True).spec for m in range(first, 129)}
-        assert {launch_for(m, 4096, k, 128, 132, True).spec for m in warm_up_ms(128, k)} == builds
+        for held in (None, _h200_held):  # with the GPU's cluster occupancy: the deep builds at 33-64
+            builds = {launch_for(m, 4096, k, 128, 132, True, held=held).spec for m in range(first, 129)}
+            warmed = {launch_for(m, 4096, k, 128, 132, True, held=held).spec for m in warm_up_ms(128, k)}
+            assert warmed == builds
     assert warm_up_ms(128, 4096, hopper=False) == []
 
 
@@ -207,3 +237,21 @@ def test_the_int4_dispatch_takes_it_from_3_to_128_tokens(m: int) -> None:
     triton = int_gemm_mma(x, qweight, scales, zeros, 4, cuda_kernel=False) if m > 16 else None
     if triton is not None:  # the Triton GEMM it replaces agrees within bf16 rounding
         torch.testing.assert_close(direct.float(), triton.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("slices", "stages"), [(4, 4), (6, 3), (16, 3)])
+def test_the_gpu_says_how_many_clusters_it_holds(slices: int, stages: int) -> None:
+    # bounded by the CTA slots: at most 3 CTAs of 4 warps per SM within the stage budget, 2 at 4 stages
+    from kvpilot.runtime.kernels.nvrtc import allow_cluster, allow_shared_memory, max_active_clusters
+    from kvpilot.runtime.kernels.w4a16_gemm_cuda import compiled
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    spec = launch_for(64, 6144, 4096, 128, sms, True, stages=stages).spec
+    spec = dataclasses.replace(spec, cluster_reduce=True)
+    kernel = compiled(spec)
+    allow_shared_memory(kernel, spec.shared_bytes())
+    allow_cluster(kernel, slices)
+    held = max_active_clusters(kernel, (spec.warps * 32, 1, 1), spec.shared_bytes(), (1, slices, 1))
+    per_sm = 2 if stages == 4 else 3
+    assert held >= 1 and held * slices <= per_sm * sms

@@ -94,6 +94,55 @@ PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_*
 CLUSTER_DIMENSION = 4
 
 
+def _launch_config(
+    grid: tuple[int, int, int],
+    block: tuple[int, int, int],
+    shared_mem: int,
+    cluster: tuple[int, int, int] | None,
+    stream: int,
+    pdl: bool = True,
+) -> tuple[_LaunchConfig, Any]:
+    """A CUlaunchConfig with PDL (pdl) and the cluster dims (if given), and the attribute array it points
+    into, which must outlive it."""
+    attrs = (_LaunchAttribute * 2)()
+    used = 0
+    if pdl:
+        attrs[used].id, attrs[used].value[0] = PROGRAMMATIC_STREAM_SERIALIZATION, 1
+        used += 1
+    if cluster is not None:  # the value is the cluster's dims, three unsigned ints
+        attrs[used].id = CLUSTER_DIMENSION
+        attrs[used].value[0], attrs[used].value[1], attrs[used].value[2] = cluster
+        used += 1
+    config = _LaunchConfig(
+        (ctypes.c_uint * 3)(*grid),
+        (ctypes.c_uint * 3)(*block),
+        shared_mem,
+        ctypes.c_void_p(stream),
+        ctypes.cast(attrs, ctypes.POINTER(_LaunchAttribute)),
+        used,
+    )
+    return config, attrs
+
+
+def max_active_clusters(
+    kernel: Any, block: tuple[int, int, int], shared_mem: int, cluster: tuple[int, int, int]
+) -> int:
+    """How many clusters of this launch the GPU holds at once (cuOccupancyMaxActiveClusters): a cluster's
+    CTAs must share a GPC, so a size that does not divide a GPC's CTA slots leaves slots empty, and a grid
+    of more clusters than this runs in more than one wave. The kernel must allow shared_mem and the cluster
+    size first (allow_shared_memory, allow_cluster)."""
+    from torch.cuda._utils import _get_gpu_runtime_library
+
+    config, _attrs = _launch_config(cluster, block, shared_mem, cluster, 0, pdl=False)
+    count = ctypes.c_int()
+    result = _get_gpu_runtime_library().cuOccupancyMaxActiveClusters(
+        ctypes.byref(count), kernel.func, ctypes.byref(config)
+    )
+    if result != 0:
+        raise RuntimeError(f"cuOccupancyMaxActiveClusters failed with CUresult {result}")
+    return count.value
+
+
 def launch_pdl(
     kernel: Any,
     grid: tuple[int, int, int],
@@ -110,19 +159,7 @@ def launch_pdl(
 
     values = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_int(a) for a in args]
     params = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
-    attrs = (_LaunchAttribute * 2)()
-    attrs[0].id, attrs[0].value[0] = PROGRAMMATIC_STREAM_SERIALIZATION, 1
-    if cluster is not None:  # the value is the cluster's dims, three unsigned ints
-        attrs[1].id = CLUSTER_DIMENSION
-        attrs[1].value[0], attrs[1].value[1], attrs[1].value[2] = cluster
-    config = _LaunchConfig(
-        (ctypes.c_uint * 3)(*grid),
-        (ctypes.c_uint * 3)(*block),
-        shared_mem,
-        ctypes.c_void_p(torch.cuda.current_stream().cuda_stream),
-        ctypes.cast(attrs, ctypes.POINTER(_LaunchAttribute)),
-        1 if cluster is None else 2,
-    )
+    config, _attrs = _launch_config(grid, block, shared_mem, cluster, torch.cuda.current_stream().cuda_stream)
     result = _get_gpu_runtime_library().cuLaunchKernelEx(ctypes.byref(config), kernel.func, params, None)
     if result != 0:
         raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {result}")

@@ -10,13 +10,15 @@ and the fallback for what this one does not take (see unsupported).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .nvrtc import allow_cluster, allow_shared_memory, compile_cuda, launch_pdl
+from .nvrtc import allow_cluster, allow_shared_memory, compile_cuda, launch_pdl, max_active_clusters
 from .w4a16_cuda import int4_cuda_unsupported
 
 SOURCE = Path(__file__).with_name("w4a16_gemm.cu")
@@ -46,6 +48,16 @@ MAX_STAGES = 6
 # (192), gate_up 24.1 with 2 (384) against 31.6 with 3 and 35.9 with 8 (eleventh session, sweep5)
 CTAS_PER_SM = 2.2
 MIN_SLICE_TILES = 2  # a slice shorter than this spends more on its fixup than on its tiles
+# 33-64 tokens (5-8 token tiles, where STAGE_BUDGET leaves 3 stages) below a long K: DEEP_STAGES, and the
+# most slices (at least DEEP_MIN_SLICES) whose clusters the GPU holds in one wave (held: it counts GPC
+# fragmentation, cuOccupancyMaxActiveClusters). Qwen3-8B's qkv took 13.1 / 14.2 / 16.4 / 16.2 us at 40 /
+# 48 / 56 / 64 tokens with 4 slices (62 clusters held, 48 needed) against 14.6 / 15.8 / 18.2 / 17.9 with the
+# 3-stage rule's 6; o 10.6 / 11.7 / 13.4 / 13.2 with 6 (39 held, 32 needed) against 11.2 / 12.3 / 13.8 /
+# 13.9 with 8. A split past one wave lost (qkv 6 slices at 4 stages: 21.2 us at 64), and gate_up (192
+# blocks) has no such split of 4+ slices: it keeps 2 slices of 3 stages (H200, fourteenth session).
+DEEP_STAGES = 4
+DEEP_MIN_SLICES = 4
+Held = Callable[["GemmSpec", int], int]  # clusters of (build, slices) the GPU holds at once
 BIASED_MAX_TOKEN_TILES = 2  # up to 16 tokens a CTA the mmas take 128 + q (its fp32 correction costs per sum)
 
 
@@ -120,12 +132,14 @@ def launch_for(
     ctas_per_sm: float = CTAS_PER_SM,
     max_token_tiles: int = MAX_TOKEN_TILES,
     biased_max_token_tiles: int = BIASED_MAX_TOKEN_TILES,
+    held: Held | None = None,
 ) -> GemmLaunch:
     """Token tiles to cover M (at most 64 tokens per CTA; balanced over the token blocks), the warps (0:
     WARPS, or WIDE_WARPS for WIDE_BLOCKS at the biased builds' token counts), the stages that fit
     STAGE_BUDGET (stages 0), then on sm_90 K slices until the CTAs number ~ctas_per_sm per SM (at most a
     portable cluster, each slice at least MIN_SLICE_TILES tiles; a long K at 33-64 tokens: slices of
-    LONG_K_SLICE_TILES, up to 16)."""
+    LONG_K_SLICE_TILES, up to 16). held (the GPU's cluster occupancy; None: not asked) lets 33-64 tokens
+    take deep_split's build."""
     blocks_m = -(-m // (8 * max_token_tiles))
     token_tiles = -(-m // (8 * blocks_m))
     biased = token_tiles <= biased_max_token_tiles
@@ -140,10 +154,34 @@ def launch_for(
         slices = max(1, min(wanted, MAX_CLUSTER, tiles // MIN_SLICE_TILES))
         if tiles >= LONG_K_TILES and token_tiles > 4 and blocks_m == 1:
             slices = max(slices, min(MAX_NON_PORTABLE_CLUSTER, tiles // LONG_K_SLICE_TILES))
-    if not stages:
+    budget_stages = not stages
+    if budget_stages:
         stages = max(2, min(MAX_STAGES, STAGE_BUDGET // stage_bytes(warps, token_tiles)))
     spec = GemmSpec(warps, token_tiles, group // TILE, stages, cluster_reduce=slices > 1, biased=biased)
+    if hopper and held is not None and budget_stages and token_tiles > 4 and blocks_m == 1 and tiles < LONG_K_TILES:
+        deep = deep_split(spec, blocks, tiles, held)
+        if deep is not None:
+            return GemmLaunch(deep[0], deep[1], blocks_m)
     return GemmLaunch(spec, slices, blocks_m)
+
+
+def deep_split(spec: GemmSpec, blocks: int, tiles: int, held: Held) -> tuple[GemmSpec, int] | None:
+    """DEEP_STAGES with the most slices (DEEP_MIN_SLICES up to a portable cluster) whose blocks clusters
+    the GPU holds at once; None where no such split exists."""
+    deep = replace(spec, stages=max(spec.stages, DEEP_STAGES), cluster_reduce=True)
+    fits = [s for s in range(DEEP_MIN_SLICES, MAX_CLUSTER + 1) if s * MIN_SLICE_TILES <= tiles]
+    fits = [s for s in fits if blocks <= held(deep, s)]
+    return (deep, max(fits)) if fits else None
+
+
+@functools.cache
+def clusters_held(spec: GemmSpec, slices: int) -> int:
+    """How many clusters of slices CTAs of this build the current GPU holds at once (memoized: it compiles
+    the build, and the answer is the device's; a process serves on one kind of GPU)."""
+    kernel, shared = compiled(spec), spec.shared_bytes()
+    allow_shared_memory(kernel, shared)
+    allow_cluster(kernel, slices)
+    return max_active_clusters(kernel, (spec.warps * 32, 1, 1), shared, (1, slices, 1))
 
 
 # 5-128 tokens (3-128 below a long K): faster than what ran there before in the sum over Qwen3-8B's four
@@ -200,7 +238,9 @@ def w4a16_gemm(
     m, k = x.shape
     n = qweight.shape[1]
     hopper = torch.cuda.get_device_capability(x.device) >= (9, 0)
-    plan = plan or launch_for(m, n, k, k // scales.shape[0], sms, hopper)
+    plan = plan or launch_for(
+        m, n, k, k // scales.shape[0], sms, hopper, held=clusters_held if hopper else None
+    )
     y = torch.empty(m, n, device=x.device, dtype=x.dtype)
     args = [x, qweight, scales, zeros.contiguous(), y, m, n, k, x.stride(0), y.stride(0)]
     shared = plan.spec.shared_bytes()
