@@ -4,8 +4,8 @@ from 3 (5); above, the Triton tensor-core GEMM w4a16_mma_triton), one run; each 
 the bf16 GEMM of the dequantized weight is printed. A variant is key=value pairs joined by commas, each
 defaulting to launch_for's ("stages=0" is launch_for's own launch): warps (32 columns each), stages, ctas
 (K slices until ~ctas CTAs per SM) or slices (exactly), tt (token tiles of 8 per CTA at most), biased
-(token tiles of 8 up to which the mmas take 128 + q; 0: never), deep (0: not deep_split's 4 stages at
-33-64 tokens, which asks the GPU how many clusters it holds). Each cell ends with its launch's clusters
+(token tiles of 8 up to which the mmas take 128 + q; 0: never), deep (0: not deep_split's extra stage at
+25-64 tokens, which asks the GPU how many clusters it holds). Each cell ends with its launch's clusters
 against those held at once.
 
 source benchmarks/gpu_env.sh && python benchmarks/sweep_w4a16_gemm.py --ms 32 64 --variants warps=4 warps=8
@@ -38,7 +38,7 @@ def variant_plan(case: dict[str, str], m: int, n: int, k: int, sms: int) -> Gemm
     get = {key: float(value) for key, value in case.items()}.get
     warps, stages = int(get("warps", 0)), int(get("stages", STAGES))
     tiles, biased = int(get("tt", MAX_TOKEN_TILES)), int(get("biased", BIASED_MAX_TOKEN_TILES))
-    held = clusters_held if get("deep", 1) else None  # deep=0: the 3-stage rule at 33-64 tokens
+    held = clusters_held if get("deep", 1) else None  # deep=0: the budget's stages at 25-64 tokens
     plan = launch_for(m, n, k, 128, sms, True, warps, stages, get("ctas", CTAS_PER_SM), tiles, biased, held)
     slices = int(get("slices", plan.slices))
     spec = dataclasses.replace(plan.spec, cluster_reduce=slices > 1)

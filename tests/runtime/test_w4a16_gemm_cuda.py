@@ -43,27 +43,27 @@ def test_k_slices_fill_the_gpu_within_a_cluster_on_hopper_only() -> None:
 
 
 # cuOccupancyMaxActiveClusters on the H200 (fourteenth session) for the 4-warp builds at 33-64 tokens:
-# clusters of 2..8 CTAs held at once at 3 and at 4 stages (3 and 2 CTAs per SM, less what the GPCs leave)
+# clusters of 2..8 CTAs held at once where 3 and where 2 CTAs fit an SM (less what the GPCs leave unused)
 H200_HELD = {
     3: {2: 198, 3: 124, 4: 92, 5: 69, 6: 62, 7: 47, 8: 45},
-    4: {2: 132, 3: 79, 4: 62, 5: 47, 6: 39, 7: 32, 8: 30},
+    2: {2: 132, 3: 79, 4: 62, 5: 47, 6: 39, 7: 32, 8: 30},
 }
 
 
 def _h200_held(spec: GemmSpec, slices: int) -> int:
-    return H200_HELD[spec.stages][slices]
+    return H200_HELD[min(3, (227 * 1024) // (spec.shared_bytes() + 1024))][slices]
 
 
-def test_33_to_64_tokens_take_four_stages_and_the_most_slices_held_in_one_wave() -> None:
+def test_25_to_64_tokens_take_a_stage_more_and_the_most_slices_held_in_one_wave() -> None:
     def plan(m: int, n: int, k: int = 4096) -> tuple[int, int]:
         launch = launch_for(m, n, k, 128, 132, True, held=_h200_held)
         return launch.slices, launch.spec.stages
 
-    assert plan(64, 6144) == (4, 4)  # qkv: 48 clusters; 5 slices are held 47 at a time
-    assert [plan(m, 4096) for m in (33, 48, 64)] == [(7, 4)] * 3  # o: 32 clusters, 7 slices held 32
+    assert [plan(m, 6144) for m in (32, 64)] == [(4, 5), (4, 4)]  # qkv: 48 clusters; 5 slices held 47
+    assert [plan(m, 4096) for m in (25, 33, 64)] == [(7, 5), (7, 4), (7, 4)]  # o: 32 clusters, 7 held 32
     assert plan(64, 24576) == (2, 3)  # gate_up: 192 clusters, none of 4+ slices in one wave: the rule's
     assert plan(64, 4096, 12288) == (16, 3)  # down, a long K: its own slices
-    assert plan(32, 6144) == (6, 4)  # 4 token tiles: the budget's 4 stages and the rule's slices
+    assert plan(24, 6144) == (6, 4)  # 3 token tiles: the budget's stages and the rule's slices
     assert plan(80, 6144) == (launch_for(80, 6144, 4096, 128, 132, True).slices, 3)  # two token blocks
     assert launch_for(64, 6144, 4096, 128, 132, True).slices == 6  # not asked (held None): the 3-stage rule
     assert launch_for(64, 6144, 4096, 128, 132, True, stages=3, held=_h200_held).spec.stages == 3  # explicit

@@ -48,14 +48,16 @@ MAX_STAGES = 6
 # (192), gate_up 24.1 with 2 (384) against 31.6 with 3 and 35.9 with 8 (eleventh session, sweep5)
 CTAS_PER_SM = 2.2
 MIN_SLICE_TILES = 2  # a slice shorter than this spends more on its fixup than on its tiles
-# 33-64 tokens (5-8 token tiles, where STAGE_BUDGET leaves 3 stages) below a long K: DEEP_STAGES, and the
-# most slices (at least DEEP_MIN_SLICES) whose clusters the GPU holds in one wave (held: it counts GPC
-# fragmentation, cuOccupancyMaxActiveClusters). Qwen3-8B's qkv took 13.1 / 14.2 / 16.4 / 16.2 us at 40 /
+# 25-64 tokens (4-8 token tiles) below a long K: one stage more than STAGE_BUDGET's (4 at 33-64, 5 at 25-32),
+# and the most slices (at least DEEP_MIN_SLICES) whose clusters the GPU holds in one wave (held: it counts
+# GPC fragmentation, cuOccupancyMaxActiveClusters). Qwen3-8B's qkv took 13.1 / 14.2 / 16.4 / 16.2 us at 40 /
 # 48 / 56 / 64 tokens with 4 slices (62 clusters held, 48 needed) against 14.6 / 15.8 / 18.2 / 17.9 with the
-# 3-stage rule's 6; o 10.6 / 11.7 / 13.4 / 13.2 with 6 (39 held, 32 needed) against 11.2 / 12.3 / 13.8 /
-# 13.9 with 8. A split past one wave lost (qkv 6 slices at 4 stages: 21.2 us at 64), and gate_up (192
-# blocks) has no such split of 4+ slices: it keeps 2 slices of 3 stages (H200, fourteenth session).
-DEEP_STAGES = 4
+# budget's 3 stages and 6 slices, and 11.5 against 12.8 at 32; o 10.7 / 11.6 / 12.9 / 12.9 with 7 (32 held,
+# 32 needed) against 11.3 / 12.3 / 13.8 / 13.9 with 8, and 10.0 against 9.9 at 32. A split past one wave
+# lost (qkv: 6 slices at 4 stages, 21.2 us at 64), so did 5 stages at 24 tokens (o 9.5 against 8.9), and
+# gate_up (192 blocks) has no such split of 4+ slices: it keeps 2 slices of 3 stages (H200, fourteenth
+# session).
+DEEP_MIN_TOKEN_TILES = 4
 DEEP_MIN_SLICES = 4
 Held = Callable[["GemmSpec", int], int]  # clusters of (build, slices) the GPU holds at once
 BIASED_MAX_TOKEN_TILES = 2  # up to 16 tokens a CTA the mmas take 128 + q (its fp32 correction costs per sum)
@@ -138,7 +140,7 @@ def launch_for(
     WARPS, or WIDE_WARPS for WIDE_BLOCKS at the biased builds' token counts), the stages that fit
     STAGE_BUDGET (stages 0), then on sm_90 K slices until the CTAs number ~ctas_per_sm per SM (at most a
     portable cluster, each slice at least MIN_SLICE_TILES tiles; a long K at 33-64 tokens: slices of
-    LONG_K_SLICE_TILES, up to 16). held (the GPU's cluster occupancy; None: not asked) lets 33-64 tokens
+    LONG_K_SLICE_TILES, up to 16). held (the GPU's cluster occupancy; None: not asked) lets 25-64 tokens
     take deep_split's build."""
     blocks_m = -(-m // (8 * max_token_tiles))
     token_tiles = -(-m // (8 * blocks_m))
@@ -158,7 +160,8 @@ def launch_for(
     if budget_stages:
         stages = max(2, min(MAX_STAGES, STAGE_BUDGET // stage_bytes(warps, token_tiles)))
     spec = GemmSpec(warps, token_tiles, group // TILE, stages, cluster_reduce=slices > 1, biased=biased)
-    if hopper and held is not None and budget_stages and token_tiles > 4 and blocks_m == 1 and tiles < LONG_K_TILES:
+    deep_m = token_tiles >= DEEP_MIN_TOKEN_TILES and blocks_m == 1
+    if hopper and held is not None and budget_stages and deep_m and tiles < LONG_K_TILES:
         deep = deep_split(spec, blocks, tiles, held)
         if deep is not None:
             return GemmLaunch(deep[0], deep[1], blocks_m)
@@ -166,9 +169,9 @@ def launch_for(
 
 
 def deep_split(spec: GemmSpec, blocks: int, tiles: int, held: Held) -> tuple[GemmSpec, int] | None:
-    """DEEP_STAGES with the most slices (DEEP_MIN_SLICES up to a portable cluster) whose blocks clusters
-    the GPU holds at once; None where no such split exists."""
-    deep = replace(spec, stages=max(spec.stages, DEEP_STAGES), cluster_reduce=True)
+    """One stage more than spec's, with the most slices (DEEP_MIN_SLICES up to a portable cluster) whose
+    blocks clusters the GPU holds at once; None where no such split exists."""
+    deep = replace(spec, stages=spec.stages + 1, cluster_reduce=True)
     fits = [s for s in range(DEEP_MIN_SLICES, MAX_CLUSTER + 1) if s * MIN_SLICE_TILES <= tiles]
     fits = [s for s in fits if blocks <= held(deep, s)]
     return (deep, max(fits)) if fits else None
