@@ -154,7 +154,7 @@ def _sms() -> int:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 8, 12, 17, 24, 40, 64, 65, 100, 128])
+@pytest.mark.parametrize("m", [1, 8, 12, 17, 24, 32, 40, 64, 65, 100, 128])
 @pytest.mark.parametrize(("n", "k", "group"), [(4096, 4096, 128), (1024, 1152, 128), (256, 2048, -1)])
 @pytest.mark.parametrize("sym", [False, True], ids=["zero-point", "sym"])
 def test_matches_the_reference(m: int, n: int, k: int, group: int, sym: bool) -> None:
