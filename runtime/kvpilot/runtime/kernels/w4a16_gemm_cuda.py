@@ -48,6 +48,7 @@ MAX_STAGES = 6
 # (192), gate_up 24.1 with 2 (384) against 31.6 with 3 and 35.9 with 8 (eleventh session, sweep5)
 CTAS_PER_SM = 2.2
 MIN_SLICE_TILES = 2  # a slice shorter than this spends more on its fixup than on its tiles
+BIASED_MAX_TOKEN_TILES = 2  # up to 16 tokens a CTA the mmas take 128 + q (its fp32 correction costs per sum)
 # 25-64 tokens (4-8 token tiles) below a long K: one stage more than STAGE_BUDGET's (4 at 33-64, 5 at 25-32),
 # and the most slices (at least DEEP_MIN_SLICES) whose clusters the GPU holds in one wave (held: it counts
 # GPC fragmentation, cuOccupancyMaxActiveClusters). Qwen3-8B's qkv took 13.1 / 14.2 / 16.4 / 16.2 us at 40 /
@@ -60,7 +61,6 @@ MIN_SLICE_TILES = 2  # a slice shorter than this spends more on its fixup than o
 DEEP_MIN_TOKEN_TILES = 4
 DEEP_MIN_SLICES = 4
 Held = Callable[["GemmSpec", int], int]  # clusters of (build, slices) the GPU holds at once
-BIASED_MAX_TOKEN_TILES = 2  # up to 16 tokens a CTA the mmas take 128 + q (its fp32 correction costs per sum)
 
 
 @dataclass(frozen=True)
