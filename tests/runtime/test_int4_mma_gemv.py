@@ -205,7 +205,7 @@ import json, re, triton
 from triton.backends.compiler import GPUTarget
 from kvpilot.runtime.kernels import int4_mma_gemv_triton as mma
 from kvpilot.runtime.kernels.int4_mma_ptx import row_set_asm
-from kvpilot.runtime.kernels.compile_check import KernelSpec, _source, loop_conversions, _resource_usage
+from kvpilot.runtime.kernels.triton_compile import KernelSpec, source, loop_conversions, resource_usage
 out = []
 for sets, tiles, l2 in ((1, 1, 0), (2, 1, 0), (1, 2, 0), (1, 1, 2)):
     types = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "out_ptr": "*bf16",
@@ -214,12 +214,12 @@ for sets, tiles, l2 in ((1, 1, 0), (2, 1, 0), (1, 2, 0), (1, 1, 2)):
               "SPLIT_MODE": 3}
     spec = KernelSpec("mma", mma._int4_mma_kernel, types, consts, 1, 1, ("M",))
     options = {"num_warps": 1, "num_stages": 1}
-    c = triton.compile(_source(spec), target=GPUTarget("cuda", 90, 32), options=options)
+    c = triton.compile(source(spec), target=GPUTarget("cuda", 90, 32), options=options)
     ttgir = c.asm["ttgir"]
     layouts = dict(re.findall(r"^(#\\w+) = (.*)$", ttgir, re.M))
     # the mma asm (float32 accumulators out; the L2 prefetch asm has its own, any, layout)
     asm_layouts = set(re.findall(r"elementwise_inline_asm.*?-> \\(?tensor<[^,>]*xf32, (#\\w+)>", ttgir))
-    regs, stack = _resource_usage(c.asm["cubin"])
+    regs, stack = resource_usage(c.asm["cubin"])
     prefetches = c.asm["ptx"].count("prefetch.global.L2")
     out.append({"sets": sets, "tiles": tiles, "l2": l2, "prefetches": prefetches,
                 "asm": [layouts[a] for a in asm_layouts], "stack": stack,

@@ -143,22 +143,21 @@ def test_gpu_verify_qwen3_8b_and_graph_capture(batch: int) -> None:
 COMPILE = """
 import json
 from kvpilot.runtime.kernels import verify_attention_triton as v
-from kvpilot.runtime.kernels.compile_check import (
-    KernelSpec, compile_kernel, _ATTN, _HEADS, _DEC_NODIV, _scaled
-)
-types = {**_ATTN, "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
-consts = {"Q": 5, "GROUP": 4, "GROUP_PAD": 4, "BLOCK_M": 32, **_HEADS}
+from kvpilot.runtime.kernels.compile_specs import ATTN_TYPES, DEC_NODIV, HEADS, scaled
+from kvpilot.runtime.kernels.triton_compile import KernelSpec, compile_kernel
+types = {**ATTN_TYPES, "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
+consts = {"Q": 5, "GROUP": 4, "GROUP_PAD": 4, "BLOCK_M": 32, **HEADS}
 specs = []
 for kv, cfg in (("bf16", v.DecodeConfig()), ("fp8", v.EIGHT_BIT_VERIFY), ("int8", v.EIGHT_BIT_VERIFY)):
-    kernel_types = types if kv == "bf16" else _scaled(types, kv)
+    kernel_types = types if kv == "bf16" else scaled(types, kv)
     for split in (False, True):
         c = {**consts, "BLOCK_N": cfg.block_n, "SCALED": kv != "bf16", "SPLIT": split}
-        launch = (cfg.num_warps, cfg.num_stages, _DEC_NODIV)
+        launch = (cfg.num_warps, cfg.num_stages, DEC_NODIV)
         specs.append(KernelSpec(f"{kv}_{split}", v._verify_kernel, kernel_types, c, *launch))
 reduce_types = {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16"}
 reduce_types["context_lens_ptr"] = "*i32"
 reduce_consts = {"Q": 5, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_S": 64}
-specs.append(KernelSpec("reduce", v._decode_reduce_kernel, reduce_types, reduce_consts, 4, 1, _DEC_NODIV))
+specs.append(KernelSpec("reduce", v._decode_reduce_kernel, reduce_types, reduce_consts, 4, 1, DEC_NODIV))
 print(json.dumps({s.name: compile_kernel(s).__dict__ for s in specs}))
 """
 

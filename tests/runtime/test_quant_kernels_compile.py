@@ -13,7 +13,7 @@ COMPILE = """
 import dataclasses, json
 from kvpilot.runtime.kernels import fp8_quant_triton as f, w4a16_triton as w
 from kvpilot.runtime.kernels import fp8_gemv_triton as f8, int_gemv_triton as g, int_gemv_fma_triton as fma
-from kvpilot.runtime.kernels.compile_check import KernelSpec, compile_kernel
+from kvpilot.runtime.kernels.triton_compile import KernelSpec, compile_kernel
 
 def gemm(name, bits, group, bm, bn, bk, out, stages, x="*bf16"):
     types = {"x_ptr": x, "qw_ptr": "*i32", "s_ptr": x, "z_ptr": x, "out_ptr": out}

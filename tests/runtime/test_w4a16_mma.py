@@ -121,7 +121,7 @@ def test_dispatched_gemm_takes_leading_dims_and_act_order(bits: int) -> None:
 COMPILE = """
 import dataclasses, json
 from kvpilot.runtime.kernels import w4a16_mma_triton as mm
-from kvpilot.runtime.kernels.compile_check import KernelSpec, compile_kernel
+from kvpilot.runtime.kernels.triton_compile import KernelSpec, compile_kernel
 
 types = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "out_ptr": "*bf16",
          "ws_ptr": "*fp32", "counter_ptr": "*i32"}
