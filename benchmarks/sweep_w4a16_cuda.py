@@ -4,7 +4,8 @@ pairs joined by commas, each defaulting to the dispatched launch: ctas (K slices
 slices (exactly), stages (register ring depth), early (1: release the next kernel at entry, 0: after the K
 loop), ring (> 0: shared-memory stages per warp in place of the register ring), min (the launch bound's CTAs
 per SM), warps, cluster (1: the slices meet in a cluster's shared memory; 2..8 slices); dispatch=1 is
-the launch w4a16_gemv takes by itself.
+the launch w4a16_gemv takes by itself. Each cell ends with its launch's CTAs, or its clusters against those
+the GPU holds at once.
 
 source benchmarks/gpu_env.sh && python benchmarks/sweep_w4a16_cuda.py --ms 1 4 --variants early=1 cluster=1
 """
@@ -17,12 +18,14 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 from bench_w4a16 import LAYERS, Formats, copies, graph_us, sweep_cell
+from kvpilot.runtime.kernels.nvrtc import allow_shared_memory, max_active_clusters
 from kvpilot.runtime.kernels.w4a16_cuda import (
     CTAS_PER_SM,
     STAGES,
     WARPS,
     W4Launch,
     cluster_fits,
+    compiled,
     dispatched_launch,
     launch_for,
     w4a16_gemv,
@@ -46,6 +49,19 @@ def variant_plan(case: dict[str, str], m: int, n: int, k: int, sms: int) -> W4La
         cluster_reduce=bool(get("cluster", 0)) and cluster_fits(slices),
     )
     return dataclasses.replace(plan, spec=spec, slices=slices)
+
+
+def waves(plan: W4Launch, m: int, n: int, k: int) -> str:
+    """A cluster build's clusters against those the GPU holds at once (cuOccupancyMaxActiveClusters)."""
+    if not plan.spec.cluster_reduce:
+        return f"{n // 64 * plan.slices} CTAs"
+    kernel, shared = compiled(plan.spec), plan.shared_bytes(m, k)
+    try:
+        allow_shared_memory(kernel, shared)
+        held = max_active_clusters(kernel, (plan.spec.warps * 32, 1, 1), shared, (1, plan.slices, 1))
+    except RuntimeError as error:  # a diagnostic: the cell's time stands without it
+        return f"{n // 64} clusters / held unknown ({str(error)[-24:]})"
+    return f"{n // 64} clusters / {held} held"
 
 
 def main() -> None:
@@ -80,7 +96,7 @@ def main() -> None:
                 def run(x, q, sc, z, counters=counters, plan=plan):
                     return w4a16_gemv(x, q, sc, z, sms, counters, plan)
 
-                cells.append(sweep_cell(run, x, fmt.w4, sets, want, bf16))
+                cells.append(sweep_cell(run, x, fmt.w4, sets, want, bf16) + f", {waves(plan, m, n, k)}")
             row = f"| {name} | {m} | {bf16:.1f} | {tri:.1f} ({bf16 / tri:.2f}×) | " + " | ".join(cells) + " |"
             print(row, flush=True)
         del fmt, sets, dense
