@@ -61,15 +61,17 @@ def stamped_source() -> Path:
     return patched(w4a16_gemm_cuda.SOURCE, {"stamped": STAMPED}, "stamped", "w4a16_gemm_cluster.cuh")
 
 
-def phase_rows(stamps: list[torch.Tensor]) -> tuple[list[list[float]], float]:
+def phase_rows(
+    stamps: list[torch.Tensor], phases: tuple[str, ...] = PHASES, exits: tuple[int, ...] = (6, 3)
+) -> tuple[list[list[float]], float]:
     """Per phase [earliest, median, latest] µs after the predecessor's last exit (mean over the middle
-    calls), and the mean period."""
-    rows, periods = [[[] for _ in range(3)] for _ in PHASES], []
+    calls), and the mean period. exits: the stamp slots that mark a CTA's exit, the first one stamped."""
+    rows, periods = [[[] for _ in range(3)] for _ in phases], []
     calls = [s.view(-1, 8).cpu().double() for s in stamps]
-    ends = [c[:, 6].max().item() if c[:, 6].max() > 0 else c[:, 3].max().item() for c in calls]  # exit
+    ends = [next(c[:, e].max().item() for e in exits if c[:, e].max() > 0 or e == exits[-1]) for c in calls]
     for i in range(2, len(calls) - 1):
         periods.append(ends[i] - ends[i - 1])
-        for p in range(len(PHASES)):
+        for p in range(len(phases)):
             col = calls[i][:, p]
             if col.max() == 0:
                 continue

@@ -62,6 +62,34 @@ def allow_shared_memory(kernel: Any, nbytes: int) -> None:
         raise RuntimeError(f"cuFuncSetAttribute failed with CUresult {result}")
 
 
+PREFERRED_SHARED_MEMORY_CARVEOUT = 9  # CU_FUNC_ATTRIBUTE_*: percent of the unified L1 / shared memory
+
+
+def prefer_carveout(kernel: Any, percent: int) -> None:
+    """Ask that SMs running kernel split their unified L1 / shared memory percent% as shared memory (-1: the
+    driver's choice). A kernel whose grid must sit beside the next launch's needs the room for both."""
+    from torch.cuda._utils import _get_gpu_runtime_library
+
+    lib = _get_gpu_runtime_library()
+    result = lib.cuFuncSetAttribute(kernel.func, PREFERRED_SHARED_MEMORY_CARVEOUT, percent)
+    if result != 0:
+        raise RuntimeError(f"cuFuncSetAttribute failed with CUresult {result}")
+
+
+def max_active_ctas(kernel: Any, threads: int, shared_mem: int) -> int:
+    """CTAs of kernel an SM holds at once with threads each and shared_mem bytes of dynamic shared memory
+    (cuOccupancyMaxActiveBlocksPerMultiprocessor)."""
+    from torch.cuda._utils import _get_gpu_runtime_library
+
+    count = ctypes.c_int()
+    result = _get_gpu_runtime_library().cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        ctypes.byref(count), kernel.func, threads, ctypes.c_size_t(shared_mem)
+    )
+    if result != 0:
+        raise RuntimeError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor failed with CUresult {result}")
+    return count.value
+
+
 def allow_cluster(kernel: Any, size: int) -> None:
     """Let kernel launch in clusters of size CTAs: past PORTABLE_CLUSTER the driver wants the kernel's
     consent (CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED)."""

@@ -92,38 +92,8 @@ __device__ __forceinline__ void load_tile(Tile& w, const u32* qw, const u16* sca
     }
 }
 
-// x staged as B fragments: entry (tile, rs, token, t) is the uint4 of lane (g = token % 8, t)'s registers for
-// row set rs of that tile: {b0, b1} of step 0 and of step 1 (token's K rows 16 * {0,4 | 1,5 | 2,6 | 3,7} + r,
-// r = 4 rs + t). Only the M real tokens are staged; lanes of token columns past M read token M - 1's entry
-// (an mma's column j depends on B's column j alone, so those columns only reach outputs never stored).
 #define X_BYTES 32768
-
-__device__ __forceinline__ int x_entry(int tile, int rs, int tok, int t, int m) {
-    return ((tile * 4 + rs) * m + tok) * 4 + t;
-}
-
-// One unit per thread: token tok's half h (r = 8h..8h+7) of one tile, eight 16-byte loads (j = 0..7) in
-// flight together; value r of loads j and j + 4 pair up into register j of entry (rs, t) = (r / 4, r % 4).
-__device__ void stage_x(uint4* xs, const u16* x, int stride_x, int m, int k_lo, int tiles) {
-    for (int u = threadIdx.x; u < m * tiles * 2; u += WARPS * 32) {
-        const int h = u & 1, tile = (u >> 1) % tiles, tok = (u >> 1) / tiles;
-        const uint4* src = reinterpret_cast<const uint4*>(x + (long long)tok * stride_x + k_lo + tile * TILE + 8 * h);
-        uint4 v[8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = __ldg(src + 2 * j);  // 16 K rows = 2 uint4 apart
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            u32 reg[4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const u32 lo = (&v[j].x)[i / 2], hi = (&v[j + 4].x)[i / 2];
-                reg[j] = __byte_perm(lo, hi, i % 2 ? 0x7632 : 0x5410);  // (value i of load j, of load j + 4)
-            }
-            const int r = 8 * h + i;
-            xs[x_entry(tile, r / 4, tok, r % 4, m)] = make_uint4(reg[0], reg[1], reg[2], reg[3]);
-        }
-    }
-}
+#include "w4a16_xstage.cuh"
 
 // biased_pair (int4_pairs.cuh): bf16x2 (128 + q_i, 128 + q_{i+4}); in C the lop3 would take an AND and an OR
 

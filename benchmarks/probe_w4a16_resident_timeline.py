@@ -1,0 +1,76 @@
+"""When each phase of w4a16_resident.cu's CTAs happens in the GEMM bench's chain (bench_w4a16.graph_us),
+as probe_w4a16_timeline.py does for w4a16_gemm.cu: a patched build (a diagnostic only) stamps %globaltimer
+in thread 0 of every CTA at entry, after griddepcontrol.wait, after staging x, when its first weight group
+has landed, after its K tiles and at exit. --nowait also drops the wait (the bench's x never changes).
+
+source benchmarks/gpu_env.sh && python benchmarks/probe_w4a16_resident_timeline.py --layers qkv o
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from bench_w4a16 import LAYERS, Formats, copies, graph_us
+from kvpilot.runtime.kernels.nvrtc import allow_shared_memory, compile_cuda, launch_pdl
+from kvpilot.runtime.kernels.w4a16_resident import BLOCK_COLS, SOURCE, resident_spec
+from probe_w4a16_parts import patched
+from probe_w4a16_timeline import STAMP, phase_rows
+
+PHASES = ("entry", "waited", "x staged", "first group landed", "K tiles done", "exit")
+SIGNATURE = "int k, int stride_x, int stride_y"
+LANDED = "            __syncthreads();\n        }\n"
+DONE = "    __syncthreads();  // every warp is done"
+STAMPED = [
+    ('#include "pdl.cuh"\n', '#include "pdl.cuh"\n' + STAMP),
+    (SIGNATURE + ") {", SIGNATURE + ", unsigned long long* tl) {\n    STAMP(0);"),
+    ("    gdc_wait();\n", "    gdc_wait();\n    STAMP(1);\n"),
+    ("0, tiles);\n", "0, tiles);\n    STAMP(2);\n"),
+    (LANDED, LANDED + "        if (i == 0) STAMP(3);\n"),
+    (DONE, "    STAMP(4);\n" + DONE),
+    ("stride_y, warp, g, t);\n}", "stride_y, warp, g, t);\n    STAMP(5);\n}"),
+]
+PATCHES = {"stamped": STAMPED, "nowait": [("    gdc_wait();\n    STAMP(1);\n", "    STAMP(1);\n")]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ms", type=int, nargs="*", default=[1])
+    parser.add_argument("--layers", nargs="*", default=["qkv", "o"])
+    parser.add_argument("--nowait", action="store_true")
+    args = parser.parse_args()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    source = patched(SOURCE, PATCHES, "stamped+nowait" if args.nowait else "stamped")
+    for name in args.layers:
+        n, k = LAYERS[name]
+        fmt = Formats(n, k)
+        sets = copies(fmt.w4)
+        for m in args.ms:
+            spec = resident_spec(m, n, k, 128, sms)
+            if spec is None:
+                continue
+            kernel = compile_cuda(source, "w4a16_resident", tuple(spec.macros().items()))
+            shared = spec.shared_bytes(m, k, 128)
+            allow_shared_memory(kernel, shared)
+            ctas = n // (BLOCK_COLS * spec.blocks)
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 0.1
+            stamps = [torch.zeros(ctas * 8, device="cuda", dtype=torch.int64) for _ in sets]
+
+            def run(x, q, sc, z, tl, kernel=kernel, m=m, n=n, k=k, ctas=ctas, shared=shared, spec=spec):
+                y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+                args_ = [x, q, sc, z, y, m, n, k, x.stride(0), y.stride(0), tl]
+                launch_pdl(kernel, (ctas, 1, 1), (spec.warps * 32, 1, 1), args_, shared)
+                return y
+
+            us = graph_us(run, [(x, *t, s) for t, s in zip(sets, stamps, strict=True)])
+            rows, period = phase_rows(stamps, PHASES, (5,))
+            print(f"\n{name} M={m} ctas={ctas} bench {us:.2f} µs/call, period {period:.2f} µs")
+            print("| phase | earliest | median | latest |  (µs after the predecessor's last exit)")
+            for phase, (lo, mid, hi) in zip(PHASES, rows, strict=True):
+                print(f"| {phase} | {lo:.2f} | {mid:.2f} | {hi:.2f} |")
+        del fmt, sets
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
