@@ -1,7 +1,8 @@
-"""When each phase of w4a16_resident.cu's CTAs happens in the GEMM bench's chain (bench_w4a16.graph_us),
-as probe_w4a16_timeline.py does for w4a16_gemm.cu: a patched build (a diagnostic only) stamps %globaltimer
-in thread 0 of every CTA at entry, after griddepcontrol.wait, after staging x, when its first weight group
-has landed, after its K tiles and at exit. --nowait also drops the wait (the bench's x never changes).
+"""When each phase of w4a16_resident.cu's CTAs happens in the GEMM bench's chain (bench_w4a16.graph_us), as
+probe_w4a16_timeline.py does for w4a16_gemm.cu: a patched build (a diagnostic only) stamps %globaltimer in
+thread 0 of every CTA at entry, after griddepcontrol.wait, after staging x, when its first weight group has
+landed, after its K tiles and at exit. --parts +nowait also drops the wait (the bench's x never changes),
++globalx stages x with loads.
 
 source benchmarks/gpu_env.sh && python benchmarks/probe_w4a16_resident_timeline.py --layers qkv o
 """
@@ -13,7 +14,7 @@ import argparse
 import torch
 from bench_w4a16 import LAYERS, Formats, copies, graph_us
 from kvpilot.runtime.kernels.nvrtc import allow_shared_memory, compile_cuda, launch_pdl
-from kvpilot.runtime.kernels.w4a16_resident import BLOCK_COLS, SOURCE, resident_spec
+from kvpilot.runtime.kernels.w4a16_resident import SOURCE, grid_ctas, resident_spec
 from probe_w4a16_parts import patched
 from probe_w4a16_timeline import STAMP, phase_rows
 
@@ -21,26 +22,31 @@ PHASES = ("entry", "waited", "x staged", "first group landed", "K tiles done", "
 SIGNATURE = "int k, int stride_x, int stride_y"
 LANDED = "            __syncthreads();\n        }\n"
 DONE = "    __syncthreads();  // every warp is done"
+X_STAGED = "bulk_x_permute(xs, m, k, &x_bar);\n    }\n"
 STAMPED = [
     ('#include "pdl.cuh"\n', '#include "pdl.cuh"\n' + STAMP),
     (SIGNATURE + ") {", SIGNATURE + ", unsigned long long* tl) {\n    STAMP(0);"),
     ("    gdc_wait();\n", "    gdc_wait();\n    STAMP(1);\n"),
-    ("0, tiles);\n", "0, tiles);\n    STAMP(2);\n"),
+    (X_STAGED, X_STAGED + "    STAMP(2);\n"),
     (LANDED, LANDED + "        if (i == 0) STAMP(3);\n"),
     (DONE, "    STAMP(4);\n" + DONE),
     ("stride_y, warp, g, t);\n}", "stride_y, warp, g, t);\n    STAMP(5);\n}"),
 ]
-PATCHES = {"stamped": STAMPED, "nowait": [("    gdc_wait();\n    STAMP(1);\n", "    STAMP(1);\n")]}
+PATCHES = {
+    "stamped": STAMPED,
+    "nowait": [("    gdc_wait();\n    STAMP(1);\n", "    STAMP(1);\n")],
+    "globalx": [("#define X_BULK 1", "#define X_BULK 0")],
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ms", type=int, nargs="*", default=[1])
     parser.add_argument("--layers", nargs="*", default=["qkv", "o"])
-    parser.add_argument("--nowait", action="store_true")
+    parser.add_argument("--parts", default="", help="+nowait, +globalx (x through the load pipeline)")
     args = parser.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    source = patched(SOURCE, PATCHES, "stamped+nowait" if args.nowait else "stamped")
+    source = patched(SOURCE, PATCHES, "stamped" + args.parts)
     for name in args.layers:
         n, k = LAYERS[name]
         fmt = Formats(n, k)
@@ -52,7 +58,7 @@ def main() -> None:
             kernel = compile_cuda(source, "w4a16_resident", tuple(spec.macros().items()))
             shared = spec.shared_bytes(m, k, 128)
             allow_shared_memory(kernel, shared)
-            ctas = n // (BLOCK_COLS * spec.blocks)
+            ctas = grid_ctas(n, sms)
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 0.1
             stamps = [torch.zeros(ctas * 8, device="cuda", dtype=torch.int64) for _ in sets]
 

@@ -1,9 +1,10 @@
 """w4a16_resident.cu (the int4 GEMV whose grid holds its whole weight in shared memory) beside bf16 cuBLAS and
 int_gemm's CUDA dispatch at Qwen3-8B's layer shapes, one run; each cell's error against the Triton output.
-Times are bench_w4a16.graph_us: back-to-back calls over 400 MiB of weight copies in a CUDA graph.
-A variant is "w<warps>[+part...]": the warps per CTA, and parts patched out as in probe_w4a16_parts.py
-(nowait: no griddepcontrol.wait, so the time is the kernel's without the dependency; the bench's x never
-changes). Each cell ends with the CTAs an SM holds (two either way: the carveout the kernel asks for made
+Times are bench_w4a16.graph_us: back-to-back calls over 400 MiB of weight copies in a CUDA graph. A variant is
+"w<warps>[+part...]": the warps per CTA, and parts patched out as in probe_w4a16_parts.py (nowait: no
+griddepcontrol.wait, so the time is the kernel's without the dependency; the bench's x never changes; globalx:
+x staged with loads, not bulk copies; once: one wait for the weights, no barrier between rounds; nocompute: no
+mma or fold). Each cell ends with the CTAs an SM holds (two either way: the carveout the kernel asks for made
 no difference in the first call).
 
 source benchmarks/gpu_env.sh && python benchmarks/sweep_w4a16_resident.py --ms 1 2 --variants w8 w16 w8+nowait
@@ -29,7 +30,20 @@ from kvpilot.runtime.kernels.w4a16_resident import (
 from kvpilot.runtime.kernels.w4a16_triton import int_gemm
 from probe_w4a16_parts import patched
 
-PATCHES = {"nowait": [("    gdc_wait();\n", "")]}
+PATCHES = {
+    "nowait": [("    gdc_wait();\n", "")],
+    "globalx": [("#define X_BULK 1", "#define X_BULK 0")],
+    # every group waited for once, before the tiles: no barrier between rounds
+    "once": [
+        (
+            "    int landed = -1;\n",
+            '    int landed = GROUPS;\n    asm volatile("cp.async.wait_group 0;" ::: "memory");\n'
+            "    __syncthreads();\n",
+        )
+    ],
+    # no mmas and no fold: the period without the compute (the output is zero)
+    "nocompute": [("        if (tile < tiles) tile_into(", "        if (tile < 0) tile_into(")],
+}
 
 
 def build(spec: ResidentSpec, variant: str) -> tuple[ResidentSpec, Any]:

@@ -27,6 +27,9 @@ typedef unsigned short u16;
 #define CHUNKS (COLS / 4)  // 16-byte chunks per word row
 #define GROUPS 4           // cp.async commit groups: a quarter of each warp's tiles each
 #define ONES 0x3F803F80u   // bf16x2 (1, 1)
+#ifndef X_BULK
+#define X_BULK 1  // x staged through bulk copies where each thread permutes at most one unit of it
+#endif
 
 #include "int4_pairs.cuh"
 #include "pdl.cuh"
@@ -49,9 +52,10 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 // one read (rows 4rs + t, t = 0..3; columns 16c + g or 16c + 8 + g, g = 0..7) hit 32 distinct banks.
 // A row is CHUNKS chunks: 8 chunks (32 banks) shift by nothing, so rows t take chunk groups q ^ 2t; rows of
 // 4 mod 8 chunks already shift by 4 chunk groups a row, and q ^ 2 (t / 2) separates rows t and t + 2.
+__device__ __forceinline__ int swizzle(int row) { return CHUNKS % 8 == 0 ? 2 * (row & 3) : 2 * ((row >> 1) & 1); }
+
 __device__ __forceinline__ int word_at(int row, int col) {
-    const int swz = CHUNKS % 8 == 0 ? 2 * (row & 3) : 2 * ((row >> 1) & 1);
-    return row * COLS + 4 * ((col >> 2) ^ swz) + (col & 3);
+    return row * COLS + 4 * ((col >> 2) ^ swizzle(row)) + (col & 3);
 }
 
 // This thread's share of tiles [t_lo, t_hi): their word rows, then their groups' scales and zeros
@@ -77,25 +81,83 @@ __device__ __forceinline__ void wait_group(int j) {  // all but the newest GROUP
     else asm volatile("cp.async.wait_group 0;" ::: "memory");
 }
 
+// x through the tensor memory accelerator (sm_90 bulk copies), so that it does not queue behind the next
+// grid's cp.async weight copies in this SM's load pipeline (which took x 1.3-1.6 µs to stage, H200): the
+// rows land raw in the x area, then each thread permutes one unit in place (units <= threads).
+__device__ __forceinline__ u32 shared_at(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ void bulk_x_arm(unsigned long long* bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_at(bar)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+__device__ __forceinline__ void bulk_x_copy(uint4* xs, const u16* x, int stride_x, int m, int k,
+                                            unsigned long long* bar) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_at(bar)), "r"(2 * m * k)
+                 : "memory");
+    for (int tok = 0; tok < m; ++tok)
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                     ::"r"(shared_at(reinterpret_cast<const u16*>(xs) + tok * k)), "l"(x + (long long)tok * stride_x),
+                     "r"(2 * k), "r"(shared_at(bar))
+                     : "memory");
+}
+
+__device__ __forceinline__ void bulk_x_permute(uint4* xs, int m, int k, unsigned long long* bar) {
+    u32 done = 0;
+    while (!done)
+        asm volatile(
+            "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+            : "=r"(done)
+            : "r"(shared_at(bar))
+            : "memory");
+    const int tiles = k / TILE, u = threadIdx.x, h = u & 1, tile = (u >> 1) % tiles, tok = (u >> 1) / tiles;
+    uint4 v[8];
+    if (u < 2 * m * tiles) {
+        const uint4* src = reinterpret_cast<const uint4*>(reinterpret_cast<const u16*>(xs) + tok * k + tile * TILE + 8 * h);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = src[2 * j];
+    }
+    __syncthreads();  // every raw row is read before any entry overwrites it
+    if (u < 2 * m * tiles) store_x_unit(xs, v, tile, tok, h, m);
+}
+
 __device__ __forceinline__ float bf16_bits(u16 v) { return __uint_as_float(u32(v) << 16); }
 
-// One K tile of this warp into acc[NT][BLOCKS]: the mmas over the biased pairs, then per block c < nb and
-// column acc += s (part - (128 + z) xsum) with the tile's group's scale s and zero z.
-__device__ __forceinline__ void tile_into(float (*acc)[BLOCKS][4], const u32* words, const u16* sz,
-                                          const uint4* xs, int tile, int nb, int groups, int g, int t, int m) {
+// Lane (g, t)'s words of tile 0, row set 0: row t's columns 16c + g (lo) and 16c + 8 + g (hi). Rows
+// 16T + 4rs + t share t's swizzle, so a tile's and a row set's are these plus a constant (an immediate
+// offset of the shared load, not an address computed per load).
+struct LaneWords {
+    const u32* lo[BLOCKS];
+    const u32* hi[BLOCKS];
+};
+
+__device__ __forceinline__ LaneWords lane_words(const u32* words, int g, int t) {
+    LaneWords at;
+#pragma unroll
+    for (int c = 0; c < BLOCKS; ++c) {
+        at.lo[c] = words + word_at(t, 16 * c + g);
+        at.hi[c] = words + word_at(t, 16 * c + 8 + g);
+    }
+    return at;
+}
+
+// One K tile of this warp into acc[NT][BLOCKS]: the mmas over the biased pairs, then per block and column
+// acc += s (part - (128 + z) xsum) with the tile's group's scale s and zero z. Blocks past the CTA's own
+// (a CTA with fewer than BLOCKS) compute on whatever the shared memory holds and are never stored.
+__device__ __forceinline__ void tile_into(float (*acc)[BLOCKS][4], const u16* sz, const uint4* xs,
+                                          const LaneWords& at, int tile, int groups, int g, int t, int m) {
     float part[NT][BLOCKS][4] = {}, xsum[NT][4] = {};
+    const int rows = tile * WORDS_PER_TILE * COLS;
 #pragma unroll
     for (int rs = 0; rs < 4; ++rs) {
-        const int row = tile * WORDS_PER_TILE + 4 * rs + t;
         uint4 b[NT];
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) b[nt] = xs[x_entry(tile, rs, min(g + 8 * nt, m - 1), t, m)];
         u32 lo[BLOCKS], hi[BLOCKS];
 #pragma unroll
         for (int c = 0; c < BLOCKS; ++c) {
-            if (c >= nb) break;
-            lo[c] = words[word_at(row, 16 * c + g)];
-            hi[c] = words[word_at(row, 16 * c + 8 + g)];
+            lo[c] = at.lo[c][rows + 4 * rs * COLS];
+            hi[c] = at.hi[c][rows + 4 * rs * COLS];
         }
 #pragma unroll
         for (int s = 0; s < 2; ++s) {
@@ -105,20 +167,19 @@ __device__ __forceinline__ void tile_into(float (*acc)[BLOCKS][4], const u32* wo
                 mma_bf16(xsum[nt], ONES, ONES, ONES, ONES, b0, b1);
 #pragma unroll
                 for (int c = 0; c < BLOCKS; ++c)
-                    if (c < nb)
-                        mma_bf16(part[nt][c], biased_pair(lo[c], 2 * s), biased_pair(hi[c], 2 * s),
+                    mma_bf16(part[nt][c], biased_pair(lo[c], 2 * s), biased_pair(hi[c], 2 * s),
                              biased_pair(lo[c], 2 * s + 1), biased_pair(hi[c], 2 * s + 1), b0, b1);
             }
         }
     }
-    const int grp = tile / TILES_PER_GROUP;
+    const u16* s_row = sz + (tile / TILES_PER_GROUP) * COLS;
+    const u16* z_row = s_row + groups * COLS;
 #pragma unroll
     for (int c = 0; c < BLOCKS; ++c) {
-        if (c >= nb) break;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {  // entries 0-1: column 16c + g; 2-3: column 16c + 8 + g
             const int col = 16 * c + 8 * h + g;
-            const float s = bf16_bits(sz[grp * COLS + col]), nz = -(128.f + bf16_bits(sz[(groups + grp) * COLS + col]));
+            const float s = bf16_bits(s_row[col]), nz = -(128.f + bf16_bits(z_row[col]));
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
@@ -173,16 +234,26 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) w4a16_resident(
     u16* sz = reinterpret_cast<u16*>(words + tiles * WORDS_PER_TILE * COLS);
     uint4* xs = reinterpret_cast<uint4*>(sz + 2 * groups * COLS);
     const int rounds = (tiles + WARPS - 1) / WARPS;  // a warp's tiles; round i is tiles [WARPS i, WARPS (i+1))
+    const bool bulk = X_BULK && 2 * m * tiles <= WARPS * 32;  // one unit of x a thread at most
+    __shared__ unsigned long long x_bar;
+    if (bulk && threadIdx.x == 0) bulk_x_arm(&x_bar);
 #pragma unroll
     for (int j = 0; j < GROUPS; ++j) {  // all in flight while the predecessor finishes
         const int t_lo = min(tiles, WARPS * (j * rounds / GROUPS)), t_hi = min(tiles, WARPS * ((j + 1) * rounds / GROUPS));
         fetch_tiles(words, sz, qweight, scales, zeros, t_lo, t_hi, n, n0, nb, groups);
         asm volatile("cp.async.commit_group;" ::: "memory");
     }
+    if (bulk) __syncthreads();  // the barrier is armed before any thread waits on it
     gdc_wait();
-    stage_x(xs, x, stride_x, m, 0, tiles);
+    if (!bulk) {
+        stage_x(xs, x, stride_x, m, 0, tiles);
+    } else {
+        if (threadIdx.x == 0) bulk_x_copy(xs, x, stride_x, m, k, &x_bar);
+        bulk_x_permute(xs, m, k, &x_bar);
+    }
 
     float acc[NT][BLOCKS][4] = {};
+    const LaneWords at = lane_words(words, g, t);
     int landed = -1;
     for (int i = 0; i < rounds; ++i) {
         int j = GROUPS - 1;  // round i's group: the last that starts at or before it
@@ -192,7 +263,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) w4a16_resident(
             __syncthreads();
         }
         const int tile = WARPS * i + warp;
-        if (tile < tiles) tile_into(acc, words, sz, xs, tile, nb, groups, g, t, m);
+        if (tile < tiles) tile_into(acc, sz, xs, at, tile, groups, g, t, m);
     }
     __syncthreads();  // every warp is done with the words: they take the sums
     store_columns(acc, reinterpret_cast<float*>(smem), y, m, n0, nb, stride_y, warp, g, t);

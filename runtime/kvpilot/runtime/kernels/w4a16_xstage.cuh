@@ -10,8 +10,23 @@ __device__ __forceinline__ int x_entry(int tile, int rs, int tok, int t, int m) 
     return ((tile * 4 + rs) * m + tok) * 4 + t;
 }
 
-// One unit per thread: token tok's half h (r = 8h..8h+7) of one tile, eight 16-byte loads (j = 0..7) in
-// flight together; value r of loads j and j + 4 pair up into register j of entry (rs, t) = (r / 4, r % 4).
+// Unit (token tok, tile, half h: K rows 8h..8h+7 of each 16) as eight 16-byte loads v[j] (K rows tile 128 +
+// 16j + 8h ..): value r of loads j and j + 4 pair up into register j of entry (rs, t) = (r / 4, r % 4).
+__device__ __forceinline__ void store_x_unit(uint4* xs, const uint4 (&v)[8], int tile, int tok, int h, int m) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        u32 reg[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const u32 lo = (&v[j].x)[i / 2], hi = (&v[j + 4].x)[i / 2];
+            reg[j] = __byte_perm(lo, hi, i % 2 ? 0x7632 : 0x5410);  // (value i of load j, of load j + 4)
+        }
+        const int r = 8 * h + i;
+        xs[x_entry(tile, r / 4, tok, r % 4, m)] = make_uint4(reg[0], reg[1], reg[2], reg[3]);
+    }
+}
+
+// One unit per thread at a time, its eight 16-byte loads in flight together.
 __device__ void stage_x(uint4* xs, const u16* x, int stride_x, int m, int k_lo, int tiles) {
     for (int u = threadIdx.x; u < m * tiles * 2; u += WARPS * 32) {
         const int h = u & 1, tile = (u >> 1) % tiles, tok = (u >> 1) / tiles;
@@ -19,16 +34,6 @@ __device__ void stage_x(uint4* xs, const u16* x, int stride_x, int m, int k_lo, 
         uint4 v[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) v[j] = __ldg(src + 2 * j);  // 16 K rows = 2 uint4 apart
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            u32 reg[4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const u32 lo = (&v[j].x)[i / 2], hi = (&v[j + 4].x)[i / 2];
-                reg[j] = __byte_perm(lo, hi, i % 2 ? 0x7632 : 0x5410);  // (value i of load j, of load j + 4)
-            }
-            const int r = 8 * h + i;
-            xs[x_entry(tile, r / 4, tok, r % 4, m)] = make_uint4(reg[0], reg[1], reg[2], reg[3]);
-        }
+        store_x_unit(xs, v, tile, tok, h, m);
     }
 }
