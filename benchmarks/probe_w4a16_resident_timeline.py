@@ -1,8 +1,7 @@
 """When each phase of w4a16_resident.cu's CTAs happens in the GEMM bench's chain (bench_w4a16.graph_us), as
 probe_w4a16_timeline.py does for w4a16_gemm.cu: a patched build (a diagnostic only) stamps %globaltimer in
-thread 0 of every CTA at entry, after griddepcontrol.wait, after staging x, when its first weight group has
-landed, after its K tiles and at exit. --parts +nowait also drops the wait (the bench's x never changes),
-+globalx stages x with loads.
+thread 0 of every CTA at entry, after griddepcontrol.wait, after staging x, when its weight has landed, after
+its K tiles and at exit. --parts +nowait also drops the wait (the bench's x never changes).
 
 source benchmarks/gpu_env.sh && python benchmarks/probe_w4a16_resident_timeline.py --layers qkv o
 """
@@ -18,24 +17,23 @@ from kvpilot.runtime.kernels.w4a16_resident import SOURCE, grid_ctas, resident_s
 from probe_w4a16_parts import patched
 from probe_w4a16_timeline import STAMP, phase_rows
 
-PHASES = ("entry", "waited", "x staged", "first group landed", "K tiles done", "exit")
+PHASES = ("entry", "waited", "x staged", "weight landed", "K tiles done", "exit")
 SIGNATURE = "int k, int stride_x, int stride_y"
-LANDED = "            __syncthreads();\n        }\n"
+LANDED = "    __syncthreads();\n\n    float acc"
 DONE = "    __syncthreads();  // every warp is done"
-X_STAGED = "bulk_x_permute(xs, m, k, &x_bar);\n    }\n"
+X_STAGED = "stage_x_sums(xs, x_sums, x, stride_x, m, tiles);\n"
 STAMPED = [
     ('#include "pdl.cuh"\n', '#include "pdl.cuh"\n' + STAMP),
     (SIGNATURE + ") {", SIGNATURE + ", unsigned long long* tl) {\n    STAMP(0);"),
     ("    gdc_wait();\n", "    gdc_wait();\n    STAMP(1);\n"),
     (X_STAGED, X_STAGED + "    STAMP(2);\n"),
-    (LANDED, LANDED + "        if (i == 0) STAMP(3);\n"),
+    (LANDED, LANDED.replace("\n\n", "\n    STAMP(3);\n\n")),
     (DONE, "    STAMP(4);\n" + DONE),
     ("stride_y, warp, g, t);\n}", "stride_y, warp, g, t);\n    STAMP(5);\n}"),
 ]
 PATCHES = {
     "stamped": STAMPED,
     "nowait": [("    gdc_wait();\n    STAMP(1);\n", "    STAMP(1);\n")],
-    "globalx": [("#define X_BULK 1", "#define X_BULK 0")],
 }
 
 
@@ -43,7 +41,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ms", type=int, nargs="*", default=[1])
     parser.add_argument("--layers", nargs="*", default=["qkv", "o"])
-    parser.add_argument("--parts", default="", help="+nowait, +globalx (x through the load pipeline)")
+    parser.add_argument("--parts", default="", help="+nowait")
     args = parser.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     source = patched(SOURCE, PATCHES, "stamped" + args.parts)

@@ -2,10 +2,9 @@
 int_gemm's CUDA dispatch at Qwen3-8B's layer shapes, one run; each cell's error against the Triton output.
 Times are bench_w4a16.graph_us: back-to-back calls over 400 MiB of weight copies in a CUDA graph. A variant is
 "w<warps>[+part...]": the warps per CTA, and parts patched out as in probe_w4a16_parts.py (nowait: no
-griddepcontrol.wait, so the time is the kernel's without the dependency; the bench's x never changes; globalx:
-x staged with loads, not bulk copies; once: one wait for the weights, no barrier between rounds; nocompute: no
-mma or fold). Each cell ends with the CTAs an SM holds (two either way: the carveout the kernel asks for made
-no difference in the first call).
+griddepcontrol.wait, so the time is the kernel's without the dependency; the bench's x never changes;
+nocompute: no mma or fold; unroll2: a warp's tiles two at a time). Each cell ends with the CTAs an SM holds (two either way: the carveout the kernel
+asks for made no difference in the first call).
 
 source benchmarks/gpu_env.sh && python benchmarks/sweep_w4a16_resident.py --ms 1 2 --variants w8 w16 w8+nowait
 """
@@ -32,17 +31,11 @@ from probe_w4a16_parts import patched
 
 PATCHES = {
     "nowait": [("    gdc_wait();\n", "")],
-    "globalx": [("#define X_BULK 1", "#define X_BULK 0")],
-    # every group waited for once, before the tiles: no barrier between rounds
-    "once": [
-        (
-            "    int landed = -1;\n",
-            '    int landed = GROUPS;\n    asm volatile("cp.async.wait_group 0;" ::: "memory");\n'
-            "    __syncthreads();\n",
-        )
+    "unroll2": [
+        ("    for (int tile = warp; tile < tiles", "#pragma unroll 2\n    for (int tile = warp; tile < tiles")
     ],
     # no mmas and no fold: the period without the compute (the output is zero)
-    "nocompute": [("        if (tile < tiles) tile_into(", "        if (tile < 0) tile_into(")],
+    "nocompute": [("tile < tiles; tile += WARPS) tile_into(", "tile < 0; tile += WARPS) tile_into(")],
 }
 
 

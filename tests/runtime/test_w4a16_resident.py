@@ -21,7 +21,7 @@ def test_qkv_and_o_fit_two_grids_to_the_h200s_shared_memory() -> None:
     # qkv: 384 blocks of 16 columns over 132 CTAs, at most 3 a CTA (110 KB); o: at most 2 (68 KB + 8 KB of
     # x a token)
     assert resident_spec(1, *QKV, 128, 132) == ResidentSpec(3, 1, 1)
-    assert ResidentSpec(3, 1, 1).shared_bytes(1, 4096, 128) == 98304 + 6144 + 8192
+    assert ResidentSpec(3, 1, 1).shared_bytes(1, 4096, 128) == 98304 + 6144 + 8192 + 256
     assert resident_spec(2, *QKV, 128, 132) is None  # a second token's x is past half an SM
     assert resident_spec(5, *OUT, 128, 132) == ResidentSpec(2, 1, 1)
     assert resident_spec(6, *OUT, 128, 132) is None

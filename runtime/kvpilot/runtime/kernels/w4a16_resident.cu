@@ -1,7 +1,8 @@
 // int4 weight-only GEMV for a few tokens whose CTAs hold their columns' whole weight in shared memory, so that
 // two launches' grids are resident at once: the next GEMV's weight streams in while this one computes.
-// Same weight layout and arithmetic as w4a16_gemv.cu (the biased pairs, a ones-mma for x's tile sums, the
-// zero and scale applied per tile to fp32 sums); w4a16_resident.py compiles it with NVRTC and macros:
+// Same weight layout and arithmetic as w4a16_gemv.cu (the biased pairs, the zero and scale applied per tile to
+// fp32 sums), but x's tile sums come from its staging, not a ones-mma per step (a quarter to a third of the
+// mmas at 2-3 blocks). w4a16_resident.py compiles it with NVRTC and macros:
 //   BLOCKS (the most 16-column mma blocks a CTA takes), WARPS (warps per CTA, splitting K's tiles), NT (token
 //   tiles of 8), TILES_PER_GROUP (G / 128).
 // Why: a GEMV must wait for its x (the predecessor's output), so what it does after that wait is its period
@@ -25,11 +26,6 @@ typedef unsigned short u16;
 #define WORDS_PER_TILE 16
 #define COLS (16 * BLOCKS)
 #define CHUNKS (COLS / 4)  // 16-byte chunks per word row
-#define GROUPS 4           // cp.async commit groups: a quarter of each warp's tiles each
-#define ONES 0x3F803F80u   // bf16x2 (1, 1)
-#ifndef X_BULK
-#define X_BULK 1  // x staged through bulk copies where each thread permutes at most one unit of it
-#endif
 
 #include "int4_pairs.cuh"
 #include "pdl.cuh"
@@ -74,51 +70,27 @@ __device__ void fetch_tiles(u32* words, u16* sz, const u32* qw, const u16* scale
     }
 }
 
-__device__ __forceinline__ void wait_group(int j) {  // all but the newest GROUPS - 1 - j groups have landed
-    if (j == 0) asm volatile("cp.async.wait_group 3;" ::: "memory");
-    else if (j == 1) asm volatile("cp.async.wait_group 2;" ::: "memory");
-    else if (j == 2) asm volatile("cp.async.wait_group 1;" ::: "memory");
-    else asm volatile("cp.async.wait_group 0;" ::: "memory");
-}
-
-// x through the tensor memory accelerator (sm_90 bulk copies), so that it does not queue behind the next
-// grid's cp.async weight copies in this SM's load pipeline (which took x 1.3-1.6 µs to stage, H200): the
-// rows land raw in the x area, then each thread permutes one unit in place (units <= threads).
-__device__ __forceinline__ u32 shared_at(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
-
-__device__ __forceinline__ void bulk_x_arm(unsigned long long* bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_at(bar)) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-
-__device__ __forceinline__ void bulk_x_copy(uint4* xs, const u16* x, int stride_x, int m, int k,
-                                            unsigned long long* bar) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_at(bar)), "r"(2 * m * k)
-                 : "memory");
-    for (int tok = 0; tok < m; ++tok)
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                     ::"r"(shared_at(reinterpret_cast<const u16*>(xs) + tok * k)), "l"(x + (long long)tok * stride_x),
-                     "r"(2 * k), "r"(shared_at(bar))
-                     : "memory");
-}
-
-__device__ __forceinline__ void bulk_x_permute(uint4* xs, int m, int k, unsigned long long* bar) {
-    u32 done = 0;
-    while (!done)
-        asm volatile(
-            "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\tselp.u32 %0, 1, 0, p;\n\t}"
-            : "=r"(done)
-            : "r"(shared_at(bar))
-            : "memory");
-    const int tiles = k / TILE, u = threadIdx.x, h = u & 1, tile = (u >> 1) % tiles, tok = (u >> 1) / tiles;
-    uint4 v[8];
-    if (u < 2 * m * tiles) {
-        const uint4* src = reinterpret_cast<const uint4*>(reinterpret_cast<const u16*>(xs) + tok * k + tile * TILE + 8 * h);
+// x staged as w4a16_xstage.cuh does, and each unit's sum (64 values: token tok, tile, half h) into
+// sums [tiles][M][2] fp32, so that a tile's sum per token is sums[.][.][0] + sums[.][.][1].
+__device__ void stage_x_sums(uint4* xs, float* sums, const u16* x, int stride_x, int m, int tiles) {
+    for (int u = threadIdx.x; u < m * tiles * 2; u += WARPS * 32) {
+        const int h = u & 1, tile = (u >> 1) % tiles, tok = (u >> 1) / tiles;
+        const uint4* src = reinterpret_cast<const uint4*>(x + (long long)tok * stride_x + tile * TILE + 8 * h);
+        uint4 v[8];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = src[2 * j];
+        for (int j = 0; j < 8; ++j) v[j] = __ldg(src + 2 * j);  // 16 K rows = 2 uint4 apart
+        store_x_unit(xs, v, tile, tok, h, m);
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const u32 w = (&v[j].x)[i];
+                sum += __uint_as_float(w << 16) + __uint_as_float(w & 0xFFFF0000u);
+            }
+        }
+        sums[(tile * m + tok) * 2 + h] = sum;
     }
-    __syncthreads();  // every raw row is read before any entry overwrites it
-    if (u < 2 * m * tiles) store_x_unit(xs, v, tile, tok, h, m);
 }
 
 __device__ __forceinline__ float bf16_bits(u16 v) { return __uint_as_float(u32(v) << 16); }
@@ -144,9 +116,9 @@ __device__ __forceinline__ LaneWords lane_words(const u32* words, int g, int t) 
 // One K tile of this warp into acc[NT][BLOCKS]: the mmas over the biased pairs, then per block and column
 // acc += s (part - (128 + z) xsum) with the tile's group's scale s and zero z. Blocks past the CTA's own
 // (a CTA with fewer than BLOCKS) compute on whatever the shared memory holds and are never stored.
-__device__ __forceinline__ void tile_into(float (*acc)[BLOCKS][4], const u16* sz, const uint4* xs,
+__device__ __forceinline__ void tile_into(float (*acc)[BLOCKS][4], const u16* sz, const uint4* xs, const float* sums,
                                           const LaneWords& at, int tile, int groups, int g, int t, int m) {
-    float part[NT][BLOCKS][4] = {}, xsum[NT][4] = {};
+    float part[NT][BLOCKS][4] = {};
     const int rows = tile * WORDS_PER_TILE * COLS;
 #pragma unroll
     for (int rs = 0; rs < 4; ++rs) {
@@ -164,12 +136,20 @@ __device__ __forceinline__ void tile_into(float (*acc)[BLOCKS][4], const u16* sz
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
                 const u32 b0 = s == 0 ? b[nt].x : b[nt].z, b1 = s == 0 ? b[nt].y : b[nt].w;
-                mma_bf16(xsum[nt], ONES, ONES, ONES, ONES, b0, b1);
 #pragma unroll
                 for (int c = 0; c < BLOCKS; ++c)
                     mma_bf16(part[nt][c], biased_pair(lo[c], 2 * s), biased_pair(hi[c], 2 * s),
                              biased_pair(lo[c], 2 * s + 1), biased_pair(hi[c], 2 * s + 1), b0, b1);
             }
+        }
+    }
+    float xsum[NT][2];  // x's sum over the tile for this lane's tokens 8 nt + 2t + j
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const float2 v = reinterpret_cast<const float2*>(sums)[tile * m + min(8 * nt + 2 * t + j, m - 1)];
+            xsum[nt][j] = v.x + v.y;
         }
     }
     const u16* s_row = sz + (tile / TILES_PER_GROUP) * COLS;
@@ -221,7 +201,7 @@ __device__ void store_columns(float (*acc)[BLOCKS][4], float* sums, u16* y, int 
 
 // x [M, K] bf16 (row stride stride_x), qweight int32 [K/8, N], scales/zeros bf16 [K/G, N], y [M, N] bf16.
 // Dynamic shared memory: the words (K/8 rows x COLS), the scales and zeros (2 K/G x COLS), the staged x
-// (256 M bytes a tile) -- w4a16_resident.py's shared_bytes.
+// (256 M bytes a tile), its sums (8 M bytes a tile) -- w4a16_resident.py's shared_bytes.
 extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) w4a16_resident(
     const u16* __restrict__ x, const u32* __restrict__ qweight, const u16* __restrict__ scales,
     const u16* __restrict__ zeros, u16* __restrict__ y, int m, int n, int k, int stride_x, int stride_y) {
@@ -233,38 +213,16 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) w4a16_resident(
     u32* words = reinterpret_cast<u32*>(smem);
     u16* sz = reinterpret_cast<u16*>(words + tiles * WORDS_PER_TILE * COLS);
     uint4* xs = reinterpret_cast<uint4*>(sz + 2 * groups * COLS);
-    const int rounds = (tiles + WARPS - 1) / WARPS;  // a warp's tiles; round i is tiles [WARPS i, WARPS (i+1))
-    const bool bulk = X_BULK && 2 * m * tiles <= WARPS * 32;  // one unit of x a thread at most
-    __shared__ unsigned long long x_bar;
-    if (bulk && threadIdx.x == 0) bulk_x_arm(&x_bar);
-#pragma unroll
-    for (int j = 0; j < GROUPS; ++j) {  // all in flight while the predecessor finishes
-        const int t_lo = min(tiles, WARPS * (j * rounds / GROUPS)), t_hi = min(tiles, WARPS * ((j + 1) * rounds / GROUPS));
-        fetch_tiles(words, sz, qweight, scales, zeros, t_lo, t_hi, n, n0, nb, groups);
-        asm volatile("cp.async.commit_group;" ::: "memory");
-    }
-    if (bulk) __syncthreads();  // the barrier is armed before any thread waits on it
+    float* x_sums = reinterpret_cast<float*>(xs + m * tiles * 16);
+    fetch_tiles(words, sz, qweight, scales, zeros, 0, tiles, n, n0, nb, groups);  // in flight during the wait
     gdc_wait();
-    if (!bulk) {
-        stage_x(xs, x, stride_x, m, 0, tiles);
-    } else {
-        if (threadIdx.x == 0) bulk_x_copy(xs, x, stride_x, m, k, &x_bar);
-        bulk_x_permute(xs, m, k, &x_bar);
-    }
+    stage_x_sums(xs, x_sums, x, stride_x, m, tiles);
+    asm volatile("cp.async.wait_all;" ::: "memory");  // (back to back, the weight landed long before)
+    __syncthreads();
 
     float acc[NT][BLOCKS][4] = {};
     const LaneWords at = lane_words(words, g, t);
-    int landed = -1;
-    for (int i = 0; i < rounds; ++i) {
-        int j = GROUPS - 1;  // round i's group: the last that starts at or before it
-        while (j * rounds / GROUPS > i) --j;
-        while (landed < j) {  // the CTA's copies of it have landed (and x is staged, the first time)
-            wait_group(++landed);
-            __syncthreads();
-        }
-        const int tile = WARPS * i + warp;
-        if (tile < tiles) tile_into(acc, sz, xs, at, tile, groups, g, t, m);
-    }
+    for (int tile = warp; tile < tiles; tile += WARPS) tile_into(acc, sz, xs, x_sums, at, tile, groups, g, t, m);
     __syncthreads();  // every warp is done with the words: they take the sums
     store_columns(acc, reinterpret_cast<float*>(smem), y, m, n0, nb, stride_y, warp, g, t);
 }

@@ -41,9 +41,9 @@ class ResidentSpec:
                 "WARPS": self.warps}  # fmt: skip
 
     def shared_bytes(self, m: int, k: int, group: int) -> int:
-        """Dynamic shared memory of one CTA: its words, its scales and zeros, the staged x."""
+        """Dynamic shared memory of one CTA: its words, scales and zeros, the staged x and its tile sums."""
         cols = BLOCK_COLS * self.blocks
-        return k // 8 * cols * 4 + 2 * (k // group) * cols * 2 + 256 * m * (k // TILE)
+        return k // 8 * cols * 4 + 2 * (k // group) * cols * 2 + (256 + 8) * m * (k // TILE)
 
 
 def grid_ctas(n: int, sms: int) -> int:
