@@ -3,8 +3,8 @@ int_gemm's CUDA dispatch at Qwen3-8B's layer shapes, one run; each cell's error 
 Times are bench_w4a16.graph_us: back-to-back calls over 400 MiB of weight copies in a CUDA graph. A variant is
 "w<warps>[+part...]": the warps per CTA, and parts patched out as in probe_w4a16_parts.py (nowait: no
 griddepcontrol.wait, so the time is the kernel's without the dependency; the bench's x never changes;
-nocompute: no mma or fold; unroll2: a warp's tiles two at a time). Each cell ends with the CTAs an SM holds (two either way: the carveout the kernel
-asks for made no difference in the first call).
+nocompute: no mma or fold; unroll2: a warp's tiles two at a time). Each cell ends with the CTAs an SM holds
+(two either way: the carveout the kernel asks for made no difference in the first call).
 
 source benchmarks/gpu_env.sh && python benchmarks/sweep_w4a16_resident.py --ms 1 2 --variants w8 w16 w8+nowait
 """
