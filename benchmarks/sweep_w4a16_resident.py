@@ -3,8 +3,9 @@ int_gemm's CUDA dispatch at Qwen3-8B's layer shapes, one run; each cell's error 
 Times are bench_w4a16.graph_us: back-to-back calls over 400 MiB of weight copies in a CUDA graph. A variant is
 "w<warps>[+part...]": the warps per CTA, and parts patched out as in probe_w4a16_parts.py (nowait: no
 griddepcontrol.wait, so the time is the kernel's without the dependency; the bench's x never changes;
-nocompute: no mma or fold; unroll2: a warp's tiles two at a time). Each cell ends with the CTAs an SM holds
-(two either way: the carveout the kernel asks for made no difference in the first call).
+nocompute: no mma or fold; paceGxF: the weight's copies in G groups, F in flight; sleepN: copies issued N ns
+after entry). Each cell ends with the CTAs an SM holds (two either way: the carveout the kernel asks for made
+no difference in the first call).
 
 source benchmarks/gpu_env.sh && python benchmarks/sweep_w4a16_resident.py --ms 1 2 --variants w8 w16 w8+nowait
 """
@@ -31,9 +32,16 @@ from probe_w4a16_parts import patched
 
 PATCHES = {
     "nowait": [("    gdc_wait();\n", "")],
-    "unroll2": [
-        ("    for (int tile = warp; tile < tiles", "#pragma unroll 2\n    for (int tile = warp; tile < tiles")
-    ],
+    # the weight's copies in G groups, F in flight at once (paced: the running grid's x loads queue behind
+    # fewer of them); or issued after a sleep
+    **{
+        f"pace{g}x{f}": [
+            ("#define PREFETCH_GROUPS 1", f"#define PREFETCH_GROUPS {g}"),
+            ("#define IN_FLIGHT 1", f"#define IN_FLIGHT {f}"),
+        ]
+        for g, f in ((4, 1), (4, 2), (8, 2), (8, 4))
+    },
+    **{f"sleep{ns}": [("#define SLEEP_NS 0", f"#define SLEEP_NS {ns}")] for ns in (500, 1000, 2000)},
     # no mmas and no fold: the period without the compute (the output is zero)
     "nocompute": [("tile < tiles; tile += WARPS) tile_into(", "tile < 0; tile += WARPS) tile_into(")],
 }

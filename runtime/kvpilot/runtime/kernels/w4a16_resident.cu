@@ -26,6 +26,15 @@ typedef unsigned short u16;
 #define WORDS_PER_TILE 16
 #define COLS (16 * BLOCKS)
 #define CHUNKS (COLS / 4)  // 16-byte chunks per word row
+#ifndef PREFETCH_GROUPS
+#define PREFETCH_GROUPS 1  // the weight's copies issued in this many groups,
+#endif
+#ifndef IN_FLIGHT
+#define IN_FLIGHT 1  // at most this many in flight at once (the rest wait before the PDL wait)
+#endif
+#ifndef SLEEP_NS
+#define SLEEP_NS 0  // > 0: sleep this long at entry before the first copy
+#endif
 
 #include "int4_pairs.cuh"
 #include "pdl.cuh"
@@ -214,7 +223,15 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) w4a16_resident(
     u16* sz = reinterpret_cast<u16*>(words + tiles * WORDS_PER_TILE * COLS);
     uint4* xs = reinterpret_cast<uint4*>(sz + 2 * groups * COLS);
     float* x_sums = reinterpret_cast<float*>(xs + m * tiles * 16);
-    fetch_tiles(words, sz, qweight, scales, zeros, 0, tiles, n, n0, nb, groups);  // in flight during the wait
+    if (SLEEP_NS > 0) __nanosleep(SLEEP_NS);
+#pragma unroll
+    for (int j = 0; j < PREFETCH_GROUPS; ++j) {  // in flight during the wait
+        fetch_tiles(words, sz, qweight, scales, zeros, j * tiles / PREFETCH_GROUPS, (j + 1) * tiles / PREFETCH_GROUPS,
+                    n, n0, nb, groups);
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        if (j + 1 < PREFETCH_GROUPS && j + 1 >= IN_FLIGHT)
+            asm volatile("cp.async.wait_group %0;" ::"n"(IN_FLIGHT - 1) : "memory");
+    }
     gdc_wait();
     stage_x_sums(xs, x_sums, x, stride_x, m, tiles);
     asm volatile("cp.async.wait_all;" ::: "memory");  // (back to back, the weight landed long before)
@@ -222,6 +239,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) w4a16_resident(
 
     float acc[NT][BLOCKS][4] = {};
     const LaneWords at = lane_words(words, g, t);
+#pragma unroll 2  // two tiles' loads and mmas interleaved (H200: qkv 6.5 -> 6.4 µs, o 5.2 -> 5.1 at 1 token)
     for (int tile = warp; tile < tiles; tile += WARPS) tile_into(acc, sz, xs, x_sums, at, tile, groups, g, t, m);
     __syncthreads();  // every warp is done with the words: they take the sums
     store_columns(acc, reinterpret_cast<float*>(smem), y, m, n0, nb, stride_y, warp, g, t);
