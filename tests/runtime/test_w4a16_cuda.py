@@ -26,6 +26,8 @@ from kvpilot.runtime.quant.int_weight import quantize_rtn
 
 from tests.runtime.nvrtc_offline import ptx, sm90_resources
 
+Greedy = list[tuple[list[int], list[Any]]]  # per prompt: token ids, logprobs
+
 
 def test_launch_slices_k_until_the_gpu_holds_three_ctas_per_sm() -> None:
     # Qwen3-8B at one token on 132 SMs: o_proj's 64 column blocks in 6 slices; gate_up's 384 fill the GPU
@@ -254,7 +256,7 @@ def test_a_misaligned_x_goes_to_the_triton_kernels() -> None:
     )
 
 
-def _greedy_and_logprobs(path: Path) -> list[tuple[list[int], list[Any]]]:
+def greedy_and_logprobs(path: Path) -> Greedy:
     from kvpilot.runtime.llm import LLM
     from kvpilot.runtime.sampling_params import SamplingParams
 
@@ -284,10 +286,32 @@ def test_a_bf16_int4_engine_gives_the_tokens_of_the_triton_kernels(
     # this kernel scales fp32 sums per group, the Triton ones round each dequantized weight to bf16, and
     # in a bf16 engine logprobs came 0.06 apart on the H200. A wrong column, scale or zero moves them by
     # whole units, so tokens agree up to a near-tie and logprobs within 0.15 (the fp8 engine test's margin).
-    from kvpilot.runtime.fixtures import make_tiny_checkpoint
-    from kvpilot.runtime.kernels import w4a16_cuda
+    from kvpilot.runtime.kernels import w4a16_cuda, w4a16_resident
 
-    path = make_tiny_checkpoint(
+    monkeypatch.setattr(w4a16_resident, "takes", lambda *args: False)  # its own test: test_w4a16_resident.py
+    path = tiny_int4_checkpoint(tmp_path)
+    launches = []
+    launch = w4a16_cuda.w4a16_gemv
+
+    def spy(*args: Any, **kwargs: Any) -> torch.Tensor:
+        launches.append(args[0].shape[0])
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(w4a16_cuda, "w4a16_gemv", spy)
+    cuda = greedy_and_logprobs(path)
+    assert launches and max(launches) <= 8
+    monkeypatch.setattr(w4a16_cuda, "preferred", lambda *args: False)
+    launches.clear()
+    triton = greedy_and_logprobs(path)
+    assert not launches
+    assert_tokens_agree(cuda, triton)
+
+
+def tiny_int4_checkpoint(tmp_path: Path) -> Path:
+    """A tiny Qwen3 checkpoint whose projections the int4 CUDA kernels take (K a multiple of 128, N of 64)."""
+    from kvpilot.runtime.fixtures import make_tiny_checkpoint
+
+    return make_tiny_checkpoint(
         tmp_path / "m",
         "qwen3",
         hidden_size=256,
@@ -297,27 +321,17 @@ def test_a_bf16_int4_engine_gives_the_tokens_of_the_triton_kernels(
         head_dim=64,
         num_hidden_layers=2,
     )
-    launches = []
-    launch = w4a16_cuda.w4a16_gemv
 
-    def spy(*args: Any, **kwargs: Any) -> torch.Tensor:
-        launches.append(args[0].shape[0])
-        return launch(*args, **kwargs)
 
-    monkeypatch.setattr(w4a16_cuda, "w4a16_gemv", spy)
-    cuda = _greedy_and_logprobs(path)
-    assert launches and max(launches) <= 8
-    monkeypatch.setattr(w4a16_cuda, "preferred", lambda *args: False)
-    launches.clear()
-    triton = _greedy_and_logprobs(path)
-    assert not launches
+def assert_tokens_agree(got: Greedy, ref: Greedy) -> None:
+    """Greedy tokens agree up to a near-tie (top two within 0.15) and their logprobs within 0.15."""
     compared = 0
-    for (ids, lps), (ref_ids, ref_lps) in zip(cuda, triton, strict=True):
-        for a, b, lp, ref in zip(ids, ref_ids, lps, ref_lps, strict=True):
-            top = [v for _, v in ref.top_logprobs]
+    for (ids, lps), (ref_ids, ref_lps) in zip(got, ref, strict=True):
+        for a, b, lp, want in zip(ids, ref_ids, lps, ref_lps, strict=True):
+            top = [v for _, v in want.top_logprobs]
             if a != b:
-                assert top[0] - top[1] < 0.15, (a, b, ref.top_logprobs)
+                assert top[0] - top[1] < 0.15, (a, b, want.top_logprobs)
                 break
-            assert lp.logprob == pytest.approx(ref.logprob, abs=0.15)
+            assert lp.logprob == pytest.approx(want.logprob, abs=0.15)
             compared += 1
     assert compared >= 8

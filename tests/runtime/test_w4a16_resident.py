@@ -5,6 +5,7 @@ GEMM on the dequantized weight, also chained under programmatic dependent launch
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from kvpilot.runtime.kernels.w4a16_resident import SOURCE, ResidentSpec, grid_ct
 from kvpilot.runtime.quant.int_weight import quantize_rtn
 
 from tests.runtime.nvrtc_offline import ptx, sm90_resources
+from tests.runtime.test_w4a16_cuda import assert_tokens_agree, greedy_and_logprobs, tiny_int4_checkpoint
 
 QKV, OUT, GATE_UP, DOWN = (6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288)  # Qwen3-8B, N x K
 
@@ -106,3 +108,29 @@ def test_a_chain_reads_its_predecessors_output_under_pdl() -> None:
             want = int_gemm_ref(want, *w, 4)
         assert torch.equal(out, step)
         assert float((out.float() - want.float()).norm() / want.float().norm()) < 2e-2
+
+
+@pytest.mark.gpu
+def test_a_bf16_int4_engine_decodes_here_with_the_tokens_of_the_cluster_gemv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two prompts: the decode steps (1-2 tokens) run every projection here; the same engine with this kernel
+    # declined runs w4a16_gemv.cu. Both add fp32 sums scaled per group, in different orders.
+    from kvpilot.runtime.kernels import w4a16_resident
+
+    path = tiny_int4_checkpoint(tmp_path)
+    launches = []
+    launch = w4a16_resident.w4a16_resident
+
+    def spy(*args: Any, **kwargs: Any) -> torch.Tensor:
+        launches.append(args[0].shape[0])
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(w4a16_resident, "w4a16_resident", spy)
+    resident = greedy_and_logprobs(path)
+    assert launches and max(launches) <= 2
+    monkeypatch.setattr(w4a16_resident, "takes", lambda *args: False)
+    launches.clear()
+    cluster = greedy_and_logprobs(path)
+    assert not launches
+    assert_tokens_agree(resident, cluster)

@@ -81,6 +81,16 @@ def unsupported(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bi
     return None
 
 
+DISPATCH_MAX_M = 2  # H200: o at 2 tokens 5.8 µs against the cluster GEMV's 6.0, at 4 tokens 6.7 against 6.5
+
+
+def takes(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int) -> bool:
+    """Whether int_gemm runs x @ W^T here: it can, and at most DISPATCH_MAX_M tokens (the fifteenth
+    session's H200 sweep, benchmarks/sweep_w4a16_resident.py: qkv at 1 token 6.4 µs against 7.1, o 5.1
+    against 5.6)."""
+    return x.shape[0] <= DISPATCH_MAX_M and unsupported(x, qweight, scales, bits) is None
+
+
 def w4a16_resident(
     x: torch.Tensor,
     qweight: torch.Tensor,

@@ -271,6 +271,10 @@ def int_gemm(
         from .w4a16_gemm_cuda import w4a16_gemm  # CUDA-only (NVRTC): 3-16 tokens (5-16 for a long K)
 
         y = w4a16_gemm(x, qweight, scales, zeros, num_sms(x.device))
+    elif cuda_kernel and _cuda_resident_takes(x, qweight, scales, bits):
+        from .w4a16_resident import w4a16_resident  # CUDA-only (NVRTC, sm_90): 1-2 tokens where it fits
+
+        y = w4a16_resident(x, qweight, scales, zeros, num_sms(x.device))
     elif cuda_kernel and _cuda_w4a16_runs(x, qweight, scales, bits):
         from .w4a16_cuda import w4a16_gemv  # CUDA-only (NVRTC)
 
@@ -296,6 +300,14 @@ def _cuda_w4a16_runs(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
     if unsupported(x, qweight, scales, bits) is not None:
         return False
     return preferred(x.shape[0], qweight.shape[1], k, k // scales.shape[0], num_sms(x.device))
+
+
+def _cuda_resident_takes(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int) -> bool:
+    if bits != 4 or not x.is_cuda:
+        return False
+    from .w4a16_resident import takes
+
+    return takes(x, qweight, scales, bits)
 
 
 def _cuda_gemm_takes(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> bool:
