@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from bench_w4a16 import LAYERS, Formats, copies, graph_us, sweep_cell
 from kvpilot.runtime.kernels.nvrtc import compile_cuda, max_active_ctas, num_registers
+from kvpilot.runtime.kernels.w4a16_cuda import w4a16_gemv
 from kvpilot.runtime.kernels.w4a16_resident import (
     SOURCE,
     ResidentSpec,
@@ -63,7 +64,7 @@ def main() -> None:
     args = parser.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     head = " | ".join(f"resident {v} µs (×bf16)" for v in args.variants)
-    print(f"| layer | M | bf16 µs | dispatch µs (×bf16) | {head} | build |")
+    print(f"| layer | M | bf16 µs | dispatch µs (×bf16) | cluster GEMV µs (×bf16) | {head} | build |")
     for name in args.layers:
         n, k = LAYERS[name]
         fmt = Formats(n, k)
@@ -77,6 +78,11 @@ def main() -> None:
                 return int_gemm(x, *t, 4, counters=c)
 
             dispatch = sweep_cell(dispatched, x, fmt.w4, sets, want, bf16)
+
+            def cluster_gemv(x: torch.Tensor, *t: torch.Tensor, c: torch.Tensor = fmt.counters) -> Any:
+                return w4a16_gemv(x, *t, sms, c)  # the launch it takes by itself (before this kernel)
+
+            dispatch += " | " + sweep_cell(cluster_gemv, x, fmt.w4, sets, want, bf16)
             spec = resident_spec(m, n, k, 128, sms)
             if spec is None:
                 print(f"| {name} | {m} | {bf16:.1f} | {dispatch} | does not fit |", flush=True)
