@@ -288,7 +288,7 @@ def test_a_bf16_int4_engine_gives_the_tokens_of_the_triton_kernels(
     # whole units, so tokens agree up to a near-tie and logprobs within 0.15 (the fp8 engine test's margin).
     from kvpilot.runtime.kernels import w4a16_cuda, w4a16_resident
 
-    monkeypatch.setattr(w4a16_resident, "takes", lambda *args: False)  # its own test: test_w4a16_resident.py
+    assert not w4a16_resident.DISPATCHED  # (dispatched, it has its own engine test: test_w4a16_resident.py)
     path = tiny_int4_checkpoint(tmp_path)
     launches = []
     launch = w4a16_cuda.w4a16_gemv

@@ -19,6 +19,16 @@ from tests.runtime.test_w4a16_cuda import assert_tokens_agree, greedy_and_logpro
 QKV, OUT, GATE_UP, DOWN = (6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288)  # Qwen3-8B, N x K
 
 
+def test_not_dispatched_unless_asked() -> None:
+    # W3 int4 was 4% slower with it dispatched (the fifteenth session): int_gemm keeps the cluster GEMV
+    from kvpilot.runtime.kernels import w4a16_resident
+
+    assert not w4a16_resident.DISPATCHED
+    x = torch.zeros(1, 4096, dtype=torch.bfloat16)
+    w = quantize_rtn(torch.randn(4096, 4096) * 0.02, 4, 128, sym=False)
+    assert not w4a16_resident.takes(x, w.qweight, w.scales.bfloat16(), 4)
+
+
 def test_qkv_and_o_fit_two_grids_to_the_h200s_shared_memory() -> None:
     # qkv: 384 blocks of 16 columns over 132 CTAs, at most 3 a CTA (110 KB); o: at most 2 (68 KB + 8 KB of
     # x a token)
@@ -114,10 +124,11 @@ def test_a_chain_reads_its_predecessors_output_under_pdl() -> None:
 def test_a_bf16_int4_engine_decodes_here_with_the_tokens_of_the_cluster_gemv(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Two prompts: the decode steps (1-2 tokens) run every projection here; the same engine with this kernel
-    # declined runs w4a16_gemv.cu. Both add fp32 sums scaled per group, in different orders.
+    # Dispatched, with two prompts: the decode steps (1-2 tokens) run every projection here; the same engine
+    # with this kernel declined runs w4a16_gemv.cu. Both add fp32 sums scaled per group, in different orders.
     from kvpilot.runtime.kernels import w4a16_resident
 
+    monkeypatch.setattr(w4a16_resident, "DISPATCHED", True)  # off by default (W3, the fifteenth session)
     path = tiny_int4_checkpoint(tmp_path)
     launches = []
     launch = w4a16_resident.w4a16_resident

@@ -81,14 +81,18 @@ def unsupported(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bi
     return None
 
 
-DISPATCH_MAX_M = 2  # H200: o at 2 tokens 5.8 µs against the cluster GEMV's 6.0, at 4 tokens 6.7 against 6.5
+DISPATCH_MAX_M = 2  # H200: o at 2 tokens 5.7 µs against the cluster GEMV's 5.9, at 4 tokens 6.7 against 6.5
+# Off: alone it is the faster int4 GEMV at 1-2 tokens (the fifteenth session's H200 sweep,
+# benchmarks/sweep_w4a16_resident.py: qkv at 1 token 6.2-6.4 µs against 7.1, o 5.0-5.3 against 5.6), but W3
+# int4 got slower with it dispatched: 2.477 ms a token against 2.382 (2.424 with o alone, 2.448 with qkv
+# alone). Likely cause (not measured): its 113 KB CTAs need a shared-memory carveout no other kernel of the
+# decode step asks for, and the tenth session saw such a switch between kernels cost W3 2%.
+DISPATCHED = False
 
 
 def takes(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int) -> bool:
-    """Whether int_gemm runs x @ W^T here: it can, and at most DISPATCH_MAX_M tokens (the fifteenth
-    session's H200 sweep, benchmarks/sweep_w4a16_resident.py: qkv at 1 token 6.4 µs against 7.1, o 5.1
-    against 5.6)."""
-    return x.shape[0] <= DISPATCH_MAX_M and unsupported(x, qweight, scales, bits) is None
+    """Whether int_gemm runs x @ W^T here: DISPATCHED, it can, and at most DISPATCH_MAX_M tokens."""
+    return DISPATCHED and x.shape[0] <= DISPATCH_MAX_M and unsupported(x, qweight, scales, bits) is None
 
 
 def w4a16_resident(

@@ -272,7 +272,7 @@ def int_gemm(
 
         y = w4a16_gemm(x, qweight, scales, zeros, num_sms(x.device))
     elif cuda_kernel and _cuda_resident_takes(x, qweight, scales, bits):
-        from .w4a16_resident import w4a16_resident  # CUDA-only (NVRTC, sm_90): 1-2 tokens where it fits
+        from .w4a16_resident import w4a16_resident  # CUDA-only (NVRTC, sm_90), opt-in: see its DISPATCHED
 
         y = w4a16_resident(x, qweight, scales, zeros, num_sms(x.device))
     elif cuda_kernel and _cuda_w4a16_runs(x, qweight, scales, bits):
