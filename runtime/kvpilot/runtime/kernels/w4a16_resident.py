@@ -41,9 +41,11 @@ class ResidentSpec:
                 "WARPS": self.warps}  # fmt: skip
 
     def shared_bytes(self, m: int, k: int, group: int) -> int:
-        """Dynamic shared memory of one CTA: its words, scales and zeros, the staged x and its tile sums."""
+        """Dynamic shared memory of one CTA: its words, scales and zeros, the staged x and its tile sums, or
+        at the end the warps' sums (fp32 [warps][m][cols]) over them, whichever is larger (a short K)."""
         cols = BLOCK_COLS * self.blocks
-        return k // 8 * cols * 4 + 2 * (k // group) * cols * 2 + (256 + 8) * m * (k // TILE)
+        inputs = k // 8 * cols * 4 + 2 * (k // group) * cols * 2 + (256 + 8) * m * (k // TILE)
+        return max(inputs, self.warps * m * cols * 4)
 
 
 def grid_ctas(n: int, sms: int) -> int:
