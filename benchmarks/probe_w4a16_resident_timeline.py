@@ -11,11 +11,11 @@ from __future__ import annotations
 import argparse
 
 import torch
-from bench_w4a16 import LAYERS, Formats, copies, graph_us
+from bench_w4a16 import LAYERS, Formats, copies
 from kvpilot.runtime.kernels.nvrtc import allow_shared_memory, compile_cuda, launch_pdl
 from kvpilot.runtime.kernels.w4a16_resident import SOURCE, grid_ctas, resident_spec
 from probe_w4a16_parts import patched
-from probe_w4a16_timeline import STAMP, phase_rows
+from probe_w4a16_timeline import STAMP, print_phases, stamped_calls
 
 PHASES = ("entry", "waited", "x staged", "weight landed", "K tiles done", "exit")
 SIGNATURE = "int k, int stride_x, int stride_y"
@@ -58,7 +58,6 @@ def main() -> None:
             allow_shared_memory(kernel, shared)
             ctas = grid_ctas(n, sms)
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 0.1
-            stamps = [torch.zeros(ctas * 8, device="cuda", dtype=torch.int64) for _ in sets]
 
             def run(x, q, sc, z, tl, kernel=kernel, m=m, n=n, k=k, ctas=ctas, shared=shared, spec=spec):
                 y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
@@ -66,12 +65,9 @@ def main() -> None:
                 launch_pdl(kernel, (ctas, 1, 1), (spec.warps * 32, 1, 1), args_, shared)
                 return y
 
-            us = graph_us(run, [(x, *t, s) for t, s in zip(sets, stamps, strict=True)])
-            rows, period = phase_rows(stamps, PHASES, (5,))
-            print(f"\n{name} M={m} ctas={ctas} bench {us:.2f} µs/call, period {period:.2f} µs")
-            print("| phase | earliest | median | latest |  (µs after the predecessor's last exit)")
-            for phase, (lo, mid, hi) in zip(PHASES, rows, strict=True):
-                print(f"| {phase} | {lo:.2f} | {mid:.2f} | {hi:.2f} |")
+            us, rows, period = stamped_calls(run, x, sets, ctas, PHASES, (5,))
+            title = f"{name} M={m} ctas={ctas} bench {us:.2f} µs/call, period {period:.2f} µs"
+            print_phases(title, PHASES, rows)
         del fmt, sets
         torch.cuda.empty_cache()
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 from pathlib import Path
+from typing import Any
 
 import torch
 from bench_w4a16 import LAYERS, Formats, copies, graph_us
@@ -82,6 +83,27 @@ def phase_rows(
     return mean, statistics.fmean(periods) / 1e3
 
 
+def stamped_calls(
+    run: Any,
+    x: torch.Tensor,
+    sets: list[tuple[torch.Tensor, ...]],
+    ctas: int,
+    phases: tuple[str, ...],
+    exits: tuple[int, ...],
+) -> tuple[float, list[list[float]], float]:
+    """run(x, *weight, stamps) over the weight copies in the bench's graph: µs per call, phase_rows."""
+    stamps = [torch.zeros(ctas * 8, device="cuda", dtype=torch.int64) for _ in sets]
+    us = graph_us(run, [(x, *t, s) for t, s in zip(sets, stamps, strict=True)])
+    return (us, *phase_rows(stamps, phases, exits))
+
+
+def print_phases(title: str, phases: tuple[str, ...], rows: list[list[float]]) -> None:
+    print(f"\n{title}")
+    print("| phase | earliest | median | latest |  (µs after the predecessor's last exit)")
+    for phase, (lo, mid, hi) in zip(phases, rows, strict=True):
+        print(f"| {phase} | {lo:.2f} | {mid:.2f} | {hi:.2f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ms", type=int, nargs="*", default=[8, 64])
@@ -103,7 +125,6 @@ def main() -> None:
             grid = plan.grid(n)
             ctas = grid[0] * grid[1] * grid[2]
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 0.1
-            stamps = [torch.zeros(ctas * 8, device="cuda", dtype=torch.int64) for _ in sets]
             cluster = (1, plan.slices, 1) if plan.spec.cluster_reduce else None
 
             def run(x, q, sc, z, tl, kernel=kernel, plan=plan, grid=grid, cluster=cluster, m=m, n=n, k=k):
@@ -113,12 +134,9 @@ def main() -> None:
                 launch_pdl(kernel, grid, block, args_, plan.spec.shared_bytes(), cluster)
                 return y
 
-            us = graph_us(run, [(x, *t, s) for t, s in zip(sets, stamps, strict=True)])
-            rows, period = phase_rows(stamps)
-            print(f"\n{name} M={m} grid={grid} ctas={ctas} bench {us:.2f} µs/call, period {period:.2f} µs")
-            print("| phase | earliest | median | latest |  (µs after the predecessor's last exit)")
-            for phase, (lo, mid, hi) in zip(PHASES, rows, strict=True):
-                print(f"| {phase} | {lo:.2f} | {mid:.2f} | {hi:.2f} |")
+            us, rows, period = stamped_calls(run, x, sets, ctas, PHASES, (6, 3))
+            title = f"{name} M={m} grid={grid} ctas={ctas} bench {us:.2f} µs/call, period {period:.2f} µs"
+            print_phases(title, PHASES, rows)
         del fmt, sets
         torch.cuda.empty_cache()
 

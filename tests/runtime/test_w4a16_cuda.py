@@ -93,7 +93,8 @@ def test_the_shared_ring_build_fits_four_ctas_per_sm(cluster: bool, tmp_path: Pa
     assert (b"ld.shared::cluster" in ptx(SOURCE, spec.macros())) == cluster
 
 
-def _case(m: int, n: int, k: int, group: int, sym: bool, seed: int) -> tuple[torch.Tensor, ...]:
+def int4_case(m: int, n: int, k: int, group: int, sym: bool, seed: int) -> tuple[torch.Tensor, ...]:
+    """x [m, k] and an int4 weight of [n, k] (round-to-nearest, group) on the GPU, from a seed."""
     gen = torch.Generator().manual_seed(seed)
     w = quantize_rtn(torch.randn(n, k, generator=gen) * 0.05, 4, group, sym=sym)
     x = torch.randn(m, k, generator=gen).bfloat16()
@@ -110,7 +111,7 @@ def _case(m: int, n: int, k: int, group: int, sym: bool, seed: int) -> tuple[tor
 def test_matches_the_reference(m: int, n: int, k: int, group: int, sym: bool) -> None:
     from kvpilot.runtime.kernels.w4a16_cuda import w4a16_gemv
 
-    x, qweight, scales, zeros = _case(m, n, k, group, sym, seed=m * 7 + n)
+    x, qweight, scales, zeros = int4_case(m, n, k, group, sym, seed=m * 7 + n)
     assert unsupported(x, qweight, scales, 4) is None
     counters = torch.zeros(n // 64, device="cuda", dtype=torch.int32)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -130,7 +131,7 @@ def test_either_release_point_computes_the_same_gemm(m: int, early: bool) -> Non
     from kvpilot.runtime.kernels.w4a16_cuda import w4a16_gemv
 
     n, k, group = 1024, 4096, 256  # 4 K slices: the split fixup runs under either release
-    x, qweight, scales, zeros = _case(m, n, k, group, False, seed=m)
+    x, qweight, scales, zeros = int4_case(m, n, k, group, False, seed=m)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     plan = launch_for(m, n, k, group, sms)
     plan = dataclasses.replace(plan, spec=dataclasses.replace(plan.spec, early_release=early))
@@ -149,7 +150,7 @@ def test_a_cluster_adds_the_slices_as_the_workspace_does(m: int, slices: int) ->
     from kvpilot.runtime.kernels.w4a16_cuda import w4a16_gemv
 
     n, k, group = 1024, 4096, 128
-    x, qweight, scales, zeros = _case(m, n, k, group, False, seed=slices)
+    x, qweight, scales, zeros = int4_case(m, n, k, group, False, seed=slices)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     base = dataclasses.replace(launch_for(m, n, k, group, sms), slices=slices)
     cluster = dataclasses.replace(base, spec=dataclasses.replace(base.spec, cluster_reduce=True))
@@ -187,7 +188,7 @@ def test_the_shared_ring_build_computes_the_same_gemm(
     # (4096: several slices) and one slice; staged x and the rings side by side in dynamic shared memory.
     from kvpilot.runtime.kernels.w4a16_cuda import w4a16_gemv
 
-    x, qweight, scales, zeros = _case(m, n, k, group, False, seed=m + ring)
+    x, qweight, scales, zeros = int4_case(m, n, k, group, False, seed=m + ring)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     plan = launch_for(m, n, k, group, sms, ctas, ring=ring, min_ctas=4 if m <= 8 else 3)
     assert plan.shared_bytes(m, k) > 0
@@ -204,7 +205,7 @@ def test_int_gemm_dispatches_here_when_asked_and_replays_in_a_graph() -> None:
     from kvpilot.runtime.kernels import nvrtc
     from kvpilot.runtime.kernels.w4a16_triton import int_gemm
 
-    x, qweight, scales, zeros = _case(4, 4096, 4096, 128, False, seed=5)
+    x, qweight, scales, zeros = int4_case(4, 4096, 4096, 128, False, seed=5)
     info = nvrtc.compile_cuda.cache_info()
     out = int_gemm(x, qweight, scales, zeros, 4, cuda_kernel=True)
     after = nvrtc.compile_cuda.cache_info()
@@ -227,8 +228,8 @@ def test_a_chain_reads_its_predecessors_output_under_pdl(m: int) -> None:
     # the first drains (the first releases it before its stores), so it must wait before staging x.
     from kvpilot.runtime.kernels.w4a16_cuda import w4a16_gemv
 
-    x, q1, s1, z1 = _case(m, 4096, 2048, 128, False, seed=11)
-    _, q2, s2, z2 = _case(m, 24576, 4096, 128, False, seed=12)
+    x, q1, s1, z1 = int4_case(m, 4096, 2048, 128, False, seed=11)
+    _, q2, s2, z2 = int4_case(m, 24576, 4096, 128, False, seed=12)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     graph = torch.cuda.CUDAGraph()
     w4a16_gemv(w4a16_gemv(x, q1, s1, z1, sms), q2, s2, z2, sms)  # compile outside the capture
@@ -245,7 +246,7 @@ def test_a_chain_reads_its_predecessors_output_under_pdl(m: int) -> None:
 def test_a_misaligned_x_goes_to_the_triton_kernels() -> None:
     from kvpilot.runtime.kernels.w4a16_triton import int_gemm
 
-    x, qweight, scales, zeros = _case(2, 256, 1024, 128, False, seed=3)
+    x, qweight, scales, zeros = int4_case(2, 256, 1024, 128, False, seed=3)
     shifted = torch.empty(2, 1025, device="cuda", dtype=torch.bfloat16)
     shifted[:, 1:].copy_(x)
     view = shifted[:, 1:]  # rows start 2 bytes past a 16-byte boundary
@@ -290,14 +291,7 @@ def test_a_bf16_int4_engine_gives_the_tokens_of_the_triton_kernels(
 
     assert not w4a16_resident.DISPATCHED  # (dispatched, it has its own engine test: test_w4a16_resident.py)
     path = tiny_int4_checkpoint(tmp_path)
-    launches = []
-    launch = w4a16_cuda.w4a16_gemv
-
-    def spy(*args: Any, **kwargs: Any) -> torch.Tensor:
-        launches.append(args[0].shape[0])
-        return launch(*args, **kwargs)
-
-    monkeypatch.setattr(w4a16_cuda, "w4a16_gemv", spy)
+    launches = spy_on(monkeypatch, w4a16_cuda, "w4a16_gemv")
     cuda = greedy_and_logprobs(path)
     assert launches and max(launches) <= 8
     monkeypatch.setattr(w4a16_cuda, "preferred", lambda *args: False)
@@ -305,6 +299,19 @@ def test_a_bf16_int4_engine_gives_the_tokens_of_the_triton_kernels(
     triton = greedy_and_logprobs(path)
     assert not launches
     assert_tokens_agree(cuda, triton)
+
+
+def spy_on(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[int]:
+    """The token counts of every call of module.name (x its first argument) from now on, as they happen."""
+    launches: list[int] = []
+    launch = getattr(module, name)
+
+    def spy(*args: Any, **kwargs: Any) -> torch.Tensor:
+        launches.append(args[0].shape[0])
+        return launch(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, spy)
+    return launches
 
 
 def tiny_int4_checkpoint(tmp_path: Path) -> Path:

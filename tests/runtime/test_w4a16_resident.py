@@ -5,7 +5,6 @@ GEMM on the dequantized weight, also chained under programmatic dependent launch
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -14,7 +13,13 @@ from kvpilot.runtime.kernels.w4a16_resident import SOURCE, ResidentSpec, grid_ct
 from kvpilot.runtime.quant.int_weight import quantize_rtn
 
 from tests.runtime.nvrtc_offline import ptx, sm90_resources
-from tests.runtime.test_w4a16_cuda import assert_tokens_agree, greedy_and_logprobs, tiny_int4_checkpoint
+from tests.runtime.test_w4a16_cuda import (
+    assert_tokens_agree,
+    greedy_and_logprobs,
+    int4_case,
+    spy_on,
+    tiny_int4_checkpoint,
+)
 
 QKV, OUT, GATE_UP, DOWN = (6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288)  # Qwen3-8B, N x K
 
@@ -57,14 +62,6 @@ def test_compiles_for_sm90_within_two_ctas_per_sm(blocks: int, nt: int, tmp_path
     assert b"cp.async.cg.shared.global" in code and b"griddepcontrol.wait" in code
 
 
-def _case(m: int, n: int, k: int, group: int, sym: bool, seed: int) -> tuple[torch.Tensor, ...]:
-    gen = torch.Generator().manual_seed(seed)
-    w = quantize_rtn(torch.randn(n, k, generator=gen) * 0.05, 4, group, sym=sym)
-    x = torch.randn(m, k, generator=gen).bfloat16()
-    dev = "cuda"
-    return x.to(dev), w.qweight.to(dev), w.scales.bfloat16().to(dev), w.zeros.bfloat16().to(dev)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     ("m", "n", "k", "group"),
@@ -83,7 +80,7 @@ def _case(m: int, n: int, k: int, group: int, sym: bool, seed: int) -> tuple[tor
 def test_matches_the_reference(m: int, n: int, k: int, group: int, sym: bool) -> None:
     from kvpilot.runtime.kernels.w4a16_resident import unsupported, w4a16_resident
 
-    x, qweight, scales, zeros = _case(m, n, k, group, sym, seed=m * 7 + n)
+    x, qweight, scales, zeros = int4_case(m, n, k, group, sym, seed=m * 7 + n)
     assert unsupported(x, qweight, scales, 4) is None
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     want = int_gemm_ref(x, qweight, scales, zeros, 4).float()
@@ -97,8 +94,8 @@ def test_a_chain_reads_its_predecessors_output_under_pdl() -> None:
     # its predecessor (released at entry), so each must wait before staging its x.
     from kvpilot.runtime.kernels.w4a16_resident import w4a16_resident
 
-    x, *w1 = _case(1, *OUT, 128, False, seed=1)
-    ws = [w1] + [_case(1, *OUT, 128, False, seed=s)[1:] for s in (2, 3)]
+    x, *w1 = int4_case(1, *OUT, 128, False, seed=1)
+    ws = [w1] + [int4_case(1, *OUT, 128, False, seed=s)[1:] for s in (2, 3)]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
 
     def chain(x: torch.Tensor) -> torch.Tensor:
@@ -133,14 +130,7 @@ def test_a_bf16_int4_engine_decodes_here_with_the_tokens_of_the_cluster_gemv(
 
     monkeypatch.setattr(w4a16_resident, "DISPATCHED", True)  # off by default (W3, the fifteenth session)
     path = tiny_int4_checkpoint(tmp_path)
-    launches = []
-    launch = w4a16_resident.w4a16_resident
-
-    def spy(*args: Any, **kwargs: Any) -> torch.Tensor:
-        launches.append(args[0].shape[0])
-        return launch(*args, **kwargs)
-
-    monkeypatch.setattr(w4a16_resident, "w4a16_resident", spy)
+    launches = spy_on(monkeypatch, w4a16_resident, "w4a16_resident")
     resident = greedy_and_logprobs(path)
     assert launches and max(launches) <= 2
     monkeypatch.setattr(w4a16_resident, "takes", lambda *args: False)

@@ -50,14 +50,6 @@ typedef unsigned short u16;
 #define RED_ELEMS 4   // the split fixup's elements per thread per round
 #define RED_SLICES 8  // and the slices of each it loads at once
 
-__device__ __forceinline__ void mma_bf16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ u16 f32_to_bf16(float x) {
     u16 y;
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(y) : "f"(x));
@@ -67,6 +59,7 @@ __device__ __forceinline__ u16 f32_to_bf16(float x) {
 // Programmatic dependent launch: the weight is never written by a predecessor, so its first tiles are loaded
 // before the wait; x and every store come after it.
 #include "int4_pairs.cuh"
+#include "mma_bf16.cuh"
 #include "pdl.cuh"
 
 // One K tile's weight words in this lane's registers: row set rs, lo/hi columns; and its group's raw

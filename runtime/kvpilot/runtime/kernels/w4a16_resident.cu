@@ -37,16 +37,9 @@ typedef unsigned short u16;
 #endif
 
 #include "int4_pairs.cuh"
+#include "mma_bf16.cuh"
 #include "pdl.cuh"
 #include "w4a16_xstage.cuh"
-
-__device__ __forceinline__ void mma_bf16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
     const u32 at = static_cast<u32>(__cvta_generic_to_shared(dst));
