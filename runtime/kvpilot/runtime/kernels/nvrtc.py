@@ -45,6 +45,15 @@ NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
 PORTABLE_CLUSTER = 8  # CTAs; sm_90 takes up to 16 once the kernel allows it
 
 
+def set_attribute(kernel: Any, attribute: int, value: int) -> None:
+    """cuFuncSetAttribute(kernel, attribute, value) (CU_FUNC_ATTRIBUTE_*), raising on a driver error."""
+    from torch.cuda._utils import _get_gpu_runtime_library
+
+    result = _get_gpu_runtime_library().cuFuncSetAttribute(kernel.func, attribute, value)
+    if result != 0:
+        raise RuntimeError(f"cuFuncSetAttribute failed with CUresult {result}")
+
+
 def allow_shared_memory(kernel: Any, nbytes: int) -> None:
     """Let kernel launch with nbytes of dynamic shared memory (past the default 48 KB). The carveout is left
     to the driver: a kernel asking for all of it (CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT 100)
@@ -55,11 +64,7 @@ def allow_shared_memory(kernel: Any, nbytes: int) -> None:
         if getattr(kernel, "_max_shared_mem_bytes", 0) < nbytes:  # only ever raised: once per size at most
             kernel.set_shared_memory_config(nbytes)
         return
-    from torch.cuda._utils import _get_gpu_runtime_library
-
-    result = _get_gpu_runtime_library().cuFuncSetAttribute(kernel.func, MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes)
-    if result != 0:
-        raise RuntimeError(f"cuFuncSetAttribute failed with CUresult {result}")
+    set_attribute(kernel, MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes)
 
 
 PREFERRED_SHARED_MEMORY_CARVEOUT = 9  # CU_FUNC_ATTRIBUTE_*: percent of the unified L1 / shared memory
@@ -68,12 +73,7 @@ PREFERRED_SHARED_MEMORY_CARVEOUT = 9  # CU_FUNC_ATTRIBUTE_*: percent of the unif
 def prefer_carveout(kernel: Any, percent: int) -> None:
     """Ask that SMs running kernel split their unified L1 / shared memory percent% as shared memory (-1: the
     driver's choice). A kernel whose grid must sit beside the next launch's needs the room for both."""
-    from torch.cuda._utils import _get_gpu_runtime_library
-
-    lib = _get_gpu_runtime_library()
-    result = lib.cuFuncSetAttribute(kernel.func, PREFERRED_SHARED_MEMORY_CARVEOUT, percent)
-    if result != 0:
-        raise RuntimeError(f"cuFuncSetAttribute failed with CUresult {result}")
+    set_attribute(kernel, PREFERRED_SHARED_MEMORY_CARVEOUT, percent)
 
 
 def max_active_ctas(kernel: Any, threads: int, shared_mem: int) -> int:
@@ -95,11 +95,7 @@ def allow_cluster(kernel: Any, size: int) -> None:
     consent (CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED)."""
     if size <= PORTABLE_CLUSTER or getattr(kernel, "_non_portable_cluster", False):
         return
-    from torch.cuda._utils import _get_gpu_runtime_library
-
-    result = _get_gpu_runtime_library().cuFuncSetAttribute(kernel.func, NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
-    if result != 0:
-        raise RuntimeError(f"cuFuncSetAttribute failed with CUresult {result}")
+    set_attribute(kernel, NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
     kernel._non_portable_cluster = True  # once per loaded kernel
 
 
