@@ -28,8 +28,8 @@
 // Why the bias stays in: a tile lies in one group, so sum_k x_k (q_k - z) s = s (sum_k x_k (128 + q_k) -
 // (128 + z) sum_k x_k). The mmas take the biased pairs as they come out of one shift and one lop3 (8 values
 // in 7 instructions; subtracting the zero and scaling per value took 4 per pair, and bounded the kernel by
-// issue, not bytes), a ninth mma per step with an all-ones A gives sum_k x_k per token, and the zero and the
-// scale are applied once per tile to the fp32 sums.
+// issue, not bytes), sum_k x_k per token comes from x's staging (w4a16_xstage.cuh; it was a ninth mma per step
+// with an all-ones A), and the zero and the scale are applied once per tile to the fp32 sums.
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -46,7 +46,6 @@ typedef unsigned short u16;
 #define COLS 64
 #define TILE 128
 #define WORDS_PER_TILE 16
-#define ONES 0x3F803F80u  // bf16x2 (1, 1)
 #define RED_ELEMS 4   // the split fixup's elements per thread per round
 #define RED_SLICES 8  // and the slices of each it loads at once
 
@@ -91,9 +90,9 @@ __device__ __forceinline__ void load_tile(Tile& w, const u32* qw, const u16* sca
 // biased_pair (int4_pairs.cuh): bf16x2 (128 + q_i, 128 + q_{i+4}); in C the lop3 would take an AND and an OR
 
 // The tile's sums: part[4 nt + c] is mma block c of token tile nt, (col + c | col + 32 + c) x tokens
-// (8 nt + 2t, + 1), over the biased weights; xsum[nt] holds x's sum over the tile for those two tokens.
-__device__ __forceinline__ void mma_tile(float (*part)[4], float (*xsum)[4], const Tile& w, const uint4* xs,
-                                         int tile, int g, int t, int m) {
+// (8 nt + 2t, + 1), over the biased weights.
+__device__ __forceinline__ void mma_tile(float (*part)[4], const Tile& w, const uint4* xs, int tile, int g, int t,
+                                         int m) {
 #pragma unroll
     for (int rs = 0; rs < 4; ++rs) {
         uint4 b[NT];
@@ -103,11 +102,6 @@ __device__ __forceinline__ void mma_tile(float (*part)[4], float (*xsum)[4], con
         const u32 hi[4] = {w.hi[rs].x, w.hi[rs].y, w.hi[rs].z, w.hi[rs].w};
 #pragma unroll
         for (int s = 0; s < 2; ++s) {
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-                const u32 b0 = s == 0 ? b[nt].x : b[nt].z, b1 = s == 0 ? b[nt].y : b[nt].w;
-                mma_bf16(xsum[nt], ONES, ONES, ONES, ONES, b0, b1);
-            }
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
                 const u32 a0 = biased_pair(lo[c], 2 * s), a2 = biased_pair(lo[c], 2 * s + 1);
@@ -127,8 +121,9 @@ __device__ __forceinline__ float bf16_at(uint2 v, int c) {  // bf16 c of 4 as fp
     return __uint_as_float(c & 1 ? w & 0xFFFF0000u : w << 16);
 }
 
-// acc += s (part - (128 + z) xsum), per column (lo c: A row g, entries 0-1; hi c: row g + 8, entries 2-3).
-__device__ __forceinline__ void fold_tile(float (*acc)[4], float (*part)[4], float (*xsum)[4], const Tile& w) {
+// acc += s (part - (128 + z) xsum), per column (lo c: A row g, entries 0-1; hi c: row g + 8, entries 2-3);
+// xsum[nt][j]: x's sum over the tile for token 8 nt + 2t + j.
+__device__ __forceinline__ void fold_tile(float (*acc)[4], float (*part)[4], float (*xsum)[2], const Tile& w) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -146,14 +141,13 @@ __device__ __forceinline__ void fold_tile(float (*acc)[4], float (*part)[4], flo
     }
 }
 
-__device__ __forceinline__ void tile_into(float (*acc)[4], const Tile& w, const uint4* xs, int tile, int g, int t,
-                                          int m) {
-    float part[4 * NT][4], xsum[NT][4];
+__device__ __forceinline__ void tile_into(float (*acc)[4], const Tile& w, const uint4* xs, const float* x_sums,
+                                          int tile, int g, int t, int m) {
+    float part[4 * NT][4], xsum[NT][2];
 #pragma unroll
     for (int i = 0; i < 4 * NT; ++i) part[i][0] = part[i][1] = part[i][2] = part[i][3] = 0.f;
-#pragma unroll
-    for (int i = 0; i < NT; ++i) xsum[i][0] = xsum[i][1] = xsum[i][2] = xsum[i][3] = 0.f;
-    mma_tile(part, xsum, w, xs, tile, g, t, m);
+    mma_tile(part, w, xs, tile, g, t, m);
+    tile_xsum(xsum, x_sums, tile, t, m);
     fold_tile(acc, part, xsum, w);
 }
 
@@ -164,8 +158,9 @@ __device__ __forceinline__ void tile_into(float (*acc)[4], const Tile& w, const 
 // This warp's tiles t_lo + warp + WARPS i of the slice, STAGES - 1 of them loaded ahead of the one in use
 // (the ring is indexed by compile-time constants: the loop is unrolled by STAGES).
 __device__ __forceinline__ void stream_tiles(float (*acc)[4], Tile (&ring)[STAGES], const u32* qweight,
-                                             const u16* scales, const u16* zeros, const uint4* xs, int first,
-                                             int count, int t_lo, int n, int col, int g, int t, int m) {
+                                             const u16* scales, const u16* zeros, const uint4* xs,
+                                             const float* x_sums, int first, int count, int t_lo, int n, int col,
+                                             int g, int t, int m) {
     for (int i0 = 0; i0 < count; i0 += STAGES) {
 #pragma unroll
         for (int j = 0; j < STAGES; ++j) {
@@ -175,7 +170,7 @@ __device__ __forceinline__ void stream_tiles(float (*acc)[4], Tile (&ring)[STAGE
                 const int ahead = first + (i + STAGES - 1) * WARPS;
                 load_tile(ring[(j + STAGES - 1) % STAGES], qweight, scales, zeros, ahead, n, col, t);
             }
-            tile_into(acc, ring[j], xs, first + i * WARPS - t_lo, g, t, m);
+            tile_into(acc, ring[j], xs, x_sums, first + i * WARPS - t_lo, g, t, m);
         }
     }
 }
@@ -276,7 +271,8 @@ __device__ void store_columns(float (*acc)[4], void* scratch, u16* y, float* wor
 
 // x [M, K] bf16 (row stride stride_x), qweight int32 [K/8, N], scales/zeros bf16 [K/G, N], y [M, N] bf16;
 // workspace fp32 [S, M, N] and counters int32 [N / 64] (zero; left zero) when S > 1.
-// RING > 0: dynamic shared memory of 256 M ceil(K tiles / S) bytes (x) + WARPS RING STAGE_BYTES (the rings).
+// RING > 0: dynamic shared memory of 256 M T bytes (x, T = ceil(K tiles / S)) + 16 ceil(M T / 2) (its tile
+// sums) + WARPS RING STAGE_BYTES (the rings): W4Launch.shared_bytes.
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_CTAS) w4a16_gemv(
     const u16* __restrict__ x, const u32* __restrict__ qweight, const u16* __restrict__ scales,
     const u16* __restrict__ zeros, u16* __restrict__ y, float* __restrict__ workspace, int* __restrict__ counters,
@@ -291,9 +287,11 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_CTAS) w4a16_gemv(
     const int first = t_lo + warp, count = first < t_hi ? (t_hi - first + WARPS - 1) / WARPS : 0;
 
 #if RING
-    // x's slice as B fragments, then the warps' rings; the partial sums later reuse the rings
+    // x's slice as B fragments, its tile sums, then the warps' rings; the partial sums later reuse the rings
     extern __shared__ uint4 smem[];
-    uint4* rings = smem + m * ((all_tiles + slices - 1) / slices) * 16;
+    const int x_units = m * ((all_tiles + slices - 1) / slices);  // (token, tile) pairs of the longest slice
+    float* x_sums = reinterpret_cast<float*>(smem + 16 * x_units);
+    uint4* rings = smem + 16 * x_units + (x_units + 1) / 2;
     uint4* ring = rings + warp * RING * (STAGE_BYTES / 16);
 #pragma unroll
     for (int j = 0; j < RING; ++j) {  // in flight while the predecessor finishes and x is staged
@@ -304,6 +302,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_CTAS) w4a16_gemv(
 #else
     // x's slice as B fragments, then (after the sync) the warps' partial sums: [WARPS][NT * 8][64] fp32
     __shared__ uint4 smem[X_BYTES / 16 > WARPS * NT * 8 * COLS / 4 ? X_BYTES / 16 : WARPS * NT * 8 * COLS / 4];
+    __shared__ float x_sums[X_BYTES / 128];  // 2 per (token, tile): 256 bytes of x each
     Tile ring[STAGES];
 #pragma unroll
     for (int j = 0; j < STAGES - 1; ++j)  // in flight while the predecessor finishes and x is staged
@@ -311,16 +310,16 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_CTAS) w4a16_gemv(
     void* scratch = smem;
 #endif
     gdc_wait();
-    stage_x(smem, x, stride_x, m, t_lo * TILE, t_hi - t_lo);
+    stage_x(smem, x_sums, x, stride_x, m, t_lo * TILE, t_hi - t_lo);
     __syncthreads();
 
     float acc[4 * NT][4];
 #pragma unroll
     for (int i = 0; i < 4 * NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
 #if RING
-    stream_ring(acc, ring, qweight, scales, zeros, smem, first, count, t_lo, n, n0, lane, g, t, m);
+    stream_ring(acc, ring, qweight, scales, zeros, smem, x_sums, first, count, t_lo, n, n0, lane, g, t, m);
 #else
-    stream_tiles(acc, ring, qweight, scales, zeros, smem, first, count, t_lo, n, col, g, t, m);
+    stream_tiles(acc, ring, qweight, scales, zeros, smem, x_sums, first, count, t_lo, n, col, g, t, m);
 #endif
 #if !EARLY_RELEASE
     gdc_launch_dependents();

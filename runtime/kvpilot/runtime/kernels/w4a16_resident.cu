@@ -72,29 +72,6 @@ __device__ void fetch_tiles(u32* words, u16* sz, const u32* qw, const u16* scale
     }
 }
 
-// x staged as w4a16_xstage.cuh does, and each unit's sum (64 values: token tok, tile, half h) into
-// sums [tiles][M][2] fp32, so that a tile's sum per token is sums[.][.][0] + sums[.][.][1].
-__device__ void stage_x_sums(uint4* xs, float* sums, const u16* x, int stride_x, int m, int tiles) {
-    for (int u = threadIdx.x; u < m * tiles * 2; u += WARPS * 32) {
-        const int h = u & 1, tile = (u >> 1) % tiles, tok = (u >> 1) / tiles;
-        const uint4* src = reinterpret_cast<const uint4*>(x + (long long)tok * stride_x + tile * TILE + 8 * h);
-        uint4 v[8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = __ldg(src + 2 * j);  // 16 K rows = 2 uint4 apart
-        store_x_unit(xs, v, tile, tok, h, m);
-        float sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const u32 w = (&v[j].x)[i];
-                sum += __uint_as_float(w << 16) + __uint_as_float(w & 0xFFFF0000u);
-            }
-        }
-        sums[(tile * m + tok) * 2 + h] = sum;
-    }
-}
-
 __device__ __forceinline__ float bf16_bits(u16 v) { return __uint_as_float(u32(v) << 16); }
 
 // Lane (g, t)'s words of tile 0, row set 0: row t's columns 16c + g (lo) and 16c + 8 + g (hi). Rows
@@ -146,14 +123,7 @@ __device__ __forceinline__ void tile_into(float (*acc)[BLOCKS][4], const u16* sz
         }
     }
     float xsum[NT][2];  // x's sum over the tile for this lane's tokens 8 nt + 2t + j
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            const float2 v = reinterpret_cast<const float2*>(sums)[tile * m + min(8 * nt + 2 * t + j, m - 1)];
-            xsum[nt][j] = v.x + v.y;
-        }
-    }
+    tile_xsum(xsum, sums, tile, t, m);
     const u16* s_row = sz + (tile / TILES_PER_GROUP) * COLS;
     const u16* z_row = s_row + groups * COLS;
 #pragma unroll
@@ -226,7 +196,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) w4a16_resident(
             asm volatile("cp.async.wait_group %0;" ::"n"(IN_FLIGHT - 1) : "memory");
     }
     gdc_wait();
-    stage_x_sums(xs, x_sums, x, stride_x, m, tiles);
+    stage_x(xs, x_sums, x, stride_x, m, 0, tiles);
     asm volatile("cp.async.wait_all;" ::: "memory");  // (back to back, the weight landed long before)
     __syncthreads();
 

@@ -48,8 +48,8 @@ __device__ __forceinline__ void read_tile(Tile& w, const uint4* stage, int g, in
 // Tiles first + WARPS i of the slice; the caller issued i < RING (one commit group each) before the wait.
 // A group per iteration (empty past the end) keeps "all but the newest RING - 1 done" = tile i has landed.
 __device__ __forceinline__ void stream_ring(float (*acc)[4], uint4* ring, const u32* qweight, const u16* scales,
-                                            const u16* zeros, const uint4* xs, int first, int count, int t_lo,
-                                            int n, int n0, int lane, int g, int t, int m) {
+                                            const u16* zeros, const uint4* xs, const float* x_sums, int first,
+                                            int count, int t_lo, int n, int n0, int lane, int g, int t, int m) {
     for (int i = 0; i < count; ++i) {
         uint4* stage = ring + (i % RING) * (STAGE_BYTES / 16);
         asm volatile("cp.async.wait_group %0;" ::"n"(RING - 1) : "memory");
@@ -59,6 +59,6 @@ __device__ __forceinline__ void stream_ring(float (*acc)[4], uint4* ring, const 
         __syncwarp();  // every lane holds the stage: refill it while this tile computes
         if (i + RING < count) fetch_tile(stage, qweight, scales, zeros, first + (i + RING) * WARPS, n, n0, lane);
         cp_async_commit();
-        tile_into(acc, w, xs, first + i * WARPS - t_lo, g, t, m);
+        tile_into(acc, w, xs, x_sums, first + i * WARPS - t_lo, g, t, m);
     }
 }

@@ -26,8 +26,11 @@ __device__ __forceinline__ void store_x_unit(uint4* xs, const uint4 (&v)[8], int
     }
 }
 
-// One unit per thread at a time, its eight 16-byte loads in flight together.
-__device__ void stage_x(uint4* xs, const u16* x, int stride_x, int m, int k_lo, int tiles) {
+// x's K rows [k_lo, k_lo + 128 tiles) staged as above, one unit per thread at a time (its eight 16-byte loads in
+// flight together), and each unit's sum (64 values: token tok, tile, half h) into sums [tiles][M][2] fp32, so
+// that a tile's sum per token is sums[.][.][0] + sums[.][.][1]: the int4 kernels apply a tile's zero point to
+// it (the staged values were already in registers, so this is a few FADDs, not a ones-mma per step).
+__device__ void stage_x(uint4* xs, float* sums, const u16* x, int stride_x, int m, int k_lo, int tiles) {
     for (int u = threadIdx.x; u < m * tiles * 2; u += WARPS * 32) {
         const int h = u & 1, tile = (u >> 1) % tiles, tok = (u >> 1) / tiles;
         const uint4* src = reinterpret_cast<const uint4*>(x + (long long)tok * stride_x + k_lo + tile * TILE + 8 * h);
@@ -35,5 +38,28 @@ __device__ void stage_x(uint4* xs, const u16* x, int stride_x, int m, int k_lo, 
 #pragma unroll
         for (int j = 0; j < 8; ++j) v[j] = __ldg(src + 2 * j);  // 16 K rows = 2 uint4 apart
         store_x_unit(xs, v, tile, tok, h, m);
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const u32 w = (&v[j].x)[i];
+                sum += __uint_as_float(w << 16) + __uint_as_float(w & 0xFFFF0000u);
+            }
+        }
+        sums[(tile * m + tok) * 2 + h] = sum;
+    }
+}
+
+// x's sum over a staged tile for lane (g, t)'s tokens 8 nt + 2t + j (clamped to M - 1, as x_entry's columns).
+template <int NTILES>
+__device__ __forceinline__ void tile_xsum(float (&xsum)[NTILES][2], const float* sums, int tile, int t, int m) {
+#pragma unroll
+    for (int nt = 0; nt < NTILES; ++nt) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const float2 v = reinterpret_cast<const float2*>(sums)[tile * m + min(8 * nt + 2 * t + j, m - 1)];
+            xsum[nt][j] = v.x + v.y;
+        }
     }
 }
