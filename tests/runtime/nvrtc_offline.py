@@ -20,15 +20,15 @@ def _nvrtc() -> ctypes.CDLL:
     return ctypes.CDLL(str(lib))
 
 
-def ptx(source: Path, macros: dict[str, int]) -> bytes:
-    """source compiled by NVRTC for compute_90 with -D macros."""
+def ptx(source: Path, macros: dict[str, int], arch: str = "90") -> bytes:
+    """source compiled by NVRTC for compute_<arch> (90, or 90a for wgmma) with -D macros."""
     lib = _nvrtc()
     prog = ctypes.c_void_p()
     assert (
         lib.nvrtcCreateProgram(ctypes.byref(prog), source.read_bytes(), source.name.encode(), 0, None, None)
         == 0
     )
-    opts = [b"--gpu-architecture=compute_90", b"-std=c++17", f"-I{source.parent}".encode()]
+    opts = [f"--gpu-architecture=compute_{arch}".encode(), b"-std=c++17", f"-I{source.parent}".encode()]
     opts += [f"-D{k}={v}".encode() for k, v in macros.items()]
     result = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
     size = ctypes.c_size_t()
@@ -43,12 +43,12 @@ def ptx(source: Path, macros: dict[str, int]) -> bytes:
     return text.value
 
 
-def sm90_resources(code: bytes, tmp_path: Path) -> tuple[int, int, str]:
-    """(registers, spill-store bytes, ptxas's report) of PTX assembled for sm_90."""
+def sm90_resources(code: bytes, tmp_path: Path, arch: str = "90") -> tuple[int, int, str]:
+    """(registers, spill-store bytes, ptxas's report) of PTX assembled for sm_<arch> (90 or 90a)."""
     src = tmp_path / "kernel.ptx"
     src.write_bytes(code)
     run = subprocess.run(
-        [str(PTXAS), "-arch=sm_90", "-v", str(src), "-o", str(tmp_path / "kernel.cubin")],
+        [str(PTXAS), f"-arch=sm_{arch}", "-v", str(src), "-o", str(tmp_path / "kernel.cubin")],
         capture_output=True,
         text=True,
         check=False,

@@ -116,6 +116,29 @@ def test_compiles_for_sm90_without_spills(nt: int, cluster: bool, biased: bool, 
     assert (b"ld.shared::cluster.v4.f32" in code) == cluster
 
 
+def test_from_33_tokens_sm90_ctas_take_64_tokens_on_warpgroup_mmas() -> None:
+    def build(m: int, **kw: int) -> tuple[int, bool]:
+        spec = launch_for(m, 4096, 4096, 128, 132, True, wgmma=True, **kw).spec
+        return spec.token_tiles, spec.wgmma
+
+    padded = [(8, True)] * 6
+    assert [build(m) for m in (16, 32, 33, 40, 64, 65, 100, 128)] == [(2, False), (4, False), *padded]
+    assert build(40, warps=8) == (5, False) and build(40, max_token_tiles=4) == (3, False)
+    plain = launch_for(40, 4096, 4096, 128, 132, True).spec  # not sm_90: mma.sync, 40 tokens in 5 tiles
+    assert (plain.token_tiles, plain.wgmma) == (5, False)
+    padded = launch_for(64, 4096, 4096, 128, 132, True, wgmma=True).spec
+    assert padded.shared_bytes() == dataclasses.replace(padded, wgmma=False).shared_bytes() + 1024
+
+
+def test_the_wgmma_build_compiles_for_sm90a_without_spills(tmp_path: Path) -> None:
+    spec = GemmSpec(4, 8, 1, stages=4, cluster_reduce=True, wgmma=True)
+    code = ptx(SOURCE, spec.macros(), arch="90a")
+    registers, spills, report = sm90_resources(code, tmp_path, arch="90a")
+    assert spills == 0 and registers <= 168, report  # 3 CTAs of 4 warps per SM where the stages fit
+    assert b"wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in code
+    assert b"mma.sync" not in code and b"ldmatrix" not in code  # x goes to the tensor cores from the stage
+
+
 def test_the_mmas_take_128_plus_q_up_to_16_tokens_a_cta() -> None:
     assert all(launch_for(m, 4096, 4096, 128, 132, True).spec.biased for m in (1, 8, 9, 16))
     assert not any(launch_for(m, 4096, 4096, 128, 132, True).spec.biased for m in (17, 64, 65, 128))
@@ -202,6 +225,28 @@ def test_every_build_and_slicing_computes_the_same_gemm(m: int, slices: int, war
     out = w4a16_gemm(x, qweight, scales, zeros, _sms(), plan)
     want = _want(x, qweight, scales, zeros, biased=plan.spec.biased)
     torch.testing.assert_close(out.float(), want, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("m", "slices", "stages"), [(33, 1, 3), (48, 4, 4), (64, 7, 4), (64, 16, 3), (100, 2, 3)]
+)
+def test_the_wgmma_build_computes_the_mma_sync_builds_gemm(m: int, slices: int, stages: int) -> None:
+    from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("warpgroup mmas are sm_90a's")
+    x, qweight, scales, zeros = _case(m, 2048, 4096, 128, False, seed=m + slices)
+    plan = launch_for(m, 2048, 4096, 128, _sms(), True, stages=stages, wgmma=True)
+    spec = dataclasses.replace(plan.spec, cluster_reduce=slices > 1)
+    plan = dataclasses.replace(plan, slices=slices, spec=spec)
+    assert plan.spec.wgmma and plan.spec.token_tiles == 8
+    sync = dataclasses.replace(plan, spec=dataclasses.replace(plan.spec, wgmma=False))
+    out = w4a16_gemm(x, qweight, scales, zeros, _sms(), plan)
+    want = _want(x, qweight, scales, zeros)
+    torch.testing.assert_close(out.float(), want, atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(out, w4a16_gemm(x, qweight, scales, zeros, _sms(), sync), atol=1e-2, rtol=1e-2)
+    assert torch.equal(w4a16_gemm(x, qweight, scales, zeros, _sms(), plan), out)  # deterministic
 
 
 @pytest.mark.gpu

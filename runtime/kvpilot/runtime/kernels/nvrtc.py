@@ -23,12 +23,17 @@ KERNELS = Path(__file__).parent
 
 
 @functools.cache
-def compile_cuda(source: Path, kernel: str, macros: tuple[tuple[str, int], ...]) -> Any:
+def compile_cuda(
+    source: Path, kernel: str, macros: tuple[tuple[str, int], ...], arch: str | None = None
+) -> Any:
     """The loaded `extern "C"` kernel of source built with -D macros (compiled on first use, a fraction of
     a second; memoized per process). Call it as kernel(grid=..., block=..., args=[...]) on the current
-    stream: tensors pass as pointers, ints as 32-bit ints."""
+    stream: tensors pass as pointers, ints as 32-bit ints. arch: the target (e.g. "90a" for wgmma, which
+    only the architecture-specific target has); None: the current device's."""
     options = [f"-D{name}={value}" for name, value in macros] + ["-std=c++17", f"-I{KERNELS}"]
-    return _compile_fn()(source.read_text(), kernel, nvcc_options=options)
+    if arch is None:
+        return _compile_fn()(source.read_text(), kernel, nvcc_options=options)
+    return _compile_fn()(source.read_text(), kernel, compute_capability=arch, nvcc_options=options)
 
 
 def num_registers(kernel: Any) -> int:

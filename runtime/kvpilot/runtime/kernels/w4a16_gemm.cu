@@ -5,7 +5,8 @@
 //   WARPS (each warp owns 32 output columns: a CTA takes BN = 32 WARPS), NT (token tiles of 8, 1..8: a CTA
 //   takes BM = 8 NT tokens, grid.z more token blocks), STAGES (K tiles in flight through the cp.async ring),
 //   TILES_PER_GROUP (G / 128), CLUSTER_REDUCE (1: sm_90, a column block's S <= 16 K slices are one cluster),
-//   BIASED (1: the mmas take 128 + q, each tile's sums corrected in fp32; w4a16_gemm_biased.cuh).
+//   BIASED (1: the mmas take 128 + q, each tile's sums corrected in fp32; w4a16_gemm_biased.cuh),
+//   WGMMA (1: sm_90a, 64 tokens a CTA: the K tile on warpgroup mmas, w4a16_gemm_wgmma.cuh).
 //
 // Why not the decode GEMV (w4a16_gemv.cu) widened: there each lane's weight words pair K rows 16 apart, so x
 // must be permuted into B fragments through registers, and each A fragment fed 1-2 token tiles; tried at 64
@@ -28,6 +29,12 @@ typedef unsigned short u16;
 #endif
 #ifndef BIASED
 #define BIASED 0
+#endif
+#ifndef WGMMA
+#define WGMMA 0
+#endif
+#if WGMMA && (NT != 8 || WARPS != 4 || BIASED)
+#error "the WGMMA build is one warpgroup over 64 tokens (m64n64), dequantizing"
 #endif
 #define TILE 128
 #define BN (32 * WARPS)
@@ -85,6 +92,32 @@ __device__ __forceinline__ int w_chunk(int r, int a) {
     return ((((r >> 3) * 2 + (r & 1)) * 2 + (a >> 2)) * 16) + ((r & 7) >> 1) * 4 + (a & 3);
 }
 
+// Byte offset of x's 16-byte chunk kc (K rows 8 kc..) of token row tok in a stage: rows of 256 bytes, chunk
+// kc at kc ^ tok % 8 (ldmatrix's 8 rows hit 8 bank groups); for WGMMA two K halves of 128-byte rows, chunk
+// kc % 8 at (kc % 8) ^ tok % 8: the 128-byte swizzle of the wgmma descriptor (w4a16_gemm_wgmma.cuh).
+#if WGMMA
+#define X_ROW_BYTES 128
+__device__ __forceinline__ int x_stage_offset(int tok, int kc) {
+    return (kc >> 3) * (BM * X_ROW_BYTES) + tok * X_ROW_BYTES + (((kc & 7) ^ (tok & 7)) << 4);
+}
+#else
+#define X_ROW_BYTES 256
+__device__ __forceinline__ int x_stage_offset(int tok, int kc) { return tok * X_ROW_BYTES + ((kc ^ (tok & 7)) << 4); }
+#endif
+
+// Stage i of the ring: where its weight words and group words are (at + X_STAGE, as the readers take it) and
+// where its x is. One block per stage; for WGMMA every stage's x first (X_STAGE apiece, a multiple of 1 KB, so
+// each starts on a swizzle atom once the ring does), then the weights.
+#if WGMMA
+__device__ __forceinline__ char* stage_at(char* smem, int i) {
+    return smem + STAGES * X_STAGE + i * (W_STAGE + SZ_STAGE) - X_STAGE;
+}
+__device__ __forceinline__ char* x_at(char* smem, int i) { return smem + i * X_STAGE; }
+#else
+__device__ __forceinline__ char* stage_at(char* smem, int i) { return smem + i * STAGE_BYTES; }
+__device__ __forceinline__ char* x_at(char* smem, int i) { return smem + i * STAGE_BYTES; }
+#endif
+
 // What one thread copies of each K tile, fixed for the whole K loop (the addresses are worked out once: the
 // copies of a tile are then a few instructions each). The CTA's 16 word rows x BN columns: chunk (r, a) to
 // w_chunk order in the warp's region of column chunk a, rows r0 + 4k (k < 4) of one column chunk a per
@@ -108,7 +141,7 @@ __device__ __forceinline__ Fetch plan_fetch(const u32* qw, const u16* scales, co
     f.w_dst = X_STAGE + ((a >> 3) * 128 + w_chunk(r0, a & 7)) * 16;
     const int tok0 = tid >> 4, kc = tid & 15;
     f.x = x + (long long)tok0 * stride_x + 8 * kc;
-    f.x_dst = tok0 * 256 + ((kc ^ (tok0 & 7)) << 4);
+    f.x_dst = x_stage_offset(tok0, kc);
     f.x_real = m_left > tok0 ? (m_left - tok0 + X_ROWS - 1) / X_ROWS : 0;
     const int h = tid / (BN / 8), c = tid % (BN / 8);  // BN / 8 chunks of scales, then of zeros
     f.sz = tid < BN / 4 ? (h ? zeros : scales) + n0 + 8 * c : nullptr;
@@ -130,13 +163,13 @@ __device__ __forceinline__ void fetch_x(char* stage, const Fetch& f, int tile, i
     const long long step = (long long)X_ROWS * stride_x;
     if (f.x_real >= X_CHUNKS) {  // a whole token block (the common case): no predicates, no selects
 #pragma unroll
-        for (int k = 0; k < X_CHUNKS; ++k) cp_async16(stage + f.x_dst + k * X_ROWS * 256, x + k * step);
+        for (int k = 0; k < X_CHUNKS; ++k) cp_async16(stage + f.x_dst + k * X_ROWS * X_ROW_BYTES, x + k * step);
         return;
     }
 #pragma unroll
     for (int k = 0; k < X_CHUNKS; ++k) {  // rows past M: zero-filled from row tok0's (a valid) address
         const bool real = k < f.x_real;
-        cp_async16(stage + f.x_dst + k * X_ROWS * 256, real ? x + k * step : x, real ? 16 : 0);
+        cp_async16(stage + f.x_dst + k * X_ROWS * X_ROW_BYTES, real ? x + k * step : x, real ? 16 : 0);
     }
 }
 
@@ -175,7 +208,7 @@ __device__ __forceinline__ float bf16_half(u32 w, int c) {  // bf16 c of the pai
 // matrix q of ldmatrix.x4 (token tile 2 pr + q / 2, K chunk 2j + q % 2).
 __device__ __forceinline__ void read_x(u32 (&b)[4], const char* stage, int j, int pr, int lane) {
     const int row = 16 * pr + ((lane >> 4) << 3) + (lane & 7), kc = 2 * j + ((lane >> 3) & 1);
-    ldmatrix_x4(b, stage + row * 256 + ((kc ^ (row & 7)) << 4));
+    ldmatrix_x4(b, stage + x_stage_offset(row, kc));
 }
 
 // Per column (hi, c) of this lane: (s, s) and (-(128 + z), -(128 + z)) as bf16x2.
@@ -230,19 +263,26 @@ __device__ __forceinline__ void mma_stage(float (&acc)[2][2 * NT_PAIRS][4], cons
 #if BIASED
 #include "w4a16_gemm_biased.cuh"
 #endif
+#if WGMMA
+#include "w4a16_gemm_wgmma.cuh"
+#endif
 
 #if CLUSTER_REDUCE
 #include "w4a16_gemm_cluster.cuh"
 #endif
 
 // x [M, K] bf16 (row stride stride_x), qweight int32 [K/8, N], scales/zeros bf16 [K/G, N], y [M, N] bf16.
-// Dynamic shared memory: STAGES * STAGE_BYTES (the sums of the split path reuse it).
+// Dynamic shared memory: STAGES * STAGE_BYTES (the sums of the split path reuse it), and for WGMMA 1024 bytes
+// more, to start the ring on a 1024-byte boundary.
 extern "C" __global__ void __launch_bounds__(WARPS * 32) w4a16_gemm(
     const u16* __restrict__ x, const u32* __restrict__ qweight, const u16* __restrict__ scales,
     const u16* __restrict__ zeros, u16* __restrict__ y, int m, int n, int k, int stride_x, int stride_y) {
     gdc_launch_dependents();  // the next kernel's CTAs may take each slot this grid frees
     extern __shared__ uint4 smem_raw[];
     char* smem = reinterpret_cast<char*>(smem_raw);
+#if WGMMA
+    smem += (1024 - (smem_at(smem) & 1023)) & 1023;
+#endif
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n0 = blockIdx.x * BN, m0 = blockIdx.z * BM;
     const int all_tiles = k / TILE, slices = gridDim.y;
     const int t_lo = blockIdx.y * all_tiles / slices, count = (blockIdx.y + 1) * all_tiles / slices - t_lo;
@@ -255,11 +295,11 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) w4a16_gemm(
     // stage's commit group closes with its x, so "group i done" = tile i landed.
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i)
-        if (i < count) fetch_weight(smem + i * STAGE_BYTES, f, t_lo + i, n);
+        if (i < count) fetch_weight(stage_at(smem, i), f, t_lo + i, n);
     gdc_wait();
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) {
-        if (i < count) fetch_x(smem + i * STAGE_BYTES, f, t_lo + i, stride_x);
+        if (i < count) fetch_x(x_at(smem, i), f, t_lo + i, stride_x);
         cp_async_commit();
     }
 
@@ -269,15 +309,16 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) w4a16_gemm(
         __syncthreads();  // tile i is visible to all, and every warp is done with tile i - 1's stage
         const int ahead = i + STAGES - 1;
         if (ahead < count) {
-            char* stage = smem + (ahead % STAGES) * STAGE_BYTES;
-            fetch_weight(stage, f, t_lo + ahead, n);
-            fetch_x(stage, f, t_lo + ahead, stride_x);
+            fetch_weight(stage_at(smem, ahead % STAGES), f, t_lo + ahead, n);
+            fetch_x(x_at(smem, ahead % STAGES), f, t_lo + ahead, stride_x);
         }
         cp_async_commit();
 #if BIASED
-        mma_stage_biased(acc, smem + (i % STAGES) * STAGE_BYTES, warp, lane);
+        mma_stage_biased(acc, stage_at(smem, i % STAGES), warp, lane);
+#elif WGMMA
+        mma_stage_wgmma(acc, stage_at(smem, i % STAGES), x_at(smem, i % STAGES), warp, lane);
 #else
-        mma_stage(acc, smem + (i % STAGES) * STAGE_BYTES, warp, lane);
+        mma_stage(acc, stage_at(smem, i % STAGES), warp, lane);
 #endif
     }
     asm volatile("cp.async.wait_group 0;" ::: "memory");

@@ -59,6 +59,9 @@ BIASED_MAX_TOKEN_TILES = 2  # up to 16 tokens a CTA the mmas take 128 + q (its f
 # gate_up (192 blocks) has no such split of 4+ slices: it keeps 2 slices of 3 stages (H200, fourteenth
 # session).
 DEEP_MIN_TOKEN_TILES = 4
+# sm_90: from this many token tiles a CTA takes 64 tokens (rows past M zero) on warpgroup mmas (m64n64k16,
+# w4a16_gemm_wgmma.cuh): a wgmma stands for 16 mma.sync, so padding 33 tokens to 64 costs little
+WGMMA_FIRST_TOKEN_TILES = 5
 DEEP_MIN_SLICES = 4
 Held = Callable[["GemmSpec", int], int]  # clusters of (build, slices) the GPU holds at once
 
@@ -73,6 +76,7 @@ class GemmSpec:
     stages: int = 3
     cluster_reduce: bool = False
     biased: bool = False  # the mmas take 128 + q, each tile's sums corrected in fp32 (w4a16_gemm.cu)
+    wgmma: bool = False  # sm_90a: 64 tokens a CTA on warpgroup mmas (w4a16_gemm_wgmma.cuh)
 
     @property
     def block_n(self) -> int:
@@ -90,13 +94,14 @@ class GemmSpec:
             "STAGES": self.stages,
             "CLUSTER_REDUCE": int(self.cluster_reduce),
             "BIASED": int(self.biased),
+            "WGMMA": int(self.wgmma),
         }
 
     def shared_bytes(self) -> int:
-        """Dynamic shared memory: the stages, or the split sums ([BM][BN + 4] fp32) where those are larger."""
-        return max(
-            self.stages * stage_bytes(self.warps, self.token_tiles), self.block_m * (self.block_n + 4) * 4
-        )
+        """Dynamic shared memory: the stages, or the split sums ([BM][BN + 4] fp32) where those are larger;
+        WGMMA builds take 1 KB more, to start the stages' x on a 1 KB boundary."""
+        stages = self.stages * stage_bytes(self.warps, self.token_tiles)
+        return max(stages, self.block_m * (self.block_n + 4) * 4) + (1024 if self.wgmma else 0)
 
 
 def stage_bytes(warps: int, token_tiles: int) -> int:
@@ -135,15 +140,21 @@ def launch_for(
     max_token_tiles: int = MAX_TOKEN_TILES,
     biased_max_token_tiles: int = BIASED_MAX_TOKEN_TILES,
     held: Held | None = None,
+    wgmma: bool = False,
 ) -> GemmLaunch:
     """Token tiles to cover M (at most 64 tokens per CTA; balanced over the token blocks), the warps (0:
     WARPS, or WIDE_WARPS for WIDE_BLOCKS at the biased builds' token counts), the stages that fit
     STAGE_BUDGET (stages 0), then on sm_90 K slices until the CTAs number ~ctas_per_sm per SM (at most a
     portable cluster, each slice at least MIN_SLICE_TILES tiles; a long K at 33-64 tokens: slices of
     LONG_K_SLICE_TILES, up to 16). held (the GPU's cluster occupancy; None: not asked) lets 25-64 tokens
-    take deep_split's build."""
+    take deep_split's build. wgmma (the GPU is sm_90, which has warpgroup mmas): from
+    WGMMA_FIRST_TOKEN_TILES token tiles, 4-warp CTAs of 64 tokens take the WGMMA build."""
     blocks_m = -(-m // (8 * max_token_tiles))
     token_tiles = -(-m // (8 * blocks_m))
+    wgmma = wgmma and token_tiles >= WGMMA_FIRST_TOKEN_TILES and warps in (0, WARPS)
+    wgmma = wgmma and max_token_tiles == MAX_TOKEN_TILES
+    if wgmma:
+        token_tiles = MAX_TOKEN_TILES
     biased = token_tiles <= biased_max_token_tiles
     if not warps:
         whole = n % (COLS_PER_WARP * WIDE_WARPS) == 0  # a CTA's 256 columns must tile N
@@ -159,7 +170,7 @@ def launch_for(
     budget_stages = not stages
     if budget_stages:
         stages = max(2, min(MAX_STAGES, STAGE_BUDGET // stage_bytes(warps, token_tiles)))
-    spec = GemmSpec(warps, token_tiles, group // TILE, stages, cluster_reduce=slices > 1, biased=biased)
+    spec = GemmSpec(warps, token_tiles, group // TILE, stages, slices > 1, biased, wgmma)
     deep_m = token_tiles >= DEEP_MIN_TOKEN_TILES and blocks_m == 1
     if hopper and held is not None and budget_stages and deep_m and tiles < LONG_K_TILES:
         deep = deep_split(spec, blocks, tiles, held)
@@ -225,7 +236,7 @@ def warm_up_ms(top: int, k: int, hopper: bool = True) -> list[int]:
 
 def compiled(spec: GemmSpec) -> Any:
     """The loaded kernel for spec (nvrtc.compile_cuda: compiled on first use, memoized)."""
-    return compile_cuda(SOURCE, "w4a16_gemm", tuple(spec.macros().items()))
+    return compile_cuda(SOURCE, "w4a16_gemm", tuple(spec.macros().items()), "90a" if spec.wgmma else None)
 
 
 def w4a16_gemm(
@@ -240,10 +251,12 @@ def w4a16_gemm(
     (None: launch_for's; benchmarks pass others)."""
     m, k = x.shape
     n = qweight.shape[1]
-    hopper = torch.cuda.get_device_capability(x.device) >= (9, 0)
+    capability = torch.cuda.get_device_capability(x.device)
+    hopper = capability >= (9, 0)
     plan = plan or launch_for(
-        m, n, k, k // scales.shape[0], sms, hopper, held=clusters_held if hopper else None
-    )
+        m, n, k, k // scales.shape[0], sms, hopper, held=clusters_held if hopper else None,
+        wgmma=capability == (9, 0),
+    )  # fmt: skip
     y = torch.empty(m, n, device=x.device, dtype=x.dtype)
     args = [x, qweight, scales, zeros.contiguous(), y, m, n, k, x.stride(0), y.stride(0)]
     shared = plan.spec.shared_bytes()
