@@ -59,9 +59,11 @@ BIASED_MAX_TOKEN_TILES = 2  # up to 16 tokens a CTA the mmas take 128 + q (its f
 # gate_up (192 blocks) has no such split of 4+ slices: it keeps 2 slices of 3 stages (H200, fourteenth
 # session).
 DEEP_MIN_TOKEN_TILES = 4
-# sm_90: from this many token tiles a CTA takes 64 tokens (rows past M zero) on warpgroup mmas (m64n64k16,
-# w4a16_gemm_wgmma.cuh): a wgmma stands for 16 mma.sync, so padding 33 tokens to 64 costs little
-WGMMA_FIRST_TOKEN_TILES = 5
+# sm_90: from this many token tiles a CTA takes 32 or 64 tokens (rows past M zero) on warpgroup mmas
+# (m64n32k16, m64n64k16; w4a16_gemm_wgmma.cuh): at 64 tokens a wgmma stands for 16 mma.sync, so padding 33
+# tokens to 64 costs little
+WGMMA_FIRST_TOKEN_TILES = 3
+WGMMA_TOKEN_TILES = (4, 8)
 DEEP_MIN_SLICES = 4
 Held = Callable[["GemmSpec", int], int]  # clusters of (build, slices) the GPU holds at once
 
@@ -148,13 +150,13 @@ def launch_for(
     portable cluster, each slice at least MIN_SLICE_TILES tiles; a long K at 33-64 tokens: slices of
     LONG_K_SLICE_TILES, up to 16). held (the GPU's cluster occupancy; None: not asked) lets 25-64 tokens
     take deep_split's build. wgmma (the GPU is sm_90, which has warpgroup mmas): from
-    WGMMA_FIRST_TOKEN_TILES token tiles, 4-warp CTAs of 64 tokens take the WGMMA build."""
+    WGMMA_FIRST_TOKEN_TILES token tiles, 4-warp CTAs of 32 or 64 tokens take the WGMMA build."""
     blocks_m = -(-m // (8 * max_token_tiles))
     token_tiles = -(-m // (8 * blocks_m))
     wgmma = wgmma and token_tiles >= WGMMA_FIRST_TOKEN_TILES and warps in (0, WARPS)
     wgmma = wgmma and max_token_tiles == MAX_TOKEN_TILES
     if wgmma:
-        token_tiles = MAX_TOKEN_TILES
+        token_tiles = next(tiles for tiles in WGMMA_TOKEN_TILES if tiles >= token_tiles)
     biased = token_tiles <= biased_max_token_tiles
     if not warps:
         whole = n % (COLS_PER_WARP * WIDE_WARPS) == 0  # a CTA's 256 columns must tile N

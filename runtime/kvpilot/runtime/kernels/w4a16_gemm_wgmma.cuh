@@ -1,14 +1,14 @@
-// w4a16_gemm.cu's K tile on Hopper's warpgroup mma (WGMMA, sm_90a; 64 tokens a CTA: NT = 8, WARPS = 4), included
-// where read_words, read_group, dequant and smem_at are defined.
+// w4a16_gemm.cu's K tile on Hopper's warpgroup mma (WGMMA, sm_90a; 32 or 64 tokens a CTA: NT = 4 or 8, WARPS =
+// 4), included where read_words, read_group, dequant and smem_at are defined.
 //
 // Why: at 33-64 tokens the mma.sync build is bound by its mmas (~13 cycles each per SM quarter, about half of
 // what the tensor cores do through wgmma; BENCHMARKS, eleventh session). Here the dequantized weight stays
 // the A operand straight from registers, exactly the A fragments mma_stage builds (warp w's 16 rows of the
-// 64-row A are its own 16 columns of mma block c), and x is B, read by the tensor cores from the stage:
-// one wgmma.m64n64k16 per mma block and k-step stands for 16 mma.sync + 4 ldmatrix a warp. Its fp32 sums
-// land in the mma.sync C layout (token tile i: registers 4i..4i+3), so acc and the stores are unchanged.
+// 64-row A are its own 16 columns of mma block c), and x is B, read by the tensor cores from the stage: at 64
+// tokens one wgmma.m64n64k16 per mma block and k-step stands for 16 mma.sync + 4 ldmatrix a warp. Its fp32
+// sums land in the mma.sync C layout (token tile i: registers 4i..4i+3), so acc and the stores are unchanged.
 //
-// x's stage is laid out for it (w4a16_gemm.cu's x_stage_offset under WGMMA): two K halves of [64 tokens][128
+// x's stage is laid out for it (w4a16_gemm.cu's x_stage_offset under WGMMA): two K halves of [BM tokens][128
 // bytes], chunk c of token row r at c ^ (r % 8), the 128-byte swizzle the descriptor names.
 #pragma once
 
@@ -23,8 +23,27 @@ __device__ __forceinline__ unsigned long long x_descriptor(u32 stage, int j) {
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 
-// d [64 rows x 64 tokens] += A (this warp's 16 rows from a) x B (desc)
-__device__ __forceinline__ void wgmma_m64n64(float (&d)[8][4], const u32 (&a)[4], unsigned long long desc) {
+// d [64 rows x 8 NTILES tokens] += A (this warp's 16 rows from a) x B (desc): wgmma.m64n(8 NTILES)k16, its
+// sums in the mma.sync C layout per token tile (for 32 and 64 tokens a CTA)
+template <int NTILES>
+__device__ __forceinline__ void wgmma_tokens(float (&d)[NTILES][4], const u32 (&a)[4], unsigned long long desc);
+
+template <>
+__device__ __forceinline__ void wgmma_tokens<4>(float (&d)[4][4], const u32 (&a)[4], unsigned long long desc) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,"
+        "%8,%9,%10,%11,%12,%13,%14,%15}, "
+        "{%16,%17,%18,%19}, %20, 1, 1, 1, 0;"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
+        : "memory");
+}
+
+template <>
+__device__ __forceinline__ void wgmma_tokens<8>(float (&d)[8][4], const u32 (&a)[4], unsigned long long desc) {
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
         "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
@@ -40,10 +59,10 @@ __device__ __forceinline__ void wgmma_m64n64(float (&d)[8][4], const u32 (&a)[4]
         : "memory");
 }
 
-// acc[c] += this warp's 32 columns x the CTA's 64 tokens over one K tile: each k-step's A fragments are
+// acc[c] += this warp's 32 columns x the CTA's BM tokens over one K tile: each k-step's A fragments are
 // dequantized into registers of their own (the wgmmas read them asynchronously until the wait), then its two
 // wgmmas are issued; one wait at the tile's end frees the registers and the stage.
-__device__ __forceinline__ void mma_stage_wgmma(float (&acc)[2][8][4], const char* stage, const char* x, int warp,
+__device__ __forceinline__ void mma_stage_wgmma(float (&acc)[2][NT][4], const char* stage, const char* x, int warp,
                                                 int lane) {
     const int g = lane >> 2;
     u32 p[2][2][2][2], s[2][2], nz[2][2];
@@ -62,7 +81,7 @@ __device__ __forceinline__ void mma_stage_wgmma(float (&acc)[2][8][4], const cha
         }
         wgmma_fence();  // this step's A registers (and the sums) are written before the wgmmas read them
 #pragma unroll
-        for (int c = 0; c < 2; ++c) wgmma_m64n64(acc[c], a[j][c], x_descriptor(base, j));
+        for (int c = 0; c < 2; ++c) wgmma_tokens<NT>(acc[c], a[j][c], x_descriptor(base, j));
     }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
