@@ -5,8 +5,9 @@ the bf16 GEMM of the dequantized weight is printed. A variant is key=value pairs
 defaulting to launch_for's ("stages=0" is launch_for's own launch): warps (32 columns each), stages, ctas
 (K slices until ~ctas CTAs per SM) or slices (exactly), tt (token tiles of 8 per CTA at most), biased
 (token tiles of 8 up to which the mmas take 128 + q; 0: never), deep (0: not deep_split's extra stage at
-25-64 tokens, which asks the GPU how many clusters it holds), wgmma (1: warpgroup mmas where a CTA takes 64
-tokens; 0: mma.sync). Each cell ends with its launch's clusters against those held at once.
+25-64 tokens, which asks the GPU how many clusters it holds), wgmma (warpgroup mmas from this many token
+tiles; 0: mma.sync only; default the dispatch's). Each cell ends with its launch's clusters against those
+held at once.
 
 source benchmarks/gpu_env.sh && python benchmarks/sweep_w4a16_gemm.py --ms 32 64 --variants warps=4 warps=8
 """
@@ -25,6 +26,7 @@ from kvpilot.runtime.kernels.w4a16_gemm_cuda import (
     CTAS_PER_SM,
     MAX_TOKEN_TILES,
     STAGES,
+    WGMMA_FIRST_TOKEN_TILES,
     GemmLaunch,
     clusters_held,
     launch_for,
@@ -39,7 +41,7 @@ def variant_plan(case: dict[str, str], m: int, n: int, k: int, sms: int) -> Gemm
     warps, stages = int(get("warps", 0)), int(get("stages", STAGES))
     tiles, biased = int(get("tt", MAX_TOKEN_TILES)), int(get("biased", BIASED_MAX_TOKEN_TILES))
     held = clusters_held if get("deep", 1) else None  # deep=0: the budget's stages at 25-64 tokens
-    wgmma = bool(get("wgmma", 1))
+    wgmma = int(get("wgmma", WGMMA_FIRST_TOKEN_TILES))
     plan = launch_for(
         m, n, k, 128, sms, True, warps, stages, get("ctas", CTAS_PER_SM), tiles, biased, held, wgmma
     )  # fmt: skip

@@ -118,21 +118,23 @@ def test_compiles_for_sm90_without_spills(nt: int, cluster: bool, biased: bool, 
 
 def test_from_17_tokens_sm90_ctas_take_32_or_64_tokens_on_warpgroup_mmas() -> None:
     def build(m: int, **kw: int) -> tuple[int, bool]:
-        spec = launch_for(m, 4096, 4096, 128, 132, True, wgmma=True, **kw).spec
+        spec = launch_for(m, 4096, 4096, 128, 132, True, wgmma_from=3, **kw).spec
         return spec.token_tiles, spec.wgmma
 
     tiles = [(2, False), (4, True), (4, True), (4, True), *[(8, True)] * 5]
     assert [build(m) for m in (16, 17, 24, 32, 33, 40, 64, 65, 128)] == tiles
-    assert build(40, warps=8) == (5, False) and build(40, max_token_tiles=4) == (3, False)
+    assert build(40, warps=8) == (8, True) and build(40, max_token_tiles=4) == (3, False)
     plain = launch_for(40, 4096, 4096, 128, 132, True).spec  # not sm_90: mma.sync, 40 tokens in 5 tiles
     assert (plain.token_tiles, plain.wgmma) == (5, False)
-    padded = launch_for(64, 4096, 4096, 128, 132, True, wgmma=True).spec
+    padded = launch_for(64, 4096, 4096, 128, 132, True, wgmma_from=3).spec
+    assert launch_for(9, 4096, 4096, 128, 132, True, wgmma_from=2).spec.token_tiles == 2  # 16, not biased
+    assert not launch_for(9, 4096, 4096, 128, 132, True, wgmma_from=2).spec.biased
     assert padded.shared_bytes() == dataclasses.replace(padded, wgmma=False).shared_bytes() + 1024
 
 
-@pytest.mark.parametrize("nt", [4, 8])
-def test_the_wgmma_build_compiles_for_sm90a_without_spills(nt: int, tmp_path: Path) -> None:
-    spec = GemmSpec(4, nt, 1, stages=4, cluster_reduce=True, wgmma=True)
+@pytest.mark.parametrize(("nt", "warps"), [(2, 4), (2, 8), (4, 4), (8, 4)])
+def test_the_wgmma_build_compiles_for_sm90a_without_spills(nt: int, warps: int, tmp_path: Path) -> None:
+    spec = GemmSpec(warps, nt, 1, stages=4, cluster_reduce=True, wgmma=True)
     code = ptx(SOURCE, spec.macros(), arch="90a")
     registers, spills, report = sm90_resources(code, tmp_path, arch="90a")
     assert spills == 0 and registers <= 168, report  # 3 CTAs of 4 warps per SM where the stages fit
@@ -231,7 +233,17 @@ def test_every_build_and_slicing_computes_the_same_gemm(m: int, slices: int, war
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     ("m", "slices", "stages"),
-    [(17, 4, 5), (32, 1, 3), (33, 1, 3), (48, 4, 4), (64, 7, 4), (64, 16, 3), (100, 2, 3)],
+    [
+        (9, 8, 6),
+        (16, 2, 6),
+        (17, 4, 5),
+        (32, 1, 3),
+        (33, 1, 3),
+        (48, 4, 4),
+        (64, 7, 4),
+        (64, 16, 3),
+        (100, 2, 3),
+    ],
 )
 def test_the_wgmma_build_computes_the_mma_sync_builds_gemm(m: int, slices: int, stages: int) -> None:
     from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
@@ -239,10 +251,10 @@ def test_the_wgmma_build_computes_the_mma_sync_builds_gemm(m: int, slices: int, 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("warpgroup mmas are sm_90a's")
     x, qweight, scales, zeros = _case(m, 2048, 4096, 128, False, seed=m + slices)
-    plan = launch_for(m, 2048, 4096, 128, _sms(), True, stages=stages, wgmma=True)
+    plan = launch_for(m, 2048, 4096, 128, _sms(), True, stages=stages, wgmma_from=2)
     spec = dataclasses.replace(plan.spec, cluster_reduce=slices > 1)
     plan = dataclasses.replace(plan, slices=slices, spec=spec)
-    assert plan.spec.wgmma and plan.spec.token_tiles == (4 if m <= 32 else 8)
+    assert plan.spec.wgmma and plan.spec.token_tiles == (2 if m <= 16 else 4 if m <= 32 else 8)
     sync = dataclasses.replace(plan, spec=dataclasses.replace(plan.spec, wgmma=False))
     out = w4a16_gemm(x, qweight, scales, zeros, _sms(), plan)
     want = _want(x, qweight, scales, zeros)

@@ -6,7 +6,7 @@
 //   takes BM = 8 NT tokens, grid.z more token blocks), STAGES (K tiles in flight through the cp.async ring),
 //   TILES_PER_GROUP (G / 128), CLUSTER_REDUCE (1: sm_90, a column block's S <= 16 K slices are one cluster),
 //   BIASED (1: the mmas take 128 + q, each tile's sums corrected in fp32; w4a16_gemm_biased.cuh),
-//   WGMMA (1: sm_90a, 32 or 64 tokens a CTA: the K tile on warpgroup mmas, w4a16_gemm_wgmma.cuh).
+//   WGMMA (1: sm_90a, 16, 32 or 64 tokens a CTA: the K tile on warpgroup mmas, w4a16_gemm_wgmma.cuh).
 //
 // Why not the decode GEMV (w4a16_gemv.cu) widened: there each lane's weight words pair K rows 16 apart, so x
 // must be permuted into B fragments through registers, and each A fragment fed 1-2 token tiles; tried at 64
@@ -33,8 +33,8 @@ typedef unsigned short u16;
 #ifndef WGMMA
 #define WGMMA 0
 #endif
-#if WGMMA && ((NT != 4 && NT != 8) || WARPS != 4 || BIASED)
-#error "the WGMMA build is one warpgroup over 32 or 64 tokens, dequantizing"
+#if WGMMA && ((NT != 2 && NT != 4 && NT != 8) || WARPS % 4 || BIASED)
+#error "the WGMMA build takes 16, 32 or 64 tokens in whole warpgroups, dequantizing"
 #endif
 #define TILE 128
 #define BN (32 * WARPS)

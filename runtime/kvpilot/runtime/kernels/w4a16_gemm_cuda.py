@@ -59,11 +59,11 @@ BIASED_MAX_TOKEN_TILES = 2  # up to 16 tokens a CTA the mmas take 128 + q (its f
 # gate_up (192 blocks) has no such split of 4+ slices: it keeps 2 slices of 3 stages (H200, fourteenth
 # session).
 DEEP_MIN_TOKEN_TILES = 4
-# sm_90: from this many token tiles a CTA takes 32 or 64 tokens (rows past M zero) on warpgroup mmas
-# (m64n32k16, m64n64k16; w4a16_gemm_wgmma.cuh): at 64 tokens a wgmma stands for 16 mma.sync, so padding 33
+# sm_90: from this many token tiles a CTA takes 16, 32 or 64 tokens (rows past M zero) on warpgroup mmas
+# (m64n16k16 .. m64n64k16; w4a16_gemm_wgmma.cuh): at 64 tokens a wgmma stands for 16 mma.sync, so padding 33
 # tokens to 64 costs little
 WGMMA_FIRST_TOKEN_TILES = 3
-WGMMA_TOKEN_TILES = (4, 8)
+WGMMA_TOKEN_TILES = (2, 4, 8)
 DEEP_MIN_SLICES = 4
 Held = Callable[["GemmSpec", int], int]  # clusters of (build, slices) the GPU holds at once
 
@@ -78,7 +78,7 @@ class GemmSpec:
     stages: int = 3
     cluster_reduce: bool = False
     biased: bool = False  # the mmas take 128 + q, each tile's sums corrected in fp32 (w4a16_gemm.cu)
-    wgmma: bool = False  # sm_90a: 64 tokens a CTA on warpgroup mmas (w4a16_gemm_wgmma.cuh)
+    wgmma: bool = False  # sm_90a: the K tile on warpgroup mmas (w4a16_gemm_wgmma.cuh)
 
     @property
     def block_n(self) -> int:
@@ -142,22 +142,21 @@ def launch_for(
     max_token_tiles: int = MAX_TOKEN_TILES,
     biased_max_token_tiles: int = BIASED_MAX_TOKEN_TILES,
     held: Held | None = None,
-    wgmma: bool = False,
+    wgmma_from: int = 0,
 ) -> GemmLaunch:
     """Token tiles to cover M (at most 64 tokens per CTA; balanced over the token blocks), the warps (0:
     WARPS, or WIDE_WARPS for WIDE_BLOCKS at the biased builds' token counts), the stages that fit
     STAGE_BUDGET (stages 0), then on sm_90 K slices until the CTAs number ~ctas_per_sm per SM (at most a
     portable cluster, each slice at least MIN_SLICE_TILES tiles; a long K at 33-64 tokens: slices of
     LONG_K_SLICE_TILES, up to 16). held (the GPU's cluster occupancy; None: not asked) lets 25-64 tokens
-    take deep_split's build. wgmma (the GPU is sm_90, which has warpgroup mmas): from
-    WGMMA_FIRST_TOKEN_TILES token tiles, 4-warp CTAs of 32 or 64 tokens take the WGMMA build."""
+    take deep_split's build. wgmma_from (> 0 on sm_90, which has warpgroup mmas; the dispatch passes
+    WGMMA_FIRST_TOKEN_TILES): from that many token tiles, CTAs of 16, 32 or 64 tokens take the WGMMA build."""
     blocks_m = -(-m // (8 * max_token_tiles))
     token_tiles = -(-m // (8 * blocks_m))
-    wgmma = wgmma and token_tiles >= WGMMA_FIRST_TOKEN_TILES and warps in (0, WARPS)
-    wgmma = wgmma and max_token_tiles == MAX_TOKEN_TILES
+    wgmma = 0 < wgmma_from <= token_tiles and warps % 4 == 0 and max_token_tiles == MAX_TOKEN_TILES
     if wgmma:
         token_tiles = next(tiles for tiles in WGMMA_TOKEN_TILES if tiles >= token_tiles)
-    biased = token_tiles <= biased_max_token_tiles
+    biased = token_tiles <= biased_max_token_tiles and not wgmma
     if not warps:
         whole = n % (COLS_PER_WARP * WIDE_WARPS) == 0  # a CTA's 256 columns must tile N
         wide = whole and WIDE_BLOCKS[0] <= n // (COLS_PER_WARP * WARPS) <= WIDE_BLOCKS[1]
@@ -257,7 +256,7 @@ def w4a16_gemm(
     hopper = capability >= (9, 0)
     plan = plan or launch_for(
         m, n, k, k // scales.shape[0], sms, hopper, held=clusters_held if hopper else None,
-        wgmma=capability == (9, 0),
+        wgmma_from=WGMMA_FIRST_TOKEN_TILES if capability == (9, 0) else 0,
     )  # fmt: skip
     y = torch.empty(m, n, device=x.device, dtype=x.dtype)
     args = [x, qweight, scales, zeros.contiguous(), y, m, n, k, x.stride(0), y.stride(0)]

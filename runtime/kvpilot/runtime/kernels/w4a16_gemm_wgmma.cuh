@@ -1,5 +1,5 @@
-// w4a16_gemm.cu's K tile on Hopper's warpgroup mma (WGMMA, sm_90a; 32 or 64 tokens a CTA: NT = 4 or 8, WARPS =
-// 4), included where read_words, read_group, dequant and smem_at are defined.
+// w4a16_gemm.cu's K tile on Hopper's warpgroup mma (WGMMA, sm_90a; 16, 32 or 64 tokens a CTA: NT = 2, 4 or 8;
+// each 4 warps one warpgroup), included where read_words, read_group, dequant and smem_at are defined.
 //
 // Why: at 33-64 tokens the mma.sync build is bound by its mmas (~13 cycles each per SM quarter, about half of
 // what the tensor cores do through wgmma; BENCHMARKS, eleventh session). Here the dequantized weight stays
@@ -24,9 +24,20 @@ __device__ __forceinline__ unsigned long long x_descriptor(u32 stage, int j) {
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 
 // d [64 rows x 8 NTILES tokens] += A (this warp's 16 rows from a) x B (desc): wgmma.m64n(8 NTILES)k16, its
-// sums in the mma.sync C layout per token tile (for 32 and 64 tokens a CTA)
+// sums in the mma.sync C layout per token tile (for 16, 32 and 64 tokens a CTA)
 template <int NTILES>
 __device__ __forceinline__ void wgmma_tokens(float (&d)[NTILES][4], const u32 (&a)[4], unsigned long long desc);
+
+template <>
+__device__ __forceinline__ void wgmma_tokens<2>(float (&d)[2][4], const u32 (&a)[4], unsigned long long desc) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, "
+        "1, 1, 1, 0;"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc)
+        : "memory");
+}
 
 template <>
 __device__ __forceinline__ void wgmma_tokens<4>(float (&d)[4][4], const u32 (&a)[4], unsigned long long desc) {
