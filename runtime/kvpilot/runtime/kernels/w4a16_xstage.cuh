@@ -38,16 +38,18 @@ __device__ void stage_x(uint4* xs, float* sums, const u16* x, int stride_x, int 
 #pragma unroll
         for (int j = 0; j < 8; ++j) v[j] = __ldg(src + 2 * j);  // 16 K rows = 2 uint4 apart
         store_x_unit(xs, v, tile, tok, h, m);
-        float sum = 0.f;
+        float part[8];  // eight short chains, then a tree: this runs right after the PDL wait
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
+            part[j] = 0.f;
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const u32 w = (&v[j].x)[i];
-                sum += __uint_as_float(w << 16) + __uint_as_float(w & 0xFFFF0000u);
+                part[j] += __uint_as_float(w << 16) + __uint_as_float(w & 0xFFFF0000u);
             }
         }
-        sums[(tile * m + tok) * 2 + h] = sum;
+        sums[(tile * m + tok) * 2 + h] =
+            ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
     }
 }
 
