@@ -65,7 +65,7 @@ def test_the_dispatch_takes_the_shared_ring_where_it_measured_faster() -> None:
     assert not shared(8, "qkv") and not shared(1, "qkv", hopper=False)
     plan = dispatched_launch(1, 4096, 4096, 128, 132, True)
     assert plan.spec.cluster_reduce and plan.spec.ring == 2 and plan.slices == 6
-    assert plan.shared_bytes(1, 4096) == 256 * 6 + 16 * 3 + 4 * 2 * 4352  # x, its 6 tile sums, the rings
+    assert plan.shared_bytes(1, 4096) == 256 * 6 + 4 * 2 * 4352
 
 
 def test_unsupported_names_the_reason() -> None:

@@ -72,12 +72,11 @@ class W4Launch:
 
     def shared_bytes(self, m: int, k: int) -> int:
         """Dynamic shared memory of a shared-ring build (0 for the register ring, whose is static): the
-        staged x of the longest slice, its tile sums (8 bytes per token and tile, in 16-byte units), then
-        each warp's ring."""
+        staged x of the longest slice, then each warp's ring."""
         if not self.spec.ring:
             return 0
-        x_units = m * -(-(k // TILE) // self.slices)
-        return 256 * x_units + 16 * -(-x_units // 2) + self.spec.warps * self.spec.ring * STAGE_BYTES
+        slice_tiles = -(-(k // TILE) // self.slices)
+        return 256 * m * slice_tiles + self.spec.warps * self.spec.ring * STAGE_BYTES
 
 
 def unsupported(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int) -> str | None:

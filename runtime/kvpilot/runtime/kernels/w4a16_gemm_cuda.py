@@ -58,13 +58,17 @@ BIASED_MAX_TOKEN_TILES = 2  # up to 16 tokens a CTA the mmas take 128 + q (its f
 # lost (qkv: 6 slices at 4 stages, 21.2 us at 64), so did 5 stages at 24 tokens (o 9.5 against 8.9), and
 # gate_up (192 blocks) has no such split of 4+ slices: it keeps 2 slices of 3 stages (H200, fourteenth
 # session).
-DEEP_MIN_TOKEN_TILES = 4
-# sm_90: from this many token tiles a CTA takes 16, 32 or 64 tokens (rows past M zero) on warpgroup mmas
-# (m64n16k16 .. m64n64k16; w4a16_gemm_wgmma.cuh): at 64 tokens a wgmma stands for 16 mma.sync, so padding 33
-# tokens to 64 costs little
+DEEP_MIN_TOKEN_TILES = 4  # of the real tokens (17-24 padded to 32 for WGMMA stay on the budget's stages)
+DEEP_MIN_SLICES = 4
+# sm_90: from WGMMA_FIRST_TOKEN_TILES token tiles a CTA takes 32 or 64 tokens (rows past M zero-filled) on
+# warpgroup mmas (w4a16_gemm_wgmma.cuh; 16-token CTAs are for the sweep). Qwen3-8B, µs WGMMA vs mma.sync
+# at 32 / 48 / 64 / 128 tokens (H200, sixteenth session): qkv 10.4 / 12.5 / 13.7 / 22.4 against 11.7 / 14.6 /
+# 16.9 / 31.5; o 9.1 / 10.9 / 11.7 / 16.3 against 10.1 / 11.9 / 13.4 / 21.6; gate_up 23.7 / 32.4 / 31.8 / 52.6
+# against 29.5 / 38.1 / 44.8 / 80.3; down 18.1 / 24.8 / 28.8 / 36.9 against 22.1 / 27.0 / 31.0 / 52.4. At 17
+# tokens gate_up and down gained, o lost 0.3 (8.5 against 8.2); at 12-16 tokens 16-token CTAs lost to the
+# biased mma.sync builds (qkv 13.8-14.1 against 8.9-9.1).
 WGMMA_FIRST_TOKEN_TILES = 3
 WGMMA_TOKEN_TILES = (2, 4, 8)
-DEEP_MIN_SLICES = 4
 Held = Callable[["GemmSpec", int], int]  # clusters of (build, slices) the GPU holds at once
 
 
@@ -152,7 +156,7 @@ def launch_for(
     take deep_split's build. wgmma_from (> 0 on sm_90, which has warpgroup mmas; the dispatch passes
     WGMMA_FIRST_TOKEN_TILES): from that many token tiles, CTAs of 16, 32 or 64 tokens take the WGMMA build."""
     blocks_m = -(-m // (8 * max_token_tiles))
-    token_tiles = -(-m // (8 * blocks_m))
+    token_tiles = real_tiles = -(-m // (8 * blocks_m))
     wgmma = 0 < wgmma_from <= token_tiles and warps % 4 == 0 and max_token_tiles == MAX_TOKEN_TILES
     if wgmma:
         token_tiles = next(tiles for tiles in WGMMA_TOKEN_TILES if tiles >= token_tiles)
@@ -172,7 +176,7 @@ def launch_for(
     if budget_stages:
         stages = max(2, min(MAX_STAGES, STAGE_BUDGET // stage_bytes(warps, token_tiles)))
     spec = GemmSpec(warps, token_tiles, group // TILE, stages, slices > 1, biased, wgmma)
-    deep_m = token_tiles >= DEEP_MIN_TOKEN_TILES and blocks_m == 1
+    deep_m = real_tiles >= DEEP_MIN_TOKEN_TILES and blocks_m == 1  # 17-24 tokens padded to 32: not deep
     if hopper and held is not None and budget_stages and deep_m and tiles < LONG_K_TILES:
         deep = deep_split(spec, blocks, tiles, held)
         if deep is not None:

@@ -28,8 +28,8 @@
 // Why the bias stays in: a tile lies in one group, so sum_k x_k (q_k - z) s = s (sum_k x_k (128 + q_k) -
 // (128 + z) sum_k x_k). The mmas take the biased pairs as they come out of one shift and one lop3 (8 values
 // in 7 instructions; subtracting the zero and scaling per value took 4 per pair, and bounded the kernel by
-// issue, not bytes), sum_k x_k per token comes from x's staging (w4a16_xstage.cuh; it was a ninth mma per step
-// with an all-ones A), and the zero and the scale are applied once per tile to the fp32 sums.
+// issue, not bytes), sum_k x_k per token comes from x's staging (w4a16_xstage.cuh) or from a ninth mma per
+// step with an all-ones A (XSUM_MMA), and the zero and the scale are applied once per tile to the fp32 sums.
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -46,6 +46,7 @@ typedef unsigned short u16;
 #define COLS 64
 #define TILE 128
 #define WORDS_PER_TILE 16
+#define ONES 0x3F803F80u  // bf16x2 (1, 1)
 #define RED_ELEMS 4   // the split fixup's elements per thread per round
 #define RED_SLICES 8  // and the slices of each it loads at once
 
@@ -87,12 +88,17 @@ __device__ __forceinline__ void load_tile(Tile& w, const u32* qw, const u16* sca
 #define X_BYTES 32768
 #include "w4a16_xstage.cuh"
 
+// Where x's tile sums come from. The register builds take them from x's staging; the shared-ring builds keep
+// the ones-mma. H200, sixteenth session, one token: staging sums took gate_up / down (register builds) from
+// 17.8 / 11.5 to 15.9 / 10.6 µs, but o / qkv (ring builds) from 5.6 / 7.1 to 6.6 / 7.4 (cause not found).
+#define XSUM_MMA (RING > 0)
+
 // biased_pair (int4_pairs.cuh): bf16x2 (128 + q_i, 128 + q_{i+4}); in C the lop3 would take an AND and an OR
 
 // The tile's sums: part[4 nt + c] is mma block c of token tile nt, (col + c | col + 32 + c) x tokens
-// (8 nt + 2t, + 1), over the biased weights.
-__device__ __forceinline__ void mma_tile(float (*part)[4], const Tile& w, const uint4* xs, int tile, int g, int t,
-                                         int m) {
+// (8 nt + 2t, + 1), over the biased weights; with XSUM_MMA, ones[nt] gets x's sum over the tile for them.
+__device__ __forceinline__ void mma_tile(float (*part)[4], float (*ones)[4], const Tile& w, const uint4* xs,
+                                         int tile, int g, int t, int m) {
 #pragma unroll
     for (int rs = 0; rs < 4; ++rs) {
         uint4 b[NT];
@@ -102,6 +108,13 @@ __device__ __forceinline__ void mma_tile(float (*part)[4], const Tile& w, const 
         const u32 hi[4] = {w.hi[rs].x, w.hi[rs].y, w.hi[rs].z, w.hi[rs].w};
 #pragma unroll
         for (int s = 0; s < 2; ++s) {
+#if XSUM_MMA
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const u32 b0 = s == 0 ? b[nt].x : b[nt].z, b1 = s == 0 ? b[nt].y : b[nt].w;
+                mma_bf16(ones[nt], ONES, ONES, ONES, ONES, b0, b1);
+            }
+#endif
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
                 const u32 a0 = biased_pair(lo[c], 2 * s), a2 = biased_pair(lo[c], 2 * s + 1);
@@ -143,11 +156,16 @@ __device__ __forceinline__ void fold_tile(float (*acc)[4], float (*part)[4], flo
 
 __device__ __forceinline__ void tile_into(float (*acc)[4], const Tile& w, const uint4* xs, const float* x_sums,
                                           int tile, int g, int t, int m) {
-    float part[4 * NT][4], xsum[NT][2];
+    float part[4 * NT][4], ones[NT][4] = {}, xsum[NT][2];
 #pragma unroll
     for (int i = 0; i < 4 * NT; ++i) part[i][0] = part[i][1] = part[i][2] = part[i][3] = 0.f;
-    mma_tile(part, w, xs, tile, g, t, m);
+    mma_tile(part, ones, w, xs, tile, g, t, m);
+#if XSUM_MMA
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) xsum[nt][0] = ones[nt][0], xsum[nt][1] = ones[nt][1];  // row g: tokens 2t, 2t+1
+#else
     tile_xsum(xsum, x_sums, tile, t, m);
+#endif
     fold_tile(acc, part, xsum, w);
 }
 
@@ -271,8 +289,7 @@ __device__ void store_columns(float (*acc)[4], void* scratch, u16* y, float* wor
 
 // x [M, K] bf16 (row stride stride_x), qweight int32 [K/8, N], scales/zeros bf16 [K/G, N], y [M, N] bf16;
 // workspace fp32 [S, M, N] and counters int32 [N / 64] (zero; left zero) when S > 1.
-// RING > 0: dynamic shared memory of 256 M T bytes (x, T = ceil(K tiles / S)) + 16 ceil(M T / 2) (its tile
-// sums) + WARPS RING STAGE_BYTES (the rings): W4Launch.shared_bytes.
+// RING > 0: dynamic shared memory of 256 M ceil(K tiles / S) bytes (x) + WARPS RING STAGE_BYTES (the rings).
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_CTAS) w4a16_gemv(
     const u16* __restrict__ x, const u32* __restrict__ qweight, const u16* __restrict__ scales,
     const u16* __restrict__ zeros, u16* __restrict__ y, float* __restrict__ workspace, int* __restrict__ counters,
@@ -287,11 +304,10 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_CTAS) w4a16_gemv(
     const int first = t_lo + warp, count = first < t_hi ? (t_hi - first + WARPS - 1) / WARPS : 0;
 
 #if RING
-    // x's slice as B fragments, its tile sums, then the warps' rings; the partial sums later reuse the rings
+    // x's slice as B fragments, then the warps' rings; the partial sums later reuse the rings
     extern __shared__ uint4 smem[];
-    const int x_units = m * ((all_tiles + slices - 1) / slices);  // (token, tile) pairs of the longest slice
-    float* x_sums = reinterpret_cast<float*>(smem + 16 * x_units);
-    uint4* rings = smem + 16 * x_units + (x_units + 1) / 2;
+    uint4* rings = smem + m * ((all_tiles + slices - 1) / slices) * 16;
+    float* x_sums = nullptr;  // XSUM_MMA
     uint4* ring = rings + warp * RING * (STAGE_BYTES / 16);
 #pragma unroll
     for (int j = 0; j < RING; ++j) {  // in flight while the predecessor finishes and x is staged
