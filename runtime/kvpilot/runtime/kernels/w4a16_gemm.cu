@@ -1,5 +1,5 @@
-// int4 weight-only GEMM for 3+ tokens (up to 64 a CTA) on mma.sync, bf16 activations: y [M, N] = x [M, K]
-// W^T, the weight in the canonical layout of quant_reference.py (qweight int32 [K/8, N]: value j of word row
+// int4 weight-only GEMM for 3+ tokens (up to 64 a CTA) on mma.sync or wgmma, bf16 activations: y [M, N] = x [M,
+// K] W^T, the weight in the canonical layout of quant_reference.py (qweight int32 [K/8, N]: value j of word row
 // 16T + r is K row 128T + 16j + r; scales, zeros bf16 [K/G, N]). w4a16_gemm_cuda.py compiles it with NVRTC
 // and macros:
 //   WARPS (each warp owns 32 output columns: a CTA takes BN = 32 WARPS), NT (token tiles of 8, 1..8: a CTA

@@ -1,5 +1,6 @@
 """Host side of w4a16_gemm.cu: the int4 weight-only GEMM for 3+ tokens on mma.sync (CUDA sm_80+, bf16;
-dispatched on sm_90 at 5-128 tokens, from 3 below a long K, see preferred).
+dispatched on sm_90 at 5-128 tokens, from 3 below a long K, see preferred), from 17 tokens on sm_90 on
+warpgroup mmas (WGMMA_FIRST_TOKEN_TILES).
 
 Compiled at run time by NVRTC (nvrtc.py), once per GemmSpec, launched on the current stream (CUDA-graph
 capturable once compiled). The weight stays in the canonical layout of quant_reference.py, so every int4
