@@ -2,8 +2,9 @@
 
 Compiled at run time by NVRTC (nvrtc.py), once per W4Spec, and launched on the
 current stream (CUDA-graph capturable once compiled: the model's warm-up compiles it). Two builds: weight
-tiles in a register ring, or in per-warp shared-memory rings whose K slices add up in a cluster (sm_90);
-dispatched_launch picks one per shape. The weight stays in
+tiles in a register ring (dispatched; on sm_90 a column block's K slices may add up in a cluster,
+dispatched_launch), or in per-warp shared-memory rings (ring > 0: dispatched in the tenth to fifteenth
+sessions, now the sweep's). The weight stays in
 the canonical layout of quant_reference.py, so every int4 format the loader reads (AWQ, GPTQ, load-time
 int4) runs here unchanged; the Triton kernels remain the CPU path and the fallback for what this one does
 not take (see unsupported).
@@ -11,7 +12,7 @@ not take (see unsupported).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -142,21 +143,25 @@ def launch_for(
     return W4Launch(spec, slices)
 
 
-SHARED_RING = 2  # the dispatched shared-ring build's stages per warp
-SHARED_RING_MAX_M = 4
+CLUSTER_MAX_M = 4
+CLUSTER_MAX_SLICE_TILES = 8  # launch_for's slices no longer than this (qkv, o) take the clustered build
+CLUSTER_CTAS_PER_SM = 2.0  # the clustered register build's K slices
 
 
 def dispatched_launch(m: int, n: int, k: int, group: int, sms: int, hopper: bool) -> W4Launch:
-    """The launch w4a16_gemv takes: on sm_90 at <= 4 tokens, when every warp's tiles of a K slice fit a
-    ring of SHARED_RING (all in flight before the wait) and the 2..8 slices fit a cluster, the shared-ring
-    build with the slices adding up in the cluster; otherwise the register build. The rule reproduces the
-    H200 sweep of the tenth session (benchmarks/sweep_w4a16_cuda.py): qkv and o at 1 and 4 tokens gained
-    0.5-0.8 us; down (16 tiles a slice) and everything at 8 tokens were slower on the shared ring."""
+    """The launch w4a16_gemv takes: on sm_90 at <= 4 tokens, where the launch_for's slices are 2..8 of at
+    most 8 tiles (Qwen3-8B's qkv and o), the register build with fewer slices (CLUSTER_CTAS_PER_SM) adding
+    up in a cluster; otherwise launch_for's register build. H200, sixteenth session (x's tile sums from its
+    staging): qkv 6.9 / 7.1 / 8.2 us at 1 / 2 / 4 tokens, o 5.3 / 5.7 / 6.6, against 7.1 / 7.7 / 8.7 and
+    5.6 / 6.0 / 6.7 on the shared-ring build dispatched there before (and 9.0-11.0 with ~3 CTAs per SM in
+    the cluster); gate_up and down keep theirs (unmeasured clustered)."""
     plan = launch_for(m, n, k, group, sms)
     slice_tiles = -(-(k // TILE) // plan.slices)
-    fits = slice_tiles <= SHARED_RING * WARPS and cluster_fits(plan.slices)
-    if hopper and m <= SHARED_RING_MAX_M and fits:
-        return replace(plan, spec=replace(plan.spec, ring=SHARED_RING, min_ctas=4, cluster_reduce=True))
+    fits = slice_tiles <= CLUSTER_MAX_SLICE_TILES and cluster_fits(plan.slices)
+    if hopper and m <= CLUSTER_MAX_M and fits:
+        clustered = launch_for(m, n, k, group, sms, CLUSTER_CTAS_PER_SM, clusters=True)
+        if clustered.spec.cluster_reduce:
+            return clustered
     return plan
 
 

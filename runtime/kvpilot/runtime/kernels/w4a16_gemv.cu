@@ -11,7 +11,8 @@
 // an SM at once. The register ring needs ~162 registers a thread (3 CTAs fill an SM); the shared ring keeps
 // a CTA at <= 128 registers and ~35-55 KB, so CTAs of the next GEMM fit beside this one's, with the first
 // R tiles of each warp in flight before this one ends (qkv and o at 1-4 tokens: the whole slice). Alone it
-// was slower on the H200; with CLUSTER_REDUCE it is the faster build there (w4a16_cuda.dispatched_launch).
+// was slower on the H200; with CLUSTER_REDUCE it was the faster build there until the register build took
+// x's tile sums from its staging (sixteenth session; w4a16_cuda.dispatched_launch).
 // The staged x takes 256 M bytes per K tile out of X_BYTES: the host gives a CTA at most X_BYTES / 256 M tiles.
 // Grid (N / 64, S): CTA (b, s) takes 64 output columns and the s-th of S slices of K's tiles. It stages its x
 // slice in shared memory in the mma's B-fragment order, its warps take the slice's tiles in turn, their
