@@ -31,9 +31,8 @@ def compile_cuda(
     stream: tensors pass as pointers, ints as 32-bit ints. arch: the target (e.g. "90a" for wgmma, which
     only the architecture-specific target has); None: the current device's."""
     options = [f"-D{name}={value}" for name, value in macros] + ["-std=c++17", f"-I{KERNELS}"]
-    if arch is None:
-        return _compile_fn()(source.read_text(), kernel, nvcc_options=options)
-    return _compile_fn()(source.read_text(), kernel, compute_capability=arch, nvcc_options=options)
+    target = {} if arch is None else {"compute_capability": arch}
+    return _compile_fn()(source.read_text(), kernel, nvcc_options=options, **target)
 
 
 def num_registers(kernel: Any) -> int:

@@ -149,7 +149,7 @@ CLUSTER_CTAS_PER_SM = 2.0  # the clustered register build's K slices
 
 
 def dispatched_launch(m: int, n: int, k: int, group: int, sms: int, hopper: bool) -> W4Launch:
-    """The launch w4a16_gemv takes: on sm_90 at <= 4 tokens, where the launch_for's slices are 2..8 of at
+    """The launch w4a16_gemv takes: on sm_90 at <= 4 tokens, where launch_for's slices are 2..8 of at
     most 8 tiles (Qwen3-8B's qkv and o), the register build with fewer slices (CLUSTER_CTAS_PER_SM) adding
     up in a cluster; otherwise launch_for's register build. H200, sixteenth session (x's tile sums from its
     staging): qkv 6.9 / 7.1 / 8.2 us at 1 / 2 / 4 tokens, o 5.3 / 5.7 / 6.6, against 7.1 / 7.7 / 8.7 and
