@@ -1,13 +1,13 @@
 """w4a16_gemm.cu's builds at Qwen3-8B's layer shapes, beside bf16 cuBLAS and what ran there before it (what
-int_gemm dispatches at <= 8 tokens: the decode GEMV w4a16_gemv.cu at 1-2 (1-4 for a long K), this kernel
-from 3 (5); above, the Triton tensor-core GEMM w4a16_mma_triton), one run; each CUDA cell's error against
-the bf16 GEMM of the dequantized weight is printed. A variant is key=value pairs joined by commas, each
-defaulting to launch_for's ("stages=0" is launch_for's own launch): warps (32 columns each), stages, ctas
-(K slices until ~ctas CTAs per SM) or slices (exactly), tt (token tiles of 8 per CTA at most), biased
-(token tiles of 8 up to which the mmas take 128 + q; 0: never), deep (0: not deep_split's extra stage at
-25-64 tokens, which asks the GPU how many clusters it holds), wgmma (warpgroup mmas from this many token
-tiles; 0: mma.sync only; default the dispatch's). Each cell ends with its launch's clusters against those
-held at once.
+int_gemm dispatches at <= 8 tokens: the decode GEMV w4a16_gemv.cu at 1-2 (1-4 for a long K), this kernel from
+3 (5); above, the Triton tensor-core GEMM w4a16_mma_triton, past 128 tokens dequantize + cuBLAS), one run;
+each CUDA cell's error against the bf16 GEMM of the dequantized weight is printed. A variant is key=value
+pairs joined by commas, each defaulting to launch_for's ("stages=0" is launch_for's own launch): warps (32
+columns each), stages, ctas (K slices until ~ctas CTAs per SM) or slices (exactly), tt (token tiles of 8 per
+CTA at most), biased (token tiles of 8 up to which the mmas take 128 + q; 0: never), deep (0: not deep_split's
+extra stage at 25-64 tokens, which asks the GPU how many clusters it holds), wgmma (warpgroup mmas from this
+many token tiles; 0: mma.sync only; default the dispatch's). Each cell ends with its launch's clusters against
+those held at once.
 
 source benchmarks/gpu_env.sh && python benchmarks/sweep_w4a16_gemm.py --ms 32 64 --variants warps=4 warps=8
 """
@@ -32,7 +32,7 @@ from kvpilot.runtime.kernels.w4a16_gemm_cuda import (
     launch_for,
     w4a16_gemm,
 )
-from kvpilot.runtime.kernels.w4a16_mma_triton import int_gemm_mma
+from kvpilot.runtime.kernels.w4a16_mma_triton import int_gemm_mma, mma_dispatched
 from kvpilot.runtime.kernels.w4a16_triton import int_gemm
 
 
@@ -80,9 +80,9 @@ def main() -> None:
             want = F.linear(x, fmt.dense["w4"]).float()
             bf16 = graph_us(F.linear, [(x, *t) for t in dense])
 
-            def before(x, q, sc, z, counters=fmt.counters, m=m):
-                if m <= PREFERRED_MAX_M:  # the dispatch's own (the decode GEMV, w4a16_gemv.cu)
-                    return int_gemm(x, q, sc, z, 4, None, counters)
+            def before(x, q, sc, z, counters=fmt.counters, m=m, k=k):
+                if m <= PREFERRED_MAX_M or not mma_dispatched(m, k, 128, 4):  # the decode GEMV, or
+                    return int_gemm(x, q, sc, z, 4, None, counters)  # dequantize + cuBLAS above 128
                 return int_gemm_mma(x, q, sc, z, 4, None, counters, cuda_kernel=False)
 
             tri = graph_us(before, [(x, *t) for t in sets])

@@ -1,7 +1,8 @@
 """GPU: once the engine has started (its memory-profiling step and CUDA-graph capture run every kernel), a
 workload of every prompt length, chunked prefills mixed with decodes and eager decodes compiles no new
-Triton kernel variant. A compile in the middle of serving stalls every running request for 0.5-1.5 s:
-it is what made the first W1/W2 run after a machine start 40% slower (BENCHMARKS.md, 2026-12-01).
+Triton kernel variant and no CUDA (NVRTC) build. A compile in the middle of serving stalls every running
+request for 0.5-1.5 s: it is what made the first W1/W2 run after a machine start 40% slower (BENCHMARKS.md,
+2026-12-01).
 
 Triton specialises integer arguments on their value (== 1, divisible by 16): an argument that changes
 every step (a block-table width, a partition count) must be marked do_not_specialize."""
@@ -17,6 +18,7 @@ import pytest
 from kvpilot.runtime.bench_workloads import write_model_dir
 from kvpilot.runtime.engine.engine_args import EngineArgs
 from kvpilot.runtime.engine.llm_engine import LLMEngine
+from kvpilot.runtime.kernels.nvrtc import compile_cuda
 from kvpilot.runtime.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.gpu
@@ -77,14 +79,15 @@ def test_serving_compiles_nothing_after_start(
         write_model_dir(tmp_path, "qwen3-0.6b"), kv_cache_dtype=kv_cache_dtype, quantization=quantization
     )
     _run(engine, [8], 2, "warm")  # one short request: the sampler's first use
-    before = compiled_variants()
+    before, builds = compiled_variants(), compile_cuda.cache_info().misses
     _run(engine, PROMPT_LENS, 24, "a")
     _run(engine, PROMPT_LENS[::-1][:8], 3, "b")
-    after = compiled_variants()
+    after, cuda_builds = compiled_variants(), compile_cuda.cache_info().misses - builds
     grown = {k: (before.get(k, 0), n) for k, n in after.items() if n != before.get(k, 0)}
     del engine  # the next case sizes its KV cache from the free memory
     _collect_engines()
     assert not grown, f"kernels compiled while serving (before, after): {grown}"
+    assert cuda_builds == 0, f"{cuda_builds} CUDA kernel builds (NVRTC) while serving"
 
 
 def _collect_engines() -> None:

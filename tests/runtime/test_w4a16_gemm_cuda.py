@@ -16,7 +16,8 @@ from tests.runtime.nvrtc_offline import ptx, sm90_resources
 
 
 @pytest.mark.parametrize(
-    ("m", "tiles", "blocks"), [(17, 3, 1), (24, 3, 1), (64, 8, 1), (65, 5, 2), (100, 7, 2), (128, 8, 2)]
+    ("m", "tiles", "blocks"),
+    [(17, 3, 1), (24, 3, 1), (64, 8, 1), (65, 5, 2), (100, 7, 2), (128, 8, 2), (129, 6, 3), (256, 8, 4)],
 )
 def test_token_tiles_cover_m_in_balanced_blocks_of_at_most_64(m: int, tiles: int, blocks: int) -> None:
     plan = launch_for(m, 4096, 4096, 128, 132, hopper=True)
@@ -79,20 +80,21 @@ def test_shared_memory_holds_the_stages_or_the_split_sums() -> None:
                 assert spec.shared_bytes() >= spec.block_m * (spec.block_n + 4) * 4  # the split sums fit
 
 
-def test_preferred_from_3_or_5_to_128_tokens() -> None:
+def test_preferred_from_3_or_5_to_256_tokens() -> None:
     from kvpilot.runtime.kernels.w4a16_gemm_cuda import preferred, warm_up_ms
 
-    ms = (1, 2, 3, 4, 5, 8, 16, 17, 64, 128, 129, 256)
-    assert [m for m in ms if preferred(m, 4096)] == [3, 4, 5, 8, 16, 17, 64, 128]
-    assert [m for m in ms if preferred(m, 12288)] == [5, 8, 16, 17, 64, 128]  # a long K: the GEMV to 4
+    ms = (1, 2, 3, 4, 5, 8, 16, 17, 64, 128, 129, 256, 257, 1024)
+    assert [m for m in ms if preferred(m, 4096)] == [3, 4, 5, 8, 16, 17, 64, 128, 129, 256]
+    assert [m for m in ms if preferred(m, 12288)] == [5, 8, 16, 17, 64, 128, 129, 256]  # a long K: GEMV to 4
     assert not preferred(64, 4096, hopper=False)  # measured on sm_90 only (clusters)
-    # the warm-up compiles every build the dispatch can take up to 128 tokens
-    for k, first in ((4096, 3), (12288, 5)):
-        for held in (None, _h200_held):  # with the GPU's cluster occupancy: the deep builds at 33-64
-            builds = {launch_for(m, 4096, k, 128, 132, True, held=held).spec for m in range(first, 129)}
-            warmed = {launch_for(m, 4096, k, 128, 132, True, held=held).spec for m in warm_up_ms(128, k)}
-            assert warmed == builds
-    assert warm_up_ms(128, 4096, hopper=False) == []
+    # the warm-up compiles every build the dispatch can take up to 256 tokens, for every width of Qwen3-8B
+    for n in (4096, 6144, 24576):
+        for k, first in ((4096, 3), (12288, 5)):
+            for held in (None, _h200_held):  # with the GPU's cluster occupancy: the deep builds at 33-64
+                builds = {launch_for(m, n, k, 128, 132, True, held=held).spec for m in range(first, 257)}
+                warmed = {launch_for(m, n, k, 128, 132, True, held=held).spec for m in warm_up_ms(256, k)}
+                assert warmed == builds
+    assert warm_up_ms(256, 4096, hopper=False) == []
 
 
 def test_unsupported_names_the_reason() -> None:
@@ -180,7 +182,7 @@ def _sms() -> int:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 8, 12, 17, 24, 32, 40, 64, 65, 100, 128])
+@pytest.mark.parametrize("m", [1, 8, 12, 17, 24, 32, 40, 64, 65, 100, 128, 200])
 @pytest.mark.parametrize(("n", "k", "group"), [(4096, 4096, 128), (1024, 1152, 128), (256, 2048, -1)])
 @pytest.mark.parametrize("sym", [False, True], ids=["zero-point", "sym"])
 def test_matches_the_reference(m: int, n: int, k: int, group: int, sym: bool) -> None:
@@ -281,20 +283,23 @@ def test_a_graph_replay_reads_its_predecessors_output_under_pdl() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [3, 5, 8, 12, 40, 100])
-def test_the_int4_dispatch_takes_it_from_3_to_128_tokens(m: int) -> None:
+@pytest.mark.parametrize("m", [3, 5, 8, 12, 40, 100, 129, 256])
+def test_the_int4_dispatch_takes_it_from_3_to_256_tokens(m: int) -> None:
     from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
-    from kvpilot.runtime.kernels.w4a16_mma_triton import int_gemm_mma
+    from kvpilot.runtime.kernels.w4a16_mma_triton import int_gemm_mma, mma_dispatched
     from kvpilot.runtime.kernels.w4a16_triton import int_gemm
 
     x, qweight, scales, zeros = _case(m, 2048, 4096, 128, False, seed=m)
     direct = w4a16_gemm(x, qweight, scales, zeros, _sms())
-    dispatched = (
-        int_gemm(x, qweight, scales, zeros, 4) if m <= 16 else int_gemm_mma(x, qweight, scales, zeros, 4)
-    )
+    # as quant/methods.IntWeightMethod dispatches: the Triton GEMM's buckets at 17-128 tokens, else int_gemm
+    mma = m > 16 and mma_dispatched(m, 4096, 128, 4)
+    dispatched = int_gemm_mma(x, qweight, scales, zeros, 4) if mma else int_gemm(x, qweight, scales, zeros, 4)
     assert torch.equal(dispatched, direct)
-    triton = int_gemm_mma(x, qweight, scales, zeros, 4, cuda_kernel=False) if m > 16 else None
-    if triton is not None:  # the Triton GEMM it replaces agrees within bf16 rounding
+    if m > 128:  # what ran there before: dequantize + cuBLAS, within bf16 rounding
+        dense = x @ dequantize_int_ref(qweight, scales, zeros, 4).to(x.dtype)
+        torch.testing.assert_close(direct.float(), dense.float(), atol=2e-2, rtol=2e-2)
+    triton = int_gemm_mma(x, qweight, scales, zeros, 4, cuda_kernel=False) if mma else None
+    if triton is not None:  # the Triton GEMM it replaces at 17-128 tokens agrees within bf16 rounding
         torch.testing.assert_close(direct.float(), triton.float(), atol=2e-2, rtol=2e-2)
 
 

@@ -1,5 +1,5 @@
 """Host side of w4a16_gemm.cu: the int4 weight-only GEMM for 3+ tokens on mma.sync (CUDA sm_80+, bf16;
-dispatched on sm_90 at 5-128 tokens, from 3 below a long K, see preferred), from 17 tokens on sm_90 on
+dispatched on sm_90 at 5-256 tokens, from 3 below a long K, see preferred), from 17 tokens on sm_90 on
 warpgroup mmas (WGMMA_FIRST_TOKEN_TILES).
 
 Compiled at run time by NVRTC (nvrtc.py), once per GemmSpec, launched on the current stream (CUDA-graph
@@ -210,8 +210,11 @@ def clusters_held(spec: GemmSpec, slices: int) -> int:
 # session). Since the cluster's last meeting arrives relaxed (thirteenth session) it also beats the GEMV at
 # 3-4 tokens for qkv / o / gate_up (4 tokens: 7.7 / 6.5 / 19.6 against 8.7 / 6.7 / 21.0 us; 3: 7.6 / 6.5 /
 # 19.7 against 8.4 / 6.5 / 19.9) but not for down, a long K (14.8 against 12.7 at 4), nor at 2 tokens
-# (o 6.4 against 5.9, gate_up 19.5 against 18.0).
-PREFERRED_M = (5, 128)
+# (o 6.4 against 5.9, gate_up 19.5 against 18.0). At 129-256 tokens (3-4 token blocks of 64) than dequantize +
+# cuBLAS, what ran there before (H100, seventeenth session, µs at 192 / 256 tokens): qkv 30.9 / 30.9 against
+# 50.7 / 48.7, o 22.9 / 30.2 against 29.5 / 29.9, gate_up 87.4 / 104.4 against 180.1 / 182.2, down 59.0 / 81.8
+# against 109.7 / 98.0; at 512 the layer's sum was lost (466.7 against 444.1), at 1024 every layer.
+PREFERRED_M = (5, 256)
 SHORT_K_FIRST_M = 3  # where K has fewer than LONG_K_TILES tiles
 
 
@@ -236,7 +239,7 @@ def warm_up_ms(top: int, k: int, hopper: bool = True) -> list[int]:
     """One M per build up to top tokens (a build per token-tile count, stage count and cluster use; 3-8
     tokens share one): running each once compiles them all while the model loads (none where the dispatch
     never comes here)."""
-    ms = (8, 16, *range(24, 65, 8), *range(80, 129, 16))
+    ms = (8, 16, *range(24, 65, 8), *range(80, 129, 16), 192, 256)
     return [m for m in ms if m <= top and preferred(m, k, hopper)]
 
 

@@ -285,16 +285,18 @@ def warm_up_mma(
     counters: torch.Tensor | None = None,
 ) -> None:
     """Run each bucket's launch shape once (zeros in), so Triton compiles them while the model loads, and
-    w4a16_gemm.cu's builds (one per token-tile count) where it takes the bucket."""
+    w4a16_gemm.cu's builds (one per token-tile count, stage count and cluster use) where the dispatch takes
+    it (w4a16_gemm_cuda.takes: up to 256 tokens, past the buckets)."""
     k = qweight.shape[0] * (32 // bits)
     tops = [top for top, cfg in MMA_BUCKETS.get(bits, ()) if cfg is not None]
     for top in tops:
         x = torch.zeros(top, k, device=qweight.device, dtype=dtype)
         int_gemm_mma(x, qweight, scales, zeros, bits, None, counters, cuda_kernel=False)
-    if bits == 4 and tops:
-        from .w4a16_gemm_cuda import warm_up_ms
+    if bits == 4 and tops and qweight.is_cuda:  # the dispatch's CUDA GEMM, up to its most tokens
+        from .w4a16_gemm_cuda import PREFERRED_M, takes, w4a16_gemm, warm_up_ms
 
-        x = torch.zeros(max(tops), k, device=qweight.device, dtype=dtype)
-        hopper = qweight.is_cuda and torch.cuda.get_device_capability(qweight.device) >= (9, 0)
-        for m in warm_up_ms(max(tops), k, hopper):
-            int_gemm_mma(x[:m], qweight, scales, zeros, bits, None, counters)
+        x = torch.zeros(PREFERRED_M[1], k, device=qweight.device, dtype=dtype)
+        hopper = torch.cuda.get_device_capability(qweight.device) >= (9, 0)
+        for m in warm_up_ms(PREFERRED_M[1], k, hopper):
+            if takes(x[:m], qweight, scales):
+                w4a16_gemm(x[:m], qweight, scales, zeros, num_sms(x.device))
