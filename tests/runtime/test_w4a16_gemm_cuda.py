@@ -4,6 +4,7 @@ offline); against the reference on the GPU (marked gpu)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from pathlib import Path
 
 import pytest
@@ -80,21 +81,23 @@ def test_shared_memory_holds_the_stages_or_the_split_sums() -> None:
                 assert spec.shared_bytes() >= spec.block_m * (spec.block_n + 4) * 4  # the split sums fit
 
 
-def test_preferred_from_3_or_5_to_256_tokens() -> None:
+def test_preferred_from_3_or_5_to_384_tokens() -> None:
     from kvpilot.runtime.kernels.w4a16_gemm_cuda import preferred, warm_up_ms
 
-    ms = (1, 2, 3, 4, 5, 8, 16, 17, 64, 128, 129, 256, 257, 1024)
-    assert [m for m in ms if preferred(m, 4096)] == [3, 4, 5, 8, 16, 17, 64, 128, 129, 256]
-    assert [m for m in ms if preferred(m, 12288)] == [5, 8, 16, 17, 64, 128, 129, 256]  # a long K: GEMV to 4
+    ms = (1, 2, 3, 4, 5, 8, 16, 17, 64, 128, 129, 384, 385, 1024)
+    assert [m for m in ms if preferred(m, 4096)] == [3, 4, 5, 8, 16, 17, 64, 128, 129, 384]
+    assert [m for m in ms if preferred(m, 12288)] == [5, 8, 16, 17, 64, 128, 129, 384]  # a long K: GEMV to 4
     assert not preferred(64, 4096, hopper=False)  # measured on sm_90 only (clusters)
-    # the warm-up compiles every build the dispatch can take up to 256 tokens, for every width of Qwen3-8B
-    for n in (4096, 6144, 24576):
-        for k, first in ((4096, 3), (12288, 5)):
-            for held in (None, _h200_held):  # with the GPU's cluster occupancy: the deep builds at 33-64
-                builds = {launch_for(m, n, k, 128, 132, True, held=held).spec for m in range(first, 257)}
-                warmed = {launch_for(m, n, k, 128, 132, True, held=held).spec for m in warm_up_ms(256, k)}
-                assert warmed == builds
-    assert warm_up_ms(256, 4096, hopper=False) == []
+    # the warm-up compiles every build the dispatch can take up to 384 tokens, for every width of Qwen3-8B
+    for n, (k, first), held, wgmma in itertools.product(
+        (4096, 6144, 24576), ((4096, 3), (12288, 5)), (None, _h200_held), (0, 3)
+    ):  # held: the GPU's cluster occupancy (the deep builds at 33-64); wgmma: sm_90's builds from 17 tokens
+
+        def build(m: int) -> GemmSpec:
+            return launch_for(m, n, k, 128, 132, True, held=held, wgmma_from=wgmma).spec  # noqa: B023
+
+        assert {build(m) for m in warm_up_ms(384, k)} == {build(m) for m in range(first, 385)}
+    assert warm_up_ms(384, 4096, hopper=False) == []
 
 
 def test_unsupported_names_the_reason() -> None:
@@ -126,6 +129,9 @@ def test_from_17_tokens_sm90_ctas_take_32_or_64_tokens_on_warpgroup_mmas() -> No
     tiles = [(2, False), (4, True), (4, True), (4, True), *[(8, True)] * 5]
     assert [build(m) for m in (16, 17, 24, 32, 33, 40, 64, 65, 128)] == tiles
     assert build(40, warps=8) == (8, True) and build(40, max_token_tiles=4) == (3, False)
+    assert build(200, max_token_tiles=16) == (16, True)  # 128 tokens a CTA where asked (the sweep's tt=16)
+    with pytest.raises(ValueError, match="builds take at most 8"):
+        launch_for(200, 4096, 4096, 128, 132, True, max_token_tiles=16)  # no wgmma: no 128-token CTAs
     plain = launch_for(40, 4096, 4096, 128, 132, True).spec  # not sm_90: mma.sync, 40 tokens in 5 tiles
     assert (plain.token_tiles, plain.wgmma) == (5, False)
     padded = launch_for(64, 4096, 4096, 128, 132, True, wgmma_from=3).spec
@@ -134,12 +140,17 @@ def test_from_17_tokens_sm90_ctas_take_32_or_64_tokens_on_warpgroup_mmas() -> No
     assert padded.shared_bytes() == dataclasses.replace(padded, wgmma=False).shared_bytes() + 1024
 
 
-@pytest.mark.parametrize(("nt", "warps"), [(2, 4), (2, 8), (4, 4), (8, 4)])
-def test_the_wgmma_build_compiles_for_sm90a_without_spills(nt: int, warps: int, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("nt", "warps", "most"), [(2, 4, 168), (2, 8, 168), (4, 4, 168), (8, 4, 168), (16, 4, 240)]
+)
+def test_the_wgmma_build_compiles_for_sm90a_without_spills(
+    nt: int, warps: int, most: int, tmp_path: Path
+) -> None:
     spec = GemmSpec(warps, nt, 1, stages=4, cluster_reduce=True, wgmma=True)
     code = ptx(SOURCE, spec.macros(), arch="90a")
     registers, spills, report = sm90_resources(code, tmp_path, arch="90a")
-    assert spills == 0 and registers <= 168, report  # 3 CTAs of 4 warps per SM where the stages fit
+    # up to 64 tokens 3 CTAs of 4 warps per SM where the stages fit; 128 tokens: 128 fp32 sums a thread
+    assert spills == 0 and registers <= most, report
     assert f"wgmma.mma_async.sync.aligned.m64n{8 * nt}k16.f32.bf16.bf16".encode() in code
     assert b"mma.sync" not in code and b"ldmatrix" not in code  # x goes to the tensor cores from the stage
 
@@ -283,8 +294,8 @@ def test_a_graph_replay_reads_its_predecessors_output_under_pdl() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [3, 5, 8, 12, 40, 100, 129, 256])
-def test_the_int4_dispatch_takes_it_from_3_to_256_tokens(m: int) -> None:
+@pytest.mark.parametrize("m", [3, 5, 8, 12, 40, 100, 129, 256, 384])
+def test_the_int4_dispatch_takes_it_from_3_to_384_tokens(m: int) -> None:
     from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
     from kvpilot.runtime.kernels.w4a16_mma_triton import int_gemm_mma, mma_dispatched
     from kvpilot.runtime.kernels.w4a16_triton import int_gemm
@@ -301,6 +312,25 @@ def test_the_int4_dispatch_takes_it_from_3_to_256_tokens(m: int) -> None:
     triton = int_gemm_mma(x, qweight, scales, zeros, 4, cuda_kernel=False) if mma else None
     if triton is not None:  # the Triton GEMM it replaces at 17-128 tokens agrees within bf16 rounding
         torch.testing.assert_close(direct.float(), triton.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("m", "slices", "stages"), [(100, 1, 2), (129, 3, 2), (256, 5, 3), (300, 1, 4)])
+def test_128_token_ctas_compute_the_64_token_ctas_gemm(m: int, slices: int, stages: int) -> None:
+    from kvpilot.runtime.kernels.w4a16_gemm_cuda import WGMMA_MAX_TOKEN_TILES, w4a16_gemm
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("warpgroup mmas are sm_90a's")
+    x, qweight, scales, zeros = _case(m, 2048, 4096, 128, False, seed=m + slices)
+    wide = launch_for(m, 2048, 4096, 128, _sms(), True, stages=stages, wgmma_from=3, max_token_tiles=16)
+    spec = dataclasses.replace(wide.spec, cluster_reduce=slices > 1)
+    wide = dataclasses.replace(wide, slices=slices, spec=spec)
+    assert wide.spec.token_tiles == WGMMA_MAX_TOKEN_TILES and wide.token_blocks == -(-m // 128)
+    out = w4a16_gemm(x, qweight, scales, zeros, _sms(), wide)
+    torch.testing.assert_close(out.float(), _want(x, qweight, scales, zeros), atol=1e-2, rtol=1e-2)
+    narrow = w4a16_gemm(x, qweight, scales, zeros, _sms())  # the dispatch's 64-token CTAs
+    torch.testing.assert_close(out, narrow, atol=1e-2, rtol=1e-2)
+    assert torch.equal(w4a16_gemm(x, qweight, scales, zeros, _sms(), wide), out)  # deterministic
 
 
 @pytest.mark.gpu

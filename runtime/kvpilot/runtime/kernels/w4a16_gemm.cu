@@ -33,7 +33,7 @@ typedef unsigned short u16;
 #ifndef WGMMA
 #define WGMMA 0
 #endif
-#if WGMMA && ((NT != 2 && NT != 4 && NT != 8) || WARPS % 4 || BIASED)
+#if WGMMA && ((NT != 2 && NT != 4 && NT != 8 && NT != 16) || WARPS % 4 || BIASED)
 #error "the WGMMA build takes 16, 32 or 64 tokens in whole warpgroups, dequantizing"
 #endif
 #define TILE 128

@@ -1,5 +1,5 @@
 """Host side of w4a16_gemm.cu: the int4 weight-only GEMM for 3+ tokens on mma.sync (CUDA sm_80+, bf16;
-dispatched on sm_90 at 5-256 tokens, from 3 below a long K, see preferred), from 17 tokens on sm_90 on
+dispatched on sm_90 at 5-384 tokens, from 3 below a long K, see preferred), from 17 tokens on sm_90 on
 warpgroup mmas (WGMMA_FIRST_TOKEN_TILES).
 
 Compiled at run time by NVRTC (nvrtc.py), once per GemmSpec, launched on the current stream (CUDA-graph
@@ -69,7 +69,13 @@ DEEP_MIN_SLICES = 4
 # tokens gate_up and down gained, o lost 0.3 (8.5 against 8.2); at 12-16 tokens 16-token CTAs lost to the
 # biased mma.sync builds (qkv 13.8-14.1 against 8.9-9.1).
 WGMMA_FIRST_TOKEN_TILES = 3
-WGMMA_TOKEN_TILES = (2, 4, 8)
+WGMMA_TOKEN_TILES = (2, 4, 8, 16)
+# 128 tokens a CTA (m64n128k16: 128 fp32 sums a thread, 236 registers) where max_token_tiles asks for it:
+# the sweep's (tt=16), not dispatched. H100, seventeenth session, µs at 512 / 1024 tokens against 64-token
+# CTAs and dequantize + cuBLAS: o 33.3 / 56.7 against 49.7 / 90.3 and 36.4 / 56.8, gate_up 177.6 / 390.5
+# against 214.1 / 459.7 and 233.2 / 362.3, down 88.8 / 168.9 against 153.6 / 271.5 and 112.8 / 171.4, but qkv
+# 67.4 / 111.4 against 51.3 / 112.1 and 56.3 / 87.9; slower than 64-token CTAs at 129-384 tokens everywhere.
+WGMMA_MAX_TOKEN_TILES = 16
 Held = Callable[["GemmSpec", int], int]  # clusters of (build, slices) the GPU holds at once
 
 
@@ -158,9 +164,12 @@ def launch_for(
     WGMMA_FIRST_TOKEN_TILES): from that many token tiles, CTAs of 16, 32 or 64 tokens take the WGMMA build."""
     blocks_m = -(-m // (8 * max_token_tiles))
     token_tiles = real_tiles = -(-m // (8 * blocks_m))
-    wgmma = 0 < wgmma_from <= token_tiles and warps % 4 == 0 and max_token_tiles == MAX_TOKEN_TILES
+    wide_m = max_token_tiles in (MAX_TOKEN_TILES, WGMMA_MAX_TOKEN_TILES)
+    wgmma = 0 < wgmma_from <= token_tiles and warps % 4 == 0 and wide_m
     if wgmma:
         token_tiles = next(tiles for tiles in WGMMA_TOKEN_TILES if tiles >= token_tiles)
+    elif token_tiles > MAX_TOKEN_TILES:
+        raise ValueError(f"{token_tiles} token tiles a CTA: mma.sync builds take at most {MAX_TOKEN_TILES}")
     biased = token_tiles <= biased_max_token_tiles and not wgmma
     if not warps:
         whole = n % (COLS_PER_WARP * WIDE_WARPS) == 0  # a CTA's 256 columns must tile N
@@ -210,11 +219,12 @@ def clusters_held(spec: GemmSpec, slices: int) -> int:
 # session). Since the cluster's last meeting arrives relaxed (thirteenth session) it also beats the GEMV at
 # 3-4 tokens for qkv / o / gate_up (4 tokens: 7.7 / 6.5 / 19.6 against 8.7 / 6.7 / 21.0 us; 3: 7.6 / 6.5 /
 # 19.7 against 8.4 / 6.5 / 19.9) but not for down, a long K (14.8 against 12.7 at 4), nor at 2 tokens
-# (o 6.4 against 5.9, gate_up 19.5 against 18.0). At 129-256 tokens (3-4 token blocks of 64) than dequantize +
-# cuBLAS, what ran there before (H100, seventeenth session, µs at 192 / 256 tokens): qkv 30.9 / 30.9 against
-# 50.7 / 48.7, o 22.9 / 30.2 against 29.5 / 29.9, gate_up 87.4 / 104.4 against 180.1 / 182.2, down 59.0 / 81.8
-# against 109.7 / 98.0; at 512 the layer's sum was lost (466.7 against 444.1), at 1024 every layer.
-PREFERRED_M = (5, 256)
+# (o 6.4 against 5.9, gate_up 19.5 against 18.0). At 129-384 tokens (3-6 token blocks of 64) than dequantize +
+# cuBLAS, what ran there before (H100, seventeenth session, µs at 192 / 256 / 384 tokens): qkv 30.9 / 30.9 /
+# 50.5 against 50.7 / 48.7 / 53.0, o 22.9 / 30.2 / 30.2 against 29.5 / 29.9 / 32.2, gate_up 87.4 / 104.4 /
+# 157.4 against 180.1 / 182.2 / 212.7, down 59.0 / 81.8 / 83.7 against 109.7 / 98.0 / 123.8. At 512 o and
+# down lost (one K slice: 49.7 and 153.6 against 36.4 and 112.8), at 1024 every layer.
+PREFERRED_M = (5, 384)
 SHORT_K_FIRST_M = 3  # where K has fewer than LONG_K_TILES tiles
 
 
@@ -236,10 +246,17 @@ def takes(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> bool:
 
 
 def warm_up_ms(top: int, k: int, hopper: bool = True) -> list[int]:
-    """One M per build up to top tokens (a build per token-tile count, stage count and cluster use; 3-8
-    tokens share one): running each once compiles them all while the model loads (none where the dispatch
-    never comes here)."""
-    ms = (8, 16, *range(24, 65, 8), *range(80, 129, 16), 192, 256)
+    """One M per build up to top tokens: for each count of 64-token blocks, the largest M of each token-tile
+    count it takes (the build follows the tile count, and the stages and K slices follow the tile and block
+    counts; 3-8 tokens share one): running each once compiles them all while the model loads (none where
+    the dispatch never comes here)."""
+    per_block = 8 * MAX_TOKEN_TILES
+    ms = [
+        8 * tiles * blocks
+        for blocks in range(1, -(-top // per_block) + 1)
+        for tiles in range(1, MAX_TOKEN_TILES + 1)
+        if -(-(8 * tiles * blocks) // per_block) == blocks  # M takes that many blocks of that many tiles
+    ]
     return [m for m in ms if m <= top and preferred(m, k, hopper)]
 
 

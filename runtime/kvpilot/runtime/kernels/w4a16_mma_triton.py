@@ -286,7 +286,7 @@ def warm_up_mma(
 ) -> None:
     """Run each bucket's launch shape once (zeros in), so Triton compiles them while the model loads, and
     w4a16_gemm.cu's builds (one per token-tile count, stage count and cluster use) where the dispatch takes
-    it (w4a16_gemm_cuda.takes: up to 256 tokens, past the buckets)."""
+    it (w4a16_gemm_cuda.takes: up to 384 tokens, past the buckets)."""
     k = qweight.shape[0] * (32 // bits)
     tops = [top for top, cfg in MMA_BUCKETS.get(bits, ()) if cfg is not None]
     for top in tops:

@@ -266,7 +266,7 @@ def int_gemm(
     x = x[:, perm] if perm is not None else (x if x.stride(-1) == 1 else x.contiguous())
     group = x.shape[1] // scales.shape[0]
     if cuda_kernel and bits == 4 and x.is_cuda and _cuda_gemm_takes(x, qweight, scales):
-        from .w4a16_gemm_cuda import w4a16_gemm  # CUDA-only (NVRTC): 3-256 tokens (5-256 for a long K)
+        from .w4a16_gemm_cuda import w4a16_gemm  # CUDA-only (NVRTC): 3-384 tokens (5-384 for a long K)
 
         y = w4a16_gemm(x, qweight, scales, zeros, num_sms(x.device))
     elif not fused_supported(x.shape[1], group, bits) or x.shape[0] >= DEQUANT_CUBLAS_MIN_M:
