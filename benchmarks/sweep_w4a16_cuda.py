@@ -2,7 +2,7 @@
 dispatch, one run; each CUDA cell's error against the Triton output is printed. A variant is key=value
 pairs joined by commas, each defaulting to the dispatched launch: ctas (K slices until ~ctas CTAs per SM) or
 slices (exactly), stages (register ring depth), early (1: release the next kernel at entry, 0: after the K
-loop), ring (> 0: shared-memory stages per warp in place of the register ring), min (the launch bound's CTAs
+loop), min (the launch bound's CTAs
 per SM), warps, cluster (1: the slices meet in a cluster's shared memory; 2..8 slices); dispatch=1 is
 the launch w4a16_gemv takes by itself. Each cell ends with its launch's CTAs, or its clusters against those
 the GPU holds at once.
@@ -18,7 +18,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 from bench_w4a16 import LAYERS, Formats, copies, graph_us, sweep_cell
-from kvpilot.runtime.kernels.nvrtc import allow_shared_memory, max_active_clusters
+from kvpilot.runtime.kernels.nvrtc import max_active_clusters
 from kvpilot.runtime.kernels.w4a16_cuda import (
     CTAS_PER_SM,
     STAGES,
@@ -38,8 +38,8 @@ def variant_plan(case: dict[str, str], m: int, n: int, k: int, sms: int) -> W4La
     if get("dispatch"):
         return dispatched_launch(m, n, k, 128, sms, hopper=True)
     plan = launch_for(
-        m, n, k, 128, sms, get("ctas", CTAS_PER_SM), int(get("stages", STAGES)), int(get("ring", 0)),
-        int(get("min", 1)), clusters=bool(get("cluster", 0)),
+        m, n, k, 128, sms, get("ctas", CTAS_PER_SM), int(get("stages", STAGES)), int(get("min", 1)),
+        clusters=bool(get("cluster", 0)),
     )  # fmt: skip
     slices = int(get("slices", plan.slices))
     spec = dataclasses.replace(
@@ -51,14 +51,13 @@ def variant_plan(case: dict[str, str], m: int, n: int, k: int, sms: int) -> W4La
     return dataclasses.replace(plan, spec=spec, slices=slices)
 
 
-def waves(plan: W4Launch, m: int, n: int, k: int) -> str:
+def waves(plan: W4Launch, n: int) -> str:
     """A cluster build's clusters against those the GPU holds at once (cuOccupancyMaxActiveClusters)."""
     if not plan.spec.cluster_reduce:
         return f"{n // 64 * plan.slices} CTAs"
-    kernel, shared = compiled(plan.spec), plan.shared_bytes(m, k)
+    kernel = compiled(plan.spec)
     try:
-        allow_shared_memory(kernel, shared)
-        held = max_active_clusters(kernel, (plan.spec.warps * 32, 1, 1), shared, (1, plan.slices, 1))
+        held = max_active_clusters(kernel, (plan.spec.warps * 32, 1, 1), 0, (1, plan.slices, 1))
     except RuntimeError as error:  # a diagnostic: the cell's time stands without it
         return f"{n // 64} clusters / held unknown ({str(error)[-24:]})"
     return f"{n // 64} clusters / {held} held"
@@ -71,7 +70,6 @@ def main() -> None:
     parser.add_argument("--layers", nargs="*", default=[])
     args = parser.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin - 1024
     cases = [dict(item.split("=") for item in v.split(",")) for v in args.variants]
     head = " | ".join(f"cuda {v} µs (×bf16)" for v in args.variants)
     print(f"| layer | M | bf16 µs | triton µs (×bf16) | {head} |")
@@ -89,14 +87,11 @@ def main() -> None:
             for case in cases:
                 counters = torch.zeros(n // 64, device="cuda", dtype=torch.int32)
                 plan = variant_plan(case, m, n, k, sms)
-                if plan.shared_bytes(m, k) > optin:
-                    cells.append("too much shared memory")
-                    continue
 
                 def run(x, q, sc, z, counters=counters, plan=plan):
                     return w4a16_gemv(x, q, sc, z, sms, counters, plan)
 
-                cells.append(sweep_cell(run, x, fmt.w4, sets, want, bf16) + f", {waves(plan, m, n, k)}")
+                cells.append(sweep_cell(run, x, fmt.w4, sets, want, bf16) + f", {waves(plan, n)}")
             row = f"| {name} | {m} | {bf16:.1f} | {tri:.1f} ({bf16 / tri:.2f}×) | " + " | ".join(cells) + " |"
             print(row, flush=True)
         del fmt, sets, dense

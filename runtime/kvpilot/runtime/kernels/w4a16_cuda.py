@@ -1,13 +1,11 @@
 """Host side of w4a16_gemv.cu: the int4 weight-only GEMM for 1-16 tokens on mma.sync (CUDA sm_80+, bf16).
 
 Compiled at run time by NVRTC (nvrtc.py), once per W4Spec, and launched on the
-current stream (CUDA-graph capturable once compiled: the model's warm-up compiles it). Two builds: weight
-tiles in a register ring (dispatched; on sm_90 a column block's K slices may add up in a cluster,
-dispatched_launch), or in per-warp shared-memory rings (ring > 0: dispatched in the tenth to fifteenth
-sessions, now the sweep's). The weight stays in
-the canonical layout of quant_reference.py, so every int4 format the loader reads (AWQ, GPTQ, load-time
-int4) runs here unchanged; the Triton kernels remain the CPU path and the fallback for what this one does
-not take (see unsupported).
+current stream (CUDA-graph capturable once compiled: the model's warm-up compiles it). Each warp holds its
+weight tiles in a register ring; on sm_90 a column block's K slices may add up in a cluster
+(dispatched_launch). The weight stays in the canonical layout of quant_reference.py, so every int4 format
+the loader reads (AWQ, GPTQ, load-time int4) runs here unchanged; the Triton kernels remain the CPU path and
+the fallback for what this one does not take (see unsupported).
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .nvrtc import allow_shared_memory, compile_cuda, launch_pdl
+from .nvrtc import compile_cuda, launch_pdl
 
 SOURCE = Path(__file__).with_name("w4a16_gemv.cu")
 COLS = 64  # output columns per CTA
@@ -30,7 +28,6 @@ CTAS_PER_SM = 3.0  # K slices per column block until the GPU holds ~this many CT
 X_BYTES = 32768  # the kernel's shared memory for the staged x: 256 bytes per K tile and token
 EARLY_RELEASE = True
 MAX_CLUSTER = 8  # the portable cluster size
-STAGE_BYTES = 16 * COLS * 4 + 2 * COLS * 2  # one tile of a shared ring: its words, then 64 scales and zeros
 
 
 @dataclass(frozen=True)
@@ -42,7 +39,6 @@ class W4Spec:
     tiles_per_group: int
     stages: int = STAGES
     early_release: bool = EARLY_RELEASE
-    ring: int = 0  # > 0: shared-memory stages per warp (cp.async) in place of the register ring
     min_ctas: int = 1  # the launch bound's CTAs per SM (4 caps a 4-warp CTA at 128 registers)
     cluster_reduce: bool = False  # sm_90: a column block's 2..8 K slices are one cluster
 
@@ -53,7 +49,6 @@ class W4Spec:
             "TILES_PER_GROUP": self.tiles_per_group,
             "STAGES": self.stages,
             "EARLY_RELEASE": int(self.early_release),
-            "RING": self.ring,
             "MIN_CTAS": self.min_ctas,
             "CLUSTER_REDUCE": int(self.cluster_reduce),
         }
@@ -70,14 +65,6 @@ class W4Launch:
 
     spec: W4Spec
     slices: int
-
-    def shared_bytes(self, m: int, k: int) -> int:
-        """Dynamic shared memory of a shared-ring build (0 for the register ring, whose is static): the
-        staged x of the longest slice, then each warp's ring."""
-        if not self.spec.ring:
-            return 0
-        slice_tiles = -(-(k // TILE) // self.slices)
-        return 256 * m * slice_tiles + self.spec.warps * self.spec.ring * STAGE_BYTES
 
 
 def unsupported(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int) -> str | None:
@@ -122,7 +109,6 @@ def launch_for(
     sms: int,
     ctas_per_sm: float = CTAS_PER_SM,
     stages: int = STAGES,
-    ring: int = 0,
     min_ctas: int = 1,
     clusters: bool = False,
 ) -> W4Launch:
@@ -136,7 +122,6 @@ def launch_for(
         1 if m <= 8 else 2,
         group // TILE,
         stages,
-        ring=ring,
         min_ctas=min_ctas,
         cluster_reduce=clusters and cluster_fits(slices),
     )
@@ -153,8 +138,9 @@ def dispatched_launch(m: int, n: int, k: int, group: int, sms: int, hopper: bool
     most 8 tiles (Qwen3-8B's qkv and o), the register build with fewer slices (CLUSTER_CTAS_PER_SM) adding
     up in a cluster; otherwise launch_for's register build. H200, sixteenth session (x's tile sums from its
     staging): qkv 6.9 / 7.1 / 8.2 us at 1 / 2 / 4 tokens, o 5.3 / 5.7 / 6.6, against 7.1 / 7.7 / 8.7 and
-    5.6 / 6.0 / 6.7 on the shared-ring build dispatched there before (and 9.0-11.0 with ~3 CTAs per SM in
-    the cluster); gate_up and down keep theirs (unmeasured clustered)."""
+    5.6 / 6.0 / 6.7 on the shared-ring build dispatched there before (removed since), and 9.0-11.0 with ~3
+    CTAs per SM in the cluster; gate_up and down keep theirs (down clustered: 12.4 against 12.5 us, H100,
+    seventeenth session)."""
     plan = launch_for(m, n, k, group, sms)
     slice_tiles = -(-(k // TILE) // plan.slices)
     fits = slice_tiles <= CLUSTER_MAX_SLICE_TILES and cluster_fits(plan.slices)
@@ -208,13 +194,11 @@ def w4a16_gemv(
     else:
         workspace = counters = y  # unused
     args = [x, qweight, scales, zeros.contiguous(), y, workspace, counters, m, n, k, x.stride(0), y.stride(0)]
-    shared = plan.shared_bytes(m, k)
-    kernel = compiled(plan.spec)
-    allow_shared_memory(kernel, shared)  # per launch: the sizes differ by M (none dispatched passes 48 KB)
+    kernel = compiled(plan.spec)  # its shared memory is static (the staged x, then the partial sums)
     grid, block = (n // COLS, plan.slices, 1), (plan.spec.warps * 32, 1, 1)
     if hopper:  # PDL: its first weight tiles load while the predecessor drains
         cluster = (1, plan.slices, 1) if plan.spec.cluster_reduce else None
-        launch_pdl(kernel, grid, block, args, shared, cluster)
+        launch_pdl(kernel, grid, block, args, 0, cluster)
     else:
-        kernel(grid=grid, block=block, args=args, shared_mem=shared)
+        kernel(grid=grid, block=block, args=args, shared_mem=0)
     return y

@@ -4,15 +4,11 @@
 //   WARPS (warps per CTA, splitting its K slice), NT (token tiles of 8: 1 for M <= 8, 2 for M <= 16),
 //   TILES_PER_GROUP (G / 128), STAGES (K tiles each warp has loaded, in registers, while it computes one),
 //   EARLY_RELEASE (1: the next kernel may launch at this one's entry, not only after its K loop),
-//   RING (0: each warp holds STAGES tiles in registers; R > 0: each warp streams its tiles through R stages
-//   of shared memory with cp.async, all R issued before the wait), MIN_CTAS (the launch bound's CTAs per SM),
+//   MIN_CTAS (the launch bound's CTAs per SM),
 //   CLUSTER_REDUCE (1: sm_90, a column block's S <= 8 slices are one cluster and meet in shared memory).
-// Why RING: released at entry, the next GEMM's CTAs can only stream while this one computes if both fit on
-// an SM at once. The register ring needs ~162 registers a thread (3 CTAs fill an SM); the shared ring keeps
-// a CTA at <= 128 registers and ~35-55 KB, so CTAs of the next GEMM fit beside this one's, with the first
-// R tiles of each warp in flight before this one ends (qkv and o at 1-4 tokens: the whole slice). Alone it
-// was slower on the H200; with CLUSTER_REDUCE it was the faster build there until the register build took
-// x's tile sums from its staging (sixteenth session; w4a16_cuda.dispatched_launch).
+// A shared-memory ring of cp.async stages per warp (tenth to sixteenth sessions; a CTA at <= 128 registers,
+// so the next GEMM's CTAs fit beside this one's) was the faster build for qkv and o at 1-4 tokens until the
+// register ring took x's tile sums from its staging; the seventeenth session removed it (BENCHMARKS.md).
 // The staged x takes 256 M bytes per K tile out of X_BYTES: the host gives a CTA at most X_BYTES / 256 M tiles.
 // Grid (N / 64, S): CTA (b, s) takes 64 output columns and the s-th of S slices of K's tiles. It stages its x
 // slice in shared memory in the mma's B-fragment order, its warps take the slice's tiles in turn, their
@@ -29,15 +25,13 @@
 // Why the bias stays in: a tile lies in one group, so sum_k x_k (q_k - z) s = s (sum_k x_k (128 + q_k) -
 // (128 + z) sum_k x_k). The mmas take the biased pairs as they come out of one shift and one lop3 (8 values
 // in 7 instructions; subtracting the zero and scaling per value took 4 per pair, and bounded the kernel by
-// issue, not bytes), sum_k x_k per token comes from x's staging (w4a16_xstage.cuh) or from a ninth mma per
-// step with an all-ones A (XSUM_MMA), and the zero and the scale are applied once per tile to the fp32 sums.
+// issue, not bytes), sum_k x_k per token comes from x's staging (w4a16_xstage.cuh: in place of a ninth mma
+// per step with an all-ones A, H200, sixteenth session, one token: gate_up / down 17.8 / 11.5 -> 15.9 /
+// 10.6 µs), and the zero and the scale are applied once per tile to the fp32 sums.
 
 typedef unsigned int u32;
 typedef unsigned short u16;
 
-#ifndef RING
-#define RING 0
-#endif
 #ifndef MIN_CTAS
 #define MIN_CTAS 1
 #endif
@@ -47,7 +41,6 @@ typedef unsigned short u16;
 #define COLS 64
 #define TILE 128
 #define WORDS_PER_TILE 16
-#define ONES 0x3F803F80u  // bf16x2 (1, 1)
 #define RED_ELEMS 4   // the split fixup's elements per thread per round
 #define RED_SLICES 8  // and the slices of each it loads at once
 
@@ -89,17 +82,12 @@ __device__ __forceinline__ void load_tile(Tile& w, const u32* qw, const u16* sca
 #define X_BYTES 32768
 #include "w4a16_xstage.cuh"
 
-// Where x's tile sums come from. The register builds take them from x's staging; the shared-ring builds keep
-// the ones-mma. H200, sixteenth session, one token: staging sums took gate_up / down (register builds) from
-// 17.8 / 11.5 to 15.9 / 10.6 µs, but o / qkv (ring builds) from 5.6 / 7.1 to 6.6 / 7.4 (cause not found).
-#define XSUM_MMA (RING > 0)
-
 // biased_pair (int4_pairs.cuh): bf16x2 (128 + q_i, 128 + q_{i+4}); in C the lop3 would take an AND and an OR
 
 // The tile's sums: part[4 nt + c] is mma block c of token tile nt, (col + c | col + 32 + c) x tokens
-// (8 nt + 2t, + 1), over the biased weights; with XSUM_MMA, ones[nt] gets x's sum over the tile for them.
-__device__ __forceinline__ void mma_tile(float (*part)[4], float (*ones)[4], const Tile& w, const uint4* xs,
-                                         int tile, int g, int t, int m) {
+// (8 nt + 2t, + 1), over the biased weights.
+__device__ __forceinline__ void mma_tile(float (*part)[4], const Tile& w, const uint4* xs, int tile, int g, int t,
+                                         int m) {
 #pragma unroll
     for (int rs = 0; rs < 4; ++rs) {
         uint4 b[NT];
@@ -109,13 +97,6 @@ __device__ __forceinline__ void mma_tile(float (*part)[4], float (*ones)[4], con
         const u32 hi[4] = {w.hi[rs].x, w.hi[rs].y, w.hi[rs].z, w.hi[rs].w};
 #pragma unroll
         for (int s = 0; s < 2; ++s) {
-#if XSUM_MMA
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-                const u32 b0 = s == 0 ? b[nt].x : b[nt].z, b1 = s == 0 ? b[nt].y : b[nt].w;
-                mma_bf16(ones[nt], ONES, ONES, ONES, ONES, b0, b1);
-            }
-#endif
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
                 const u32 a0 = biased_pair(lo[c], 2 * s), a2 = biased_pair(lo[c], 2 * s + 1);
@@ -157,22 +138,13 @@ __device__ __forceinline__ void fold_tile(float (*acc)[4], float (*part)[4], flo
 
 __device__ __forceinline__ void tile_into(float (*acc)[4], const Tile& w, const uint4* xs, const float* x_sums,
                                           int tile, int g, int t, int m) {
-    float part[4 * NT][4], ones[NT][4] = {}, xsum[NT][2];
+    float part[4 * NT][4], xsum[NT][2];
 #pragma unroll
     for (int i = 0; i < 4 * NT; ++i) part[i][0] = part[i][1] = part[i][2] = part[i][3] = 0.f;
-    mma_tile(part, ones, w, xs, tile, g, t, m);
-#if XSUM_MMA
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) xsum[nt][0] = ones[nt][0], xsum[nt][1] = ones[nt][1];  // row g: tokens 2t, 2t+1
-#else
+    mma_tile(part, w, xs, tile, g, t, m);
     tile_xsum(xsum, x_sums, tile, t, m);
-#endif
     fold_tile(acc, part, xsum, w);
 }
-
-#if RING
-#include "w4a16_ring.cuh"
-#endif
 
 // This warp's tiles t_lo + warp + WARPS i of the slice, STAGES - 1 of them loaded ahead of the one in use
 // (the ring is indexed by compile-time constants: the loop is unrolled by STAGES).
@@ -290,7 +262,6 @@ __device__ void store_columns(float (*acc)[4], void* scratch, u16* y, float* wor
 
 // x [M, K] bf16 (row stride stride_x), qweight int32 [K/8, N], scales/zeros bf16 [K/G, N], y [M, N] bf16;
 // workspace fp32 [S, M, N] and counters int32 [N / 64] (zero; left zero) when S > 1.
-// RING > 0: dynamic shared memory of 256 M ceil(K tiles / S) bytes (x) + WARPS RING STAGE_BYTES (the rings).
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_CTAS) w4a16_gemv(
     const u16* __restrict__ x, const u32* __restrict__ qweight, const u16* __restrict__ scales,
     const u16* __restrict__ zeros, u16* __restrict__ y, float* __restrict__ workspace, int* __restrict__ counters,
@@ -304,19 +275,6 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_CTAS) w4a16_gemv(
     const int t_lo = blockIdx.y * all_tiles / slices, t_hi = (blockIdx.y + 1) * all_tiles / slices;
     const int first = t_lo + warp, count = first < t_hi ? (t_hi - first + WARPS - 1) / WARPS : 0;
 
-#if RING
-    // x's slice as B fragments, then the warps' rings; the partial sums later reuse the rings
-    extern __shared__ uint4 smem[];
-    uint4* rings = smem + m * ((all_tiles + slices - 1) / slices) * 16;
-    float* x_sums = nullptr;  // XSUM_MMA
-    uint4* ring = rings + warp * RING * (STAGE_BYTES / 16);
-#pragma unroll
-    for (int j = 0; j < RING; ++j) {  // in flight while the predecessor finishes and x is staged
-        if (j < count) fetch_tile(ring + j * (STAGE_BYTES / 16), qweight, scales, zeros, first + j * WARPS, n, n0, lane);
-        cp_async_commit();
-    }
-    void* scratch = rings;
-#else
     // x's slice as B fragments, then (after the sync) the warps' partial sums: [WARPS][NT * 8][64] fp32
     __shared__ uint4 smem[X_BYTES / 16 > WARPS * NT * 8 * COLS / 4 ? X_BYTES / 16 : WARPS * NT * 8 * COLS / 4];
     __shared__ float x_sums[X_BYTES / 128];  // 2 per (token, tile): 256 bytes of x each
@@ -324,8 +282,6 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_CTAS) w4a16_gemv(
 #pragma unroll
     for (int j = 0; j < STAGES - 1; ++j)  // in flight while the predecessor finishes and x is staged
         if (j < count) load_tile(ring[j], qweight, scales, zeros, first + j * WARPS, n, col, t);
-    void* scratch = smem;
-#endif
     gdc_wait();
     stage_x(smem, x_sums, x, stride_x, m, t_lo * TILE, t_hi - t_lo);
     __syncthreads();
@@ -333,14 +289,10 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_CTAS) w4a16_gemv(
     float acc[4 * NT][4];
 #pragma unroll
     for (int i = 0; i < 4 * NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-#if RING
-    stream_ring(acc, ring, qweight, scales, zeros, smem, x_sums, first, count, t_lo, n, n0, lane, g, t, m);
-#else
     stream_tiles(acc, ring, qweight, scales, zeros, smem, x_sums, first, count, t_lo, n, col, g, t, m);
-#endif
 #if !EARLY_RELEASE
     gdc_launch_dependents();
 #endif
-    __syncthreads();  // x and the rings are no longer read: the space takes the partial sums
-    store_columns(acc, scratch, y, workspace, counters, m, n, n0, stride_y, warp, g, t);
+    __syncthreads();  // x is no longer read: the space takes the partial sums
+    store_columns(acc, smem, y, workspace, counters, m, n, n0, stride_y, warp, g, t);
 }
