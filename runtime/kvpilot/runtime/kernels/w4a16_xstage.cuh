@@ -27,7 +27,7 @@ __device__ __forceinline__ void store_x_unit(uint4* xs, const uint4 (&v)[8], int
 }
 
 // x's K rows [k_lo, k_lo + 128 tiles) staged as above, one unit per thread at a time (its eight 16-byte loads in
-// flight together), and (sums not null) each unit's sum (64 values: token tok, tile, half h) into sums
+// flight together), and each unit's sum (64 values: token tok, tile, half h) into sums
 // [tiles][M][2] fp32, so that a tile's sum per token is sums[.][.][0] + sums[.][.][1]: the int4 kernels apply
 // a tile's zero point to it (the values are in registers already: a few FADDs, not a ones-mma per step).
 __device__ void stage_x(uint4* xs, float* sums, const u16* x, int stride_x, int m, int k_lo, int tiles) {
@@ -38,7 +38,6 @@ __device__ void stage_x(uint4* xs, float* sums, const u16* x, int stride_x, int 
 #pragma unroll
         for (int j = 0; j < 8; ++j) v[j] = __ldg(src + 2 * j);  // 16 K rows = 2 uint4 apart
         store_x_unit(xs, v, tile, tok, h, m);
-        if (!sums) continue;
         float part[8];  // eight short chains, then a tree: this runs right after the PDL wait
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
