@@ -33,7 +33,7 @@ from kvpilot.runtime.kernels.w4a16_gemm_cuda import (
     w4a16_gemm,
 )
 from kvpilot.runtime.kernels.w4a16_mma_triton import int_gemm_mma, mma_dispatched
-from kvpilot.runtime.kernels.w4a16_triton import int_gemm
+from kvpilot.runtime.kernels.w4a16_triton import dequantize_triton, int_gemm
 
 
 def variant_plan(case: dict[str, str], m: int, n: int, k: int, sms: int) -> GemmLaunch:
@@ -81,8 +81,10 @@ def main() -> None:
             bf16 = graph_us(F.linear, [(x, *t) for t in dense])
 
             def before(x, q, sc, z, counters=fmt.counters, m=m, k=k):
-                if m <= PREFERRED_MAX_M or not mma_dispatched(m, k, 128, 4):  # the decode GEMV, or
-                    return int_gemm(x, q, sc, z, 4, None, counters)  # dequantize + cuBLAS above 128
+                if m <= PREFERRED_MAX_M:  # the dispatch's own (the decode GEMV, w4a16_gemv.cu)
+                    return int_gemm(x, q, sc, z, 4, None, counters)
+                if not mma_dispatched(m, k, 128, 4):  # past the Triton GEMM's buckets
+                    return x @ dequantize_triton(q, sc, z, 4, x.dtype)
                 return int_gemm_mma(x, q, sc, z, 4, None, counters, cuda_kernel=False)
 
             tri = graph_us(before, [(x, *t) for t in sets])
