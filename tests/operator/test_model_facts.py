@@ -89,11 +89,16 @@ def test_prequantized_checkpoints(model_configs: dict[str, dict[str, Any]]) -> N
     assert (gptq.prequantized, gptq.quant_group_size) == ("gptq", 64)
     fp8 = facts_from_config({**base, "quantization_config": {"quant_method": "fp8"}})
     assert fp8.prequantized == "fp8"
-    ct = {
-        "quant_method": "compressed-tensors",
-        "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "int"}}},
-    }
-    with pytest.raises(ModelFactsError, match="float8 weights only"):
+    w4a16 = {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128, "symmetric": True}
+    ct = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {"weights": w4a16}}}
+    ct4 = facts_from_config({**base, "quantization_config": ct})  # llm-compressor's W4A16: gptq family
+    assert (ct4.prequantized, ct4.quant_group_size, ct4.quant_bits) == ("gptq", 128, 4)
+    w8a16 = {"num_bits": 8, "type": "int", "strategy": "channel"}
+    ct["config_groups"] = {"group_0": {"weights": w8a16, "input_activations": None}}
+    ct8 = facts_from_config({**base, "quantization_config": ct})
+    assert (ct8.prequantized, ct8.quant_group_size, ct8.quant_bits) == ("gptq", -1, 8)
+    ct["config_groups"]["group_0"]["input_activations"] = {"num_bits": 8, "type": "int", "dynamic": True}
+    with pytest.raises(ModelFactsError, match="not quantized int activations, W8A8"):
         facts_from_config({**base, "quantization_config": ct})
     gptq8 = facts_from_config({**base, "quantization_config": {**gptq_config, "bits": 8}})
     assert (gptq8.prequantized, gptq8.quant_bits) == ("gptq", 8)

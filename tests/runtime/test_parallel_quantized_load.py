@@ -1,6 +1,7 @@
 """Quantized weights shard across tensor-parallel ranks: each rank's dequantized weights are exactly its
-slice of one GPU's (every format: int8/int4/fp8 quantized at load, AWQ, GPTQ, fp8 checkpoints), and a
-split the packing cannot take is refused naming the numbers. In process: a rank's load needs no peers."""
+slice of one GPU's (every format: int8/int4/fp8 quantized at load, AWQ, GPTQ, fp8 and compressed-tensors
+checkpoints), and a split the packing cannot take is refused naming the numbers. In process: a rank's load
+needs no peers."""
 
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ CASES: dict[str, tuple[str | None, str | None, dict[str, Any]]] = {
     "gptq8-g-1-v2": ("gptq", None, {"bits": 8, "group_size": -1, "v2": True}),
     "fp8-checkpoint": ("fp8", None, {}),
     "compressed-tensors-channel": ("compressed-tensors", None, {"per_channel": True}),
+    "ct-int4-asym-g32": ("compressed-tensors-int", None, {"bits": 4, "group_size": 32, "sym": False}),
+    "ct-int8-sym-channel": ("compressed-tensors-int", "gptq", {"bits": 8, "group_size": -1}),
 }
 
 
@@ -114,6 +117,16 @@ def test_act_order_groups_crossing_the_split_are_refused(tmp_path: Path) -> None
     text = str(err.value)
     assert "_proj.g_idx" in text and "act-order (desc_act)" in text
     assert "inputs [64, 128) of 128" in text and "holds only groups 2..3 of 32 inputs" in text
+
+
+def test_compressed_tensors_act_order_across_the_split_is_refused(tmp_path: Path) -> None:
+    path = make_quantized_checkpoint(
+        tmp_path / "c", "compressed-tensors-int", bits=4, group_size=32, desc_act=True, seed=3
+    )
+    _load(path, None, Rank(0))
+    with pytest.raises(ModelLoadError) as err:
+        _load(path, None, Rank(1, tp=2))
+    assert "_proj.weight_g_idx" in str(err.value) and "act-order (desc_act)" in str(err.value)
 
 
 def test_groups_straddling_the_split_are_refused(tmp_path: Path) -> None:

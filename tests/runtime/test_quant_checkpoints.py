@@ -1,6 +1,6 @@
-"""AWQ / GPTQ / fp8 checkpoints packed from a known float model serve exactly the tokens of the model
-whose weights are their dequantized values. The dequantization here is an independent reference written
-bit by bit from the formats (not the runtime's unpacker)."""
+"""AWQ / GPTQ / fp8 / compressed-tensors checkpoints packed from a known float model serve exactly the
+tokens of the model whose weights are their dequantized values. The dequantization here is an independent
+reference written bit by bit from the formats (not the runtime's unpacker)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ def _field(word: int, index: int, bits: int) -> int:
 def _reference_dequant(tensors: dict[str, torch.Tensor], prefix: str, qc: dict) -> torch.Tensor:
     """W [N, K] float32 from one layer's packed tensors, word by word in Python."""
     method = qc["quant_method"]
+    if prefix + "weight_packed" in tensors:
+        return _reference_compressed_int(tensors, prefix, qc)
     if method in ("fp8", "compressed-tensors"):
         w = tensors[prefix + "weight"].float()
         scale = tensors[prefix + "weight_scale"].float()
@@ -64,6 +66,31 @@ def _reference_dequant(tensors: dict[str, torch.Tensor], prefix: str, qc: dict) 
     return ((q - z[g_idx]) * scales[g_idx]).t().contiguous()
 
 
+def _reference_compressed_int(tensors: dict[str, torch.Tensor], prefix: str, qc: dict) -> torch.Tensor:
+    """compressed-tensors pack-quantized: signed values stored with an offset of 2**(bits-1), packed
+    along K (weights) or N (zero points), low bits first."""
+    scheme = qc["config_groups"]["group_0"]["weights"]
+    bits = scheme["num_bits"]
+    per, offset = 32 // bits, 1 << (bits - 1)
+    packed = tensors[prefix + "weight_packed"].to(torch.int64) & 0xFFFFFFFF
+    scale = tensors[prefix + "weight_scale"].float()  # [N, groups]
+    n, k = packed.shape[0], packed.shape[1] * per
+    q = torch.empty(n, k)
+    for c in range(packed.shape[1]):
+        for j in range(per):
+            q[:, c * per + j] = torch.tensor([_field(int(v), j, bits) - offset for v in packed[:, c]])
+    z = torch.zeros(n, scale.shape[1])
+    if prefix + "weight_zero_point" in tensors:
+        zp = tensors[prefix + "weight_zero_point"].to(torch.int64) & 0xFFFFFFFF
+        for r in range(zp.shape[0]):
+            for j in range(per):
+                z[r * per + j] = torch.tensor([_field(int(v), j, bits) - offset for v in zp[r]])
+    g_idx = tensors.get(prefix + "weight_g_idx")
+    groups = scale.shape[1]
+    g = torch.arange(k) // (k // groups) if g_idx is None else g_idx.to(torch.int64)
+    return (q - z[:, g]) * scale[:, g]
+
+
 def write_dequantized(quantized: Path, out: Path) -> Path:
     """The float32 checkpoint whose projection weights are the quantized checkpoint's values."""
     out.mkdir()
@@ -78,6 +105,7 @@ def write_dequantized(quantized: Path, out: Path) -> Path:
     prefixes = {n[: -len("qweight")] for n in tensors if n.endswith("qweight")}
     prefixes |= {n[: -len("weight_scale")] for n in tensors if n.endswith("weight_scale")}
     packed = ("qweight", "qzeros", "scales", "g_idx", "weight", "weight_scale", "input_scale")
+    packed += ("weight_packed", "weight_zero_point", "weight_g_idx", "weight_shape")
     for name, t in tensors.items():
         prefix, _, suffix = name.rpartition(".")
         if prefix + "." not in prefixes or suffix not in packed:
@@ -106,6 +134,13 @@ CASES = {
     ),
     "gptq8-sym-g-1-qwen2": ("gptq", {"bits": 8, "group_size": -1, "family": "qwen2"}),
     "gptq8-asym-descact-g32": ("gptq", {"bits": 8, "group_size": 32, "sym": False, "desc_act": True}),
+    "ct-int4-sym-g32": ("compressed-tensors-int", {"bits": 4, "group_size": 32}),
+    "ct-int4-asym-actorder-g64-llama": (
+        "compressed-tensors-int",
+        {"bits": 4, "group_size": 64, "sym": False, "desc_act": True, "family": "llama3"},
+    ),
+    "ct-int8-sym-channel": ("compressed-tensors-int", {"bits": 8, "group_size": -1}),
+    "ct-int8-asym-g32": ("compressed-tensors-int", {"bits": 8, "group_size": 32, "sym": False}),
 }
 
 

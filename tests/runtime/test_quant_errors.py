@@ -117,3 +117,56 @@ def test_engine_start_reports_one_clear_error(gptq_dir: Path) -> None:
     set_quant_config(gptq_dir, bits=3)
     with pytest.raises(ModelLoadError, match="bits 3"):
         LLM(str(gptq_dir), device="cpu")
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"format": "naive-quantized"}, ["quantization_config.format 'naive-quantized'", "pack-quantized"]),
+        ({"input_activations": {"num_bits": 8, "type": "int"}}, ["input_activations", "W4A8", "WNA16"]),
+        ({"weights": {"group_size": 256}}, ["group_size 256", "32, 64, 128"]),
+        ({"weights": {"strategy": "tensor", "group_size": None}}, ["strategy 'tensor'", "channel"]),
+        ({"weights": {"num_bits": 3}}, ["num_bits 3, type 'int'", "num_bits 4 or 8 type int"]),
+    ],
+)
+def test_compressed_tensors_int_schemes_refused(tmp_path: Path, change: dict, words: list[str]) -> None:
+    path = make_quantized_checkpoint(tmp_path / "ct", "compressed-tensors-int", bits=4, group_size=32)
+    config = json.loads((path / "config.json").read_text())
+    qc = config["quantization_config"]
+    group = qc["config_groups"]["group_0"]
+    if "weights" in change:
+        group["weights"].update(change["weights"])
+    elif "format" in change:
+        qc["format"] = change["format"]
+    else:
+        group.update(change)
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedModelError) as info:
+        ModelConfig.from_dir(path)
+    assert all(w in str(info.value) for w in words), str(info.value)
+
+
+def test_compressed_tensors_int_groups_must_agree_and_zero_points_must_be_there(tmp_path: Path) -> None:
+    path = make_quantized_checkpoint(
+        tmp_path / "ct", "compressed-tensors-int", bits=4, group_size=32, sym=False
+    )
+    config = json.loads((path / "config.json").read_text())
+    groups = config["quantization_config"]["config_groups"]
+    groups["group_1"] = json.loads(json.dumps(groups["group_0"]))
+    groups["group_1"]["weights"]["group_size"] = 64
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedModelError, match="differ between groups"):
+        ModelConfig.from_dir(path)
+    del groups["group_1"]
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        UnsupportedModelError, match=r"which is gptq-quantized \(.*compressed-tensors 4-bit\)"
+    ):
+        load(path, "int4")
+    weights = load_file(str(path / "model.safetensors"))
+    del weights["model.layers.0.self_attn.k_proj.weight_zero_point"]
+    save_file(weights, str(path / "model.safetensors"))
+    with pytest.raises(
+        ModelLoadError, match=r"missing tensor\(s\) model.layers.0.self_attn.k_proj.weight_zero_point"
+    ):
+        load(path)

@@ -47,7 +47,9 @@ for _part, (_fused, _) in PACKED_MODULES.items():
 # computes per-token-head scales on write, at least as fine as any static per-layer scale, so these are
 # accepted and not used.
 KV_SCALE_SUFFIXES = ("self_attn.k_scale", "self_attn.v_scale", "self_attn.kv_scale")
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq", *KV_SCALE_SUFFIXES)
+# weight_shape: compressed-tensors' record of a packed weight's [N, K], which weight_packed's checked shape
+# already fixes
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "weight_shape", *KV_SCALE_SUFFIXES)
 EMBEDDING, LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
 ParamSlot = tuple[str, int | None]  # (our parameter name, shard index within a fused weight or None)
@@ -217,7 +219,7 @@ def _load_quantized(
             tensor = lazy[...]
         else:
             tensor = read_split(lazy, quantized_split(quant, suffix, tuple(lazy.get_shape()), split))
-            if suffix == "g_idx" and split is not None and split.dim == 1:
+            if suffix in ("g_idx", "weight_g_idx") and split is not None and split.dim == 1:
                 tensor = local_g_idx(tensor, split, quant)
         method.load(owner, suffix, tensor, slot[1])
     except ModelLoadError as exc:

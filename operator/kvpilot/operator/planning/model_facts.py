@@ -82,8 +82,7 @@ def facts_from_config(config: dict[str, Any]) -> ModelFacts:
         or 4 * hidden
     )
     qconfig = config.get("quantization_config") or merged.get("quantization_config")
-    prequantized, group = _quantization(qconfig)
-    bits = qconfig.get("bits", 4) if isinstance(qconfig, dict) and prequantized == "gptq" else 4
+    prequantized, group, bits = _quantization(qconfig)
     return ModelFacts(
         model_type=model_type,
         num_layers=layers,
@@ -141,39 +140,44 @@ def _shared_expert_size(config: dict[str, Any]) -> int:
     return shared * (_optional_int(config, "moe_intermediate_size") or 0)
 
 
-def _quantization(qconfig: Any) -> tuple[str | None, int]:
-    """The checkpoint's weight format from quantization_config, and its group size."""
+def _quantization(qconfig: Any) -> tuple[str | None, int, int]:
+    """The checkpoint's weight format from quantization_config, its group size and its bits."""
     if not isinstance(qconfig, dict):
-        return None, 128
+        return None, 128, 4
     method = str(qconfig.get("quant_method", "")).lower()
     group: int = qconfig["group_size"] if type(qconfig.get("group_size")) is int else 128
     if method in ("awq", "gptq"):
         bits = qconfig.get("bits", qconfig.get("w_bit", 4))
         if bits == 8 and method == "gptq":
-            return "gptq", group
+            return "gptq", group, 8
         if bits != 4:
             supported = "4 or 8" if method == "gptq" else "4"
             raise ModelFactsError(
                 f"{method} checkpoints with {bits}-bit weights are not supported ({supported}-bit only)"
             )
-        return method, group
+        return method, group, 4
     if method == "fp8":
-        return "fp8", group
+        return "fp8", group, 4
     if method == "compressed-tensors":
-        return _compressed_tensors(qconfig), group
+        return _compressed_tensors(qconfig)
     raise ModelFactsError(
         f"quantization_config.quant_method {method or '(none)'!r} is not supported; "
         "use an fp8, AWQ or GPTQ checkpoint (or a 16-bit one, quantized at load)"
     )
 
 
-def _compressed_tensors(qconfig: dict[str, Any]) -> str:
+def _compressed_tensors(qconfig: dict[str, Any]) -> tuple[str, int, int]:
+    """float8 weights run as fp8; int4/int8 weight-only (pack-quantized, WNA16) as the gptq family, whose
+    bytes they share (bits per weight plus a scale per group)."""
     for group in (qconfig.get("config_groups") or {}).values():
         weights = (group or {}).get("weights") or {}
         bits, kind = weights.get("num_bits"), weights.get("type")
         if bits == 8 and kind == "float":
-            return "fp8"
+            return "fp8", 128, 4
+        if bits in (4, 8) and kind == "int" and not (group or {}).get("input_activations"):
+            size = weights.get("group_size")
+            return "gptq", size if type(size) is int and weights.get("strategy") == "group" else -1, bits
     raise ModelFactsError(
-        "compressed-tensors checkpoint with an unsupported weight scheme (float8 weights only; "
-        "int8/int4 compressed-tensors checkpoints are not served)"
+        "compressed-tensors checkpoint with an unsupported weight scheme (served: float8 weights, and "
+        "int4/int8 weight-only pack-quantized weights; not quantized int activations, W8A8/W4A8)"
     )

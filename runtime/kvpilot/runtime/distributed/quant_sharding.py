@@ -2,7 +2,7 @@
 
 A column-parallel layer holds output channels [n0, n1) of W [N, K], a row-parallel one input channels
 [k0, k1) (sharding.py). Each format packs N and K differently (quant/checkpoint_formats.py), so the same
-split lands on a different axis, in different units, per tensor:
+split lands on a different axis, in different units, per tensor (ct: compressed-tensors pack-quantized):
 
     tensor                 shape            output split (N)        input split (K)
     awq qweight            [K, N/8]         axis 1, 8 per word      axis 0
@@ -11,6 +11,10 @@ split lands on a different axis, in different units, per tensor:
     gptq qweight           [K/pw, N]        axis 1                  axis 0, pw = 32/bits per word
     gptq qzeros            [K/G, N/pw]      axis 1, pw per word     axis 0, G per group
     gptq g_idx             [K]              whole                   axis 0 (values re-based)
+    ct weight_packed       [N, K/pw]        axis 0                  axis 1, pw per word
+    ct weight_scale        [N, K/G]         axis 0                  axis 1, G per group (channel: whole)
+    ct weight_zero_point   [N/pw, K/G]      axis 0, pw per word     axis 1, G per group
+    ct weight_g_idx        [K]              whole                   axis 0 (values re-based)
     fp8 weight, 16-bit     [N, K]           axis 0                  axis 1
     fp8 weight_scale       [N] / [N, 1]     axis 0                  whole   (per tensor: whole)
 
@@ -57,6 +61,14 @@ def packed_axes(quant: QuantConfig, suffix: str, shape: tuple[int, ...]) -> Pack
         if suffix == "input_scale":
             return PackedAxes(None, 1, None, None)
         return PackedAxes(0, 1, 1, 1) if suffix == "weight" else PackedAxes(0, 1, None, None)
+    if quant.packing == "compressed-tensors":
+        table = {
+            "weight_packed": PackedAxes(0, 1, 1, per_word),
+            "weight_scale": PackedAxes(0, 1, 1, group),
+            "weight_zero_point": PackedAxes(0, per_word, 1, group),
+            "weight_g_idx": PackedAxes(None, 1, 0, 1),
+        }
+        return table[suffix]
     if quant.method == "awq":
         n_per = 1 if suffix == "scales" else 8
         return PackedAxes(1, n_per, 0, 1 if suffix == "qweight" else group)

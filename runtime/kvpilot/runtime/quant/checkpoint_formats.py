@@ -12,6 +12,13 @@ GPTQ (bits 4 or 8), per_word = 32 / bits:
                                    v1 checkpoints (AutoGPTQ; GPTQModel's `gptq` format) store zero - 1,
                                    v2 (`checkpoint_format: gptq_v2`) the zero itself
     scales  [groups, N];  g_idx int32 [K]: the group of each input row (desc_act: a permutation of them)
+compressed-tensors pack-quantized (llm-compressor's W4A16 / W8A16), W [N, K] as stored, pw = 32 / bits:
+    weight_packed      int32 [N, K/pw]   packed along K: value j of word [n, c] is input c * pw + j
+    weight_zero_point  int32 [N/pw, K/G] (asymmetric only) packed along N: value j of word [r, g] is row
+                                         r * pw + j
+    weight_scale       [N, K/G] (channel strategy: [N, 1]);  weight_g_idx int32 [K] (act order, optional)
+    Values are signed, stored with an offset of 2**(bits-1): the stored unsigned value is q + 2**(bits-1),
+    so W = (q_stored - zero_stored) * s, with zero_stored = 2**(bits-1) when symmetric (no zero tensor).
 """
 
 from __future__ import annotations
@@ -60,10 +67,46 @@ def unpack_gptq(
     zeros = _unpack_columns(qzeros, bits).reshape(groups, n).float()
     if not zeros_v2:
         zeros = zeros + 1
-    perm = _act_order(g_idx, k, groups)
+    return _grouped(q, scales.float(), zeros, g_idx, bits, dtype)
+
+
+def unpack_compressed_tensors(
+    packed: torch.Tensor,
+    scale: torch.Tensor,
+    zero_point: torch.Tensor | None,
+    g_idx: torch.Tensor | None,
+    *,
+    bits: int,
+    dtype: torch.dtype,
+) -> IntWeight:
+    n = packed.shape[0]
+    q = _unpack_columns(packed, bits).reshape(n, -1).t()  # [K, N], stored (offset) values
+    groups = scale.shape[1]
+    if zero_point is None:
+        zeros = torch.full((groups, n), float(1 << (bits - 1)), device=scale.device)
+    else:
+        if zero_point.dtype != torch.int32:
+            raise ModelLoadError(
+                f"weight_zero_point has dtype {zero_point.dtype}; supported: int32 (packed along the outputs)"
+            )
+        zeros = _unpack_columns(zero_point.t(), bits).reshape(groups, n).float()
+    return _grouped(q, scale.t().float(), zeros, g_idx, bits, dtype)
+
+
+def _grouped(
+    q: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    g_idx: torch.Tensor | None,
+    bits: int,
+    dtype: torch.dtype,
+) -> IntWeight:
+    """q [K, N] in input order, scales/zeros [groups, N], g_idx [K] -> the canonical weight, its rows
+    sorted by group where act order shuffled them (the GEMM then reads x[:, perm])."""
+    perm = _act_order(g_idx, q.shape[0], scales.shape[0])
     if perm is not None:
         q = q[perm]
-    weight = from_unpacked(q, scales.float(), zeros, bits, dtype)
+    weight = from_unpacked(q, scales, zeros, bits, dtype)
     weight.perm = perm
     return weight
 

@@ -3,7 +3,9 @@
 Two kinds:
   pre-quantized checkpoints  awq (GEMM, 4-bit, zero point), gptq (4/8-bit, sym or not, desc_act with
                              g_idx, v1 or v2 zeros), fp8 (`quant_method: fp8`, and compressed-tensors
-                             float8 with per-tensor or per-channel weight scales)
+                             float8 with per-tensor or per-channel weight scales), compressed-tensors
+                             int4/int8 weight-only (pack-quantized, group or channel, sym or not,
+                             actorder with weight_g_idx): run as the gptq family
   quantize at load           int8 (W8A16 per output channel), int4 (W4A16 round-to-nearest with zero
                              points, group 128 or the largest of 64/32/16 that divides the input width),
                              fp8 (W8A8: per-output-channel weight scales, dynamic per-token activations)
@@ -39,6 +41,9 @@ class QuantConfig:
     desc_act: bool = False
     zeros_v2: bool = False  # GPTQ v2 zeros (stored as is) instead of v1's zero - 1
     fp8_scale_per_channel: bool = False  # compressed-tensors channel strategy (else per tensor)
+    # how an integer checkpoint's tensors are laid out: "" (its method's own: qweight/qzeros/scales) or
+    # "compressed-tensors" (weight_packed/weight_scale/weight_zero_point/weight_g_idx, gptq family)
+    packing: str = ""
 
 
 def parse_quant_config(raw: Any, forced: str | None) -> QuantConfig | None:
@@ -57,9 +62,10 @@ def parse_quant_config(raw: Any, forced: str | None) -> QuantConfig | None:
         )
     parsed = {"awq": _awq, "gptq": _gptq, "fp8": _fp8, "compressed-tensors": _compressed_tensors}[method](raw)
     if forced is not None and forced != parsed.method:
+        packing = f", {parsed.packing} {parsed.bits}-bit" if parsed.packing else ""
         raise UnsupportedModelError(
             f"--quantization {forced} does not match the checkpoint, which is {parsed.method}-quantized "
-            f"(config.json quantization_config); omit --quantization or pass {parsed.method}"
+            f"(config.json quantization_config{packing}); omit --quantization or pass {parsed.method}"
         )
     return parsed
 
@@ -165,23 +171,30 @@ def _fp8(raw: dict[str, Any]) -> QuantConfig:
 
 
 def _compressed_tensors(raw: dict[str, Any]) -> QuantConfig:
-    """compressed-tensors: only float8 weights (8 bits, type float) per tensor or per channel."""
+    """compressed-tensors: float8 weights per tensor or per channel (fp8), or int4/int8 weight-only
+    (WNA16, `pack-quantized`) per group or channel, which run as the gptq family (their layout differs,
+    the arithmetic is GPTQ's: quant/checkpoint_formats.py)."""
     groups = raw.get("config_groups") or {}
-    schemes = [g.get("weights") or {} for g in groups.values() if isinstance(g, dict)]
+    schemes = [g for g in groups.values() if isinstance(g, dict) and g.get("weights")]
     if not schemes:
         raise UnsupportedModelError(
             "config.json quantization_config.config_groups (compressed-tensors) names no weight scheme; "
-            "supported: float8 weights with a tensor or channel strategy"
+            "supported: float8 weights (tensor or channel strategy), int4/int8 weights (pack-quantized)"
         )
-    strategies = set()
-    for scheme in schemes:
-        if scheme.get("num_bits") != 8 or scheme.get("type") != "float":
-            raise UnsupportedModelError(
-                "config.json quantization_config.config_groups.*.weights "
-                f"(num_bits {scheme.get('num_bits')}, type {scheme.get('type')!r}) is not supported; "
-                "supported (compressed-tensors): num_bits 8, type float"
-            )
-        strategies.add(scheme.get("strategy", "tensor"))
+    kinds = {(g["weights"].get("type"), g["weights"].get("num_bits")) for g in schemes}
+    if kinds == {("float", 8)}:
+        return _ct_float([g["weights"] for g in schemes])
+    if kinds in ({("int", 4)}, {("int", 8)}):
+        return _ct_int(raw, schemes)
+    found = ", ".join(f"num_bits {bits}, type {kind!r}" for kind, bits in sorted(kinds, key=str))
+    raise UnsupportedModelError(
+        f"config.json quantization_config.config_groups.*.weights ({found}) is not supported; supported "
+        "(compressed-tensors, one scheme for all layers): num_bits 8 type float, num_bits 4 or 8 type int"
+    )
+
+
+def _ct_float(schemes: list[dict[str, Any]]) -> QuantConfig:
+    strategies = {scheme.get("strategy", "tensor") for scheme in schemes}
     if not strategies <= {"tensor", "channel"} or len(strategies) != 1:
         raise UnsupportedModelError(
             "config.json quantization_config.config_groups.*.weights.strategy "
@@ -189,6 +202,44 @@ def _compressed_tensors(raw: dict[str, Any]) -> QuantConfig:
         )
     return QuantConfig(
         method="fp8", from_checkpoint=True, bits=8, fp8_scale_per_channel=strategies == {"channel"}
+    )
+
+
+def _ct_int(raw: dict[str, Any], schemes: list[dict[str, Any]]) -> QuantConfig:
+    field = "config.json quantization_config.config_groups.*"
+    keys = ("num_bits", "strategy", "group_size", "symmetric")
+    weights = {tuple(str(g["weights"].get(key)) for key in keys) for g in schemes}
+    if len(weights) != 1:
+        raise UnsupportedModelError(f"{field}.weights differ between groups; supported: one int scheme")
+    scheme = schemes[0]["weights"]
+    fmt = str(schemes[0].get("format") or raw.get("format") or "")
+    if fmt != "pack-quantized":
+        raise UnsupportedModelError(
+            f"config.json quantization_config.format {fmt or '(missing)'!r} (compressed-tensors int weights) "
+            "is not supported; supported: pack-quantized"
+        )
+    if any(g.get("input_activations") for g in schemes):
+        raise UnsupportedModelError(
+            f"{field}.input_activations (int weights with quantized activations, W{scheme['num_bits']}A8) "
+            "is not supported; supported: null (weight-only, WNA16)"
+        )
+    strategy = scheme.get("strategy")
+    group = scheme.get("group_size")
+    if strategy == "channel":
+        group = -1
+    elif strategy != "group" or group not in GPTQ_GROUP_SIZES[1:]:
+        raise UnsupportedModelError(
+            f"{field}.weights (strategy {strategy!r}, group_size {group}) is not supported; supported: "
+            f"strategy channel, or group with group_size {', '.join(map(str, GPTQ_GROUP_SIZES[1:]))}"
+        )
+    return QuantConfig(
+        method="gptq",
+        from_checkpoint=True,
+        bits=int(scheme["num_bits"]),
+        group_size=int(group),
+        sym=scheme.get("symmetric", True) is not False,
+        desc_act=scheme.get("actorder") not in (None, False),
+        packing="compressed-tensors",
     )
 
 

@@ -21,7 +21,7 @@ from kvpilot.runtime.kernels.quant_reference import (
     int_gemm_ref,
 )
 from kvpilot.runtime.layers.linear import Linear
-from kvpilot.runtime.quant.checkpoint_formats import unpack_awq, unpack_gptq
+from kvpilot.runtime.quant.checkpoint_formats import unpack_awq, unpack_compressed_tensors, unpack_gptq
 from kvpilot.runtime.quant.config import QuantConfig, int4_group_size
 from kvpilot.runtime.quant.fp8_weight import quantize_fp8_weight
 from kvpilot.runtime.quant.int_weight import IntWeight, merge_parts, quantize_rtn
@@ -99,11 +99,17 @@ class _Collecting:
 
 
 class IntWeightMethod(_Collecting):
-    """int8 / int4 quantized at load, AWQ and GPTQ checkpoints: all W{4,8}A16 in the canonical layout."""
+    """int8 / int4 quantized at load, AWQ, GPTQ and compressed-tensors int checkpoints: all W{4,8}A16 in the
+    canonical layout."""
 
     def __init__(self, quant: QuantConfig, dtype: torch.dtype, device: torch.device, backend: str) -> None:
         super().__init__(quant, dtype, device, backend)
-        if quant.from_checkpoint:
+        if quant.packing == "compressed-tensors":
+            self.required_suffixes = ("weight_packed", "weight_scale")
+            zero_point = () if quant.sym else ("weight_zero_point",)
+            self.required_suffixes += zero_point
+            self.optional_suffixes = ("weight_g_idx",)  # weight_shape: the loader skips it
+        elif quant.from_checkpoint:
             self.required_suffixes = ("qweight", "qzeros", "scales")
             self.optional_suffixes = ("g_idx",) if quant.method == "gptq" else ()
         self.quantized: dict[int, IntWeight] = {}  # shard -> quantized at load (16-bit checkpoints)
@@ -123,7 +129,14 @@ class IntWeightMethod(_Collecting):
                 f"groups of {q.group_size} (config.json quantization_config.group_size)"
             )
         shapes: dict[str, tuple[int, ...]]
-        if q.method == "awq":
+        if q.packing == "compressed-tensors":
+            shapes = {
+                "weight_packed": (out, k // per_word),
+                "weight_scale": (out, k // group),
+                "weight_zero_point": (out // per_word, k // group),
+                "weight_g_idx": (k,),
+            }
+        elif q.method == "awq":
             shapes = {"qweight": (k, out // 8), "qzeros": (k // group, out // 8), "scales": (k // group, out)}
         else:
             shapes = {
@@ -183,7 +196,16 @@ class IntWeightMethod(_Collecting):
 
     def _build(self, t: dict[str, torch.Tensor]) -> IntWeight:
         q = self.quant
-        if q.method == "awq":
+        if q.packing == "compressed-tensors":
+            weight = unpack_compressed_tensors(
+                t["weight_packed"],
+                t["weight_scale"],
+                t.get("weight_zero_point"),
+                t.get("weight_g_idx"),
+                bits=q.bits,
+                dtype=self.dtype,
+            )
+        elif q.method == "awq":
             weight = unpack_awq(t["qweight"], t["qzeros"], t["scales"], self.dtype)
         else:
             weight = unpack_gptq(
