@@ -12,6 +12,7 @@ import torch
 from kvpilot.runtime.config import ModelConfig
 from kvpilot.runtime.fixtures.quantized import make_quantized_checkpoint
 from kvpilot.runtime.layers.kernel_ops import torch_ops
+from kvpilot.runtime.layers.linear import Linear
 from kvpilot.runtime.llm import LLM
 from kvpilot.runtime.loader import load_model
 from kvpilot.runtime.sampling_params import SamplingParams
@@ -150,6 +151,22 @@ def test_packed_checkpoint_serves_the_tokens_of_its_dequantized_model(case: str,
     quantized = make_quantized_checkpoint(tmp_path / "q", fmt, seed=3, **opts)
     reference = write_dequantized(quantized, tmp_path / "deq")
     assert greedy_tokens(quantized) == greedy_tokens(reference)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.startswith("ct-")] + ["gptq4-asym-descact-g64"])
+def test_loaded_integer_weights_are_dense(case: str, tmp_path: Path) -> None:
+    """The GPU kernels read qweight/scales/zeros as dense rows: a transposed view (compressed-tensors keeps
+    scales as [N, groups]) gave wrong tokens on the H100 before the canonical weight was made contiguous."""
+    fmt, opts = CASES[case]
+    path = make_quantized_checkpoint(tmp_path / "q", fmt, seed=3, **opts)
+    model = load_model(
+        path, ModelConfig.from_dir(path), device=torch.device("cpu"), dtype=torch.float32, ops=torch_ops()
+    )
+    parts = [
+        p for m in model.modules() if isinstance(m, Linear) and m.quant_method for p in m.quant_method.parts
+    ]
+    assert len(parts) >= 8
+    assert all(t.is_contiguous() for p in parts for t in (p.qweight, p.scales, p.zeros))
 
 
 @pytest.mark.parametrize(

@@ -28,8 +28,9 @@ class IntWeight:
 def from_unpacked(
     q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int, dtype: torch.dtype
 ) -> IntWeight:
-    """q [K, N] unsigned values, scales/zeros [K/G, N] -> the canonical packed weight."""
-    return IntWeight(pack_rows(q, bits), scales.to(dtype), zeros.to(dtype), bits)
+    """q [K, N] unsigned values, scales/zeros [K/G, N] (any strides: a checkpoint's [N, K/G] transposed)
+    -> the canonical packed weight, every tensor contiguous (the GPU kernels index it as dense rows)."""
+    return IntWeight(pack_rows(q, bits), scales.to(dtype).contiguous(), zeros.to(dtype).contiguous(), bits)
 
 
 def quantize_rtn(weight: torch.Tensor, bits: int, group_size: int, *, sym: bool) -> IntWeight:
