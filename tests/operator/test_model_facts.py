@@ -89,6 +89,8 @@ def test_prequantized_checkpoints(model_configs: dict[str, dict[str, Any]]) -> N
     assert (gptq.prequantized, gptq.quant_group_size) == ("gptq", 64)
     fp8 = facts_from_config({**base, "quantization_config": {"quant_method": "fp8"}})
     assert fp8.prequantized == "fp8"
+    qwen3_fp8 = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}  # Qwen/Qwen3-8B-FP8
+    assert facts_from_config({**base, "quantization_config": qwen3_fp8}).prequantized == "fp8"
     w4a16 = {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128, "symmetric": True}
     ct = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {"weights": w4a16}}}
     ct4 = facts_from_config({**base, "quantization_config": ct})  # llm-compressor's W4A16: gptq family

@@ -16,10 +16,11 @@ from kvpilot.runtime.distributed.topology import Rank
 from kvpilot.runtime.errors import ModelLoadError
 from kvpilot.runtime.fixtures.checkpoint import make_tiny_checkpoint
 from kvpilot.runtime.fixtures.quantized import make_quantized_checkpoint
-from kvpilot.runtime.kernels.quant_reference import dequantize_int_ref
+from kvpilot.runtime.kernels.quant_reference import dequantize_fp8_blocks_ref, dequantize_int_ref
 from kvpilot.runtime.layers.kernel_ops import torch_ops
 from kvpilot.runtime.layers.linear import Linear
 from kvpilot.runtime.loader import load_model
+from kvpilot.runtime.quant.fp8_block import Fp8BlockMethod
 from kvpilot.runtime.quant.methods import Fp8Method, IntWeightMethod
 from torch import nn
 
@@ -40,6 +41,8 @@ CASES: dict[str, tuple[str | None, str | None, dict[str, Any]]] = {
     "compressed-tensors-channel": ("compressed-tensors", None, {"per_channel": True}),
     "ct-int4-asym-g32": ("compressed-tensors-int", None, {"bits": 4, "group_size": 32, "sym": False}),
     "ct-int8-sym-channel": ("compressed-tensors-int", "gptq", {"bits": 8, "group_size": -1}),
+    "fp8-block-32": ("fp8", None, {"block": (32, 32)}),
+    "ct-fp8-block-16x32": ("compressed-tensors", "fp8", {"block": (16, 32)}),
 }
 
 
@@ -66,6 +69,8 @@ def dense_weight(layer: Linear) -> torch.Tensor:
     method = layer.quant_method
     if isinstance(method, Fp8Method):
         return method.weight.float() * method.weight_scale.view(-1, 1)
+    if isinstance(method, Fp8BlockMethod):
+        return dequantize_fp8_blocks_ref(method.weight, method.block_scale, method.block_k)
     assert isinstance(method, IntWeightMethod)
     parts = []
     for part in method.parts:
@@ -136,3 +141,17 @@ def test_groups_straddling_the_split_are_refused(tmp_path: Path) -> None:
         _load(path, None, Rank(0, tp=2))
     text = str(err.value)
     assert "groups of 128" in text and "tensor parallel 2" in text and "[0, 64) of 128" in text
+
+
+def test_fp8_blocks_straddling_the_split_are_refused(tmp_path: Path) -> None:
+    # blocks of 64 output rows, but tp 2 gives each rank 32 of k_proj's 64
+    path = make_quantized_checkpoint(tmp_path / "b", "fp8", block=(64, 32), seed=3)
+    _load(path, None, Rank(0))
+    with pytest.raises(ModelLoadError) as err:
+        _load(path, None, Rank(1, tp=2))
+    text = str(err.value)
+    assert (
+        "weight_scale_inv" in text
+        and "output channels in blocks of 64" in text
+        and "tensor parallel 2" in text
+    )

@@ -31,6 +31,9 @@ def _reference_dequant(tensors: dict[str, torch.Tensor], prefix: str, qc: dict) 
     method = qc["quant_method"]
     if prefix + "weight_packed" in tensors:
         return _reference_compressed_int(tensors, prefix, qc)
+    block = qc.get("weight_block_size") or _ct_block(qc)
+    if block:
+        return _reference_block_fp8(tensors, prefix, block)
     if method in ("fp8", "compressed-tensors"):
         w = tensors[prefix + "weight"].float()
         scale = tensors[prefix + "weight_scale"].float()
@@ -65,6 +68,21 @@ def _reference_dequant(tensors: dict[str, torch.Tensor], prefix: str, qc: dict) 
             z = z + 1
         g_idx = tensors[prefix + "g_idx"].to(torch.int64)
     return ((q - z[g_idx]) * scales[g_idx]).t().contiguous()
+
+
+def _ct_block(qc: dict) -> list[int] | None:
+    groups = qc.get("config_groups") or {}
+    return next((g["weights"].get("block_structure") for g in groups.values()), None)
+
+
+def _reference_block_fp8(tensors: dict[str, torch.Tensor], prefix: str, block: list[int]) -> torch.Tensor:
+    """W [N, K]: every element times the scale of the [bn, bk] block it falls in, one by one."""
+    w = tensors[prefix + "weight"].float()
+    scale = tensors.get(prefix + "weight_scale_inv", tensors.get(prefix + "weight_scale"))
+    assert scale is not None
+    rows = torch.arange(w.shape[0]) // block[0]
+    cols = torch.arange(w.shape[1]) // block[1]
+    return w * scale.float()[rows][:, cols]
 
 
 def _reference_compressed_int(tensors: dict[str, torch.Tensor], prefix: str, qc: dict) -> torch.Tensor:
@@ -105,8 +123,9 @@ def write_dequantized(quantized: Path, out: Path) -> Path:
     weights: dict[str, torch.Tensor] = {}
     prefixes = {n[: -len("qweight")] for n in tensors if n.endswith("qweight")}
     prefixes |= {n[: -len("weight_scale")] for n in tensors if n.endswith("weight_scale")}
+    prefixes |= {n[: -len("weight_scale_inv")] for n in tensors if n.endswith("weight_scale_inv")}
     packed = ("qweight", "qzeros", "scales", "g_idx", "weight", "weight_scale", "input_scale")
-    packed += ("weight_packed", "weight_zero_point", "weight_g_idx", "weight_shape")
+    packed += ("weight_packed", "weight_zero_point", "weight_g_idx", "weight_shape", "weight_scale_inv")
     for name, t in tensors.items():
         prefix, _, suffix = name.rpartition(".")
         if prefix + "." not in prefixes or suffix not in packed:
@@ -142,6 +161,11 @@ CASES = {
     ),
     "ct-int8-sym-channel": ("compressed-tensors-int", {"bits": 8, "group_size": -1}),
     "ct-int8-asym-g32": ("compressed-tensors-int", {"bits": 8, "group_size": 32, "sym": False}),
+    # block-wise fp8 runs weight-only: the tokens of the dequantized model, like the integer formats
+    "fp8-block-32": ("fp8", {"block": (32, 32)}),
+    "fp8-block-48-ragged-llama": ("fp8", {"block": (48, 48), "family": "llama3"}),
+    "fp8-block-128": ("fp8", {"block": (128, 128)}),
+    "ct-fp8-block-16x32": ("compressed-tensors", {"block": (16, 32)}),
 }
 
 
@@ -153,7 +177,7 @@ def test_packed_checkpoint_serves_the_tokens_of_its_dequantized_model(case: str,
     assert greedy_tokens(quantized) == greedy_tokens(reference)
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.startswith("ct-")] + ["gptq4-asym-descact-g64"])
+@pytest.mark.parametrize("case", [c for c in CASES if c.startswith("ct-int")] + ["gptq4-asym-descact-g64"])
 def test_loaded_integer_weights_are_dense(case: str, tmp_path: Path) -> None:
     """The GPU kernels read qweight/scales/zeros as dense rows: a transposed view (compressed-tensors keeps
     scales as [N, groups]) gave wrong tokens on the H100 before the canonical weight was made contiguous."""

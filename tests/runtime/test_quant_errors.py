@@ -170,3 +170,20 @@ def test_compressed_tensors_int_groups_must_agree_and_zero_points_must_be_there(
         ModelLoadError, match=r"missing tensor\(s\) model.layers.0.self_attn.k_proj.weight_zero_point"
     ):
         load(path)
+
+
+@pytest.mark.parametrize("block", [[100, 128], [128], "128x128", [0, 128]])
+def test_block_fp8_sizes_refused(tmp_path: Path, block: object) -> None:
+    path = make_quantized_checkpoint(tmp_path / "b", "fp8", block=(32, 32))
+    set_quant_config(path, weight_block_size=block)
+    with pytest.raises(UnsupportedModelError) as info:
+        ModelConfig.from_dir(path)
+    assert "weight_block_size" in str(info.value) and "multiple of 16" in str(info.value)
+
+
+def test_block_fp8_scale_of_the_wrong_shape_is_named(tmp_path: Path) -> None:
+    path = make_quantized_checkpoint(tmp_path / "b", "fp8", block=(32, 32))
+    set_quant_config(path, weight_block_size=[16, 32])  # the tensors hold 32-row blocks
+    expected = r"down_proj.weight_scale_inv: has shape \(2, 4\), expected \(4, 4\) .*\[16, 32\]"
+    with pytest.raises(ModelLoadError, match=expected):
+        load(path)

@@ -277,7 +277,7 @@ def test_fp8_scaled_mm_matches_its_emulation(n: int, k: int) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt", ["awq", "gptq", "compressed-tensors-int", "int4", "int8", "fp8"])
+@pytest.mark.parametrize("fmt", ["awq", "gptq", "compressed-tensors-int", "fp8-block", "int4", "int8", "fp8"])
 def test_quantized_engine_on_gpu_matches_its_reference_gemms(
     fmt: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -295,6 +295,8 @@ def test_quantized_engine_on_gpu_matches_its_reference_gemms(
     if fmt in ("awq", "gptq", "compressed-tensors-int"):
         act_order = fmt != "awq"
         path, quant = make_quantized_checkpoint(root, fmt, group_size=32, sym=False, desc_act=act_order), None
+    elif fmt == "fp8-block":  # weight-only: the same tolerance as the integer formats
+        path, quant = make_quantized_checkpoint(root, "fp8", block=(32, 32)), None
     else:
         path, quant = make_tiny_checkpoint(root, "qwen3"), fmt
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=2)

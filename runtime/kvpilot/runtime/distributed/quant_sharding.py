@@ -17,6 +17,7 @@ split lands on a different axis, in different units, per tensor (ct: compressed-
     ct weight_g_idx        [K]              whole                   axis 0 (values re-based)
     fp8 weight, 16-bit     [N, K]           axis 0                  axis 1
     fp8 weight_scale       [N] / [N, 1]     axis 0                  whole   (per tensor: whole)
+    block fp8 scale        [N/bn, K/bk]     axis 0, bn per block    axis 1, bk per block
 
 A split must fall on word and group boundaries, or the rank would hold half a word or half a group: then
 a ModelLoadError names the layer and the numbers. A group spanning all of K (group_size -1) is kept whole
@@ -55,6 +56,8 @@ def packed_axes(quant: QuantConfig, suffix: str, shape: tuple[int, ...]) -> Pack
     """The layout of checkpoint tensor `suffix` (of `shape`) of a quantized layer."""
     group = None if quant.group_size == -1 else quant.group_size
     per_word = 32 // quant.bits if quant.bits < 16 else 1
+    if quant.fp8_block is not None and suffix in ("weight_scale", "weight_scale_inv"):
+        return PackedAxes(0, quant.fp8_block[0], 1, quant.fp8_block[1])
     if suffix in ("weight", "bias") or quant.method == "fp8":
         if suffix == "weight_scale":
             return PackedAxes(None if _numel(shape) == 1 else 0, 1, None, None)
@@ -102,7 +105,8 @@ def quantized_split(
     axis, per = (axes.n_axis, axes.n_per_index) if split.dim == 0 else (axes.k_axis, axes.k_per_index)
     if axis is None or per is None:
         return None
-    _check_boundary(split, per, "output channels" if split.dim == 0 else "inputs", "words", quant)
+    unit = "blocks" if quant.fp8_block is not None else "words"
+    _check_boundary(split, per, "output channels" if split.dim == 0 else "inputs", unit, quant)
     return TensorSplit(axis, split.start // per, split.length // per, whole=shape[axis] if shape else None)
 
 

@@ -18,7 +18,8 @@ memory), so a K step of T rows is 32/bits dots of C rows each. The checkpoint la
 AWQ's N-packed words) are only input: quant/checkpoint_formats.py unpacks them and pack_rows repacks.
 
 fp8 weights (W8A8): weight float8_e4m3fn [N, K], weight_scale float32 [N]; activations are quantized per
-token (row) with a dynamic absmax scale, so y = (xq * sx) (wq * sw)^T.
+token (row) with a dynamic absmax scale, so y = (xq * sx) (wq * sw)^T. Block-wise fp8 checkpoints keep
+one float32 scale per block of W and run weight-only (dequantize_fp8_blocks_ref).
 """
 
 from __future__ import annotations
@@ -137,3 +138,26 @@ def fp8_weight_only_ref(
     """W8A16 fp8 (the decode GEMV): x [M, K] unquantized @ (weight [N, K] fp8 * weight_scale [N])^T.
     dense: weight * weight_scale in float32 when the caller keeps it."""
     return _fp8_matmul(x.float(), weight, weight_scale, bias, dense, x.dtype)
+
+
+def dequantize_fp8_blocks_ref(weight: torch.Tensor, block_scale: torch.Tensor, scale_k: int) -> torch.Tensor:
+    """Block-wise fp8 W [N, K] in float32: weight [N, K] fp8 times the scale of its (row, scale_k-column
+    block), block_scale [N, ceil(K / scale_k)] (the checkpoint's block rows repeated over their rows)."""
+    k = weight.shape[1]
+    return weight.float() * block_scale.float().repeat_interleave(scale_k, dim=1)[:, :k]
+
+
+def fp8_block_gemm_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    block_scale: torch.Tensor,
+    scale_k: int,
+    bias: torch.Tensor | None = None,
+    *,
+    dense: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Block-wise fp8, weight-only: x [M, K] unquantized @ W^T in float32, in x's dtype (the oracle of
+    kernels/fp8_block_gemm_triton.py). dense: dequantize_fp8_blocks_ref's W when the caller keeps it."""
+    w = dense if dense is not None else dequantize_fp8_blocks_ref(weight, block_scale, scale_k)
+    y = (x.float() @ w.t()).to(x.dtype)
+    return y if bias is None else y + bias

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from kvpilot.runtime.layers.linear import Linear
 from kvpilot.runtime.quant.config import QuantConfig, parse_quant_config
+from kvpilot.runtime.quant.fp8_block import Fp8BlockMethod
 from kvpilot.runtime.quant.methods import Fp8Method, IntWeightMethod
 from torch import nn
 
@@ -17,7 +18,9 @@ def attach_quant_methods(
 ) -> None:
     """Give every Linear of the (not yet materialised) model its format's method. The LM head and the
     embedding stay in the model dtype."""
-    method_class = Fp8Method if quant.method == "fp8" else IntWeightMethod
+    method_class: type[Fp8Method | Fp8BlockMethod | IntWeightMethod] = IntWeightMethod
+    if quant.method == "fp8":
+        method_class = Fp8Method if quant.fp8_block is None else Fp8BlockMethod
     for module in model.modules():
         if isinstance(module, Linear):
             module.set_quant_method(method_class(quant, dtype, device, backend))

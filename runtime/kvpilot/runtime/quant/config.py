@@ -3,9 +3,10 @@
 Two kinds:
   pre-quantized checkpoints  awq (GEMM, 4-bit, zero point), gptq (4/8-bit, sym or not, desc_act with
                              g_idx, v1 or v2 zeros), fp8 (`quant_method: fp8`, and compressed-tensors
-                             float8 with per-tensor or per-channel weight scales), compressed-tensors
-                             int4/int8 weight-only (pack-quantized, group or channel, sym or not,
-                             actorder with weight_g_idx): run as the gptq family
+                             float8 with per-tensor or per-channel weight scales; both block-wise too:
+                             `weight_block_size` / strategy block, DeepSeek-V3 / Qwen3-FP8),
+                             compressed-tensors int4/int8 weight-only (pack-quantized, group or
+                             channel, sym or not, actorder with weight_g_idx): run as the gptq family
   quantize at load           int8 (W8A16 per output channel), int4 (W4A16 round-to-nearest with zero
                              points, group 128 or the largest of 64/32/16 that divides the input width),
                              fp8 (W8A8: per-output-channel weight scales, dynamic per-token activations)
@@ -44,6 +45,8 @@ class QuantConfig:
     # how an integer checkpoint's tensors are laid out: "" (its method's own: qweight/qzeros/scales) or
     # "compressed-tensors" (weight_packed/weight_scale/weight_zero_point/weight_g_idx, gptq family)
     packing: str = ""
+    # block-wise fp8 ([rows, columns] of W [N, K] per float32 scale; None: per tensor or per channel)
+    fp8_block: tuple[int, int] | None = None
 
 
 def parse_quant_config(raw: Any, forced: str | None) -> QuantConfig | None:
@@ -157,17 +160,31 @@ def _gptq(raw: dict[str, Any]) -> QuantConfig:
 
 
 def _fp8(raw: dict[str, Any]) -> QuantConfig:
-    if raw.get("weight_block_size"):
-        raise UnsupportedModelError(
-            "config.json quantization_config.weight_block_size (block-wise fp8) is not supported; "
-            "supported: fp8 with a per-tensor weight_scale"
-        )
     fmt = str(raw.get("fmt", "e4m3")).lower()
     if fmt != "e4m3":
         raise UnsupportedModelError(
             f"config.json quantization_config.fmt {fmt!r} (fp8) is not supported; supported: e4m3"
         )
-    return QuantConfig(method="fp8", from_checkpoint=True, bits=8)
+    block = raw.get("weight_block_size")
+    if block is None:
+        return QuantConfig(method="fp8", from_checkpoint=True, bits=8)
+    return QuantConfig(
+        method="fp8", from_checkpoint=True, bits=8, fp8_block=_fp8_block(block, "weight_block_size")
+    )
+
+
+def _fp8_block(block: Any, name: str) -> tuple[int, int]:
+    """Block-wise fp8's [output rows, input columns] per scale: two positive multiples of 16."""
+    if (
+        not isinstance(block, list | tuple)
+        or len(block) != 2
+        or not all(type(b) is int and b > 0 and b % 16 == 0 for b in block)
+    ):
+        raise UnsupportedModelError(
+            f"config.json quantization_config.{name} {block!r} (block-wise fp8) is not supported; "
+            "supported: [rows, columns], each a positive multiple of 16 (DeepSeek-V3 / Qwen3-FP8: [128, 128])"
+        )
+    return int(block[0]), int(block[1])
 
 
 def _compressed_tensors(raw: dict[str, Any]) -> QuantConfig:
@@ -195,10 +212,21 @@ def _compressed_tensors(raw: dict[str, Any]) -> QuantConfig:
 
 def _ct_float(schemes: list[dict[str, Any]]) -> QuantConfig:
     strategies = {scheme.get("strategy", "tensor") for scheme in schemes}
-    if not strategies <= {"tensor", "channel"} or len(strategies) != 1:
+    if not strategies <= {"tensor", "channel", "block"} or len(strategies) != 1:
         raise UnsupportedModelError(
             "config.json quantization_config.config_groups.*.weights.strategy "
-            f"{', '.join(sorted(map(str, strategies)))} is not supported; supported: tensor or channel"
+            f"{', '.join(sorted(map(str, strategies)))} is not supported; supported: tensor, channel or block"
+        )
+    if strategies == {"block"}:
+        blocks = {str(scheme.get("block_structure")) for scheme in schemes}
+        if len(blocks) != 1:
+            raise UnsupportedModelError(
+                "config.json quantization_config.config_groups.*.weights.block_structure differ between "
+                "groups; supported: one block structure"
+            )
+        block = _fp8_block(schemes[0].get("block_structure"), "config_groups.*.weights.block_structure")
+        return QuantConfig(
+            method="fp8", from_checkpoint=True, bits=8, packing="compressed-tensors", fp8_block=block
         )
     return QuantConfig(
         method="fp8", from_checkpoint=True, bits=8, fp8_scale_per_channel=strategies == {"channel"}

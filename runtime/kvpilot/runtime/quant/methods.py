@@ -68,6 +68,8 @@ class _Collecting:
 
     def _describe(self) -> str:
         q = self.quant
+        if q.fp8_block is not None:
+            return f", weight_block_size {list(q.fp8_block)}"
         return f", {q.bits}-bit, group_size {q.group_size}" if q.method in ("awq", "gptq") else ""
 
     def init_dummy(self, layer: Linear, generator: torch.Generator) -> None:
@@ -246,6 +248,16 @@ def _to(w: IntWeight, device: torch.device, dtype: torch.dtype) -> IntWeight:
     )
 
 
+def require_fp8_gpu(device: torch.device) -> None:
+    """fp8 weights run on the CPU (emulated) or a GPU with fp8; refuse any other GPU at start."""
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        major, minor = torch.cuda.get_device_capability(device)
+        raise UnsupportedModelError(
+            f"fp8 weights need a GPU with fp8 (compute capability 8.9+: Ada, Hopper, Blackwell); this "
+            f"GPU is sm{major}{minor}; use --quantization int8 or int4"
+        )
+
+
 class Fp8Method(_Collecting):
     """fp8 weights float8_e4m3fn [N, K] with per-output-channel scales [N]: a weight-only GEMV at decode
     sizes, W8A8 (activations quantized per token) above them (quant/fp8_gemm.py)."""
@@ -258,12 +270,7 @@ class Fp8Method(_Collecting):
             self.required_suffixes = ("weight", "weight_scale")
             self.optional_suffixes = ("input_scale",)  # static activation scales: we scale per token
         self.use_scaled_mm = device.type == "cuda"
-        if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
-            major, minor = torch.cuda.get_device_capability(device)
-            raise UnsupportedModelError(
-                f"fp8 weights need a GPU with fp8 (compute capability 8.9+: Ada, Hopper, Blackwell); this "
-                f"GPU is sm{major}{minor}; use --quantization int8 or int4"
-            )
+        require_fp8_gpu(device)
         self.weight = torch.empty(0)
         self.weight_scale = torch.empty(0)
         self.quantized: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # shard -> (fp8 rows, scales)
