@@ -1,6 +1,7 @@
 """Block-wise fp8 weights (Qwen3-FP8 / DeepSeek-V3 checkpoints, 128 x 128 blocks) against bf16 cuBLAS and
 per-channel fp8 (the dispatch of quant/fp8_gemm.py: weight-only GEMV up to 16 tokens, torch._scaled_mm
-above) at Qwen3-8B's layer shapes, side by side in one run.
+above) at Qwen3-8B's layer shapes, side by side in one run: the weight-only Triton GEMM at every M, and
+above 16 tokens the W8A8 block-scaled torch._scaled_mm that the dispatch runs there.
 
     source benchmarks/gpu_env.sh && python benchmarks/bench_fp8_block.py --bw 4.25e12
 
@@ -18,9 +19,13 @@ import torch
 import torch.nn.functional as F
 from bench_w4a16 import LAYERS, copies, graph_us
 from kvpilot.runtime.kernels.fp8_block_gemm_triton import fp8_block_gemm
-from kvpilot.runtime.kernels.quant_reference import fp8_block_gemm_ref, quantize_fp8_rows_ref
+from kvpilot.runtime.kernels.quant_reference import (
+    FP8_WEIGHT_ONLY_MAX_M,
+    fp8_block_gemm_ref,
+    quantize_fp8_rows_ref,
+)
 from kvpilot.runtime.kernels.split_k_triton import split_counters
-from kvpilot.runtime.quant.fp8_block import quantize_fp8_blocks
+from kvpilot.runtime.quant.fp8_block import block_scaled_mm, quantize_fp8_blocks
 from kvpilot.runtime.quant.fp8_gemm import fp8_linear
 
 MS = (1, 4, 16, 64, 256, 1024)
@@ -43,12 +48,16 @@ def row(name: str, n: int, k: int, m: int, bw: float, flops: float) -> str:
         lambda wq, ws: fp8_linear(x, wq, ws, None), copies((channel_q, channel_scale.view(-1)))
     )
     block = graph_us(lambda wq, ws: fp8_block_gemm(x, wq, ws, BLOCK, counters), copies((q, block_scale)))
+    w8a8, dispatched = "-", block
+    if m > FP8_WEIGHT_ONLY_MAX_M:  # what the dispatch runs there (quant/fp8_block.py)
+        dispatched = graph_us(lambda wq, ws: block_scaled_mm(x, wq, ws), copies((q, scale)))
+        w8a8 = f"{dispatched:.1f} ({bf16 / dispatched:.2f}×)"
     fp8_bytes = n * k + block_scale.numel() * 4
     floor = max(fp8_bytes / bw, 2 * m * n * k / flops) * 1e6
     return (
         f"| {name} | {m} | {bf16:.1f} | {channel:.1f} ({bf16 / channel:.2f}×) | "
-        f"{block:.1f} ({bf16 / block:.2f}×, {fp8_bytes / block / 1e3:.0f} GB/s) | "
-        f"{floor:.1f} ({block / floor:.1f}× floor) | {err:.0e} |"
+        f"{block:.1f} ({bf16 / block:.2f}×, {fp8_bytes / block / 1e3:.0f} GB/s) | {w8a8} | "
+        f"{floor:.1f} ({dispatched / floor:.1f}× floor) | {err:.0e} |"
     )
 
 

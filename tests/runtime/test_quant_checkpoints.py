@@ -11,6 +11,7 @@ import pytest
 import torch
 from kvpilot.runtime.config import ModelConfig
 from kvpilot.runtime.fixtures.quantized import make_quantized_checkpoint
+from kvpilot.runtime.kernels.quant_reference import fp8_block_w8a8_ref
 from kvpilot.runtime.layers.kernel_ops import torch_ops
 from kvpilot.runtime.layers.linear import Linear
 from kvpilot.runtime.llm import LLM
@@ -217,4 +218,41 @@ def test_fp8_checkpoint_weights_load_exactly(fmt: str, per_channel: bool, tmp_pa
         assert torch.equal(dequantized, want)
         y, y_ref = layer(x), x @ want.t()
         assert float((y - y_ref).norm() / y_ref.norm()) < 0.06
+    assert len(greedy_tokens(quantized)[0]) == 8
+
+
+def test_block_fp8_runs_w8a8_above_decode_sizes(tmp_path: Path) -> None:
+    """128 x 128 blocks: up to 16 tokens weight-only (the dequantized weight, exactly), above W8A8 as
+    DeepSeek's recipe runs it (activations per token and 128 inputs): the CPU follows the GPU's split."""
+    wide = {
+        "hidden_size": 512,
+        "intermediate_size": 1024,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+    }
+    quantized = make_quantized_checkpoint(tmp_path / "q", "fp8", block=(128, 128), **wide)
+    reference = write_dequantized(quantized, tmp_path / "deq")
+    cpu = torch.device("cpu")
+    fp8 = load_model(
+        quantized, ModelConfig.from_dir(quantized), device=cpu, dtype=torch.float32, ops=torch_ops()
+    )
+    ref = load_model(
+        reference, ModelConfig.from_dir(reference), device=cpu, dtype=torch.float32, ops=torch_ops()
+    )
+    gen = torch.Generator().manual_seed(0)
+    for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
+        layer = fp8.get_submodule(f"model.layers.1.{name}")
+        want = ref.get_submodule(f"model.layers.1.{name}").weight
+        assert layer.quant_method.w8a8
+        decode, prefill = (
+            torch.randn(16, want.shape[1], generator=gen),
+            torch.randn(17, want.shape[1], generator=gen),
+        )
+        torch.testing.assert_close(layer(decode), decode @ want.t(), rtol=1e-5, atol=1e-5)
+        y = layer(prefill)
+        method = layer.quant_method
+        torch.testing.assert_close(y, fp8_block_w8a8_ref(prefill, method.weight, method.block_scale))
+        exact = prefill @ want.t()
+        assert not torch.allclose(y, exact, rtol=1e-5, atol=1e-5)  # the activations were quantized
+        assert float((y - exact).norm() / exact.norm()) < 0.06
     assert len(greedy_tokens(quantized)[0]) == 8

@@ -156,8 +156,36 @@ def fp8_block_gemm_ref(
     *,
     dense: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Block-wise fp8, weight-only: x [M, K] unquantized @ W^T in float32, in x's dtype (the oracle of
-    kernels/fp8_block_gemm_triton.py). dense: dequantize_fp8_blocks_ref's W when the caller keeps it."""
+    """Block-wise fp8, weight-only: W dequantized and rounded to x's dtype, x [M, K] @ W^T summed in
+    float32, in x's dtype (the oracle of kernels/fp8_block_gemm_triton.py). dense: dequantize_fp8_blocks_ref's
+    W when the caller keeps it."""
     w = dense if dense is not None else dequantize_fp8_blocks_ref(weight, block_scale, scale_k)
-    y = (x.float() @ w.t()).to(x.dtype)
+    y = (x.float() @ w.to(x.dtype).float().t()).to(x.dtype)
+    return y if bias is None else y + bias
+
+
+def quantize_fp8_groups_ref(x: torch.Tensor, group: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token, per-group absmax scaling to float8_e4m3fn: (values [M, K] fp8, scales [M, K / group])."""
+    m, k = x.shape
+    groups = x.float().reshape(m, k // group, group)
+    scale = groups.abs().amax(dim=-1).clamp(min=1e-12) / FP8_MAX
+    values = (groups / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return values.reshape(m, k), scale
+
+
+def fp8_block_w8a8_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    block_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    dense: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Block-wise fp8 as DeepSeek's recipe runs it above decode sizes (128 x 128 weight blocks): x
+    quantized per token and 128 inputs, both operands dequantized, summed in float32, in x's dtype (the
+    oracle of torch._scaled_mm's block scaling, quant/fp8_block.py)."""
+    xq, sx = quantize_fp8_groups_ref(x)
+    x_deq = xq.float() * sx.repeat_interleave(128, dim=1)
+    w = dense if dense is not None else dequantize_fp8_blocks_ref(weight, block_scale, 128)
+    y = (x_deq @ w.t()).to(x.dtype)
     return y if bias is None else y + bias

@@ -3,19 +3,55 @@ weight float8_e4m3fn [N, K] and weight_scale_inv float32 [ceil(N / bn), ceil(K /
 weight_scale_inv of its block) and compressed-tensors float8 with strategy block (the same tensors, the
 scale named weight_scale).
 
-They run weight-only (W8A16): the activations stay 16-bit, where the checkpoints' authors quantize them
-per token and group of 128 (the numbers are at least as close to the float model's). One Triton GEMM
-takes every token count (kernels/fp8_block_gemm_triton.py); the CPU runs its reference.
+Up to FP8_WEIGHT_ONLY_MAX_M tokens they run weight-only (W8A16: x stays 16-bit; one Triton GEMM,
+kernels/fp8_block_gemm_triton.py), a weight stream. Above, a layer in DeepSeek's 128 x 128 blocks runs as
+its authors' recipe does, W8A8: activations quantized per token and 128 inputs, then torch._scaled_mm's
+block scaling (cuBLASLt; H100, torch 2.11 + CUDA 13: 1.3-1.75x bf16 at 64-4096 tokens, where the Triton
+GEMM ran 0.3-0.9x). Other block shapes, or a torch without that scaling (found out at load), stay
+weight-only. The CPU runs the references of the same split.
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from kvpilot.runtime.errors import ModelLoadError
-from kvpilot.runtime.kernels.quant_reference import FP8_MAX, dequantize_fp8_blocks_ref, fp8_block_gemm_ref
+from kvpilot.runtime.kernels.quant_reference import (
+    FP8_MAX,
+    FP8_WEIGHT_ONLY_MAX_M,
+    dequantize_fp8_blocks_ref,
+    fp8_block_gemm_ref,
+    fp8_block_w8a8_ref,
+)
 from kvpilot.runtime.layers.linear import Linear
 from kvpilot.runtime.quant.config import QuantConfig
 from kvpilot.runtime.quant.methods import _Collecting, require_fp8_gpu
+
+log = logging.getLogger(__name__)
+W8A8_BLOCK = (128, 128)  # the weight blocks of torch._scaled_mm's block scaling (and its 1 x 128 inputs)
+SCALED_MM_ROWS = 16  # its token rows, padded to a multiple of this
+
+
+def runs_w8a8(block: tuple[int, int], k: int, heights: list[int]) -> bool:
+    """Whether a layer runs W8A8 above decode sizes: 128 x 128 blocks, a multiple of 4 of them along K, and
+    fused shards that each start on a block row (so one [N / 128, K / 128] scale grid covers them all). With
+    1-2 blocks along K (K = 128, 256) cuBLASLt read the weight scales wrongly and torch did not refuse it
+    (H100, torch 2.11 + CUDA 13: 12x the reference's error norm); at 4, 32 and 96 blocks the outputs match."""
+    return block == W8A8_BLOCK and k % (4 * 128) == 0 and all(h % 128 == 0 for h in heights)
+
+
+def block_scaled_mm(x: torch.Tensor, weight: torch.Tensor, mm_scale: torch.Tensor) -> torch.Tensor:
+    """x [M, K] dense rows @ (weight [N, K] fp8 * mm_scale [N / 128, K / 128])^T -> [M, N] in x's dtype:
+    W8A8 with DeepSeek's 1 x 128 activation and 128 x 128 weight scales (GPU; fp8_block_w8a8_ref)."""
+    from kvpilot.runtime.kernels.fp8_quant_triton import quantize_fp8_groups_triton
+
+    m = x.shape[0]
+    # cuBLASLt refuses the block scaling at M = 17 (not at 64 or 300, H100): the rows go in padded to 16
+    rows = -(-m // SCALED_MM_ROWS) * SCALED_MM_ROWS
+    xq, sx = quantize_fp8_groups_triton(x, rows=rows)  # [rows, K] fp8, [rows, K / 128] (strides (1, rows))
+    y = torch._scaled_mm(xq, weight.t(), scale_a=sx, scale_b=mm_scale.t(), out_dtype=torch.bfloat16)[:m]
+    return y if x.dtype == torch.bfloat16 else y.to(x.dtype)
 
 
 def quantize_fp8_blocks(weight: torch.Tensor, bn: int, bk: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,6 +85,8 @@ class Fp8BlockMethod(_Collecting):
         self.block_scale = torch.empty(0)
         self.dense: torch.Tensor | None = None
         self.counters = torch.empty(0)
+        self.w8a8 = False  # above decode sizes: W8A8 through torch._scaled_mm (runs_w8a8)
+        self.mm_scale = torch.empty(0)  # its weight scales [N / 128, K / 128]
 
     def expected_shape(self, layer: Linear, suffix: str, out: int) -> tuple[int, ...] | None:
         k = layer.in_features
@@ -70,6 +108,8 @@ class Fp8BlockMethod(_Collecting):
             scales.append(s.float().to(self.device).repeat_interleave(self.block_n, dim=0)[: w.shape[0]])
         self.weight = torch.cat(weights).contiguous()
         self.block_scale = torch.cat(scales).contiguous()
+        k = self.weight.shape[1]
+        self.w8a8 = runs_w8a8((self.block_n, self.block_k), k, [w.shape[0] for w in weights])
         if not self.use_kernel:  # the reference's dequantized weight, made once
             self.dense = dequantize_fp8_blocks_ref(self.weight, self.block_scale, self.block_k)
             return
@@ -78,8 +118,23 @@ class Fp8BlockMethod(_Collecting):
 
         self.counters = split_counters(self.weight.shape[0], self.device)
         for m in warm_up_ms():  # compile every launch shape now, not mid-serving
-            x = torch.zeros(m, self.weight.shape[1], device=self.device, dtype=self.dtype)
+            x = torch.zeros(m, k, device=self.device, dtype=self.dtype)
             fp8_block_gemm(x, self.weight, self.block_scale, self.block_k, self.counters)
+        if self.w8a8:
+            self.mm_scale = self.block_scale[::128].contiguous()  # [N / 128, K / 128] again
+            self.w8a8 = self._scaled_mm_takes_blocks(k)
+
+    def _scaled_mm_takes_blocks(self, k: int) -> bool:
+        """Run the W8A8 path once (compiling its quantizer); False, logged, where torch refuses."""
+        try:
+            x = torch.zeros(FP8_WEIGHT_ONLY_MAX_M + 1, k, device=self.device, dtype=self.dtype)
+            block_scaled_mm(x, self.weight, self.mm_scale)
+        except RuntimeError as exc:
+            log.warning(
+                "torch._scaled_mm lacks block scaling here (%s): block-wise fp8 runs weight-only", exc
+            )
+            return False
+        return True
 
     def _checkpoint_shard(self, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         if t["weight"].dtype != torch.float8_e4m3fn:
@@ -89,12 +144,18 @@ class Fp8BlockMethod(_Collecting):
         return t["weight"], t[self.scale_suffix]
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if self.dense is not None:
+        w8a8 = self.w8a8 and x.numel() // x.shape[-1] > FP8_WEIGHT_ONLY_MAX_M
+        if self.dense is not None:  # the references, split as the GPU's dispatch
+            if w8a8:
+                return fp8_block_w8a8_ref(x, self.weight, self.block_scale, bias, dense=self.dense)
             return fp8_block_gemm_ref(x, self.weight, self.block_scale, self.block_k, bias, dense=self.dense)
         from kvpilot.runtime.kernels.fp8_block_gemm_triton import fp8_block_gemm
 
         x2 = x.reshape(-1, x.shape[-1])
         x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
-        y = fp8_block_gemm(x2, self.weight, self.block_scale, self.block_k, self.counters)
+        if w8a8:
+            y = block_scaled_mm(x2, self.weight, self.mm_scale)
+        else:
+            y = fp8_block_gemm(x2, self.weight, self.block_scale, self.block_k, self.counters)
         y = y if bias is None else y + bias
         return y.reshape(*x.shape[:-1], y.shape[-1])
