@@ -137,6 +137,12 @@ def write_dequantized(quantized: Path, out: Path) -> Path:
     return out
 
 
+def load_cpu(path: Path) -> torch.nn.Module:
+    return load_model(
+        path, ModelConfig.from_dir(path), device=torch.device("cpu"), dtype=torch.float32, ops=torch_ops()
+    )
+
+
 def greedy_tokens(model_dir: Path) -> list[list[int]]:
     llm = LLM(str(model_dir), device="cpu", dtype="float32", max_model_len=128, kernel_backend="torch")
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
@@ -184,9 +190,7 @@ def test_loaded_integer_weights_are_dense(case: str, tmp_path: Path) -> None:
     scales as [N, groups]) gave wrong tokens on the H100 before the canonical weight was made contiguous."""
     fmt, opts = CASES[case]
     path = make_quantized_checkpoint(tmp_path / "q", fmt, seed=3, **opts)
-    model = load_model(
-        path, ModelConfig.from_dir(path), device=torch.device("cpu"), dtype=torch.float32, ops=torch_ops()
-    )
+    model = load_cpu(path)
     parts = [
         p for m in model.modules() if isinstance(m, Linear) and m.quant_method for p in m.quant_method.parts
     ]
@@ -202,13 +206,7 @@ def test_fp8_checkpoint_weights_load_exactly(fmt: str, per_channel: bool, tmp_pa
     and scales must load exactly, and each layer's output stays within fp8's error of the float one."""
     quantized = make_quantized_checkpoint(tmp_path / "q", fmt, per_channel=per_channel)
     reference = write_dequantized(quantized, tmp_path / "deq")
-    cpu = torch.device("cpu")
-    fp8 = load_model(
-        quantized, ModelConfig.from_dir(quantized), device=cpu, dtype=torch.float32, ops=torch_ops()
-    )
-    ref = load_model(
-        reference, ModelConfig.from_dir(reference), device=cpu, dtype=torch.float32, ops=torch_ops()
-    )
+    fp8, ref = load_cpu(quantized), load_cpu(reference)
     x = torch.randn(5, 64, generator=torch.Generator().manual_seed(0))
     for name in ("self_attn.qkv_proj", "mlp.gate_up_proj"):
         layer = fp8.get_submodule(f"model.layers.1.{name}")
@@ -232,13 +230,7 @@ def test_block_fp8_runs_w8a8_above_decode_sizes(tmp_path: Path) -> None:
     }
     quantized = make_quantized_checkpoint(tmp_path / "q", "fp8", block=(128, 128), **wide)
     reference = write_dequantized(quantized, tmp_path / "deq")
-    cpu = torch.device("cpu")
-    fp8 = load_model(
-        quantized, ModelConfig.from_dir(quantized), device=cpu, dtype=torch.float32, ops=torch_ops()
-    )
-    ref = load_model(
-        reference, ModelConfig.from_dir(reference), device=cpu, dtype=torch.float32, ops=torch_ops()
-    )
+    fp8, ref = load_cpu(quantized), load_cpu(reference)
     gen = torch.Generator().manual_seed(0)
     for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
         layer = fp8.get_submodule(f"model.layers.1.{name}")
