@@ -35,24 +35,23 @@ BLOCK = 128
 def row(name: str, n: int, k: int, m: int, bw: float, flops: float) -> str:
     dev = torch.device("cuda")
     w = 0.02 * torch.randn(n, k, device=dev)
-    q, scale = quantize_fp8_blocks(w, BLOCK, BLOCK)
-    block_scale = scale.repeat_interleave(BLOCK, dim=0)[:n].contiguous()
+    q, scale = quantize_fp8_blocks(w, BLOCK, BLOCK)  # [N / 128, K / 128]
     channel_q, channel_scale = quantize_fp8_rows_ref(w)
     x = (0.1 * torch.randn(m, k, device=dev)).bfloat16()
     counters = split_counters(n, dev)
-    got = fp8_block_gemm(x, q, block_scale, BLOCK, counters).float()
-    want = fp8_block_gemm_ref(x.float(), q, block_scale, BLOCK)
+    got = fp8_block_gemm(x, q, scale, (BLOCK, BLOCK), counters).float()
+    want = fp8_block_gemm_ref(x.float(), q, scale, (BLOCK, BLOCK))
     err = float((got - want).norm() / want.norm())
     bf16 = graph_us(lambda wt: F.linear(x, wt), copies((w.bfloat16(),)))
     channel = graph_us(
         lambda wq, ws: fp8_linear(x, wq, ws, None), copies((channel_q, channel_scale.view(-1)))
     )
-    block = graph_us(lambda wq, ws: fp8_block_gemm(x, wq, ws, BLOCK, counters), copies((q, block_scale)))
+    block = graph_us(lambda wq, ws: fp8_block_gemm(x, wq, ws, (BLOCK, BLOCK), counters), copies((q, scale)))
     w8a8, dispatched = "-", block
     if m > FP8_WEIGHT_ONLY_MAX_M:  # what the dispatch runs there (quant/fp8_block.py)
         dispatched = graph_us(lambda wq, ws: block_scaled_mm(x, wq, ws), copies((q, scale)))
         w8a8 = f"{dispatched:.1f} ({bf16 / dispatched:.2f}×)"
-    fp8_bytes = n * k + block_scale.numel() * 4
+    fp8_bytes = n * k + scale.numel() * 4
     floor = max(fp8_bytes / bw, 2 * m * n * k / flops) * 1e6
     return (
         f"| {name} | {m} | {bf16:.1f} | {channel:.1f} ({bf16 / channel:.2f}×) | "

@@ -32,11 +32,10 @@ def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def probe_row(w: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, m: int) -> str:
     """bf16, the Triton GEMM and block-scaled _scaled_mm at m tokens for one layer's weight."""
-    n, k = w.shape
-    expanded = scale.repeat_interleave(GROUP, dim=0)[:n].contiguous()
+    k = w.shape[1]
     x = (0.1 * torch.randn(m, k, device="cuda")).bfloat16()
     bf16 = graph_us(lambda wt: F.linear(x, wt), copies((w.bfloat16(),)))
-    triton = graph_us(lambda wq, ws: fp8_block_gemm(x, wq, ws, GROUP), copies((q, expanded)))
+    triton = graph_us(lambda wq, ws: fp8_block_gemm(x, wq, ws, (GROUP, GROUP)), copies((q, scale)))
     xq, sx = quantize_groups(x)
 
     def scaled_mm(wq: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
@@ -44,9 +43,8 @@ def probe_row(w: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, m: int) -> 
 
     try:
         y = scaled_mm(q, scale)
-        want = (xq.float() * sx.repeat_interleave(GROUP, dim=1)) @ dequantize_fp8_blocks_ref(
-            q, expanded, GROUP
-        ).t()
+        w_deq = dequantize_fp8_blocks_ref(q, scale, (GROUP, GROUP))
+        want = (xq.float() * sx.repeat_interleave(GROUP, dim=1)) @ w_deq.t()
         err = float((y.float() - want).norm() / want.norm())
         mm = graph_us(scaled_mm, copies((q, scale)))
         cell = f"{mm:.1f} ({bf16 / mm:.2f}×, {err:.0e})"

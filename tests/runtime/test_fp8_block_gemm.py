@@ -29,21 +29,17 @@ DEVICE = torch.device("cpu" if INTERPRET else "cuda")
 
 
 def block_weight(n: int, k: int, bn: int, bk: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """An fp8 weight [N, K] and its row-expanded block scales [N, ceil(K / bk)], with block scales that
-    differ by orders of magnitude (a kernel that applied the wrong block's scale could not pass)."""
+    """An fp8 weight [N, K] and its block scales [ceil(N / bn), ceil(K / bk)], which differ by orders of
+    magnitude (a kernel that applied the wrong block's scale could not pass)."""
     gen = torch.Generator().manual_seed(seed)
-    w = torch.randn(n, k, generator=gen)
     rows, cols = -(-n // bn), -(-k // bk)
-    w *= (
-        torch.logspace(-3, 1, rows * cols)[torch.randperm(rows * cols, generator=gen)]
-        .view(rows, cols)
-        .repeat_interleave(bn, 0)[:n]
-        .repeat_interleave(bk, 1)[:, :k]
-    )
+    spread = torch.logspace(-3, 1, rows * cols)[torch.randperm(rows * cols, generator=gen)].view(rows, cols)
+    w = torch.randn(n, k, generator=gen) * spread.repeat_interleave(bn, 0)[:n].repeat_interleave(bk, 1)[:, :k]
     q, scale = quantize_fp8_blocks(w, bn, bk)
-    return q.to(DEVICE), scale.repeat_interleave(bn, dim=0)[:n].contiguous().to(DEVICE)
+    return q.to(DEVICE), scale.to(DEVICE)
 
 
+@pytest.mark.parametrize("expanded", [False, True], ids=["blocks", "rows"])
 @pytest.mark.parametrize(
     ("m", "n", "k", "bn", "bk"),
     [
@@ -53,11 +49,16 @@ def block_weight(n: int, k: int, bn: int, bk: int, seed: int = 0) -> tuple[torch
         (70, 130, 64, 16, 64),  # prefill tiles, N past a tile
     ],
 )
-def test_matches_reference(m: int, n: int, k: int, bn: int, bk: int) -> None:
+def test_matches_reference(m: int, n: int, k: int, bn: int, bk: int, expanded: bool) -> None:
+    """Scales as the checkpoint's blocks, or each block row repeated over its rows (fused shards that do
+    not start on a block row)."""
     w, scale = block_weight(n, k, bn, bk)
+    block = (bn, bk)
+    if expanded:
+        scale, block = scale.repeat_interleave(bn, dim=0)[:n].contiguous(), (1, bk)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(1)).to(DEVICE)
-    got = fp8_block_gemm(x, w, scale, bk)
-    torch.testing.assert_close(got, fp8_block_gemm_ref(x, w, scale, bk), rtol=1e-4, atol=1e-4)
+    got = fp8_block_gemm(x, w, scale, block)
+    torch.testing.assert_close(got, fp8_block_gemm_ref(x, w, scale, block), rtol=1e-4, atol=1e-4)
 
 
 def test_launch_shapes_split_decode_only() -> None:
@@ -78,8 +79,8 @@ def test_qwen3_8b_shapes_bf16(m: int, n: int, k: int) -> None:
     x = (0.1 * torch.randn(m, k, device=DEVICE)).bfloat16()
     counters = split_counters(n, DEVICE)
     for _ in range(2):  # the fixup counters are back at zero after a call
-        got = fp8_block_gemm(x, w, scale, 128, counters).float()
-        want = fp8_block_gemm_ref(x.float(), w, scale, 128)
+        got = fp8_block_gemm(x, w, scale, (128, 128), counters).float()
+        want = fp8_block_gemm_ref(x.float(), w, scale, (128, 128))
         assert float((got - want).norm() / want.norm()) < 1e-2, (m, n, k)
 
 
@@ -117,6 +118,6 @@ def test_block_scaled_mm_matches_w8a8_reference(m: int, n: int, k: int) -> None:
     assert runs_w8a8((128, 128), k, [n])
     w, scale = block_weight(n, k, 128, 128)
     x = (0.1 * torch.randn(m, k, device=DEVICE)).bfloat16()
-    got = block_scaled_mm(x, w, scale[::128].contiguous()).float()
+    got = block_scaled_mm(x, w, scale).float()
     want = fp8_block_w8a8_ref(x.float(), w, scale).float()
     assert float((got - want).norm() / want.norm()) < 1e-2, (m, n, k)

@@ -70,7 +70,7 @@ def dense_weight(layer: Linear) -> torch.Tensor:
     if isinstance(method, Fp8Method):
         return method.weight.float() * method.weight_scale.view(-1, 1)
     if isinstance(method, Fp8BlockMethod):
-        return dequantize_fp8_blocks_ref(method.weight, method.block_scale, method.block_k)
+        return dequantize_fp8_blocks_ref(method.weight, method.block_scale, method.scale_block)
     assert isinstance(method, IntWeightMethod)
     parts = []
     for part in method.parts:

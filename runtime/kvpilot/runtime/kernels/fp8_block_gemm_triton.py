@@ -1,7 +1,7 @@
 """Block-wise fp8 weights (DeepSeek-V3 / Qwen3-FP8 checkpoints) against 16-bit activations, at every M:
-y [M, N] = x [M, K] @ (w [N, K] fp8 * s)^T, with one float32 scale per output row and block of SCALE_K
-inputs (s [N, ceil(K / SCALE_K)]: the checkpoint's [rows, columns] blocks, each block row repeated over
-its rows at load, so the fused q/k/v shards need not start on a block of rows).
+y [M, N] = x [M, K] @ (w [N, K] fp8 * s)^T, with one float32 scale per block of SCALE_N rows and SCALE_K
+inputs (s [ceil(N / SCALE_N), ceil(K / SCALE_K)]: the checkpoint's blocks; where fused q/k/v shards do not
+each start on a block of rows, the loader repeats every block row over its rows and passes SCALE_N = 1).
 
 Weight-only (W8A16): x stays in its dtype; each fp8 tile times its block scale (float32), rounded once to
 x's dtype, is the tensor cores' operand, accumulated in float32: the numbers of dequantizing W to x's dtype,
@@ -29,11 +29,12 @@ SPLIT_MAX_M = 64  # up to here: split-K with the fixup reduction (split_counters
 def _fp8_block_gemm_kernel(
     x_ptr,  # [M, K] bf16/fp16/fp32, rows stride_x apart
     w_ptr,  # float8_e4m3fn [N, K], dense
-    s_ptr,  # float32 [N, s_cols]: scale of (row n, inputs [j SCALE_K, (j + 1) SCALE_K))
+    s_ptr,  # float32 [N / SCALE_N, s_cols]: (i, j) scales rows i SCALE_N.. and inputs j SCALE_K..
     out_ptr,  # y [M, N] (split_k_triton: or its float32 buffer)
     ws_ptr,  # float32 [SPLIT_K, M, N] (fixup)
     counter_ptr,  # int32 [tiles] (fixup)
     M, N, K, stride_x, s_cols, K_PER_SPLIT, split_k,
+    SCALE_N: tl.constexpr,
     SCALE_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -54,7 +55,8 @@ def _fp8_block_gemm_kernel(
         w_mask = n_mask[:, None] & (ks < K)[None, :]
         x = tl.load(x_ptr + offs_m[:, None] * stride_x + ks[None, :], mask=x_mask, other=0.0)  # [BM, BK]
         w = tl.load(w_ptr + offs_n[:, None] * K + ks[None, :], mask=w_mask, other=0.0)  # [BN, BK] fp8
-        scale = tl.load(s_ptr + offs_n * s_cols + k0 // SCALE_K, mask=n_mask, other=0.0)  # [BLOCK_N]
+        scale_at = s_ptr + (offs_n // SCALE_N) * s_cols + k0 // SCALE_K
+        scale = tl.load(scale_at, mask=n_mask, other=0.0)  # [BLOCK_N]
         # the tile dequantized in registers, rounded once to x's dtype: the dot then accumulates in place
         # (scaling its float32 result instead held a second accumulator and serialized the mmas: prefill
         # ran at a quarter of bf16 cuBLAS on the H100)
@@ -88,13 +90,14 @@ def fp8_block_gemm(
     x: torch.Tensor,
     weight: torch.Tensor,
     block_scale: torch.Tensor,
-    scale_k: int,
+    block: tuple[int, int],
     counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x [M, K] (dense rows) @ (weight [N, K] fp8 * block_scale [N, ceil(K / scale_k)])^T -> [M, N] in x's
-    dtype. counters: this weight's persistent fixup counters (split_k_triton.split_counters)."""
+    """x [M, K] (dense rows) @ (weight [N, K] fp8 * block_scale [ceil(N / bn), ceil(K / bk)])^T -> [M, N] in
+    x's dtype; block = (bn, bk). counters: this weight's persistent fixup counters (split_counters)."""
     m, k = x.shape
     n = weight.shape[0]
+    scale_n, scale_k = block
     block_m, block_n, split, warps = launch_shape(m, n, k, scale_k, num_sms(x.device))
     block_k = block_k_for(scale_k)
     steps = triton.cdiv(k, block_k)
@@ -103,8 +106,9 @@ def fp8_block_gemm(
     _fp8_block_gemm_kernel[grid](
         x, weight, block_scale, buf.target, buf.workspace, buf.counters, m, n, k, x.stride(0),
         block_scale.shape[1], steps // split * block_k, split,
-        SCALE_K=scale_k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_MODE=buf.mode,
-        DOT_IEEE=x.dtype == torch.float32, num_warps=warps, num_stages=3 if block_m > 16 else 4,
+        SCALE_N=scale_n, SCALE_K=scale_k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        SPLIT_MODE=buf.mode, DOT_IEEE=x.dtype == torch.float32, num_warps=warps,
+        num_stages=3 if block_m > 16 else 4,
     )  # fmt: skip
     return buf.finish()
 

@@ -140,18 +140,21 @@ def fp8_weight_only_ref(
     return _fp8_matmul(x.float(), weight, weight_scale, bias, dense, x.dtype)
 
 
-def dequantize_fp8_blocks_ref(weight: torch.Tensor, block_scale: torch.Tensor, scale_k: int) -> torch.Tensor:
-    """Block-wise fp8 W [N, K] in float32: weight [N, K] fp8 times the scale of its (row, scale_k-column
-    block), block_scale [N, ceil(K / scale_k)] (the checkpoint's block rows repeated over their rows)."""
-    k = weight.shape[1]
-    return weight.float() * block_scale.float().repeat_interleave(scale_k, dim=1)[:, :k]
+def dequantize_fp8_blocks_ref(
+    weight: torch.Tensor, block_scale: torch.Tensor, block: tuple[int, int]
+) -> torch.Tensor:
+    """Block-wise fp8 W [N, K] in float32: weight [N, K] fp8 times the scale of its block, block_scale
+    [ceil(N / bn), ceil(K / bk)] with block = (bn, bk)."""
+    n, k = weight.shape
+    rows = block_scale.float().repeat_interleave(block[0], dim=0)[:n]
+    return weight.float() * rows.repeat_interleave(block[1], dim=1)[:, :k]
 
 
 def fp8_block_gemm_ref(
     x: torch.Tensor,
     weight: torch.Tensor,
     block_scale: torch.Tensor,
-    scale_k: int,
+    block: tuple[int, int],
     bias: torch.Tensor | None = None,
     *,
     dense: torch.Tensor | None = None,
@@ -159,7 +162,7 @@ def fp8_block_gemm_ref(
     """Block-wise fp8, weight-only: W dequantized and rounded to x's dtype, x [M, K] @ W^T summed in
     float32, in x's dtype (the oracle of kernels/fp8_block_gemm_triton.py). dense: dequantize_fp8_blocks_ref's
     W when the caller keeps it."""
-    w = dense if dense is not None else dequantize_fp8_blocks_ref(weight, block_scale, scale_k)
+    w = dense if dense is not None else dequantize_fp8_blocks_ref(weight, block_scale, block)
     y = (x.float() @ w.to(x.dtype).float().t()).to(x.dtype)
     return y if bias is None else y + bias
 
@@ -181,11 +184,11 @@ def fp8_block_w8a8_ref(
     *,
     dense: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Block-wise fp8 as DeepSeek's recipe runs it above decode sizes (128 x 128 weight blocks): x
+    """Block-wise fp8 as DeepSeek's recipe runs it above decode sizes (block_scale [N / 128, K / 128]): x
     quantized per token and 128 inputs, both operands dequantized, summed in float32, in x's dtype (the
     oracle of torch._scaled_mm's block scaling, quant/fp8_block.py)."""
     xq, sx = quantize_fp8_groups_ref(x)
     x_deq = xq.float() * sx.repeat_interleave(128, dim=1)
-    w = dense if dense is not None else dequantize_fp8_blocks_ref(weight, block_scale, 128)
+    w = dense if dense is not None else dequantize_fp8_blocks_ref(weight, block_scale, (128, 128))
     y = (x_deq @ w.t()).to(x.dtype)
     return y if bias is None else y + bias

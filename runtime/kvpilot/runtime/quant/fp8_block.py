@@ -68,8 +68,9 @@ def quantize_fp8_blocks(weight: torch.Tensor, bn: int, bk: int) -> tuple[torch.T
 
 
 class Fp8BlockMethod(_Collecting):
-    """weight float8_e4m3fn [N, K] (fused shards stacked) with block_scale float32 [N, ceil(K / bk)]: each
-    checkpoint block row repeated over its bn rows, so shards of any height stack (q/k/v, gate/up)."""
+    """weight float8_e4m3fn [N, K] (fused shards stacked) with block_scale float32 [ceil(N / sn), ceil(K /
+    bk)], scale_block = (sn, bk): the checkpoint's blocks (sn = bn) where every shard starts on a block row,
+    else each block row repeated over its rows (sn = 1), so shards of any height stack (q/k/v, gate/up)."""
 
     def __init__(self, quant: QuantConfig, dtype: torch.dtype, device: torch.device, backend: str) -> None:
         super().__init__(quant, dtype, device, backend)
@@ -83,10 +84,10 @@ class Fp8BlockMethod(_Collecting):
         self.quantized: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # shard -> dummy (benchmarks)
         self.weight = torch.empty(0)
         self.block_scale = torch.empty(0)
+        self.scale_block = (self.block_n, self.block_k)
         self.dense: torch.Tensor | None = None
         self.counters = torch.empty(0)
         self.w8a8 = False  # above decode sizes: W8A8 through torch._scaled_mm (runs_w8a8)
-        self.mm_scale = torch.empty(0)  # its weight scales [N / 128, K / 128]
 
     def expected_shape(self, layer: Linear, suffix: str, out: int) -> tuple[int, ...] | None:
         k = layer.in_features
@@ -105,13 +106,19 @@ class Fp8BlockMethod(_Collecting):
         for shard, t in enumerate(self.shard_tensors(layer)):
             w, s = self.quantized.pop(shard) if shard in self.quantized else self._checkpoint_shard(t)
             weights.append(w.to(self.device))
-            scales.append(s.float().to(self.device).repeat_interleave(self.block_n, dim=0)[: w.shape[0]])
+            scales.append(s.float().to(self.device))
+        heights = [w.shape[0] for w in weights]
+        if any(h % self.block_n for h in heights[:-1]):  # a shard ends inside a block row
+            scales = [
+                s.repeat_interleave(self.block_n, dim=0)[:h] for s, h in zip(scales, heights, strict=True)
+            ]
+            self.scale_block = (1, self.block_k)
         self.weight = torch.cat(weights).contiguous()
         self.block_scale = torch.cat(scales).contiguous()
         k = self.weight.shape[1]
-        self.w8a8 = runs_w8a8((self.block_n, self.block_k), k, [w.shape[0] for w in weights])
+        self.w8a8 = runs_w8a8((self.block_n, self.block_k), k, heights)
         if not self.use_kernel:  # the reference's dequantized weight, made once
-            self.dense = dequantize_fp8_blocks_ref(self.weight, self.block_scale, self.block_k)
+            self.dense = dequantize_fp8_blocks_ref(self.weight, self.block_scale, self.scale_block)
             return
         from kvpilot.runtime.kernels.fp8_block_gemm_triton import fp8_block_gemm, warm_up_ms
         from kvpilot.runtime.kernels.split_k_triton import split_counters
@@ -119,16 +126,15 @@ class Fp8BlockMethod(_Collecting):
         self.counters = split_counters(self.weight.shape[0], self.device)
         for m in warm_up_ms():  # compile every launch shape now, not mid-serving
             x = torch.zeros(m, k, device=self.device, dtype=self.dtype)
-            fp8_block_gemm(x, self.weight, self.block_scale, self.block_k, self.counters)
-        if self.w8a8:
-            self.mm_scale = self.block_scale[::128].contiguous()  # [N / 128, K / 128] again
+            fp8_block_gemm(x, self.weight, self.block_scale, self.scale_block, self.counters)
+        if self.w8a8:  # block_scale is [N / 128, K / 128] there (runs_w8a8: every shard on block rows)
             self.w8a8 = self._scaled_mm_takes_blocks(k)
 
     def _scaled_mm_takes_blocks(self, k: int) -> bool:
         """Run the W8A8 path once (compiling its quantizer); False, logged, where torch refuses."""
         try:
             x = torch.zeros(FP8_WEIGHT_ONLY_MAX_M + 1, k, device=self.device, dtype=self.dtype)
-            block_scaled_mm(x, self.weight, self.mm_scale)
+            block_scaled_mm(x, self.weight, self.block_scale)
         except RuntimeError as exc:
             log.warning(
                 "torch._scaled_mm lacks block scaling here (%s): block-wise fp8 runs weight-only", exc
@@ -148,14 +154,16 @@ class Fp8BlockMethod(_Collecting):
         if self.dense is not None:  # the references, split as the GPU's dispatch
             if w8a8:
                 return fp8_block_w8a8_ref(x, self.weight, self.block_scale, bias, dense=self.dense)
-            return fp8_block_gemm_ref(x, self.weight, self.block_scale, self.block_k, bias, dense=self.dense)
+            return fp8_block_gemm_ref(
+                x, self.weight, self.block_scale, self.scale_block, bias, dense=self.dense
+            )
         from kvpilot.runtime.kernels.fp8_block_gemm_triton import fp8_block_gemm
 
         x2 = x.reshape(-1, x.shape[-1])
         x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
         if w8a8:
-            y = block_scaled_mm(x2, self.weight, self.mm_scale)
+            y = block_scaled_mm(x2, self.weight, self.block_scale)
         else:
-            y = fp8_block_gemm(x2, self.weight, self.block_scale, self.block_k, self.counters)
+            y = fp8_block_gemm(x2, self.weight, self.block_scale, self.scale_block, self.counters)
         y = y if bias is None else y + bias
         return y.reshape(*x.shape[:-1], y.shape[-1])
