@@ -100,7 +100,10 @@ def test_prequantized_checkpoints(model_configs: dict[str, dict[str, Any]]) -> N
     ct8 = facts_from_config({**base, "quantization_config": ct})
     assert (ct8.prequantized, ct8.quant_group_size, ct8.quant_bits) == ("gptq", -1, 8)
     ct["config_groups"]["group_0"]["input_activations"] = {"num_bits": 8, "type": "int", "dynamic": True}
-    with pytest.raises(ModelFactsError, match="not quantized int activations, W8A8"):
+    w8a8 = facts_from_config({**base, "quantization_config": ct})  # W8A8 int8: served, weights 8-bit
+    assert (w8a8.prequantized, w8a8.quant_bits) == ("gptq", 8)
+    ct["config_groups"]["group_0"]["input_activations"] = {"num_bits": 8, "type": "float"}
+    with pytest.raises(ModelFactsError, match="not float8 activations on int weights"):
         facts_from_config({**base, "quantization_config": ct})
     gptq8 = facts_from_config({**base, "quantization_config": {**gptq_config, "bits": 8}})
     assert (gptq8.prequantized, gptq8.quant_bits) == ("gptq", 8)

@@ -41,6 +41,17 @@ CASES: dict[str, tuple[str | None, str | None, dict[str, Any]]] = {
     "compressed-tensors-channel": ("compressed-tensors", None, {"per_channel": True}),
     "ct-int4-asym-g32": ("compressed-tensors-int", None, {"bits": 4, "group_size": 32, "sym": False}),
     "ct-int8-sym-channel": ("compressed-tensors-int", "gptq", {"bits": 8, "group_size": -1}),
+    "ct-int8-w8a8-static-g32": (
+        "compressed-tensors-int",
+        None,
+        {
+            "bits": 8,
+            "group_size": 32,
+            "sym": False,
+            "ct_format": "int-quantized",
+            "int8_activations": "static",
+        },
+    ),
     "fp8-block-32": ("fp8", None, {"block": (32, 32)}),
     "ct-fp8-block-16x32": ("compressed-tensors", "fp8", {"block": (16, 32)}),
 }

@@ -30,7 +30,7 @@ def _field(word: int, index: int, bits: int) -> int:
 def _reference_dequant(tensors: dict[str, torch.Tensor], prefix: str, qc: dict) -> torch.Tensor:
     """W [N, K] float32 from one layer's packed tensors, word by word in Python."""
     method = qc["quant_method"]
-    if prefix + "weight_packed" in tensors:
+    if prefix + "weight_packed" in tensors or qc.get("format") in ("int-quantized", "naive-quantized"):
         return _reference_compressed_int(tensors, prefix, qc)
     block = qc.get("weight_block_size") or _ct_block(qc)
     if block:
@@ -92,8 +92,15 @@ def _reference_compressed_int(tensors: dict[str, torch.Tensor], prefix: str, qc:
     scheme = qc["config_groups"]["group_0"]["weights"]
     bits = scheme["num_bits"]
     per, offset = 32 // bits, 1 << (bits - 1)
-    packed = tensors[prefix + "weight_packed"].to(torch.int64) & 0xFFFFFFFF
     scale = tensors[prefix + "weight_scale"].float()  # [N, groups]
+    g_idx = tensors.get(prefix + "weight_g_idx")
+    if qc["format"] != "pack-quantized":  # int-/naive-quantized: signed int8 values, as stored
+        q, k = tensors[prefix + "weight"].float(), tensors[prefix + "weight"].shape[1]
+        zp = tensors.get(prefix + "weight_zero_point")
+        z = torch.zeros_like(scale) if zp is None else zp.float()
+        g = torch.arange(k) // (k // scale.shape[1]) if g_idx is None else g_idx.to(torch.int64)
+        return (q - z[:, g]) * scale[:, g]
+    packed = tensors[prefix + "weight_packed"].to(torch.int64) & 0xFFFFFFFF
     n, k = packed.shape[0], packed.shape[1] * per
     q = torch.empty(n, k)
     for c in range(packed.shape[1]):
@@ -105,7 +112,6 @@ def _reference_compressed_int(tensors: dict[str, torch.Tensor], prefix: str, qc:
         for r in range(zp.shape[0]):
             for j in range(per):
                 z[r * per + j] = torch.tensor([_field(int(v), j, bits) - offset for v in zp[r]])
-    g_idx = tensors.get(prefix + "weight_g_idx")
     groups = scale.shape[1]
     g = torch.arange(k) // (k // groups) if g_idx is None else g_idx.to(torch.int64)
     return (q - z[:, g]) * scale[:, g]
@@ -168,6 +174,22 @@ CASES = {
     ),
     "ct-int8-sym-channel": ("compressed-tensors-int", {"bits": 8, "group_size": -1}),
     "ct-int8-asym-g32": ("compressed-tensors-int", {"bits": 8, "group_size": 32, "sym": False}),
+    # W8A8 int8 checkpoints (int-quantized) run weight-only: the dequantized model's tokens too
+    "ct-int8-w8a8-dynamic-channel": (
+        "compressed-tensors-int",
+        {"bits": 8, "group_size": -1, "ct_format": "int-quantized", "int8_activations": "dynamic"},
+    ),
+    "ct-int4-naive-asym-actorder-static": (
+        "compressed-tensors-int",
+        {
+            "bits": 4,
+            "group_size": 32,
+            "sym": False,
+            "desc_act": True,
+            "ct_format": "naive-quantized",
+            "int8_activations": "static",
+        },
+    ),
     # block-wise fp8 runs weight-only: the tokens of the dequantized model, like the integer formats
     "fp8-block-32": ("fp8", {"block": (32, 32)}),
     "fp8-block-48-ragged-llama": ("fp8", {"block": (48, 48), "family": "llama3"}),

@@ -14,7 +14,7 @@ from kvpilot.runtime.fixtures.quantized import make_quantized_checkpoint
 from kvpilot.runtime.layers.kernel_ops import torch_ops
 from kvpilot.runtime.llm import LLM
 from kvpilot.runtime.loader import load_model
-from kvpilot.runtime.quant.config import QuantConfig
+from kvpilot.runtime.quant.config import QuantConfig, parse_quant_config
 from kvpilot.runtime.quant.methods import Fp8Method
 from safetensors.torch import load_file, save_file
 
@@ -122,8 +122,11 @@ def test_engine_start_reports_one_clear_error(gptq_dir: Path) -> None:
 @pytest.mark.parametrize(
     ("change", "words"),
     [
-        ({"format": "naive-quantized"}, ["quantization_config.format 'naive-quantized'", "pack-quantized"]),
-        ({"input_activations": {"num_bits": 8, "type": "int"}}, ["input_activations", "W4A8", "WNA16"]),
+        (
+            {"format": "marlin-24"},
+            ["quantization_config.format 'marlin-24'", "pack-quantized, int-quantized"],
+        ),
+        ({"input_activations": {"num_bits": 8, "type": "float"}}, ["input_activations", "other than int8"]),
         ({"weights": {"group_size": 256}}, ["group_size 256", "32, 64, 128"]),
         ({"weights": {"strategy": "tensor", "group_size": None}}, ["strategy 'tensor'", "channel"]),
         ({"weights": {"num_bits": 3}}, ["num_bits 3, type 'int'", "num_bits 4 or 8 type int"]),
@@ -187,3 +190,17 @@ def test_block_fp8_scale_of_the_wrong_shape_is_named(tmp_path: Path) -> None:
     expected = r"down_proj.weight_scale_inv: has shape \(2, 4\), expected \(4, 4\) .*\[16, 32\]"
     with pytest.raises(ModelLoadError, match=expected):
         load(path)
+
+
+def test_int8_activations_run_16_bit_and_say_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A W8A8 int8 checkpoint (compressed-tensors int-quantized) loads; its activations stay 16-bit."""
+    path = make_quantized_checkpoint(
+        tmp_path / "w8a8", "compressed-tensors-int", bits=8, group_size=-1, ct_format="int-quantized",
+        int8_activations="dynamic",
+    )  # fmt: skip
+    raw = ModelConfig.from_dir(path).quantization_config
+    quant = parse_quant_config(raw, None)
+    assert quant is not None and quant.activations_16bit
+    with caplog.at_level("WARNING"):
+        load(path)
+    assert "weight-only, with 16-bit activations" in caplog.text

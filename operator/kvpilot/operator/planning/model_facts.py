@@ -167,17 +167,19 @@ def _quantization(qconfig: Any) -> tuple[str | None, int, int]:
 
 
 def _compressed_tensors(qconfig: dict[str, Any]) -> tuple[str, int, int]:
-    """float8 weights run as fp8; int4/int8 weight-only (pack-quantized, WNA16) as the gptq family, whose
-    bytes they share (bits per weight plus a scale per group)."""
+    """float8 weights run as fp8; int4/int8 weights (pack-, int- or naive-quantized; W8A8 int8 checkpoints
+    too, whose activations the runtime keeps 16-bit) as the gptq family, whose bytes they share (bits per
+    weight plus a scale per group)."""
     for group in (qconfig.get("config_groups") or {}).values():
         weights = (group or {}).get("weights") or {}
         bits, kind = weights.get("num_bits"), weights.get("type")
         if bits == 8 and kind == "float":
             return "fp8", 128, 4
-        if bits in (4, 8) and kind == "int" and not (group or {}).get("input_activations"):
+        activations = (group or {}).get("input_activations") or {}
+        if bits in (4, 8) and kind == "int" and activations.get("type", "int") == "int":
             size = weights.get("group_size")
             return "gptq", size if type(size) is int and weights.get("strategy") == "group" else -1, bits
     raise ModelFactsError(
         "compressed-tensors checkpoint with an unsupported weight scheme (served: float8 weights, and "
-        "int4/int8 weight-only pack-quantized weights; not quantized int activations, W8A8/W4A8)"
+        "int4/int8 weights with 16-bit or int8 activations; not float8 activations on int weights)"
     )

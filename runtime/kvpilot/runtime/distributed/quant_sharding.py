@@ -15,6 +15,8 @@ split lands on a different axis, in different units, per tensor (ct: compressed-
     ct weight_scale        [N, K/G]         axis 0                  axis 1, G per group (channel: whole)
     ct weight_zero_point   [N/pw, K/G]      axis 0, pw per word     axis 1, G per group
     ct weight_g_idx        [K]              whole                   axis 0 (values re-based)
+    ct int8 weight         [N, K]           axis 0                  axis 1   (int-/naive-quantized: the
+                                                                             zero points [N, K/G] unpacked)
     fp8 weight, 16-bit     [N, K]           axis 0                  axis 1
     fp8 weight_scale       [N] / [N, 1]     axis 0                  whole   (per tensor: whole)
     block fp8 scale        [N/bn, K/bk]     axis 0, bn per block    axis 1, bk per block
@@ -64,14 +66,15 @@ def packed_axes(quant: QuantConfig, suffix: str, shape: tuple[int, ...]) -> Pack
         if suffix == "input_scale":
             return PackedAxes(None, 1, None, None)
         return PackedAxes(0, 1, 1, 1) if suffix == "weight" else PackedAxes(0, 1, None, None)
-    if quant.packing == "compressed-tensors":
+    if quant.packing.startswith("compressed-tensors"):
+        zero_rows = per_word if quant.packing == "compressed-tensors" else 1  # packed along N, or int8
         table = {
             "weight_packed": PackedAxes(0, 1, 1, per_word),
             "weight_scale": PackedAxes(0, 1, 1, group),
-            "weight_zero_point": PackedAxes(0, per_word, 1, group),
+            "weight_zero_point": PackedAxes(0, zero_rows, 1, group),
             "weight_g_idx": PackedAxes(None, 1, 0, 1),
         }
-        return table[suffix]
+        return table.get(suffix, PackedAxes(None, 1, None, None))  # input_scale / _zero_point: whole
     if quant.method == "awq":
         n_per = 1 if suffix == "scales" else 8
         return PackedAxes(1, n_per, 0, 1 if suffix == "qweight" else group)

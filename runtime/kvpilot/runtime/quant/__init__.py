@@ -3,6 +3,8 @@ per-format linear methods that plug into layers/linear.py."""
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from kvpilot.runtime.layers.linear import Linear
 from kvpilot.runtime.quant.config import QuantConfig, parse_quant_config
@@ -10,6 +12,7 @@ from kvpilot.runtime.quant.fp8_block import Fp8BlockMethod
 from kvpilot.runtime.quant.methods import Fp8Method, IntWeightMethod
 from torch import nn
 
+log = logging.getLogger(__name__)
 __all__ = ["QuantConfig", "attach_quant_methods", "finish_quant_methods", "parse_quant_config"]
 
 
@@ -18,6 +21,11 @@ def attach_quant_methods(
 ) -> None:
     """Give every Linear of the (not yet materialised) model its format's method. The LM head and the
     embedding stay in the model dtype."""
+    if quant.activations_16bit:
+        log.warning(
+            "the checkpoint quantizes activations to int8 (compressed-tensors W8A8/W4A8): kvpilot runs it "
+            "weight-only, with 16-bit activations (at least as accurate; no int8 GEMM speed-up)"
+        )
     method_class: type[Fp8Method | Fp8BlockMethod | IntWeightMethod] = IntWeightMethod
     if quant.method == "fp8":
         method_class = Fp8Method if quant.fp8_block is None else Fp8BlockMethod

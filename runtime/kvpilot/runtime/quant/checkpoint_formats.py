@@ -19,6 +19,9 @@ compressed-tensors pack-quantized (llm-compressor's W4A16 / W8A16), W [N, K] as 
     weight_scale       [N, K/G] (channel strategy: [N, 1]);  weight_g_idx int32 [K] (act order, optional)
     Values are signed, stored with an offset of 2**(bits-1): the stored unsigned value is q + 2**(bits-1),
     so W = (q_stored - zero_stored) * s, with zero_stored = 2**(bits-1) when symmetric (no zero tensor).
+compressed-tensors int-quantized / naive-quantized (e.g. W8A8 int8 checkpoints): the same numbers unpacked,
+    weight int8 [N, K] signed, weight_scale [N, K/G] (channel: [N, 1]), weight_zero_point int8 alike
+    (asymmetric only), weight_g_idx int32 [K]: W = (q - zero) * s.
 """
 
 from __future__ import annotations
@@ -91,6 +94,29 @@ def unpack_compressed_tensors(
             )
         zeros = _unpack_columns(zero_point.t(), bits).reshape(groups, n).float()
     return _grouped(q, scale.t().float(), zeros, g_idx, bits, dtype)
+
+
+def unpack_compressed_unpacked(
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    zero_point: torch.Tensor | None,
+    g_idx: torch.Tensor | None,
+    *,
+    bits: int,
+    dtype: torch.dtype,
+) -> IntWeight:
+    """int-/naive-quantized: signed int8 values, shifted into the canonical unsigned range."""
+    for name, t in (("weight", weight), ("weight_zero_point", zero_point)):
+        if t is not None and t.dtype != torch.int8:
+            raise ModelLoadError(
+                f"{name} has dtype {t.dtype}; supported: int8 (compressed-tensors int-quantized)"
+            )
+    offset = 1 << (bits - 1)
+    q = (weight.to(torch.int32) + offset).t()  # [K, N]
+    zeros = torch.full_like(scale, float(offset), dtype=torch.float32)
+    if zero_point is not None:
+        zeros = zero_point.float() + offset
+    return _grouped(q, scale.t().float(), zeros.t(), g_idx, bits, dtype)
 
 
 def _grouped(

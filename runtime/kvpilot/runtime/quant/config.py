@@ -5,8 +5,9 @@ Two kinds:
                              g_idx, v1 or v2 zeros), fp8 (`quant_method: fp8`, and compressed-tensors
                              float8 with per-tensor or per-channel weight scales; both block-wise too:
                              `weight_block_size` / strategy block, DeepSeek-V3 / Qwen3-FP8),
-                             compressed-tensors int4/int8 weight-only (pack-quantized, group or
-                             channel, sym or not, actorder with weight_g_idx): run as the gptq family
+                             compressed-tensors int4/int8 (pack-, int- or naive-quantized, group or
+                             channel, sym or not, actorder with weight_g_idx; int8 activations of W8A8
+                             checkpoints run 16-bit): run as the gptq family, weight-only
   quantize at load           int8 (W8A16 per output channel), int4 (W4A16 round-to-nearest with zero
                              points, group 128 or the largest of 64/32/16 that divides the input width),
                              fp8 (W8A8: per-output-channel weight scales, dynamic per-token activations)
@@ -27,6 +28,7 @@ AWQ_GROUP_SIZES = (32, 64, 128)
 GPTQ_GROUP_SIZES = (-1, 32, 64, 128)
 GPTQ_BITS = (4, 8)
 INT4_GROUP_SIZES = (128, 64, 32, 16)  # load-time int4: the first that divides the input width
+CT_INT_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized")  # compressed-tensors int weights
 
 
 @dataclass(frozen=True)
@@ -42,9 +44,12 @@ class QuantConfig:
     desc_act: bool = False
     zeros_v2: bool = False  # GPTQ v2 zeros (stored as is) instead of v1's zero - 1
     fp8_scale_per_channel: bool = False  # compressed-tensors channel strategy (else per tensor)
-    # how an integer checkpoint's tensors are laid out: "" (its method's own: qweight/qzeros/scales) or
-    # "compressed-tensors" (weight_packed/weight_scale/weight_zero_point/weight_g_idx, gptq family)
+    # how an integer checkpoint's tensors are laid out: "" (its method's own: qweight/qzeros/scales),
+    # "compressed-tensors" (pack-quantized: weight_packed/weight_scale/weight_zero_point/weight_g_idx) or
+    # "compressed-tensors-unpacked" (int-/naive-quantized: int8 weight, weight_scale, weight_zero_point)
     packing: str = ""
+    # the checkpoint quantizes activations too (compressed-tensors W8A8 / W4A8 int8): they run 16-bit here
+    activations_16bit: bool = False
     # block-wise fp8 ([rows, columns] of W [N, K] per float32 scale; None: per tensor or per channel)
     fp8_block: tuple[int, int] | None = None
 
@@ -241,15 +246,16 @@ def _ct_int(raw: dict[str, Any], schemes: list[dict[str, Any]]) -> QuantConfig:
         raise UnsupportedModelError(f"{field}.weights differ between groups; supported: one int scheme")
     scheme = schemes[0]["weights"]
     fmt = str(schemes[0].get("format") or raw.get("format") or "")
-    if fmt != "pack-quantized":
+    if fmt not in CT_INT_FORMATS:
         raise UnsupportedModelError(
             f"config.json quantization_config.format {fmt or '(missing)'!r} (compressed-tensors int weights) "
-            "is not supported; supported: pack-quantized"
+            f"is not supported; supported: {', '.join(CT_INT_FORMATS)}"
         )
-    if any(g.get("input_activations") for g in schemes):
+    activations = [g["input_activations"] for g in schemes if g.get("input_activations")]
+    if any(a.get("type", "int") != "int" or a.get("num_bits") != 8 for a in activations):
         raise UnsupportedModelError(
-            f"{field}.input_activations (int weights with quantized activations, W{scheme['num_bits']}A8) "
-            "is not supported; supported: null (weight-only, WNA16)"
+            f"{field}.input_activations (other than int8) is not supported; supported: null (weight-only) or "
+            "int8, which runs weight-only here (the activations stay 16-bit)"
         )
     strategy = scheme.get("strategy")
     group = scheme.get("group_size")
@@ -267,7 +273,8 @@ def _ct_int(raw: dict[str, Any], schemes: list[dict[str, Any]]) -> QuantConfig:
         group_size=int(group),
         sym=scheme.get("symmetric", True) is not False,
         desc_act=scheme.get("actorder") not in (None, False),
-        packing="compressed-tensors",
+        packing="compressed-tensors" if fmt == "pack-quantized" else "compressed-tensors-unpacked",
+        activations_16bit=bool(activations),
     )
 
 

@@ -21,7 +21,12 @@ from kvpilot.runtime.kernels.quant_reference import (
     int_gemm_ref,
 )
 from kvpilot.runtime.layers.linear import Linear
-from kvpilot.runtime.quant.checkpoint_formats import unpack_awq, unpack_compressed_tensors, unpack_gptq
+from kvpilot.runtime.quant.checkpoint_formats import (
+    unpack_awq,
+    unpack_compressed_tensors,
+    unpack_compressed_unpacked,
+    unpack_gptq,
+)
 from kvpilot.runtime.quant.config import QuantConfig, int4_group_size
 from kvpilot.runtime.quant.fp8_weight import quantize_fp8_weight
 from kvpilot.runtime.quant.int_weight import IntWeight, merge_parts, quantize_rtn
@@ -106,11 +111,13 @@ class IntWeightMethod(_Collecting):
 
     def __init__(self, quant: QuantConfig, dtype: torch.dtype, device: torch.device, backend: str) -> None:
         super().__init__(quant, dtype, device, backend)
-        if quant.packing == "compressed-tensors":
-            self.required_suffixes = ("weight_packed", "weight_scale")
+        if quant.packing.startswith("compressed-tensors"):
+            weight = "weight_packed" if quant.packing == "compressed-tensors" else "weight"
             zero_point = () if quant.sym else ("weight_zero_point",)
-            self.required_suffixes += zero_point
-            self.optional_suffixes = ("weight_g_idx",)  # weight_shape: the loader skips it
+            self.required_suffixes = (weight, "weight_scale", *zero_point)
+            # weight_shape: the loader skips it; input_scale / input_zero_point (static int8 activations):
+            # collected and left unused, the activations stay 16-bit
+            self.optional_suffixes = ("weight_g_idx", "input_scale", "input_zero_point")
         elif quant.from_checkpoint:
             self.required_suffixes = ("qweight", "qzeros", "scales")
             self.optional_suffixes = ("g_idx",) if quant.method == "gptq" else ()
@@ -131,13 +138,18 @@ class IntWeightMethod(_Collecting):
                 f"groups of {q.group_size} (config.json quantization_config.group_size)"
             )
         shapes: dict[str, tuple[int, ...]]
-        if q.packing == "compressed-tensors":
+        if q.packing.startswith("compressed-tensors"):
             shapes = {
+                "weight": (out, k),
                 "weight_packed": (out, k // per_word),
                 "weight_scale": (out, k // group),
-                "weight_zero_point": (out // per_word, k // group),
+                "weight_zero_point": (out // per_word, k // group)
+                if q.packing == "compressed-tensors"
+                else (out, k // group),
                 "weight_g_idx": (k,),
             }
+            if suffix in ("input_scale", "input_zero_point"):
+                return None
         elif q.method == "awq":
             shapes = {"qweight": (k, out // 8), "qzeros": (k // group, out // 8), "scales": (k // group, out)}
         else:
@@ -152,7 +164,7 @@ class IntWeightMethod(_Collecting):
     def load(self, layer: Linear, suffix: str, tensor: torch.Tensor, shard: int | None) -> None:
         """A 16-bit weight is quantized on arrival (on the device), so the float model is never held."""
         super().load(layer, suffix, tensor, shard)
-        if suffix == "weight":
+        if suffix == "weight" and not self.quant.from_checkpoint:
             key = (shard or 0, "weight")
             weight = self._quantize(layer, self.pending.pop(key))
             self.quantized[key[0]] = (
@@ -201,6 +213,15 @@ class IntWeightMethod(_Collecting):
         if q.packing == "compressed-tensors":
             weight = unpack_compressed_tensors(
                 t["weight_packed"],
+                t["weight_scale"],
+                t.get("weight_zero_point"),
+                t.get("weight_g_idx"),
+                bits=q.bits,
+                dtype=self.dtype,
+            )
+        elif q.packing == "compressed-tensors-unpacked":
+            weight = unpack_compressed_unpacked(
+                t["weight"],
                 t["weight_scale"],
                 t.get("weight_zero_point"),
                 t.get("weight_g_idx"),
