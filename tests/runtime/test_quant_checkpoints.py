@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from kvpilot.runtime.config import ModelConfig
+from kvpilot.runtime.errors import UnsupportedModelError
 from kvpilot.runtime.fixtures.quantized import make_quantized_checkpoint
 from kvpilot.runtime.kernels.quant_reference import fp8_block_w8a8_ref
 from kvpilot.runtime.layers.kernel_ops import torch_ops
@@ -270,3 +271,41 @@ def test_block_fp8_runs_w8a8_above_decode_sizes(tmp_path: Path) -> None:
         assert not torch.allclose(y, exact, rtol=1e-5, atol=1e-5)  # the activations were quantized
         assert float((y - exact).norm() / exact.norm()) < 0.06
     assert len(greedy_tokens(quantized)[0]) == 8
+
+
+@pytest.mark.parametrize(
+    ("fmt", "opts"),
+    [
+        ("compressed-tensors-int", {"bits": 4, "group_size": 32, "sym": False}),
+        ("awq", {"group_size": 32}),
+        ("fp8", {"block": (32, 32)}),
+    ],
+)
+def test_mixed_precision_checkpoint_keeps_its_16_bit_layers(fmt: str, opts: dict, tmp_path: Path) -> None:
+    """Layers a checkpoint leaves 16-bit (compressed-tensors `ignore`, `modules_to_not_convert`) load as
+    16-bit layers, fused q/k/v included when all three are left: the dequantized model's tokens."""
+    keep = ("model.layers.1.mlp.down_proj", *(f"model.layers.0.self_attn.{p}_proj" for p in "qkv"))
+    quantized = make_quantized_checkpoint(tmp_path / "q", fmt, seed=3, keep_16bit=keep, **opts)
+    model = load_cpu(quantized)
+    assert model.get_submodule("model.layers.1.mlp.down_proj").quant_method is None
+    assert model.get_submodule("model.layers.0.self_attn.qkv_proj").quant_method is None
+    assert model.get_submodule("model.layers.0.mlp.down_proj").quant_method is not None
+    reference = write_dequantized(quantized, tmp_path / "deq")
+    assert greedy_tokens(quantized) == greedy_tokens(reference)
+
+
+def test_ignore_patterns_regex_and_partly_fused_groups(tmp_path: Path) -> None:
+    keep = tuple(f"model.layers.{i}.mlp.{p}_proj" for i in (0, 1) for p in ("gate", "up"))
+    path = make_quantized_checkpoint(tmp_path / "q", "compressed-tensors-int", seed=3, keep_16bit=keep)
+    config = json.loads((path / "config.json").read_text())
+    config["quantization_config"]["ignore"] = ["lm_head", r"re:.*mlp\.(gate|up)_proj$"]
+    (path / "config.json").write_text(json.dumps(config))
+    model = load_cpu(path)
+    assert all(model.get_submodule(f"model.layers.{i}.mlp.gate_up_proj").quant_method is None for i in (0, 1))
+    config["quantization_config"]["ignore"] = ["lm_head", "model.layers.0.mlp.up_proj"]
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedModelError) as err:
+        load_cpu(path)
+    text = str(err.value)
+    assert "leaves model.layers.0.mlp.up_proj in 16-bit" in text
+    assert "quantizes the rest of model.layers.0.mlp.gate_up_proj" in text

@@ -72,6 +72,12 @@ def param_to_checkpoint(name: str, shard: int | None) -> str:
     return ".".join([*parts[:-2], _FUSED_PARTS[parts[-2]][shard], parts[-1]])
 
 
+def checkpoint_modules(module: str) -> list[str]:
+    """The checkpoint modules our module is made of: 'model.layers.0.self_attn.qkv_proj' -> its q/k/v_proj."""
+    parent, _, leaf = module.rpartition(".")
+    return [f"{parent}.{part}" for part in _FUSED_PARTS[leaf]] if leaf in _FUSED_PARTS else [module]
+
+
 def weight_files(model_dir: Path) -> list[Path]:
     """The safetensors files of a checkpoint, checked to exist."""
     index = model_dir / "model.safetensors.index.json"
@@ -272,7 +278,9 @@ def load_model(
     with torch.device("meta"):
         model = cls(config, ops, max_positions=max_positions, rope_device=device, comm=comm)
     if quant is not None:
-        attach_quant_methods(model, quant, dtype=dtype, device=device, backend=ops.name)
+        attach_quant_methods(
+            model, quant, dtype=dtype, device=device, backend=ops.name, checkpoint_parts=checkpoint_modules
+        )
     model = model.to(dtype=dtype).to_empty(device=device)
     if config.tie_word_embeddings:
         model.tie_weights()

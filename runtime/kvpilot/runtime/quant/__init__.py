@@ -4,11 +4,13 @@ per-format linear methods that plug into layers/linear.py."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 from kvpilot.runtime.layers.linear import Linear
 from kvpilot.runtime.quant.config import QuantConfig, parse_quant_config
 from kvpilot.runtime.quant.fp8_block import Fp8BlockMethod
+from kvpilot.runtime.quant.ignored import stays_16bit
 from kvpilot.runtime.quant.methods import Fp8Method, IntWeightMethod
 from torch import nn
 
@@ -17,10 +19,17 @@ __all__ = ["QuantConfig", "attach_quant_methods", "finish_quant_methods", "parse
 
 
 def attach_quant_methods(
-    model: nn.Module, quant: QuantConfig, *, dtype: torch.dtype, device: torch.device, backend: str
+    model: nn.Module,
+    quant: QuantConfig,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    backend: str,
+    checkpoint_parts: Callable[[str], list[str]] = lambda name: [name],
 ) -> None:
-    """Give every Linear of the (not yet materialised) model its format's method. The LM head and the
-    embedding stay in the model dtype."""
+    """Give every Linear of the (not yet materialised) model its format's method, but those the checkpoint
+    leaves 16-bit (quant/ignored.py; checkpoint_parts: the checkpoint modules a module is made of, for the
+    fused ones). The LM head and the embedding stay in the model dtype."""
     if quant.activations_16bit:
         log.warning(
             "the checkpoint quantizes activations to int8 (compressed-tensors W8A8/W4A8): kvpilot runs it "
@@ -29,8 +38,8 @@ def attach_quant_methods(
     method_class: type[Fp8Method | Fp8BlockMethod | IntWeightMethod] = IntWeightMethod
     if quant.method == "fp8":
         method_class = Fp8Method if quant.fp8_block is None else Fp8BlockMethod
-    for module in model.modules():
-        if isinstance(module, Linear):
+    for name, module in model.named_modules():
+        if isinstance(module, Linear) and not stays_16bit(name, checkpoint_parts(name), quant.ignored):
             module.set_quant_method(method_class(quant, dtype, device, backend))
 
 

@@ -17,10 +17,11 @@ Everything the runtime cannot run is refused here, naming the field and what is 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvpilot.runtime.errors import UnsupportedModelError
+from kvpilot.runtime.quant.ignored import ignored_patterns
 
 LOAD_TIME_METHODS = ("int8", "int4", "fp8")
 CHECKPOINT_METHODS = ("awq", "gptq", "fp8", "compressed-tensors")
@@ -50,6 +51,8 @@ class QuantConfig:
     packing: str = ""
     # the checkpoint quantizes activations too (compressed-tensors W8A8 / W4A8 int8): they run 16-bit here
     activations_16bit: bool = False
+    # modules the checkpoint leaves 16-bit (quant/ignored.py patterns)
+    ignored: tuple[str, ...] = ()
     # block-wise fp8 ([rows, columns] of W [N, K] per float32 scale; None: per tensor or per channel)
     fp8_block: tuple[int, int] | None = None
 
@@ -69,6 +72,7 @@ def parse_quant_config(raw: Any, forced: str | None) -> QuantConfig | None:
             f"supported: {', '.join(CHECKPOINT_METHODS)}"
         )
     parsed = {"awq": _awq, "gptq": _gptq, "fp8": _fp8, "compressed-tensors": _compressed_tensors}[method](raw)
+    parsed = replace(parsed, ignored=ignored_patterns(raw))
     if forced is not None and forced != parsed.method:
         packing = f", {parsed.packing} {parsed.bits}-bit" if parsed.packing else ""
         raise UnsupportedModelError(

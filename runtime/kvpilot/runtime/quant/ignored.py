@@ -1,0 +1,66 @@
+"""Layers a pre-quantized checkpoint leaves in 16-bit: compressed-tensors' `ignore`, and the
+`modules_to_not_convert` / `ignored_layers` of transformers-style AWQ, GPTQ and fp8 configs.
+
+A pattern is a module name as the checkpoint writes it ("model.layers.0.mlp.down_proj"), a dotted part of
+one ("lm_head", "mlp.down_proj", "model.layers.0"), or a regular expression after "re:", matched from the
+start of the name (compressed-tensors' convention). The runtime fuses q/k/v and gate/up into one GEMM, so
+such a group is 16-bit only when the patterns leave all of its parts 16-bit; a checkpoint that keeps some
+of them 16-bit and quantizes the rest is refused at start, naming the layer.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from kvpilot.runtime.errors import UnsupportedModelError
+
+FIELDS = ("ignore", "modules_to_not_convert", "ignored_layers")
+
+
+def ignored_patterns(raw: dict[str, Any]) -> tuple[str, ...]:
+    """The checkpoint's 16-bit module patterns (its quantization_config), checked to be strings and, after
+    "re:", valid regular expressions."""
+    patterns: list[str] = []
+    for field in FIELDS:
+        value = raw.get(field) or []
+        if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+            raise UnsupportedModelError(
+                f"config.json quantization_config.{field} must be a list of module names"
+            )
+        for pattern in value:
+            if pattern.startswith("re:"):
+                try:
+                    re.compile(pattern[3:])
+                except re.error as exc:
+                    raise UnsupportedModelError(
+                        f"config.json quantization_config.{field} holds {pattern!r}, not a regular "
+                        f"expression: {exc}"
+                    ) from exc
+        patterns += value
+    return tuple(patterns)
+
+
+def is_ignored(name: str, patterns: tuple[str, ...]) -> bool:
+    """Whether the checkpoint module `name` is left 16-bit by one of `patterns`."""
+    for pattern in patterns:
+        if pattern.startswith("re:"):
+            if re.match(pattern[3:], name):
+                return True
+        elif f".{name}.".find(f".{pattern}.") >= 0:  # the whole name, or whole dotted parts of it
+            return True
+    return False
+
+
+def stays_16bit(module: str, parts: list[str], patterns: tuple[str, ...]) -> bool:
+    """Whether our (possibly fused) module, made of the checkpoint modules `parts`, stays 16-bit."""
+    ignored = [is_ignored(part, patterns) for part in parts]
+    if all(ignored):
+        return bool(parts)
+    if any(ignored):
+        kept = [p for p, i in zip(parts, ignored, strict=True) if i]
+        raise UnsupportedModelError(
+            f"config.json quantization_config leaves {', '.join(kept)} in 16-bit but quantizes the rest of "
+            f"{module}, which kvpilot runs as one fused GEMM; supported: all of {', '.join(parts)} or none"
+        )
+    return False
