@@ -178,3 +178,11 @@ def test_cli_entry_does_not_import_cluster_or_torch_modules() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_block_fp8_example_plans_its_own_format(fake_hub: Any) -> None:
+    """Qwen3-8B as Qwen ships it in fp8 (128 x 128 blocks): the plan runs the checkpoint's own format."""
+    rc, out, _ = plan_command(["-f", str(EXAMPLES / "qwen3-8b-fp8-l4.yaml")], fake_hub)
+    assert rc == 0
+    assert "1 x l4 (tp1), fp8 weights" in out
+    assert "the checkpoint is fp8-quantized (block-wise [128, 128], config.json quantization_config)" in out

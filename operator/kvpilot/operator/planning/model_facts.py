@@ -48,6 +48,7 @@ class ModelFacts:
     prequantized: str | None = None  # awq | gptq | fp8 | int8: the checkpoint's own weight format
     quant_group_size: int = 128
     quant_bits: int = 4  # bits per weight of an AWQ/GPTQ checkpoint
+    quant_layout: str = ""  # how the checkpoint stores its format where the name does not say (reasons)
     architectures: tuple[str, ...] = ()  # config.json's Hugging Face class names (the runtime loads by them)
 
 
@@ -108,6 +109,7 @@ def facts_from_config(config: dict[str, Any]) -> ModelFacts:
         prequantized=prequantized,
         quant_group_size=group,
         quant_bits=bits if bits in (4, 8) else 4,
+        quant_layout=_layout(qconfig),
         architectures=tuple(str(a) for a in config.get("architectures") or () if isinstance(a, str)),
     )
 
@@ -183,3 +185,13 @@ def _compressed_tensors(qconfig: dict[str, Any]) -> tuple[str, int, int]:
         "compressed-tensors checkpoint with an unsupported weight scheme (served: float8 weights, and "
         "int4/int8 weights with 16-bit or int8 activations; not float8 activations on int weights)"
     )
+
+
+def _layout(qconfig: Any) -> str:
+    """'compressed-tensors pack-quantized', 'block-wise [128, 128]' or '' (the family name says it all)."""
+    if not isinstance(qconfig, dict):
+        return ""
+    if str(qconfig.get("quant_method", "")).lower() == "compressed-tensors":
+        return f"compressed-tensors {qconfig.get('format') or 'quantized'}"
+    block = qconfig.get("weight_block_size")
+    return f"block-wise {block}" if block else ""

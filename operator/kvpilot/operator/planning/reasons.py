@@ -117,7 +117,8 @@ def quantization(
     q = chosen.quantization
     head = f"{q}: {format_name(request, q)} weights, {gib(chosen.weights)} per GPU"
     if request.facts.prequantized:
-        return f"{head}; the checkpoint is {q}-quantized (config.json quantization_config)"
+        layout = f"{request.facts.quant_layout}, " if request.facts.quant_layout else ""
+        return f"{head}; the checkpoint is {q}-quantized ({layout}config.json quantization_config)"
     if request.quantization != "auto":
         return f"{head}; pinned by spec.quantization"
     better = [
