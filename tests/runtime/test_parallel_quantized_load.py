@@ -21,7 +21,8 @@ from kvpilot.runtime.layers.kernel_ops import torch_ops
 from kvpilot.runtime.layers.linear import Linear
 from kvpilot.runtime.loader import load_model
 from kvpilot.runtime.quant.fp8_block import Fp8BlockMethod
-from kvpilot.runtime.quant.methods import Fp8Method, IntWeightMethod
+from kvpilot.runtime.quant.fp8_method import Fp8Method
+from kvpilot.runtime.quant.methods import IntWeightMethod
 from torch import nn
 
 CPU = torch.device("cpu")

@@ -15,7 +15,7 @@ from kvpilot.runtime.layers.kernel_ops import torch_ops
 from kvpilot.runtime.llm import LLM
 from kvpilot.runtime.loader import load_model
 from kvpilot.runtime.quant.config import QuantConfig, parse_quant_config
-from kvpilot.runtime.quant.methods import Fp8Method
+from kvpilot.runtime.quant.fp8_method import Fp8Method
 from safetensors.torch import load_file, save_file
 
 

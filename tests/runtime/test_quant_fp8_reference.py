@@ -14,7 +14,7 @@ from kvpilot.runtime.kernels.quant_reference import (
     quantize_fp8_rows_ref,
 )
 from kvpilot.runtime.quant.config import QuantConfig
-from kvpilot.runtime.quant.methods import Fp8Method
+from kvpilot.runtime.quant.fp8_method import Fp8Method
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])

@@ -10,8 +10,9 @@ import torch
 from kvpilot.runtime.layers.linear import Linear
 from kvpilot.runtime.quant.config import QuantConfig, parse_quant_config
 from kvpilot.runtime.quant.fp8_block import Fp8BlockMethod
+from kvpilot.runtime.quant.fp8_method import Fp8Method
 from kvpilot.runtime.quant.ignored import stays_16bit
-from kvpilot.runtime.quant.methods import Fp8Method, IntWeightMethod
+from kvpilot.runtime.quant.methods import IntWeightMethod
 from torch import nn
 
 log = logging.getLogger(__name__)

@@ -25,8 +25,8 @@ from kvpilot.runtime.kernels.quant_reference import (
     fp8_block_w8a8_ref,
 )
 from kvpilot.runtime.layers.linear import Linear
+from kvpilot.runtime.quant.collecting import CollectingMethod, require_fp8_gpu
 from kvpilot.runtime.quant.config import QuantConfig
-from kvpilot.runtime.quant.methods import _Collecting, require_fp8_gpu
 
 log = logging.getLogger(__name__)
 W8A8_BLOCK = (128, 128)  # the weight blocks of torch._scaled_mm's block scaling (and its 1 x 128 inputs)
@@ -67,7 +67,7 @@ def quantize_fp8_blocks(weight: torch.Tensor, bn: int, bk: int) -> tuple[torch.T
     return q.view(rows * bn, cols * bk)[:n, :k].contiguous(), scale
 
 
-class Fp8BlockMethod(_Collecting):
+class Fp8BlockMethod(CollectingMethod):
     """weight float8_e4m3fn [N, K] (fused shards stacked) with block_scale float32 [ceil(N / sn), ceil(K /
     bk)], scale_block = (sn, bk): the checkpoint's blocks (sn = bn) where every shard starts on a block row,
     else each block row repeated over its rows (sn = 1), so shards of any height stack (q/k/v, gate/up)."""

@@ -1,5 +1,5 @@
 """Batch-1 decode GEMVs of the quantized weight formats with the op before the projection fused in (the
-bf16 counterpart: kernels/gemv_dispatch.py; the quant methods in quant/methods.py call these):
+bf16 counterpart: kernels/gemv_dispatch.py; quant/fp8_method.py calls these):
 
   norm  h = hidden + residual, RMSNorm(h) * w -> GEMV (qkv, gate_up); h returned for the next residual
   silu  silu(gate) * up -> GEMV (down)

@@ -1,25 +1,17 @@
-"""The LinearMethods of each weight format (the seam in layers/linear.py): they check and collect a
-layer's checkpoint tensors, repack them into the kernels' layout once all are in, and run the GEMM.
+"""The LinearMethod of the integer formats (the seam in layers/linear.py): it checks and collects a layer's
+checkpoint tensors, repacks them into the kernels' layout once all are in, and runs the GEMM.
 
-Integer formats (int8, int4, awq, gptq) end in one layout (kernels/quant_reference.py) and one GEMM:
-the Triton kernel on a GPU with the triton kernel set, the dequantize-then-matmul reference elsewhere.
-fp8 (load-time or checkpoint) ends as an fp8 weight with per-output-channel float32 scales, run at decode
-sizes by a weight-only Triton GEMV (x stays 16-bit) and above them by torch._scaled_mm with dynamic
-per-token activation scales (sm89+), or emulated on the CPU.
+Integer formats (int8, int4, awq, gptq, compressed-tensors int) end in one layout
+(kernels/quant_reference.py) and one GEMM: the Triton/CUDA kernels on a GPU with the triton kernel set,
+the dequantize-then-matmul reference elsewhere. fp8 has its own methods (quant/fp8_method.py, per tensor
+or channel; quant/fp8_block.py, block-wise).
 """
 
 from __future__ import annotations
 
 import torch
-from kvpilot.runtime.distributed.sharding import TensorSplit
-from kvpilot.runtime.errors import ModelLoadError, UnsupportedModelError
-from kvpilot.runtime.kernels.quant_reference import (
-    FP8_WEIGHT_ONLY_MAX_M,
-    dequantize_int_ref,
-    fp8_gemm_ref,
-    fp8_weight_only_ref,
-    int_gemm_ref,
-)
+from kvpilot.runtime.errors import ModelLoadError
+from kvpilot.runtime.kernels.quant_reference import dequantize_int_ref, int_gemm_ref
 from kvpilot.runtime.layers.linear import Linear
 from kvpilot.runtime.quant.checkpoint_formats import (
     unpack_awq,
@@ -27,85 +19,13 @@ from kvpilot.runtime.quant.checkpoint_formats import (
     unpack_compressed_unpacked,
     unpack_gptq,
 )
+from kvpilot.runtime.quant.collecting import CollectingMethod
 from kvpilot.runtime.quant.config import QuantConfig, int4_group_size
-from kvpilot.runtime.quant.fp8_weight import quantize_fp8_weight
 from kvpilot.runtime.quant.int_weight import IntWeight, merge_parts, quantize_rtn
-from kvpilot.runtime.quant.tp_split import fp8_columns, int_weight_columns
+from kvpilot.runtime.quant.tp_split import int_weight_columns
 
 
-class _Collecting:
-    """Shared by the methods: checkpoint tensors of each (shard, suffix), shape-checked on arrival."""
-
-    required_suffixes: tuple[str, ...] = ("weight",)
-    optional_suffixes: tuple[str, ...] = ()
-    # apply_norm / apply_silu: quant/fused_gemv.py's kernels at batch-1 decode; none here (the int formats'
-    # fused GEMVs lost to the separate ops and were removed: kernels/int_gemv_triton.py), fp8 has them
-    fuses = False
-    # Tensor parallel (set by the loader on a row-parallel int8/fp8-at-load layer): this rank's input
-    # columns; the 16-bit weight arrives with whole rows and is cut after quantizing (quant/tp_split.py)
-    input_split: TensorSplit | None = None
-
-    def __init__(self, quant: QuantConfig, dtype: torch.dtype, device: torch.device, backend: str) -> None:
-        self.quant, self.dtype, self.device, self.backend = quant, dtype, device, backend
-        self.pending: dict[tuple[int, str], torch.Tensor] = {}
-
-    def create_weights(self, layer: Linear) -> None:
-        self.pending = {}
-
-    def expected_shape(self, layer: Linear, suffix: str, out: int) -> tuple[int, ...] | None:
-        """The shape `suffix` must have for a shard of `out` rows (None: any number of elements)."""
-        return (out, self.weight_inputs(layer)) if suffix == "weight" else None
-
-    def weight_inputs(self, layer: Linear) -> int:
-        """Columns of an arriving 16-bit weight: the layer's, or the whole rows (input_split)."""
-        split = self.input_split
-        return layer.in_features if split is None or split.whole is None else split.whole
-
-    def load(self, layer: Linear, suffix: str, tensor: torch.Tensor, shard: int | None) -> None:
-        index = shard or 0
-        expected = self.expected_shape(layer, suffix, layer.shard_sizes[index])
-        if expected is not None and tuple(tensor.shape) != expected:
-            raise ModelLoadError(
-                f"has shape {tuple(tensor.shape)}, expected {expected} for this config.json "
-                f"({self.quant.method}{self._describe()})"
-            )
-        self.pending[(index, suffix)] = tensor
-
-    def _describe(self) -> str:
-        q = self.quant
-        if q.fp8_block is not None:
-            return f", weight_block_size {list(q.fp8_block)}"
-        return f", {q.bits}-bit, group_size {q.group_size}" if q.method in ("awq", "gptq") else ""
-
-    def init_dummy(self, layer: Linear, generator: torch.Generator) -> None:
-        """Random float weights quantized like a 16-bit checkpoint at load (benchmarks)."""
-        for shard, rows in enumerate(layer.shard_sizes):
-            weight = torch.empty(rows, layer.in_features, device=self.device, dtype=self.dtype)
-            self.pending[(shard, "weight")] = weight.normal_(0.0, 0.02, generator=generator)
-
-    def shard_tensors(self, layer: Linear) -> list[dict[str, torch.Tensor]]:
-        tensors = [
-            {suffix: t for (s, suffix), t in self.pending.items() if s == shard}
-            for shard in range(len(layer.shard_sizes))
-        ]
-        self.pending = {}
-        return tensors
-
-    def apply_norm(
-        self,
-        layer: Linear,
-        hidden: torch.Tensor,
-        residual: torch.Tensor | None,
-        norm_weight: torch.Tensor,
-        eps: float,
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        return None
-
-    def apply_silu(self, layer: Linear, gate_up: torch.Tensor) -> torch.Tensor | None:
-        return None
-
-
-class IntWeightMethod(_Collecting):
+class IntWeightMethod(CollectingMethod):
     """int8 / int4 quantized at load, AWQ, GPTQ and compressed-tensors int checkpoints: all W{4,8}A16 in the
     canonical layout."""
 
@@ -267,123 +187,3 @@ def _to(w: IntWeight, device: torch.device, dtype: torch.dtype) -> IntWeight:
     return IntWeight(
         w.qweight.to(device), w.scales.to(device, dtype), w.zeros.to(device, dtype), w.bits, perm
     )
-
-
-def require_fp8_gpu(device: torch.device) -> None:
-    """fp8 weights run on the CPU (emulated) or a GPU with fp8; refuse any other GPU at start."""
-    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
-        major, minor = torch.cuda.get_device_capability(device)
-        raise UnsupportedModelError(
-            f"fp8 weights need a GPU with fp8 (compute capability 8.9+: Ada, Hopper, Blackwell); this "
-            f"GPU is sm{major}{minor}; use --quantization int8 or int4"
-        )
-
-
-class Fp8Method(_Collecting):
-    """fp8 weights float8_e4m3fn [N, K] with per-output-channel scales [N]: a weight-only GEMV at decode
-    sizes, W8A8 (activations quantized per token) above them (quant/fp8_gemm.py)."""
-
-    fuses = True
-
-    def __init__(self, quant: QuantConfig, dtype: torch.dtype, device: torch.device, backend: str) -> None:
-        super().__init__(quant, dtype, device, backend)
-        if quant.from_checkpoint:
-            self.required_suffixes = ("weight", "weight_scale")
-            self.optional_suffixes = ("input_scale",)  # static activation scales: we scale per token
-        self.use_scaled_mm = device.type == "cuda"
-        require_fp8_gpu(device)
-        self.weight = torch.empty(0)
-        self.weight_scale = torch.empty(0)
-        self.quantized: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # shard -> (fp8 rows, scales)
-        self.dense: torch.Tensor | None = None
-        self.counters = torch.empty(0)  # the decode GEMV's split-K counters (GPU)
-
-    def expected_shape(self, layer: Linear, suffix: str, out: int) -> tuple[int, ...] | None:
-        return (out, self.weight_inputs(layer)) if suffix == "weight" else None
-
-    def load(self, layer: Linear, suffix: str, tensor: torch.Tensor, shard: int | None) -> None:
-        """A 16-bit weight is quantized on arrival (on the device), so the float model is never held."""
-        super().load(layer, suffix, tensor, shard)
-        if suffix == "weight" and not self.quant.from_checkpoint:
-            index = shard or 0
-            weight, scale = quantize_fp8_weight(self.pending.pop((index, "weight")).to(self.device))
-            if self.input_split is not None:
-                weight = fp8_columns(weight, self.input_split)
-            self.quantized[index] = (weight, scale)
-
-    def init_dummy(self, layer: Linear, generator: torch.Generator) -> None:
-        super().init_dummy(layer, generator)
-        for shard in range(len(layer.shard_sizes)):
-            self.quantized[shard] = quantize_fp8_weight(self.pending.pop((shard, "weight")))
-
-    def finish(self, layer: Linear) -> None:
-        weights, scales = [], []
-        for shard, t in enumerate(self.shard_tensors(layer)):
-            if shard in self.quantized:
-                w, s = self.quantized.pop(shard)
-            else:
-                w, s = self._checkpoint_shard(t, layer.shard_sizes[shard])
-            weights.append(w)
-            scales.append(s)
-        self.weight = torch.cat(weights).contiguous()
-        self.weight_scale = torch.cat(scales).contiguous()
-        if not self.use_scaled_mm:  # CPU: the emulation's dequantized weight, made once
-            self.dense = self.weight.float() * self.weight_scale.view(-1, 1)
-        else:
-            from kvpilot.runtime.kernels.split_k_triton import split_counters
-
-            self.counters = split_counters(self.weight.shape[0], self.device)
-            if self.backend == "triton":  # compile the GEMV's launch shapes now, not mid-serving
-                from kvpilot.runtime.quant.fp8_gemm import warm_up_fp8_gemv
-
-                warm_up_fp8_gemv(self.weight, self.weight_scale, self.dtype, self.counters)
-
-    def _checkpoint_shard(self, t: dict[str, torch.Tensor], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """An fp8 checkpoint's weight and its per-tensor or per-channel scale, as per-channel scales."""
-        if t["weight"].dtype != torch.float8_e4m3fn:
-            raise ModelLoadError(
-                f"fp8 checkpoint weight has dtype {t['weight'].dtype}; supported: float8_e4m3fn"
-            )
-        s = t["weight_scale"].float().reshape(-1)
-        if s.numel() not in (1, rows):
-            raise ModelLoadError(
-                f"weight_scale has {s.numel()} values; supported: 1 (per tensor) or {rows} (per channel)"
-            )
-        return t["weight"].to(self.device), s.expand(rows).contiguous().to(self.device)
-
-    def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        gemv = self.backend == "triton"
-        if not (gemv and self.use_scaled_mm):  # a reference: it follows the GPU's dispatch by token count
-            if x.numel() // x.shape[-1] <= FP8_WEIGHT_ONLY_MAX_M:
-                return fp8_weight_only_ref(x, self.weight, self.weight_scale, bias, dense=self.dense)
-            if not self.use_scaled_mm:
-                return fp8_gemm_ref(x, self.weight, self.weight_scale, bias, dense=self.dense)
-        from kvpilot.runtime.quant.fp8_gemm import fp8_linear
-
-        return fp8_linear(x, self.weight, self.weight_scale, bias, gemv=gemv, counters=self.counters)
-
-    def apply_norm(
-        self,
-        layer: Linear,
-        hidden: torch.Tensor,
-        residual: torch.Tensor | None,
-        norm_weight: torch.Tensor,
-        eps: float,
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        if self.backend != "triton":
-            return None
-        from kvpilot.runtime.quant.fused_gemv import fp8_norm_linear
-
-        w, s, c = self.weight, self.weight_scale, self._counters()
-        return fp8_norm_linear(hidden, residual, norm_weight, eps, w, s, c)
-
-    def apply_silu(self, layer: Linear, gate_up: torch.Tensor) -> torch.Tensor | None:
-        if self.backend != "triton":
-            return None
-        from kvpilot.runtime.quant.fused_gemv import fp8_silu_linear
-
-        return fp8_silu_linear(gate_up, self.weight, self.weight_scale, self._counters())
-
-    def _counters(self) -> torch.Tensor | None:
-        """The GEMV's split-K counters (GPU; None: the kernel makes zeroed ones per call)."""
-        return self.counters if self.counters.numel() else None
