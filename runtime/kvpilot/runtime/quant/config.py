@@ -197,15 +197,15 @@ def _fp8_block(block: Any, name: str) -> tuple[int, int]:
 
 
 def _compressed_tensors(raw: dict[str, Any]) -> QuantConfig:
-    """compressed-tensors: float8 weights per tensor or per channel (fp8), or int4/int8 weight-only
-    (WNA16, `pack-quantized`) per group or channel, which run as the gptq family (their layout differs,
-    the arithmetic is GPTQ's: quant/checkpoint_formats.py)."""
+    """compressed-tensors: float8 weights per tensor, channel or block (fp8), or int4/int8 weights (pack-,
+    int- or naive-quantized) per group or channel, which run as the gptq family, weight-only (their layout
+    differs, the arithmetic is GPTQ's: quant/checkpoint_formats.py)."""
     groups = raw.get("config_groups") or {}
     schemes = [g for g in groups.values() if isinstance(g, dict) and g.get("weights")]
     if not schemes:
         raise UnsupportedModelError(
             "config.json quantization_config.config_groups (compressed-tensors) names no weight scheme; "
-            "supported: float8 weights (tensor or channel strategy), int4/int8 weights (pack-quantized)"
+            "supported: float8 weights (tensor, channel or block strategy), int4/int8 weights"
         )
     kinds = {(g["weights"].get("type"), g["weights"].get("num_bits")) for g in schemes}
     if kinds == {("float", 8)}:
