@@ -30,6 +30,7 @@ MUST_PLAN = {
     "qwen3-8b-tp2",
     "qwen2.5-72b-awq-checkpoint",
     "qwen2.5-72b-2x4090",  # on one GPU of 48 GiB or more, and on its own 2 x RTX 4090 (AWQ split at tp 2)
+    "qwen3-8b-fp8-l4",  # block-wise fp8 as Qwen ships it, on GPUs with fp8
 }
 MUST_REFUSE = {
     "qwen3-8b-awq": "4-bit AWQ weights",  # a 16-bit checkpoint pinned to AWQ: a spec error
@@ -119,6 +120,7 @@ def test_examples_on_their_own_profiles(capsys: pytest.CaptureFixture[str]) -> N
         "scale-to-zero",
         "llama-70b-4xh100",
         "qwen2.5-72b-2x4090",
+        "qwen3-8b-fp8-l4",
     }
 
 
