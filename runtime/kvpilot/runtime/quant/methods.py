@@ -130,18 +130,11 @@ class IntWeightMethod(CollectingMethod):
 
     def _build(self, t: dict[str, torch.Tensor]) -> IntWeight:
         q = self.quant
-        if q.packing == "compressed-tensors":
-            weight = unpack_compressed_tensors(
-                t["weight_packed"],
-                t["weight_scale"],
-                t.get("weight_zero_point"),
-                t.get("weight_g_idx"),
-                bits=q.bits,
-                dtype=self.dtype,
-            )
-        elif q.packing == "compressed-tensors-unpacked":
-            weight = unpack_compressed_unpacked(
-                t["weight"],
+        if q.packing.startswith("compressed-tensors"):
+            packed = q.packing == "compressed-tensors"
+            unpack = unpack_compressed_tensors if packed else unpack_compressed_unpacked
+            weight = unpack(
+                t["weight_packed" if packed else "weight"],
                 t["weight_scale"],
                 t.get("weight_zero_point"),
                 t.get("weight_g_idx"),
