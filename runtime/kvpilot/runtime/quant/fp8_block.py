@@ -6,7 +6,7 @@ scale named weight_scale).
 Up to FP8_WEIGHT_ONLY_MAX_M tokens they run weight-only (W8A16: x stays 16-bit; one Triton GEMM,
 kernels/fp8_block_gemm_triton.py), a weight stream. Above, a layer in DeepSeek's 128 x 128 blocks runs as
 its authors' recipe does, W8A8: activations quantized per token and 128 inputs, then torch._scaled_mm's
-block scaling (cuBLASLt; H100, torch 2.11 + CUDA 13: 1.3-1.75x bf16 at 64-4096 tokens, where the Triton
+block scaling (cuBLASLt; H100, torch 2.11 + CUDA 13: 0.95-1.75x bf16 at 64-4096 tokens, where the Triton
 GEMM ran 0.3-0.9x). Other block shapes, or a torch without that scaling (found out at load), stay
 weight-only. The CPU runs the references of the same split.
 """
