@@ -47,7 +47,7 @@ def is_ignored(name: str, patterns: tuple[str, ...]) -> bool:
         if pattern.startswith("re:"):
             if re.match(pattern[3:], name):
                 return True
-        elif f".{name}.".find(f".{pattern}.") >= 0:  # the whole name, or whole dotted parts of it
+        elif f".{pattern}." in f".{name}.":  # the whole name, or whole dotted parts of it
             return True
     return False
 

@@ -60,16 +60,13 @@ class IntWeightMethod(CollectingMethod):
         shapes: dict[str, tuple[int, ...]]
         if q.packing.startswith("compressed-tensors"):
             shapes = {
-                "weight": (out, k),
                 "weight_packed": (out, k // per_word),
                 "weight_scale": (out, k // group),
                 "weight_zero_point": (out // per_word, k // group)
                 if q.packing == "compressed-tensors"
                 else (out, k // group),
                 "weight_g_idx": (k,),
-            }
-            if suffix in ("input_scale", "input_zero_point"):
-                return None
+            }  # input_scale / input_zero_point: any shape (unused)
         elif q.method == "awq":
             shapes = {"qweight": (k, out // 8), "qzeros": (k // group, out // 8), "scales": (k // group, out)}
         else:
@@ -79,7 +76,7 @@ class IntWeightMethod(CollectingMethod):
                 "scales": (k // group, out),
                 "g_idx": (k,),
             }
-        return shapes[suffix]
+        return shapes.get(suffix)
 
     def load(self, layer: Linear, suffix: str, tensor: torch.Tensor, shard: int | None) -> None:
         """A 16-bit weight is quantized on arrival (on the device), so the float model is never held."""
