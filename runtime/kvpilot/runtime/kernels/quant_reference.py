@@ -185,10 +185,10 @@ def fp8_block_w8a8_ref(
     dense: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Block-wise fp8 as DeepSeek's recipe runs it above decode sizes (block_scale [N / 128, K / 128]): x
-    quantized per token and 128 inputs, both operands dequantized, summed in float32, in x's dtype (the
-    oracle of torch._scaled_mm's block scaling, quant/fp8_block.py)."""
+    quantized per token and 128 inputs, both operands dequantized, summed in float32, rounded to bf16 (what
+    torch._scaled_mm's block scaling writes), then in x's dtype (its oracle, quant/fp8_block.py)."""
     xq, sx = quantize_fp8_groups_ref(x)
     x_deq = xq.float() * sx.repeat_interleave(128, dim=1)
     w = dense if dense is not None else dequantize_fp8_blocks_ref(weight, block_scale, (128, 128))
-    y = (x_deq @ w.t()).to(x.dtype)
+    y = (x_deq @ w.t()).to(torch.bfloat16).to(x.dtype)
     return y if bias is None else y + bias
