@@ -175,7 +175,8 @@ CASES = {
     ),
     "ct-int8-sym-channel": ("compressed-tensors-int", {"bits": 8, "group_size": -1}),
     "ct-int8-asym-g32": ("compressed-tensors-int", {"bits": 8, "group_size": 32, "sym": False}),
-    # W8A8 int8 checkpoints (int-quantized) run weight-only: the dequantized model's tokens too
+    # W8A8 int8 checkpoints (int-quantized): only the 19-token prefill's down_proj (K = 128) runs W8A8,
+    # the rest weight-only; its int8 activations leave these greedy tokens unchanged (test_int8_w8a8.py)
     "ct-int8-w8a8-dynamic-channel": (
         "compressed-tensors-int",
         {"bits": 8, "group_size": -1, "ct_format": "int-quantized", "int8_activations": "dynamic"},

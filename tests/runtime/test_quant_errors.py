@@ -193,14 +193,15 @@ def test_block_fp8_scale_of_the_wrong_shape_is_named(tmp_path: Path) -> None:
 
 
 def test_int8_activations_run_16_bit_and_say_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """A W8A8 int8 checkpoint (compressed-tensors int-quantized) loads; its activations stay 16-bit."""
+    """A W4A8 checkpoint (compressed-tensors int-quantized, int8 activations) loads; with no int4 x int8
+    GEMM here its activations stay 16-bit (W8A8 with channel scales runs W8A8: test_int8_w8a8.py)."""
     path = make_quantized_checkpoint(
-        tmp_path / "w8a8", "compressed-tensors-int", bits=8, group_size=-1, ct_format="int-quantized",
+        tmp_path / "w4a8", "compressed-tensors-int", bits=4, group_size=32, ct_format="int-quantized",
         int8_activations="dynamic",
     )  # fmt: skip
     raw = ModelConfig.from_dir(path).quantization_config
     quant = parse_quant_config(raw, None)
-    assert quant is not None and quant.activations_16bit
+    assert quant is not None and quant.int8_activations
     with caplog.at_level("WARNING"):
         load(path)
     assert "weight-only, with 16-bit activations" in caplog.text

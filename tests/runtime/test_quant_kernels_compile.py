@@ -75,7 +75,7 @@ specs = [
                {"GROUP": 128, "BITS": 4, "BLOCK_K": 128, "BLOCK_N": 64}, 4, 1),
     KernelSpec("reduce_splits", w._reduce_splits_kernel, {"part_ptr": "*fp32", "out_ptr": "*bf16"},
                {"SPLIT_K": 4, "BLOCK": 1024}, 4, 1),
-    KernelSpec("fp8_quantize_rows", f._quantize_rows_kernel,
+    KernelSpec("fp8_quantize_rows", f.quantize_rows_kernel,
                {"x_ptr": "*bf16", "out_ptr": "*fp8e4nv", "scale_ptr": "*fp32"},
                {"BLOCK": 4096, "QMAX": 448.0}, 4, 1),
 ]

@@ -1,5 +1,6 @@
 """Dynamic per-token fp8 quantization of activations (the A side of the W8A8 fp8 GEMM) in one launch:
-x [M, K] -> (float8_e4m3fn [M, K], float32 scales [M, 1]), scale = absmax(row) / 448.
+x [M, K] -> (float8_e4m3fn [M, K], float32 scales [M, 1]), scale = absmax(row) / 448. The same row kernel
+quantizes to int8 for the W8A8 int8 GEMM (kernels/int8_w8a8_triton.py: QMAX 127, ROUND).
 
 One program per row: a first pass over the row finds its absmax, a second divides and stores. Replaces
 the five elementwise torch ops of the reference (kernels/quant_reference.quantize_fp8_rows_ref), which
@@ -16,14 +17,15 @@ FP8_MAX = 448.0
 
 
 @triton.jit
-def _quantize_rows_kernel(
+def quantize_rows_kernel(
     x_ptr,  # [M, K] bf16/fp16/fp32, rows stride_x apart
-    out_ptr,  # [M, K] float8_e4m3fn, dense
+    out_ptr,  # [M, K] float8_e4m3fn or int8, dense
     scale_ptr,  # [M] float32
     K,
     stride_x,
     BLOCK: tl.constexpr,
     QMAX: tl.constexpr,
+    ROUND: tl.constexpr = False,  # int8: round half away from zero (a float -> int cast truncates)
 ):
     row = tl.program_id(0)
     x_row = x_ptr + row * stride_x
@@ -38,6 +40,8 @@ def _quantize_rows_kernel(
         offs = k0 + tl.arange(0, BLOCK)
         x = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
         q = tl.clamp(x / scale, -QMAX, QMAX)
+        if ROUND:
+            q = tl.where(q >= 0, tl.floor(q + 0.5), tl.ceil(q - 0.5))
         tl.store(out_ptr + row * K + offs, q.to(out_ptr.dtype.element_ty), mask=offs < K)
 
 
@@ -47,7 +51,7 @@ def quantize_fp8_rows_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     out = torch.empty(m, k, device=x.device, dtype=torch.float8_e4m3fn)
     scales = torch.empty(m, 1, device=x.device, dtype=torch.float32)
     block = min(4096, triton.next_power_of_2(k))
-    _quantize_rows_kernel[(m,)](x, out, scales, k, x.stride(0), BLOCK=block, QMAX=FP8_MAX, num_warps=4)
+    quantize_rows_kernel[(m,)](x, out, scales, k, x.stride(0), BLOCK=block, QMAX=FP8_MAX, num_warps=4)
     return out, scales
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
+INT8_MAX = 127.0  # symmetric int8: [-127, 127]
 
 
 def pack_tile(k: int, bits: int) -> int:
@@ -192,3 +193,22 @@ def fp8_block_w8a8_ref(
     w = dense if dense is not None else dequantize_fp8_blocks_ref(weight, block_scale, (128, 128))
     y = (x_deq @ w.t()).to(torch.bfloat16).to(x.dtype)
     return y if bias is None else y + bias
+
+
+def quantize_int8_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row absmax scaling to int8, rounded half away from zero: (values [R, C] int8, scales [R])."""
+    scale = x.abs().amax(dim=-1).float().clamp(min=1e-12) / INT8_MAX
+    v = (x.float() / scale[:, None]).clamp(-INT8_MAX, INT8_MAX)
+    return (torch.sign(v) * torch.floor(v.abs() + 0.5)).to(torch.int8), scale
+
+
+def int8_w8a8_ref(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, *, dense: torch.Tensor | None = None
+) -> torch.Tensor:
+    """W8A8 int8 (kernels/int8_w8a8_triton.py): x [M, K] quantized per token, times the canonical int8
+    weight (zero point 128, scales [1, N] per output channel), summed in float32, in x's dtype.
+    dense: (q - 128) * scale [K, N] in float32 when the caller keeps it."""
+    xq, sx = quantize_int8_rows_ref(x)
+    if dense is None:
+        dense = (unpack_rows(qweight, 8).float() - 128.0) * scales.float()
+    return ((xq.float() * sx[:, None]) @ dense).to(x.dtype)

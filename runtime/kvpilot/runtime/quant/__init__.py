@@ -12,7 +12,7 @@ from kvpilot.runtime.quant.config import QuantConfig, parse_quant_config
 from kvpilot.runtime.quant.fp8_block import Fp8BlockMethod
 from kvpilot.runtime.quant.fp8_method import Fp8Method
 from kvpilot.runtime.quant.ignored import stays_16bit
-from kvpilot.runtime.quant.methods import IntWeightMethod
+from kvpilot.runtime.quant.methods import W8A8_MIN_M, IntWeightMethod, takes_int8_activations
 from torch import nn
 
 log = logging.getLogger(__name__)
@@ -31,10 +31,17 @@ def attach_quant_methods(
     """Give every Linear of the (not yet materialised) model its format's method, but those the checkpoint
     leaves 16-bit (quant/ignored.py; checkpoint_parts: the checkpoint modules a module is made of, for the
     fused ones). The LM head and the embedding stay in the model dtype."""
-    if quant.activations_16bit:
+    if quant.int8_activations and takes_int8_activations(quant):
+        log.info(
+            "W8A8 int8 checkpoint: prefills of more than %d tokens run W8A8 (activations quantized per "
+            "token); decode steps run weight-only, with 16-bit activations",
+            W8A8_MIN_M - 1,
+        )
+    elif quant.int8_activations:
         log.warning(
-            "the checkpoint quantizes activations to int8 (compressed-tensors W8A8/W4A8): kvpilot runs it "
-            "weight-only, with 16-bit activations (at least as accurate; no int8 GEMM speed-up)"
+            "the checkpoint quantizes activations to int8 (compressed-tensors W4A8, or W8A8 with group "
+            "scales): kvpilot runs it weight-only, with 16-bit activations (at least as accurate; no int8 "
+            "GEMM speed-up)"
         )
     method_class: type[Fp8Method | Fp8BlockMethod | IntWeightMethod] = IntWeightMethod
     if quant.method == "fp8":

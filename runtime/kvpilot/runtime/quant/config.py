@@ -49,8 +49,9 @@ class QuantConfig:
     # "compressed-tensors" (pack-quantized: weight_packed/weight_scale/weight_zero_point/weight_g_idx) or
     # "compressed-tensors-unpacked" (int-/naive-quantized: int8 weight, weight_scale, weight_zero_point)
     packing: str = ""
-    # the checkpoint quantizes activations too (compressed-tensors W8A8 / W4A8 int8): they run 16-bit here
-    activations_16bit: bool = False
+    # the checkpoint quantizes activations to int8 too (compressed-tensors W8A8 / W4A8): W8A8 with channel
+    # scales runs W8A8 above decode sizes (quant/methods.py), anything else weight-only (16-bit activations)
+    int8_activations: bool = False
     # modules the checkpoint leaves 16-bit (quant/ignored.py patterns)
     ignored: tuple[str, ...] = ()
     # block-wise fp8 ([rows, columns] of W [N, K] per float32 scale; None: per tensor or per channel)
@@ -278,7 +279,7 @@ def _ct_int(raw: dict[str, Any], schemes: list[dict[str, Any]]) -> QuantConfig:
         sym=scheme.get("symmetric", True) is not False,
         desc_act=scheme.get("actorder") not in (None, False),
         packing="compressed-tensors" if fmt == "pack-quantized" else "compressed-tensors-unpacked",
-        activations_16bit=bool(activations),
+        int8_activations=bool(activations),
     )
 
 
