@@ -1,6 +1,9 @@
-"""W8A8 int8 (kernels/int8_w8a8_triton.py) at Qwen3-8B's layer shapes against bf16 cuBLAS, the int8
-weight-only dispatch it replaces above decode sizes (quant/methods.py), and fp8 per-channel W8A8
-(torch._scaled_mm), side by side in one run. Times are CUDA-graph replays over ~400 MiB of weight copies.
+"""W8A8 int8 checkpoints' GEMMs (quant/int8_channel.py) at Qwen3-8B's layer shapes, side by side in one
+run: bf16 cuBLAS; the int8 weight-only dispatch on the packed layout (quant/methods.py: what a W8A8
+checkpoint ran before); fp8 per-channel W8A8 (torch._scaled_mm); at decode sizes the GEMV on the plain
+int8 weight, above them the int8 GEMM (kernels/int8_gemm_triton.py, activation quantization included) in
+each launch shape of CONFIGS, and torch._int_mm alone (no quantization, no scaling) for scale.
+Times are CUDA-graph replays over ~400 MiB of weight copies.
 
     source benchmarks/gpu_env.sh && python benchmarks/bench_int8_w8a8.py
 
@@ -16,23 +19,22 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 from bench_w4a16 import LAYERS, copies, graph_us
-from kvpilot.runtime.kernels.int8_w8a8_triton import W8A8Config, int8_w8a8
-from kvpilot.runtime.kernels.quant_reference import int8_w8a8_ref, quantize_fp8_rows_ref
+from kvpilot.runtime.kernels.fp8_gemv_triton import fp8_gemv
+from kvpilot.runtime.kernels.int8_gemm_triton import Int8GemmConfig, int8_gemm, quantize_int8_rows_triton
+from kvpilot.runtime.kernels.quant_reference import quantize_fp8_rows_ref
 from kvpilot.runtime.kernels.split_k_triton import split_counters
 from kvpilot.runtime.kernels.w4a16_mma_triton import int_gemm_mma, mma_dispatched
 from kvpilot.runtime.kernels.w4a16_triton import int_gemm
 from kvpilot.runtime.quant.fp8_gemm import fp8_scaled_mm
 from kvpilot.runtime.quant.int_weight import quantize_rtn
 
-MS = (17, 32, 64, 128, 256, 1024, 4096)
+MS = (1, 16, 17, 64, 256, 1024, 4096)
 CONFIGS = {
-    "128x128": W8A8Config(),
-    "128x128 swap": W8A8Config(swap=True),
-    "128x128 4st": W8A8Config(num_stages=4),
-    "64x128 4w": W8A8Config(64, 128, 4, 4),
-    "64x128 4w swap": W8A8Config(64, 128, 4, 4, swap=True),
-    "128x256": W8A8Config(128, 256, 8, 3),
-    "32x128 4w swap": W8A8Config(32, 128, 4, 4, swap=True),
+    "plain 128x128x128": Int8GemmConfig(),
+    "plain 128x256x128": Int8GemmConfig(128, 256, 128, 8, 8, 3),
+    "plain 128x128x64 4w": Int8GemmConfig(128, 128, 64, 8, 4, 5),
+    "plain 64x128x128 4w": Int8GemmConfig(64, 128, 128, 8, 4, 4),
+    "plain 64x64x256 4w": Int8GemmConfig(64, 64, 256, 8, 4, 4),
 }
 
 
@@ -41,11 +43,15 @@ def row(name: str, n: int, k: int, m: int, bw: float, flops: float) -> str:
     w = 0.02 * torch.randn(n, k, device=dev, dtype=torch.bfloat16)
     q = quantize_rtn(w, 8, -1, sym=True)
     qw, s, z = q.qweight, q.scales.bfloat16(), q.zeros.bfloat16()
+    plain, sw = quantize_int8_rows_triton(w)  # int8 [N, K] and its channel scales [N]
     fq, fs = quantize_fp8_rows_ref(w)
     x = (0.1 * torch.randn(m, k, device=dev)).bfloat16()
     counters = split_counters(n, dev)
-    want = int8_w8a8_ref(x.float(), qw, s.float())
-    err = float((int8_w8a8(x, qw, s).float() - want).norm() / want.norm())
+    xq, sx = quantize_int8_rows_triton(x)
+    want = (xq.double() @ plain.double().t() * sx.double()[:, None] * sw.double()[None, :]).float()
+    err = float((int8_gemm(xq, sx, plain, sw, torch.bfloat16).float() - want).norm() / want.norm())
+    gemv_want = x.float() @ (plain.float() * sw[:, None]).t()
+    gemv_err = float((fp8_gemv(x, plain, sw).float() - gemv_want).norm() / gemv_want.norm()) if m <= 16 else 0
 
     def weight_only(qw_: torch.Tensor, s_: torch.Tensor, z_: torch.Tensor) -> torch.Tensor:
         if mma_dispatched(m, k, k, 8):
@@ -55,17 +61,28 @@ def row(name: str, n: int, k: int, m: int, bw: float, flops: float) -> str:
     bf16 = graph_us(lambda wt: F.linear(x, wt), copies((w,)))
     w8a16 = graph_us(weight_only, copies((qw, s, z)))
     fp8 = graph_us(lambda a, b: fp8_scaled_mm(x, a, b.view(-1), None), copies((fq, fs)))
+    if m <= 16:  # the plain int8 weight through the fp8 GEMV (its loads convert any 8-bit type)
+        gemv = graph_us(lambda a, b: fp8_gemv(x, a, b, None, counters), copies((plain, sw)))
+        return (
+            f"| {name} | {m} | {bf16:.1f} | {w8a16:.1f} ({bf16 / w8a16:.2f}×) | GEMV on plain int8 "
+            f"{gemv:.1f} ({bf16 / gemv:.2f}×) | {gemv_err:.0e} |"
+        )
     times = {
-        label: graph_us(lambda a, b, c=cfg: int8_w8a8(x, a, b, c), copies((qw, s)))
+        label: graph_us(
+            lambda a, b, c=cfg: int8_gemm(quantize_int8_rows_triton(x)[0], sx, a, b, torch.bfloat16, c),
+            copies((plain, sw)),
+        )
         for label, cfg in CONFIGS.items()
     }
+    int_mm = graph_us(lambda a: torch._int_mm(xq, a.t()), copies((plain,))) if m > 16 else float("nan")
     best = min(times, key=times.__getitem__)
     us = times[best]
     floor = max((n * k + 2 * n) / bw, 2 * m * n * k / (2 * flops)) * 1e6
+    others = " / ".join(f"{t:.1f}" for t in times.values())
     return (
         f"| {name} | {m} | {bf16:.1f} | {w8a16:.1f} ({bf16 / w8a16:.2f}×) | {fp8:.1f} ({bf16 / fp8:.2f}×) | "
-        f"**{us:.1f} ({bf16 / us:.2f}×)** {best} | {times['128x128']:.1f} | {floor:.1f} ({us / floor:.1f}×) "
-        f"| {err:.0e} |"
+        f"**{us:.1f} ({bf16 / us:.2f}×)** {best} | {others} | _int_mm alone {int_mm:.1f} | "
+        f"{floor:.1f} ({us / floor:.1f}×) | {err:.0e} |"
     )
 
 
@@ -77,8 +94,11 @@ def main() -> int:
     parser.add_argument("--flops", type=float, default=784e12)
     args = parser.parse_args()
     print(torch.cuda.get_device_name(), {k: dataclasses.astuple(c) for k, c in CONFIGS.items()})
-    print("| layer | M | bf16 µs | int8 weight-only | fp8 W8A8 | int8 W8A8 (best) | 128x128 | floor | err |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(
+        "| layer | M | bf16 µs | int8 weight-only | fp8 W8A8 | int8 W8A8 (best) | all | _int_mm | floor"
+        " | err |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name in args.layers:
         n, k = LAYERS[name]
         for m in args.ms:

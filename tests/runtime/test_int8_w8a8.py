@@ -1,5 +1,6 @@
-"""W8A8 int8 (kernels/int8_w8a8_triton.py) against its reference, and the dispatch that runs a compressed-
-tensors W8A8 checkpoint's prefills through it. Without CUDA the kernels run under TRITON_INTERPRET=1 at
+"""W8A8 int8 checkpoints: the int8 GEMM (kernels/int8_gemm_triton.py) and its activation quantizer against
+their references, and the method (quant/int8_channel.py) that runs a compressed-tensors W8A8 checkpoint:
+W8A8 above decode sizes, weight-only at them. Without CUDA the kernels run under TRITON_INTERPRET=1 at
 tiny shapes; tests marked `gpu` run Qwen3-8B's layer shapes in bf16."""
 
 from __future__ import annotations
@@ -14,36 +15,39 @@ from kvpilot.runtime.kernels.triton_utils import interpret_without_gpu
 INTERPRET = interpret_without_gpu()  # before anything imports triton
 
 from kvpilot.runtime.config import ModelConfig  # noqa: E402
+from kvpilot.runtime.errors import ModelLoadError  # noqa: E402
 from kvpilot.runtime.fixtures.quantized import make_quantized_checkpoint  # noqa: E402
-from kvpilot.runtime.kernels.int8_w8a8_triton import (  # noqa: E402
-    W8A8Config,
-    int8_w8a8,
+from kvpilot.runtime.kernels.int8_gemm_triton import (  # noqa: E402
+    LAUNCHES,
+    Int8GemmConfig,
+    int8_gemm,
+    int8_linear,
     quantize_int8_rows_triton,
-    w8a8_supported,
 )
 from kvpilot.runtime.kernels.quant_reference import (  # noqa: E402
-    int8_w8a8_ref,
-    int_gemm_ref,
+    FP8_WEIGHT_ONLY_MAX_M,
+    fp8_weight_only_ref,
+    int8_gemm_ref,
     quantize_int8_rows_ref,
 )
 from kvpilot.runtime.layers.kernel_ops import torch_ops  # noqa: E402
 from kvpilot.runtime.layers.linear import Linear  # noqa: E402
 from kvpilot.runtime.loader import load_model  # noqa: E402
 from kvpilot.runtime.quant.config import parse_quant_config  # noqa: E402
-from kvpilot.runtime.quant.int_weight import IntWeight, quantize_rtn  # noqa: E402
-from kvpilot.runtime.quant.methods import W8A8_MIN_M, IntWeightMethod, takes_int8_activations  # noqa: E402
+from kvpilot.runtime.quant.int8_channel import Int8ChannelMethod, takes_int8_activations  # noqa: E402
+from kvpilot.runtime.quant.methods import IntWeightMethod  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
 
 DEVICE = torch.device("cpu" if INTERPRET else "cuda")
-W8A8_CHANNEL = {"bits": 8, "group_size": -1, "ct_format": "int-quantized", "int8_activations": "dynamic"}
-WIDE = {"hidden_size": 128, "intermediate_size": 256}  # K = 128, 256: whole 128-row pack tiles
+W8A8 = {"bits": 8, "group_size": -1, "ct_format": "int-quantized", "int8_activations": "dynamic"}
 
 
-def int8_weight(n: int, k: int, seed: int = 0) -> IntWeight:
-    """Symmetric per-channel int8 (zero point 128) whose channel scales span three orders of magnitude."""
+def int8_weight(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 [N, K] and channel scales [N] spanning three orders of magnitude."""
     gen = torch.Generator().manual_seed(seed)
     w = torch.randn(n, k, generator=gen) * torch.logspace(-3, 0, n)[torch.randperm(n, generator=gen)][:, None]
-    q = quantize_rtn(w, 8, -1, sym=True)
-    return IntWeight(q.qweight.to(DEVICE), q.scales.to(DEVICE), q.zeros.to(DEVICE), 8)
+    q, s = quantize_int8_rows_ref(w)
+    return q.to(DEVICE), s.to(DEVICE)
 
 
 def test_row_quantizer_matches_reference_and_rounds_half_away_from_zero() -> None:
@@ -57,72 +61,76 @@ def test_row_quantizer_matches_reference_and_rounds_half_away_from_zero() -> Non
     torch.testing.assert_close(scales.cpu(), want_scales)
 
 
-@pytest.mark.parametrize("swap", [False, True])
-@pytest.mark.parametrize(("m", "n", "k"), [(17, 48, 128), (40, 96, 256)])
-def test_kernel_matches_reference_float32(m: int, n: int, k: int, swap: bool) -> None:
-    """Tiles past M and N masked; the int32 sums are exact, so float32 agrees to rounding."""
-    w = int8_weight(n, k)
+@pytest.mark.parametrize(("m", "n", "k"), [(17, 48, 96), (70, 130, 64), (5, 40, 100)])
+def test_gemm_matches_reference_float32(m: int, n: int, k: int) -> None:
+    """Tiles past M, N and K masked, grouped row blocks; the int32 sums are exact, so float32 agrees to
+    its rounding."""
+    w, s = int8_weight(n, k)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(1)).to(DEVICE)
-    got = int8_w8a8(x, w.qweight, w.scales, W8A8Config(32, 32, 4, 1, swap))
-    want = int8_w8a8_ref(x, w.qweight, w.scales)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    weight_only = int_gemm_ref(x, w.qweight, w.scales, w.zeros, 8)
-    assert not torch.allclose(got, weight_only, rtol=1e-4, atol=1e-4)  # the activations were quantized
+    xq, sx = quantize_int8_rows_triton(x)
+    got = int8_gemm(xq, sx, w, s, torch.float32, Int8GemmConfig(32, 32, 32, 2, 4, 1))
+    torch.testing.assert_close(got, int8_gemm_ref(x, w, s), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(got, fp8_weight_only_ref(x, w, s), rtol=1e-4, atol=1e-4)  # x was quantized
 
 
-def test_shapes_it_takes() -> None:
-    assert w8a8_supported(4096) and w8a8_supported(12288) and w8a8_supported(128)
-    assert not w8a8_supported(576) and not w8a8_supported(64)  # pack tiles of 64 rows: dots of 16
-    w = int8_weight(32, 64)
-    with pytest.raises(ValueError, match="K = 64"):
-        int8_w8a8(torch.zeros(20, 64, device=DEVICE), w.qweight, w.scales)
+def test_linear_takes_the_launch_shape_of_its_bucket() -> None:
+    assert [top for top, _ in LAUNCHES][:2] == [64, 512] and LAUNCHES[-1][0] > 1 << 40
+    w, s = int8_weight(24, 64)
+    x = torch.randn(2, 9, 64, generator=torch.Generator().manual_seed(2)).to(DEVICE)  # [..., K]
+    bias = torch.randn(24).to(DEVICE)
+    torch.testing.assert_close(int8_linear(x, w, s, bias), int8_gemm_ref(x, w, s, bias), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(
     ("opts", "runs"),
     [
-        (W8A8_CHANNEL, True),
-        ({**W8A8_CHANNEL, "group_size": 32}, False),  # group scales: the epilogue applies one per channel
-        ({**W8A8_CHANNEL, "bits": 4, "group_size": 32}, False),  # W4A8
-        ({"bits": 8, "group_size": -1}, False),  # weight-only W8A16
+        (W8A8, True),
+        ({**W8A8, "group_size": 32}, False),  # group scales: the epilogue applies one per channel
+        ({**W8A8, "sym": False}, False),  # zero points
+        ({**W8A8, "bits": 4, "group_size": 32}, False),  # W4A8
+        ({"bits": 8, "group_size": -1}, False),  # weight-only W8A16 (pack-quantized)
     ],
 )
 def test_which_checkpoints_run_w8a8(opts: dict, runs: bool, tmp_path: Path) -> None:
-    path = make_quantized_checkpoint(tmp_path / "q", "compressed-tensors-int", seed=3, **WIDE, **opts)
+    path = make_quantized_checkpoint(tmp_path / "q", "compressed-tensors-int", seed=3, **opts)
     quant = parse_quant_config(ModelConfig.from_dir(path).quantization_config, None)
     assert quant is not None and takes_int8_activations(quant) == runs
     methods = [m.quant_method for m in load_cpu(path).modules() if isinstance(m, Linear)]
-    assert len(methods) == 8 and all(isinstance(m, IntWeightMethod) and m.w8a8 == runs for m in methods)
-
-
-def test_narrow_layers_stay_weight_only(tmp_path: Path) -> None:
-    """K = 64 (the default tiny model's width) has no 128-row pack tile: those layers stay weight-only."""
-    path = make_quantized_checkpoint(tmp_path / "q", "compressed-tensors-int", seed=3, **W8A8_CHANNEL)
-    layers = [m for m in load_cpu(path).modules() if isinstance(m, Linear)]
-    widths = {layer.in_features for layer in layers}
-    assert 64 in widths and len(widths) > 1
-    for layer in layers:
-        assert isinstance(layer.quant_method, IntWeightMethod)
-        assert layer.quant_method.w8a8 == (layer.in_features % 128 == 0), layer.in_features
+    want = Int8ChannelMethod if runs else IntWeightMethod
+    assert len(methods) == 8 and all(type(m) is want for m in methods)
 
 
 def test_prefill_runs_w8a8_and_decode_weight_only(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    path = make_quantized_checkpoint(tmp_path / "q", "compressed-tensors-int", seed=3, **WIDE, **W8A8_CHANNEL)
+    """Each layer holds the checkpoint's int8 weight and scales as stored."""
+    path = make_quantized_checkpoint(tmp_path / "q", "compressed-tensors-int", seed=3, **W8A8)
     with caplog.at_level(logging.INFO):
         model = load_cpu(path)
     assert "prefills of more than 16 tokens run W8A8" in caplog.text
     layer = model.get_submodule("model.layers.0.mlp.down_proj")
     method = layer.quant_method
-    assert isinstance(method, IntWeightMethod)
-    part = method.parts[0]
-    for m in (W8A8_MIN_M - 1, W8A8_MIN_M, 40):
-        x = torch.randn(m, 256, generator=torch.Generator().manual_seed(m))
-        got = layer(x)
-        if m >= W8A8_MIN_M:
-            want = int8_w8a8_ref(x, part.qweight, part.scales)
-        else:
-            want = int_gemm_ref(x, part.qweight, part.scales, part.zeros, 8)
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert isinstance(method, Int8ChannelMethod)
+    stored = load_file(str(path / "model.safetensors"))
+    assert torch.equal(method.weight, stored["model.layers.0.mlp.down_proj.weight"])
+    torch.testing.assert_close(
+        method.weight_scale, stored["model.layers.0.mlp.down_proj.weight_scale"].view(-1).float()
+    )
+    w, s = method.weight, method.weight_scale
+    for m in (FP8_WEIGHT_ONLY_MAX_M, FP8_WEIGHT_ONLY_MAX_M + 1, 40):
+        x = torch.randn(m, layer.in_features, generator=torch.Generator().manual_seed(m))
+        want = int8_gemm_ref(x, w, s) if m > FP8_WEIGHT_ONLY_MAX_M else fp8_weight_only_ref(x, w, s)
+        torch.testing.assert_close(layer(x), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_float_weight_in_a_w8a8_checkpoint_is_refused(tmp_path: Path) -> None:
+    path = make_quantized_checkpoint(tmp_path / "q", "compressed-tensors-int", seed=3, **W8A8)
+    tensors = load_file(str(path / "model.safetensors"))
+    name = "model.layers.1.self_attn.o_proj.weight"
+    tensors[name] = tensors[name].float()
+    save_file(tensors, str(path / "model.safetensors"))
+    with pytest.raises(
+        ModelLoadError, match=r"W8A8 int8 checkpoint weight has dtype torch\.float32; supported: int8"
+    ):
+        load_cpu(path)
 
 
 def load_cpu(path: Path) -> torch.nn.Module:
@@ -132,12 +140,24 @@ def load_cpu(path: Path) -> torch.nn.Module:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("swap", [False, True])
 @pytest.mark.parametrize("m", [17, 100, 1024])
 @pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 12288)])
-def test_kernel_matches_reference_at_qwen3_shapes(m: int, n: int, k: int, swap: bool) -> None:
-    w = int8_weight(n, k)
+def test_linear_matches_reference_at_qwen3_shapes(m: int, n: int, k: int) -> None:
+    w, s = int8_weight(n, k)
     x = (0.1 * torch.randn(m, k, device=DEVICE)).bfloat16()
-    got = int8_w8a8(x, w.qweight, w.scales, W8A8Config(swap=swap)).float()
-    want = int8_w8a8_ref(x.float(), w.qweight, w.scales.float()).float()
+    got = int8_linear(x, w, s, None).float()
+    want = int8_gemm_ref(x.float(), w, s).float()
     assert float((got - want).norm() / want.norm()) < 3e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16])
+def test_decode_gemv_reads_int8(m: int) -> None:
+    """The fp8 GEMV's loads convert any 8-bit type: int8 weights give the weight-only reference."""
+    from kvpilot.runtime.quant.fp8_gemm import fp8_linear
+
+    w, s = int8_weight(4096, 4096)
+    x = (0.1 * torch.randn(m, 4096, device=DEVICE)).bfloat16()
+    got = fp8_linear(x, w, s, None).float()
+    want = fp8_weight_only_ref(x.float(), w, s).float()
+    assert float((got - want).norm() / want.norm()) < 1e-2

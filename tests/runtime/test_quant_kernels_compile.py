@@ -11,7 +11,7 @@ import sys
 
 COMPILE = """
 import dataclasses, json
-from kvpilot.runtime.kernels import fp8_quant_triton as f, w4a16_triton as w
+from kvpilot.runtime.kernels import fp8_quant_triton as f, int8_gemm_triton as i8, w4a16_triton as w
 from kvpilot.runtime.kernels import fp8_gemv_triton as f8, int_gemv_triton as g, int_gemv_fma_triton as fma
 from kvpilot.runtime.kernels.triton_compile import KernelSpec, compile_kernel
 
@@ -78,6 +78,13 @@ specs = [
     KernelSpec("fp8_quantize_rows", f.quantize_rows_kernel,
                {"x_ptr": "*bf16", "out_ptr": "*fp8e4nv", "scale_ptr": "*fp32"},
                {"BLOCK": 4096, "QMAX": 448.0}, 4, 1),
+    KernelSpec("int8_quantize_rows", f.quantize_rows_kernel,
+               {"x_ptr": "*bf16", "out_ptr": "*i8", "scale_ptr": "*fp32"},
+               {"BLOCK": 4096, "QMAX": 127.0, "ROUND": True}, 4, 1),
+    *[KernelSpec(f"int8_gemm_{top}", i8._int8_gemm_kernel,
+                 {"xq_ptr": "*i8", "sx_ptr": "*fp32", "w_ptr": "*i8", "sw_ptr": "*bf16", "out_ptr": "*bf16"},
+                 {"BLOCK_M": c.block_m, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k, "GROUP_M": c.group_m},
+                 c.num_warps, c.num_stages, ("M",)) for top, c in i8.LAUNCHES],
 ]
 print(json.dumps([dataclasses.asdict(compile_kernel(s, 90)) for s in specs]))
 """
@@ -111,6 +118,8 @@ def test_int_gemm_kernels_compile_for_sm90() -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     reports = {r["name"]: r for r in json.loads(done.stdout.strip().splitlines()[-1])}
+    int8_gemms = [name for name in reports if name.startswith("int8_gemm_")]  # one per launch bucket
+    assert len(int8_gemms) == 3, int8_gemms
     assert set(reports) == {
         "w4_decode_split",
         "w4_decode_group32",
@@ -120,8 +129,14 @@ def test_int_gemm_kernels_compile_for_sm90() -> None:
         "w4_dequantize",
         "reduce_splits",
         "fp8_quantize_rows",
+        "int8_quantize_rows",
+        *int8_gemms,
         *GEMV,
     }
+    for name in int8_gemms:  # both operands K-major from shared memory: pipelined, no conversions, no spills
+        report = reports[name]
+        assert report["async_copies"] > 0 and report["loop_conversions"] == 0, report
+        assert (report["stack_bytes"] or 0) <= 32, report
     for name in ("w4_decode_split", "w4_decode_group32", "w4_prefill", "w8_decode_split"):
         assert reports[name]["async_copies"] > 0, f"{name}: weight loads are no longer pipelined"
         assert (reports[name]["stack_bytes"] or 0) <= 32, f"{name} spills registers: {reports[name]}"

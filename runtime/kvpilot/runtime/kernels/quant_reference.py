@@ -202,13 +202,12 @@ def quantize_int8_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return (torch.sign(v) * torch.floor(v.abs() + 0.5)).to(torch.int8), scale
 
 
-def int8_w8a8_ref(
-    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, *, dense: torch.Tensor | None = None
+def int8_gemm_ref(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """W8A8 int8 (kernels/int8_w8a8_triton.py): x [M, K] quantized per token, times the canonical int8
-    weight (zero point 128, scales [1, N] per output channel), summed in float32, in x's dtype.
-    dense: (q - 128) * scale [K, N] in float32 when the caller keeps it."""
-    xq, sx = quantize_int8_rows_ref(x)
-    if dense is None:
-        dense = (unpack_rows(qweight, 8).float() - 128.0) * scales.float()
-    return ((xq.float() * sx[:, None]) @ dense).to(x.dtype)
+    """W8A8 int8 (kernels/int8_gemm_triton.py): x [..., K] quantized per token, times weight [N, K] int8
+    with scales [N] per output channel, summed in float32, in x's dtype."""
+    xq, sx = quantize_int8_rows_ref(x.reshape(-1, x.shape[-1]))
+    w = weight.float() * weight_scale.float().reshape(-1, 1)
+    y = ((xq.float() * sx[:, None]) @ w.t()).to(x.dtype).reshape(*x.shape[:-1], -1)
+    return y if bias is None else y + bias

@@ -18,19 +18,30 @@ class Fp8Method(CollectingMethod):
     sizes, W8A8 (activations quantized per token) above them (quant/fp8_gemm.py)."""
 
     fuses = True
+    format_name = "fp8"
+    checkpoint_dtype = torch.float8_e4m3fn  # the weight's dtype in a checkpoint
+    # static activation scales: read and left unused (activations are scaled per token)
+    unused_suffixes: tuple[str, ...] = ("input_scale",)
 
     def __init__(self, quant: QuantConfig, dtype: torch.dtype, device: torch.device, backend: str) -> None:
         super().__init__(quant, dtype, device, backend)
         if quant.from_checkpoint:
             self.required_suffixes = ("weight", "weight_scale")
-            self.optional_suffixes = ("input_scale",)  # static activation scales: we scale per token
-        self.use_scaled_mm = device.type == "cuda"
-        require_fp8_gpu(device)
+            self.optional_suffixes = self.unused_suffixes
+        self.use_scaled_mm = device.type == "cuda"  # the GPU kernels (else the CPU references)
+        self._require_device(device)
         self.weight = torch.empty(0)
         self.weight_scale = torch.empty(0)
         self.quantized: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # shard -> (fp8 rows, scales)
         self.dense: torch.Tensor | None = None
         self.counters = torch.empty(0)  # the decode GEMV's split-K counters (GPU)
+
+    def _require_device(self, device: torch.device) -> None:
+        require_fp8_gpu(device)
+
+    def _quantize(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A 16-bit W [N, K] -> (8-bit [N, K], float32 scales [N])."""
+        return quantize_fp8_weight(weight)
 
     def expected_shape(self, layer: Linear, suffix: str, out: int) -> tuple[int, ...] | None:
         return (out, self.weight_inputs(layer)) if suffix == "weight" else None
@@ -40,7 +51,7 @@ class Fp8Method(CollectingMethod):
         super().load(layer, suffix, tensor, shard)
         if suffix == "weight" and not self.quant.from_checkpoint:
             index = shard or 0
-            weight, scale = quantize_fp8_weight(self.pending.pop((index, "weight")).to(self.device))
+            weight, scale = self._quantize(self.pending.pop((index, "weight")).to(self.device))
             if self.input_split is not None:
                 weight = fp8_columns(weight, self.input_split)
             self.quantized[index] = (weight, scale)
@@ -48,7 +59,7 @@ class Fp8Method(CollectingMethod):
     def init_dummy(self, layer: Linear, generator: torch.Generator) -> None:
         super().init_dummy(layer, generator)
         for shard in range(len(layer.shard_sizes)):
-            self.quantized[shard] = quantize_fp8_weight(self.pending.pop((shard, "weight")))
+            self.quantized[shard] = self._quantize(self.pending.pop((shard, "weight")))
 
     def finish(self, layer: Linear) -> None:
         weights, scales = [], []
@@ -73,10 +84,11 @@ class Fp8Method(CollectingMethod):
                 warm_up_fp8_gemv(self.weight, self.weight_scale, self.dtype, self.counters)
 
     def _checkpoint_shard(self, t: dict[str, torch.Tensor], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """An fp8 checkpoint's weight and its per-tensor or per-channel scale, as per-channel scales."""
-        if t["weight"].dtype != torch.float8_e4m3fn:
+        """A checkpoint's weight and its per-tensor or per-channel scale, as per-channel scales."""
+        if t["weight"].dtype != self.checkpoint_dtype:
             raise ModelLoadError(
-                f"fp8 checkpoint weight has dtype {t['weight'].dtype}; supported: float8_e4m3fn"
+                f"{self.format_name} checkpoint weight has dtype {t['weight'].dtype}; supported: "
+                f"{str(self.checkpoint_dtype).removeprefix('torch.')}"
             )
         s = t["weight_scale"].float().reshape(-1)
         if s.numel() not in (1, rows):
@@ -86,15 +98,23 @@ class Fp8Method(CollectingMethod):
         return t["weight"].to(self.device), s.expand(rows).contiguous().to(self.device)
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        gemv = self.backend == "triton"
-        if not (gemv and self.use_scaled_mm):  # a reference: it follows the GPU's dispatch by token count
-            if x.numel() // x.shape[-1] <= FP8_WEIGHT_ONLY_MAX_M:
-                return fp8_weight_only_ref(x, self.weight, self.weight_scale, bias, dense=self.dense)
-            if not self.use_scaled_mm:
-                return fp8_gemm_ref(x, self.weight, self.weight_scale, bias, dense=self.dense)
+        """Decode sizes: weight-only (the GEMV, or its reference); above them W8A8 (_w8a8). The references
+        follow the GPU's dispatch by token count."""
+        if x.numel() // x.shape[-1] > FP8_WEIGHT_ONLY_MAX_M:
+            return self._w8a8(x, bias)
+        if not (self.backend == "triton" and self.use_scaled_mm):
+            return fp8_weight_only_ref(x, self.weight, self.weight_scale, bias, dense=self.dense)
         from kvpilot.runtime.quant.fp8_gemm import fp8_linear
 
-        return fp8_linear(x, self.weight, self.weight_scale, bias, gemv=gemv, counters=self.counters)
+        return fp8_linear(x, self.weight, self.weight_scale, bias, counters=self.counters)
+
+    def _w8a8(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """W8A8 with per-token activation scales: torch._scaled_mm on a GPU (either kernel set)."""
+        if not self.use_scaled_mm:
+            return fp8_gemm_ref(x, self.weight, self.weight_scale, bias, dense=self.dense)
+        from kvpilot.runtime.quant.fp8_gemm import fp8_scaled_mm
+
+        return fp8_scaled_mm(x, self.weight, self.weight_scale, bias)
 
     def apply_norm(
         self,

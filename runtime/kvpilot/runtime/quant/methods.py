@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 from kvpilot.runtime.errors import ModelLoadError
-from kvpilot.runtime.kernels.quant_reference import dequantize_int_ref, int8_w8a8_ref, int_gemm_ref, pack_tile
+from kvpilot.runtime.kernels.quant_reference import dequantize_int_ref, int_gemm_ref
 from kvpilot.runtime.layers.linear import Linear
 from kvpilot.runtime.quant.checkpoint_formats import (
     unpack_awq,
@@ -23,26 +23,6 @@ from kvpilot.runtime.quant.collecting import CollectingMethod
 from kvpilot.runtime.quant.config import QuantConfig, int4_group_size
 from kvpilot.runtime.quant.int_weight import IntWeight, merge_parts, quantize_rtn
 from kvpilot.runtime.quant.tp_split import int_weight_columns
-
-W8A8_MIN_M = 17  # W8A8 int8 checkpoints: from here W8A8 (kernels/int8_w8a8_triton.py), below weight-only
-
-
-def takes_int8_activations(quant: QuantConfig) -> bool:
-    """Whether a checkpoint's int8 activations are honoured (W8A8 above decode sizes): int8 weights with one
-    symmetric scale per output channel, as the int8 GEMM's epilogue applies them."""
-    return quant.int8_activations and quant.bits == 8 and quant.group_size == -1 and quant.sym
-
-
-def _runs_w8a8(quant: QuantConfig, parts: list[IntWeight]) -> bool:
-    """takes_int8_activations, and every part's weight is in the form the int8 GEMM reads: no act-order
-    permutation, zero point 128, a pack tile of 128 rows (4 dots of 32, the int8 tensor cores' K step)."""
-    if not takes_int8_activations(quant):
-        return False
-    for p in parts:
-        k = p.qweight.shape[0] * 4
-        if p.perm is not None or pack_tile(k, 8) != 128 or not bool((p.zeros == 128).all()):
-            return False
-    return True
 
 
 class IntWeightMethod(CollectingMethod):
@@ -65,7 +45,6 @@ class IntWeightMethod(CollectingMethod):
         self.parts: list[IntWeight] = []
         self.dense: list[torch.Tensor] = []
         self.counters: list[torch.Tensor] = []  # per part: the decode GEMV's split-K counters (GPU)
-        self.w8a8 = False  # W8A8 int8 checkpoints: more than W8A8_MIN_M - 1 tokens run W8A8 (_runs_w8a8)
 
     def expected_shape(self, layer: Linear, suffix: str, out: int) -> tuple[int, ...] | None:
         if suffix == "weight":
@@ -125,7 +104,6 @@ class IntWeightMethod(CollectingMethod):
             self.quantized.pop(i) if i in self.quantized else self._build(t) for i, t in enumerate(tensors)
         ]
         self.parts = merge_parts(parts)
-        self.w8a8 = _runs_w8a8(self.quant, self.parts)
         if self.device.type != "cuda":  # CPU: the reference's dequantized W^T, made once (quality runs)
             self.dense = [dequantize_int_ref(p.qweight, p.scales, p.zeros, p.bits) for p in self.parts]
         else:
@@ -180,8 +158,6 @@ class IntWeightMethod(CollectingMethod):
         return y if bias is None else y + bias
 
     def _gemm(self, x: torch.Tensor, w: IntWeight, index: int) -> torch.Tensor:
-        if self.w8a8 and x.numel() // x.shape[-1] >= W8A8_MIN_M:
-            return self._w8a8(x, w)
         if self.dense:  # exactly int_gemm_ref, with W^T dequantized at load
             return (x if w.perm is None else x[..., w.perm]) @ self.dense[index].to(x.dtype)
         k, groups = x.shape[-1], w.scales.shape[0]
@@ -194,16 +170,6 @@ class IntWeightMethod(CollectingMethod):
 
             return int_gemm(x, w.qweight, w.scales, w.zeros, w.bits, w.perm, self.counters[index])
         return int_gemm_ref(x, w.qweight, w.scales, w.zeros, w.bits, w.perm)
-
-    def _w8a8(self, x: torch.Tensor, w: IntWeight) -> torch.Tensor:
-        x2 = x.reshape(-1, x.shape[-1])
-        if self.backend == "triton" and x.is_cuda:
-            from kvpilot.runtime.kernels.int8_w8a8_triton import int8_w8a8
-
-            y = int8_w8a8(x2, w.qweight, w.scales)
-        else:  # the reference follows the same split (CPU, the torch kernel set)
-            y = int8_w8a8_ref(x2, w.qweight, w.scales)
-        return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
 def _to(w: IntWeight, device: torch.device, dtype: torch.dtype) -> IntWeight:
