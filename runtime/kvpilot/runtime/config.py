@@ -57,6 +57,10 @@ class ModelConfig:
             raise ModelLoadError(f"cannot read {path}: {exc}") from exc
         if not isinstance(raw, dict):
             raise ModelLoadError(f"{path} must hold a JSON object")
+        if not raw.get("quantization_config"):  # older NVIDIA ModelOpt exports keep it beside config.json
+            from kvpilot.runtime.quant.modelopt import read_hf_quant_config
+
+            raw["quantization_config"] = read_hf_quant_config(Path(model_dir))
         return cls.from_dict(raw)
 
     @classmethod

@@ -43,10 +43,13 @@ PACKED_MODULES: dict[str, tuple[str, int]] = {
 _FUSED_PARTS: dict[str, list[str]] = {}
 for _part, (_fused, _) in PACKED_MODULES.items():
     _FUSED_PARTS.setdefault(_fused, []).append(_part)
-# Static per-layer K/V-cache scales (llm-compressor's k_scale/v_scale, older kv_scale): the 8-bit cache
-# computes per-token-head scales on write, at least as fine as any static per-layer scale, so these are
-# accepted and not used.
-KV_SCALE_SUFFIXES = ("self_attn.k_scale", "self_attn.v_scale", "self_attn.kv_scale")
+# Static per-layer K/V-cache scales (llm-compressor's k_scale/v_scale, older kv_scale, NVIDIA ModelOpt's on
+# k_proj/v_proj): the 8-bit cache computes per-token-head scales on write, at least as fine as any static
+# per-layer scale, so these are accepted and not used.
+KV_SCALE_SUFFIXES = (
+    *("self_attn.k_scale", "self_attn.v_scale", "self_attn.kv_scale"),
+    *("k_proj.k_scale", "v_proj.v_scale"),
+)
 # weight_shape: compressed-tensors' record of a packed weight's [N, K], which weight_packed's checked shape
 # already fixes
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "weight_shape", *KV_SCALE_SUFFIXES)
@@ -120,7 +123,7 @@ def read_split(lazy: Any, split: TensorSplit | None) -> torch.Tensor:
     if split is None:
         return lazy[...]
     end = split.start + split.length
-    return lazy[split.start : end] if split.dim == 0 else lazy[:, split.start : end]
+    return lazy[(slice(None),) * split.dim + (slice(split.start, end),)]
 
 
 def rank_target(param: torch.Tensor, split: TensorSplit | None) -> torch.Tensor:
@@ -190,6 +193,7 @@ def load_weights(
         split = owner.checkpoint_split(leaf, shard) if hasattr(owner, "checkpoint_split") else None
         target = rank_target(target, split)
         tensor = read_split(lazy, split)
+        _require_16bit_values(name, tensor)
         if tuple(target.shape) != tuple(tensor.shape):
             what = "for this rank's slice of" if split else "for"
             raise ModelLoadError(
@@ -204,6 +208,18 @@ def load_weights(
         raise ModelLoadError(
             f"checkpoint in {model_dir} is incomplete: missing tensor(s) {', '.join(missing[:5])}{more}"
         )
+
+
+def _require_16bit_values(name: str, tensor: torch.Tensor) -> None:
+    """A 16-bit layer's tensor holding 8-bit floats or integers is a quantized checkpoint whose config does
+    not say so: cast without its scales it would serve garbage, so loading stops instead."""
+    if tensor.is_floating_point() and tensor.element_size() > 1:
+        return
+    raise ModelLoadError(
+        f"tensor {name} holds {str(tensor.dtype).removeprefix('torch.')} values, but config.json declares "
+        "no quantization for it (quantization_config, or hf_quant_config.json beside it); a quantized "
+        "checkpoint needs its quantization_config"
+    )
 
 
 def _load_quantized(

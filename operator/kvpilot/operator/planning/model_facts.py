@@ -13,6 +13,8 @@ from typing import Any
 UNGATED_MODEL_TYPES = frozenset(
     {"gpt2", "gpt_neox", "gptj", "opt", "bloom", "falcon", "phi", "starcoder2", "gpt_bigcode", "mpt"}
 )
+# the runtime's own list (kvpilot/runtime/quant/modelopt.py); the operator does not import the runtime
+MODELOPT_FP8_ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO")
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "bf16", "half": "fp16", "float": "bf16"}
 ALIASES = {
     "num_hidden_layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
@@ -162,9 +164,23 @@ def _quantization(qconfig: Any) -> tuple[str | None, int, int]:
         return "fp8", group, 4
     if method == "compressed-tensors":
         return _compressed_tensors(qconfig)
+    if method == "modelopt":
+        return _modelopt(qconfig)
     raise ModelFactsError(
         f"quantization_config.quant_method {method or '(none)'!r} is not supported; "
         "use an fp8, AWQ or GPTQ checkpoint (or a 16-bit one, quantized at load)"
+    )
+
+
+def _modelopt(qconfig: dict[str, Any]) -> tuple[str, int, int]:
+    """NVIDIA ModelOpt: its fp8 algorithms run as fp8 (the legacy layout nests them under 'quantization')."""
+    nested = qconfig.get("quantization")
+    algo = str((nested if isinstance(nested, dict) else qconfig).get("quant_algo") or "").upper()
+    if algo in MODELOPT_FP8_ALGOS:
+        return "fp8", 128, 4
+    raise ModelFactsError(
+        f"NVIDIA ModelOpt quant_algo {algo or '(missing)'!r} is not supported; supported: "
+        f"{', '.join(MODELOPT_FP8_ALGOS)}"
     )
 
 
@@ -191,7 +207,11 @@ def _layout(qconfig: Any) -> str:
     """'compressed-tensors pack-quantized', 'block-wise [128, 128]' or '' (the family name says it all)."""
     if not isinstance(qconfig, dict):
         return ""
-    if str(qconfig.get("quant_method", "")).lower() == "compressed-tensors":
+    method = str(qconfig.get("quant_method", "")).lower()
+    if method == "compressed-tensors":
         return f"compressed-tensors {qconfig.get('format') or 'quantized'}"
+    if method == "modelopt":
+        nested = qconfig.get("quantization")
+        return f"NVIDIA ModelOpt {(nested if isinstance(nested, dict) else qconfig).get('quant_algo')}"
     block = qconfig.get("weight_block_size")
     return f"block-wise {block}" if block else ""

@@ -20,6 +20,7 @@ split lands on a different axis, in different units, per tensor (ct: compressed-
     fp8 weight, 16-bit     [N, K]           axis 0                  axis 1
     fp8 weight_scale       [N] / [N, 1]     axis 0                  whole   (per tensor: whole)
     block fp8 scale        [N/bn, K/bk]     axis 0, bn per block    axis 1, bk per block
+                           (ModelOpt: [N/bn, 1, K/bk, 1], K on axis 2)
 
 A split must fall on word and group boundaries, or the rank would hold half a word or half a group: then
 a ModelLoadError names the layer and the numbers. A group spanning all of K (group_size -1) is kept whole
@@ -59,7 +60,8 @@ def packed_axes(quant: QuantConfig, suffix: str, shape: tuple[int, ...]) -> Pack
     group = None if quant.group_size == -1 else quant.group_size
     per_word = 32 // quant.bits if quant.bits < 16 else 1
     if quant.fp8_block is not None and suffix in ("weight_scale", "weight_scale_inv"):
-        return PackedAxes(0, quant.fp8_block[0], 1, quant.fp8_block[1])
+        k_axis = 2 if len(shape) == 4 else 1  # ModelOpt's [N/bn, 1, K/bk, 1]
+        return PackedAxes(0, quant.fp8_block[0], k_axis, quant.fp8_block[1])
     if suffix in ("weight", "bias") or quant.method == "fp8":
         if suffix == "weight_scale":
             return PackedAxes(None if _numel(shape) == 1 else 0, 1, None, None)

@@ -7,7 +7,8 @@ Two kinds:
                              `weight_block_size` / strategy block, DeepSeek-V3 / Qwen3-FP8),
                              compressed-tensors int4/int8 (pack-, int- or naive-quantized, group or
                              channel, sym or not, actorder with weight_g_idx; int8 activations of W8A8
-                             checkpoints run 16-bit): run as the gptq family, weight-only
+                             checkpoints run 16-bit): run as the gptq family, weight-only;
+                             NVIDIA ModelOpt fp8 (quant/modelopt.py): run as fp8
   quantize at load           int8 (W8A16 per output channel), int4 (W4A16 round-to-nearest with zero
                              points, group 128 or the largest of 64/32/16 that divides the input width),
                              fp8 (W8A8: per-output-channel weight scales, dynamic per-token activations)
@@ -22,9 +23,10 @@ from typing import Any
 
 from kvpilot.runtime.errors import UnsupportedModelError
 from kvpilot.runtime.quant.ignored import ignored_patterns
+from kvpilot.runtime.quant.modelopt import flatten_modelopt, modelopt_fp8_layout
 
 LOAD_TIME_METHODS = ("int8", "int4", "fp8")
-CHECKPOINT_METHODS = ("awq", "gptq", "fp8", "compressed-tensors")
+CHECKPOINT_METHODS = ("awq", "gptq", "fp8", "compressed-tensors", "modelopt")
 AWQ_GROUP_SIZES = (32, 64, 128)
 GPTQ_GROUP_SIZES = (-1, 32, 64, 128)
 GPTQ_BITS = (4, 8)
@@ -72,7 +74,10 @@ def parse_quant_config(raw: Any, forced: str | None) -> QuantConfig | None:
             f"config.json quantization_config.quant_method {method or '(missing)'!r} is not supported; "
             f"supported: {', '.join(CHECKPOINT_METHODS)}"
         )
-    parsed = {"awq": _awq, "gptq": _gptq, "fp8": _fp8, "compressed-tensors": _compressed_tensors}[method](raw)
+    if method == "modelopt":
+        raw = flatten_modelopt(raw)
+    parsers = {"awq": _awq, "gptq": _gptq, "fp8": _fp8, "compressed-tensors": _compressed_tensors}
+    parsed = parsers.get(method, _modelopt)(raw)
     parsed = replace(parsed, ignored=ignored_patterns(raw))
     if forced is not None and forced != parsed.method:
         packing = f", {parsed.packing} {parsed.bits}-bit" if parsed.packing else ""
@@ -180,6 +185,13 @@ def _fp8(raw: dict[str, Any]) -> QuantConfig:
         return QuantConfig(method="fp8", from_checkpoint=True, bits=8)
     return QuantConfig(
         method="fp8", from_checkpoint=True, bits=8, fp8_block=_fp8_block(block, "weight_block_size")
+    )
+
+
+def _modelopt(flat: dict[str, Any]) -> QuantConfig:
+    per_channel, block = modelopt_fp8_layout(flat)
+    return QuantConfig(
+        "fp8", True, bits=8, fp8_scale_per_channel=per_channel, packing="modelopt", fp8_block=block
     )
 
 

@@ -78,7 +78,8 @@ class Fp8BlockMethod(CollectingMethod):
         if quant.fp8_block is None:
             raise ValueError("Fp8BlockMethod needs a block-wise fp8 QuantConfig")
         self.block_n, self.block_k = quant.fp8_block
-        self.scale_suffix = "weight_scale" if quant.packing == "compressed-tensors" else "weight_scale_inv"
+        # DeepSeek / Qwen3-FP8 name it weight_scale_inv; compressed-tensors and ModelOpt weight_scale
+        self.scale_suffix = "weight_scale_inv" if quant.packing == "" else "weight_scale"
         self.required_suffixes = ("weight", self.scale_suffix)
         self.use_kernel = device.type == "cuda" and backend == "triton"
         self.quantized: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # shard -> dummy (benchmarks)
@@ -94,6 +95,12 @@ class Fp8BlockMethod(CollectingMethod):
         if suffix == "weight":
             return (out, k)
         return (-(-out // self.block_n), -(-k // self.block_k))
+
+    def load(self, layer: Linear, suffix: str, tensor: torch.Tensor, shard: int | None) -> None:
+        """ModelOpt writes block scales [N / bn, 1, K / bk, 1]: taken as [N / bn, K / bk]."""
+        if suffix == self.scale_suffix and tensor.dim() == 4 and tensor.shape[1] == tensor.shape[3] == 1:
+            tensor = tensor[:, 0, :, 0]
+        super().load(layer, suffix, tensor, shard)
 
     def init_dummy(self, layer: Linear, generator: torch.Generator) -> None:
         super().init_dummy(layer, generator)
