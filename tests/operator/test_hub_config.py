@@ -22,14 +22,41 @@ def fetcher(handler: object, token: str | None = None) -> tuple[HubConfigFetcher
     return HubConfigFetcher(client, endpoint="https://hub.example", token=token), seen
 
 
+def hub(files: dict[str, object]) -> object:
+    """A handler serving `files` by name (404 for the rest)."""
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        name = request.url.path.rsplit("/", 1)[1]
+        return httpx.Response(200, json=files[name]) if name in files else httpx.Response(404)
+
+    return serve
+
+
 async def test_reads_config_from_the_resolve_url_and_caches() -> None:
-    fetch, seen = fetcher(lambda r: httpx.Response(200, json=CONFIG), token="hf_secret")
+    fetch, seen = fetcher(hub({"config.json": CONFIG}), token="hf_secret")
     assert await fetch("Qwen/Qwen3-8B", "main") == CONFIG
     assert await fetch("Qwen/Qwen3-8B", "main") == CONFIG
-    assert len(seen) == 1
-    assert str(seen[0].url) == "https://hub.example/Qwen/Qwen3-8B/resolve/main/config.json"
+    assert [str(r.url) for r in seen] == [  # an unquantized config.json: a ModelOpt file is looked for once
+        "https://hub.example/Qwen/Qwen3-8B/resolve/main/config.json",
+        "https://hub.example/Qwen/Qwen3-8B/resolve/main/hf_quant_config.json",
+    ]
     assert seen[0].headers["authorization"] == "Bearer hf_secret"
     await fetch.aclose()
+
+
+async def test_an_older_modelopt_export_brings_its_quantization() -> None:
+    legacy = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "FP8"}}
+    fetch, _ = fetcher(hub({"config.json": CONFIG, "hf_quant_config.json": legacy}))
+    assert (await fetch("nvidia/Llama-3.1-8B-Instruct-FP8", "main"))["quantization_config"] == {
+        "quant_method": "modelopt",
+        **legacy,
+    }
+    quantized = {**CONFIG, "quantization_config": {"quant_method": "fp8"}}
+    fetch, seen = fetcher(hub({"config.json": quantized, "hf_quant_config.json": legacy}))
+    assert await fetch("Qwen/Qwen3-8B-FP8", "main") == quantized and len(seen) == 1
+    fetch, _ = fetcher(hub({"config.json": CONFIG, "hf_quant_config.json": {"producer": {}}}))
+    with pytest.raises(ConfigFetchError, match=r"hf_quant_config\.json holds no 'quantization' object"):
+        await fetch("a/b", "main")
 
 
 @pytest.mark.parametrize(
