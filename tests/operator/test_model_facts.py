@@ -109,12 +109,14 @@ def test_prequantized_checkpoints(model_configs: dict[str, dict[str, Any]]) -> N
     assert (gptq8.prequantized, gptq8.quant_bits) == ("gptq", 8)
 
 
-def test_modelopt_fp8_checkpoints(model_configs: dict[str, dict[str, Any]]) -> None:
+def test_modelopt_and_fbgemm_fp8_checkpoints(model_configs: dict[str, dict[str, Any]]) -> None:
     """NVIDIA ModelOpt's fp8 algorithms plan as fp8, in both config layouts; its 4-bit ones are refused."""
     base = model_configs["Qwen/Qwen3-8B"]
     flat = {"quant_method": "modelopt", "quant_algo": "FP8", "ignore": ["lm_head"]}
     facts = facts_from_config({**base, "quantization_config": flat})
     assert (facts.prequantized, facts.quant_layout) == ("fp8", "NVIDIA ModelOpt FP8")
+    fbgemm = {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0}  # meta-llama/*-FP8
+    assert facts_from_config({**base, "quantization_config": fbgemm}).prequantized == "fp8"
     nested = {"quant_method": "modelopt", "quantization": {"quant_algo": "fp8_pb_wo"}}
     assert facts_from_config({**base, "quantization_config": nested}).prequantized == "fp8"
     with pytest.raises(ModelFactsError, match="ModelOpt quant_algo 'NVFP4' is not supported; supported: FP8"):

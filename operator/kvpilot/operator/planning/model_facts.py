@@ -160,7 +160,7 @@ def _quantization(qconfig: Any) -> tuple[str | None, int, int]:
                 f"{method} checkpoints with {bits}-bit weights are not supported ({supported}-bit only)"
             )
         return method, group, 4
-    if method == "fp8":
+    if method in ("fp8", "fbgemm_fp8"):
         return "fp8", group, 4
     if method == "compressed-tensors":
         return _compressed_tensors(qconfig)

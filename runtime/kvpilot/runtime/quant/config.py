@@ -8,7 +8,8 @@ Two kinds:
                              compressed-tensors int4/int8 (pack-, int- or naive-quantized, group or
                              channel, sym or not, actorder with weight_g_idx; int8 activations of W8A8
                              checkpoints run 16-bit): run as the gptq family, weight-only;
-                             NVIDIA ModelOpt fp8 (quant/modelopt.py): run as fp8
+                             NVIDIA ModelOpt fp8 (quant/modelopt.py) and fbgemm_fp8 (Meta's
+                             Llama-3.1-FP8: per-channel scales; activation_scale_ub unused): run as fp8
   quantize at load           int8 (W8A16 per output channel), int4 (W4A16 round-to-nearest with zero
                              points, group 128 or the largest of 64/32/16 that divides the input width),
                              fp8 (W8A8: per-output-channel weight scales, dynamic per-token activations)
@@ -18,6 +19,7 @@ Everything the runtime cannot run is refused here, naming the field and what is 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -26,7 +28,7 @@ from kvpilot.runtime.quant.ignored import ignored_patterns
 from kvpilot.runtime.quant.modelopt import flatten_modelopt, modelopt_fp8_layout
 
 LOAD_TIME_METHODS = ("int8", "int4", "fp8")
-CHECKPOINT_METHODS = ("awq", "gptq", "fp8", "compressed-tensors", "modelopt")
+CHECKPOINT_METHODS = ("awq", "gptq", "fp8", "compressed-tensors", "modelopt", "fbgemm_fp8")
 AWQ_GROUP_SIZES = (32, 64, 128)
 GPTQ_GROUP_SIZES = (-1, 32, 64, 128)
 GPTQ_BITS = (4, 8)
@@ -76,8 +78,11 @@ def parse_quant_config(raw: Any, forced: str | None) -> QuantConfig | None:
         )
     if method == "modelopt":
         raw = flatten_modelopt(raw)
-    parsers = {"awq": _awq, "gptq": _gptq, "fp8": _fp8, "compressed-tensors": _compressed_tensors}
-    parsed = parsers.get(method, _modelopt)(raw)
+    parsers: dict[str, Callable[[dict[str, Any]], QuantConfig]] = {
+        **{"awq": _awq, "gptq": _gptq, "fp8": _fp8, "compressed-tensors": _compressed_tensors},
+        **{"modelopt": _modelopt, "fbgemm_fp8": _fbgemm_fp8},
+    }
+    parsed = parsers[method](raw)
     parsed = replace(parsed, ignored=ignored_patterns(raw))
     if forced is not None and forced != parsed.method:
         packing = f", {parsed.packing} {parsed.bits}-bit" if parsed.packing else ""
@@ -193,6 +198,10 @@ def _modelopt(flat: dict[str, Any]) -> QuantConfig:
     return QuantConfig(
         "fp8", True, bits=8, fp8_scale_per_channel=per_channel, packing="modelopt", fp8_block=block
     )
+
+
+def _fbgemm_fp8(raw: dict[str, Any]) -> QuantConfig:
+    return QuantConfig("fp8", True, bits=8, fp8_scale_per_channel=True)
 
 
 def _fp8_block(block: Any, name: str) -> tuple[int, int]:

@@ -1,6 +1,7 @@
 """NVIDIA ModelOpt fp8 checkpoints (config.json `quant_method: modelopt`, or an older export's
-hf_quant_config.json) load their weights exactly and serve; the reference dequantization here reads
-ModelOpt's tensors directly (scale per tensor [], per channel [N], per block [N/128, 1, K/128, 1])."""
+hf_quant_config.json) and FBGEMM's (`quant_method: fbgemm_fp8`) load their weights exactly and serve; the
+reference dequantization here reads the exported tensors directly (scale per tensor [], per channel [N] or
+[N, 1], per block [N/128, 1, K/128, 1])."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from kvpilot.runtime.config import ModelConfig
 from kvpilot.runtime.distributed.quant_sharding import quantized_split
 from kvpilot.runtime.distributed.sharding import TensorSplit
 from kvpilot.runtime.errors import ModelLoadError, UnsupportedModelError
-from kvpilot.runtime.fixtures.modelopt import make_modelopt_checkpoint
+from kvpilot.runtime.fixtures.fp8_exports import make_fbgemm_fp8_checkpoint, make_modelopt_checkpoint
 from kvpilot.runtime.kernels.quant_reference import dequantize_fp8_blocks_ref
 from kvpilot.runtime.layers.kernel_ops import torch_ops
 from kvpilot.runtime.llm import LLM
@@ -33,8 +34,8 @@ def reference_weight(tensors: dict[str, torch.Tensor], prefix: str) -> torch.Ten
     scale = tensors[prefix + "weight_scale"].float()
     if scale.dim() == 0:
         return w * scale
-    if scale.dim() == 1:
-        return w * scale[:, None]
+    if scale.dim() == 1 or scale.shape[1:] == (1,):
+        return w * scale.reshape(-1, 1)
     rows, cols = torch.arange(w.shape[0]) // 128, torch.arange(w.shape[1]) // 128
     return w * scale[:, 0, :, 0][rows][:, cols]
 
@@ -100,6 +101,21 @@ def test_exclude_modules_wildcards_keep_layers_16_bit(tmp_path: Path) -> None:
     assert model.get_submodule("model.layers.1.mlp.down_proj").quant_method is None
     assert model.get_submodule("model.layers.0.mlp.down_proj").quant_method is not None
     assert model.get_submodule("model.layers.1.self_attn.o_proj").quant_method is not None
+
+
+def test_fbgemm_fp8_loads_exactly_and_keeps_modules_to_not_convert_16_bit(tmp_path: Path) -> None:
+    keep = tuple(f"model.layers.0.self_attn.{p}_proj" for p in "qkvo")  # as Meta leaves attention layers
+    path = make_fbgemm_fp8_checkpoint(tmp_path / "m", keep_16bit=keep, seed=3)
+    tensors = load_file(str(path / "model.safetensors"))
+    model = load_cpu(path)
+    assert model.get_submodule("model.layers.0.self_attn.qkv_proj").quant_method is None
+    assert model.get_submodule("model.layers.0.self_attn.o_proj").quant_method is None
+    for fused, parts in FUSED.items():
+        layer = model.get_submodule(f"model.layers.1.{fused}")
+        block = fused.split(".")[0]
+        want = torch.cat([reference_weight(tensors, f"model.layers.1.{block}.{p}.") for p in parts])
+        assert torch.equal(loaded_weight(layer), want)
+    assert all(len(tokens) == 8 for tokens in greedy_tokens(path))
 
 
 def test_unsupported_algorithms_and_files_are_named(tmp_path: Path) -> None:
