@@ -15,7 +15,7 @@ from kvpilot.runtime.distributed.quant_sharding import quantized_split
 from kvpilot.runtime.distributed.sharding import TensorSplit
 from kvpilot.runtime.errors import ModelLoadError, UnsupportedModelError
 from kvpilot.runtime.fixtures.fp8_exports import make_fbgemm_fp8_checkpoint, make_modelopt_checkpoint
-from kvpilot.runtime.kernels.quant_reference import dequantize_fp8_blocks_ref
+from kvpilot.runtime.kernels.quant_reference import dequantize_fp8_blocks_ref, fp8_block_w8a8_ref
 from kvpilot.runtime.layers.kernel_ops import torch_ops
 from kvpilot.runtime.llm import LLM
 from kvpilot.runtime.loader import load_model, read_split
@@ -90,6 +90,21 @@ def test_block_wise_modelopt_serves_its_dequantized_model(tmp_path: Path) -> Non
     (reference / "config.json").write_text(json.dumps({**config, "torch_dtype": "float32"}))
     save_file(floats, str(reference / "model.safetensors"), metadata={"format": "pt"})
     assert greedy_tokens(path) == greedy_tokens(reference)
+
+
+def test_block_wise_modelopt_runs_w8a8_where_k_holds_four_blocks(tmp_path: Path) -> None:
+    """Hidden 512 = 4 blocks of 128 along K: above 16 tokens the layers run W8A8 on ModelOpt's scales."""
+    wide = {"hidden_size": 512, "intermediate_size": 1024}
+    heads = {"num_attention_heads": 16, "num_key_value_heads": 4}
+    path = make_modelopt_checkpoint(tmp_path / "m", "FP8_PB_WO", **wide, **heads)
+    tensors = load_file(str(path / "model.safetensors"))
+    layer = load_cpu(path).get_submodule("model.layers.1.self_attn.o_proj")
+    method = layer.quant_method
+    assert method.w8a8 and method.block_scale.shape == (4, 4)
+    want = reference_weight(tensors, "model.layers.1.self_attn.o_proj.")
+    x = torch.randn(17, 512, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(layer(x), fp8_block_w8a8_ref(x, method.weight, method.block_scale))
+    assert float((layer(x) - x @ want.t()).norm() / (x @ want.t()).norm()) < 0.06
 
 
 def test_exclude_modules_wildcards_keep_layers_16_bit(tmp_path: Path) -> None:
