@@ -58,6 +58,15 @@ def loaded_weight(layer: torch.nn.Module) -> torch.Tensor:
     return method.weight.float() * method.weight_scale.view(-1, 1)
 
 
+def assert_layer_1_loads_exactly(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Layer 1's fused q/k/v and gate/up weights are the reference dequantization of their parts."""
+    for fused, parts in FUSED.items():
+        layer = model.get_submodule(f"model.layers.1.{fused}")
+        block = fused.split(".")[0]
+        want = torch.cat([reference_weight(tensors, f"model.layers.1.{block}.{p}.") for p in parts])
+        assert torch.equal(loaded_weight(layer), want)
+
+
 @pytest.mark.parametrize("legacy", [False, True], ids=["config-json", "hf-quant-config"])
 @pytest.mark.parametrize("algo", ["FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO"])
 def test_modelopt_weights_load_exactly_and_serve(algo: str, legacy: bool, tmp_path: Path) -> None:
@@ -65,11 +74,7 @@ def test_modelopt_weights_load_exactly_and_serve(algo: str, legacy: bool, tmp_pa
     tensors = load_file(str(path / "model.safetensors"))
     assert any(name.endswith("k_proj.k_scale") for name in tensors)  # read and unused
     model = load_cpu(path)
-    for fused, parts in FUSED.items():
-        layer = model.get_submodule(f"model.layers.1.{fused}")
-        block = fused.split(".")[0]
-        want = torch.cat([reference_weight(tensors, f"model.layers.1.{block}.{p}.") for p in parts])
-        assert torch.equal(loaded_weight(layer), want)
+    assert_layer_1_loads_exactly(model, tensors)
     assert all(len(tokens) == 8 for tokens in greedy_tokens(path))
 
 
@@ -125,11 +130,7 @@ def test_fbgemm_fp8_loads_exactly_and_keeps_modules_to_not_convert_16_bit(tmp_pa
     model = load_cpu(path)
     assert model.get_submodule("model.layers.0.self_attn.qkv_proj").quant_method is None
     assert model.get_submodule("model.layers.0.self_attn.o_proj").quant_method is None
-    for fused, parts in FUSED.items():
-        layer = model.get_submodule(f"model.layers.1.{fused}")
-        block = fused.split(".")[0]
-        want = torch.cat([reference_weight(tensors, f"model.layers.1.{block}.{p}.") for p in parts])
-        assert torch.equal(loaded_weight(layer), want)
+    assert_layer_1_loads_exactly(model, tensors)
     assert all(len(tokens) == 8 for tokens in greedy_tokens(path))
 
 
