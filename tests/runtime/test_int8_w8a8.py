@@ -133,6 +133,36 @@ def test_a_float_weight_in_a_w8a8_checkpoint_is_refused(tmp_path: Path) -> None:
         load_cpu(path)
 
 
+@pytest.mark.parametrize("activations", ["dynamic", None], ids=["w8a8", "w8a16"])
+def test_symmetric_zero_points_written_as_zeros_are_accepted(
+    activations: str | None, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Older compressed-tensors versions write weight_zero_point (all zero) for symmetric weights: loaded
+    without an "unexpected tensor" warning and to the same weights; a nonzero one contradicts the config."""
+    opts = {**W8A8, "int8_activations": activations}
+    plain = make_quantized_checkpoint(tmp_path / "plain", "compressed-tensors-int", seed=3, **opts)
+    path = make_quantized_checkpoint(tmp_path / "zp", "compressed-tensors-int", seed=3, **opts)
+    tensors = load_file(str(path / "model.safetensors"))
+    for name in [n for n in tensors if n.endswith(".weight_scale")]:
+        tensors[name.replace("weight_scale", "weight_zero_point")] = torch.zeros_like(
+            tensors[name], dtype=torch.int8
+        )
+    save_file(tensors, str(path / "model.safetensors"))
+    with caplog.at_level(logging.WARNING):
+        model = load_cpu(path)
+    assert "unexpected checkpoint tensor" not in caplog.text
+    name = "model.layers.1.self_attn.o_proj"
+    layer = model.get_submodule(name)
+    x = torch.randn(20, layer.in_features, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(layer(x), load_cpu(plain).get_submodule(name)(x))
+    if activations is None:
+        return
+    tensors[name + ".weight_zero_point"][3] = 1
+    save_file(tensors, str(path / "model.safetensors"))
+    with pytest.raises(ModelLoadError, match="weight_zero_point holds nonzero values"):
+        load_cpu(path)
+
+
 def load_cpu(path: Path) -> torch.nn.Module:
     return load_model(
         path, ModelConfig.from_dir(path), device=torch.device("cpu"), dtype=torch.float32, ops=torch_ops()

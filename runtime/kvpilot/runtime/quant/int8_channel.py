@@ -12,6 +12,7 @@ references (quant_reference.fp8_weight_only_ref at decode sizes, int8_gemm_ref a
 from __future__ import annotations
 
 import torch
+from kvpilot.runtime.errors import ModelLoadError
 from kvpilot.runtime.kernels.quant_reference import int8_gemm_ref, quantize_int8_rows_ref
 from kvpilot.runtime.layers.linear import Linear
 from kvpilot.runtime.quant.config import QuantConfig
@@ -37,8 +38,9 @@ class Int8ChannelMethod(Fp8Method):
 
     format_name = "W8A8 int8"
     checkpoint_dtype = torch.int8
-    # static activation scales and zero points: read and left unused (activations are scaled per token)
-    unused_suffixes = ("input_scale", "input_zero_point")
+    # static activation scales and zero points: read and left unused (activations are scaled per token);
+    # weight_zero_point: older compressed-tensors versions write it for symmetric weights too, all zero
+    unused_suffixes = ("input_scale", "input_zero_point", "weight_zero_point")
 
     def _require_device(self, device: torch.device) -> None:
         """int8 tensor cores: every GPU this runtime runs on (sm80+), and the CPU runs the references."""
@@ -46,6 +48,15 @@ class Int8ChannelMethod(Fp8Method):
     def _quantize(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Dummy weights of this format (benchmarks): round-to-nearest per output channel."""
         return quantize_int8_rows_ref(weight)
+
+    def _checkpoint_shard(self, t: dict[str, torch.Tensor], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        zero_point = t.get("weight_zero_point")
+        if zero_point is not None and bool(zero_point.any()):
+            raise ModelLoadError(
+                "weight_zero_point holds nonzero values, but config.json quantization_config says the "
+                "weights are symmetric (config_groups.*.weights.symmetric true)"
+            )
+        return super()._checkpoint_shard(t, rows)
 
     def finish(self, layer: Linear) -> None:
         super().finish(layer)

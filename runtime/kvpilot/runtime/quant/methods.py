@@ -36,8 +36,10 @@ class IntWeightMethod(CollectingMethod):
             zero_point = () if quant.sym else ("weight_zero_point",)
             self.required_suffixes = (weight, "weight_scale", *zero_point)
             # weight_shape: the loader skips it; input_scale / input_zero_point (static int8 activations):
-            # collected and left unused, the activations stay 16-bit
-            self.optional_suffixes = ("weight_g_idx", "input_scale", "input_zero_point")
+            # collected and left unused, the activations stay 16-bit; a symmetric checkpoint's zero points
+            # (older compressed-tensors versions write them, all zero) are used as given
+            sym_zero_point = ("weight_zero_point",) if quant.sym else ()
+            self.optional_suffixes = ("weight_g_idx", "input_scale", "input_zero_point", *sym_zero_point)
         elif quant.from_checkpoint:
             self.required_suffixes = ("qweight", "qzeros", "scales")
             self.optional_suffixes = ("g_idx",) if quant.method == "gptq" else ()
