@@ -41,3 +41,20 @@ def test_config_fields_are_checked() -> None:
         ignored_patterns({"modules_to_not_convert": "lm_head"})
     with pytest.raises(UnsupportedModelError, match="not a regular expression"):
         ignored_patterns({"ignore": ["re:(unclosed"]})
+
+
+def test_gptqmodel_dynamic_skips_and_overrides() -> None:
+    """GPTQModel's dynamic: "-:" keys leave modules 16-bit; an override repeating the checkpoint's own
+    values is harmless; one changing bits or group size is refused, naming the key."""
+    base = {"quant_method": "gptq", "bits": 4, "group_size": 128}
+    dynamic = {r"-:model\.layers\.0\..*": {}, r"+:.*down_proj": {"bits": 4, "group_size": 128}}
+    patterns = ignored_patterns({**base, "dynamic": dynamic})
+    assert patterns == (r"re:model\.layers\.0\..*",)
+    assert is_ignored("model.layers.0.mlp.up_proj", patterns)
+    assert not is_ignored("model.layers.10.mlp.up_proj", patterns)
+    with pytest.raises(UnsupportedModelError) as err:
+        ignored_patterns({**base, "dynamic": {r".*\.1\..*": {"bits": 8}}})
+    assert r"dynamic['.*\\.1\\..*'] sets {'bits': 8}" in str(err.value)
+    assert "per-module quantization is not supported" in str(err.value)
+    with pytest.raises(UnsupportedModelError, match="not a regular expression"):
+        ignored_patterns({**base, "dynamic": {"-:(unclosed": {}}})

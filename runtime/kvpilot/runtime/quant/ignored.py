@@ -1,5 +1,7 @@
-"""Layers a pre-quantized checkpoint leaves in 16-bit: compressed-tensors' `ignore`, and the
-`modules_to_not_convert` / `ignored_layers` of transformers-style AWQ, GPTQ and fp8 configs.
+"""Layers a pre-quantized checkpoint leaves in 16-bit: compressed-tensors' `ignore`, the
+`modules_to_not_convert` / `ignored_layers` of transformers-style AWQ, GPTQ and fp8 configs, and GPTQModel's
+`dynamic` keys "-:<regex>" (a "+:<regex>" or bare key overrides bits / group size for the modules it
+matches: refused unless it repeats the checkpoint's own values, as one GEMM layout serves every layer).
 
 A pattern is a module name as the checkpoint writes it ("model.layers.0.mlp.down_proj"), a dotted part of
 one ("lm_head", "mlp.down_proj", "model.layers.0"), or a regular expression after "re:", matched from the
@@ -16,6 +18,8 @@ from typing import Any
 from kvpilot.runtime.errors import UnsupportedModelError
 
 FIELDS = ("ignore", "modules_to_not_convert", "ignored_layers")
+# GPTQModel dynamic overrides: the fields an override may repeat, with the GPTQ config's defaults
+OVERRIDABLE: dict[str, Any] = {"bits": 4, "group_size": 128, "sym": True, "desc_act": False}
 
 
 def ignored_patterns(raw: dict[str, Any]) -> tuple[str, ...]:
@@ -28,17 +32,45 @@ def ignored_patterns(raw: dict[str, Any]) -> tuple[str, ...]:
             raise UnsupportedModelError(
                 f"config.json quantization_config.{field} must be a list of module names"
             )
-        for pattern in value:
-            if pattern.startswith("re:"):
-                try:
-                    re.compile(pattern[3:])
-                except re.error as exc:
-                    raise UnsupportedModelError(
-                        f"config.json quantization_config.{field} holds {pattern!r}, not a regular "
-                        f"expression: {exc}"
-                    ) from exc
         patterns += value
+    patterns += _dynamic_skips(raw)
+    for pattern in patterns:
+        if pattern.startswith("re:"):
+            _check_regex(pattern)
     return tuple(patterns)
+
+
+def _dynamic_skips(raw: dict[str, Any]) -> list[str]:
+    """GPTQModel's "-:" keys as "re:" patterns; refuses an override that changes the quantization."""
+    dynamic = raw.get("dynamic") or {}
+    if not isinstance(dynamic, dict):
+        raise UnsupportedModelError("config.json quantization_config.dynamic must be an object (GPTQModel)")
+    skips = []
+    for key, override in dynamic.items():
+        if key.startswith("-:"):
+            skips.append("re:" + key[2:])
+            continue
+        changed = {
+            field: value
+            for field, value in (override or {}).items()
+            if field in OVERRIDABLE and value != raw.get(field, OVERRIDABLE[field])
+        }
+        if changed:
+            raise UnsupportedModelError(
+                f"config.json quantization_config.dynamic[{key!r}] sets {changed} for the modules it "
+                "matches: per-module quantization is not supported; supported: '-:' keys (modules left "
+                "16-bit) and overrides equal to the checkpoint's own bits, group_size, sym and desc_act"
+            )
+    return skips
+
+
+def _check_regex(pattern: str) -> None:
+    try:
+        re.compile(pattern[3:])
+    except re.error as exc:
+        raise UnsupportedModelError(
+            f"config.json quantization_config holds {pattern!r}, not a regular expression: {exc}"
+        ) from exc
 
 
 def is_ignored(name: str, patterns: tuple[str, ...]) -> bool:
