@@ -107,6 +107,11 @@ def test_prequantized_checkpoints(model_configs: dict[str, dict[str, Any]]) -> N
         facts_from_config({**base, "quantization_config": ct})
     gptq8 = facts_from_config({**base, "quantization_config": {**gptq_config, "bits": 8}})
     assert (gptq8.prequantized, gptq8.quant_bits) == ("gptq", 8)
+    skips = {**gptq_config, "dynamic": {r"-:.*\.0\..*": {}, r"+:.*down": {"group_size": 64}}}
+    assert facts_from_config({**base, "quantization_config": skips}).prequantized == "gptq"
+    mixed_bits = {**gptq_config, "dynamic": {r".*down_proj": {"bits": 8}}}  # GPTQModel per-module override
+    with pytest.raises(ModelFactsError, match=r"sets \{'bits': 8\} for some modules"):
+        facts_from_config({**base, "quantization_config": mixed_bits})
 
 
 def test_modelopt_and_fbgemm_fp8_checkpoints(model_configs: dict[str, dict[str, Any]]) -> None:

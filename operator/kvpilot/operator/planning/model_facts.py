@@ -151,6 +151,7 @@ def _quantization(qconfig: Any) -> tuple[str | None, int, int]:
     method = str(qconfig.get("quant_method", "")).lower()
     group: int = qconfig["group_size"] if type(qconfig.get("group_size")) is int else 128
     if method in ("awq", "gptq"):
+        _refuse_dynamic_overrides(qconfig)
         bits = qconfig.get("bits", qconfig.get("w_bit", 4))
         if bits == 8 and method == "gptq":
             return "gptq", group, 8
@@ -170,6 +171,24 @@ def _quantization(qconfig: Any) -> tuple[str | None, int, int]:
         f"quantization_config.quant_method {method or '(none)'!r} is not supported; "
         "use an fp8, AWQ or GPTQ checkpoint (or a 16-bit one, quantized at load)"
     )
+
+
+def _refuse_dynamic_overrides(qconfig: dict[str, Any]) -> None:
+    """GPTQModel's `dynamic`: "-:" keys (modules left 16-bit) are served; a key that changes bits, group size,
+    sym or desc_act for some modules is not (the runtime's quant/ignored.py refuses it too)."""
+    dynamic = qconfig.get("dynamic") or {}
+    if not isinstance(dynamic, dict):
+        raise ModelFactsError("quantization_config.dynamic must be a mapping (GPTQModel)")
+    defaults = {"bits": 4, "group_size": 128, "sym": True, "desc_act": False}
+    for key, override in dynamic.items():
+        if str(key).startswith("-:") or not isinstance(override, dict):
+            continue
+        changed = {f: v for f, v in override.items() if f in defaults and v != qconfig.get(f, defaults[f])}
+        if changed:
+            raise ModelFactsError(
+                f"quantization_config.dynamic[{key!r}] sets {changed} for some modules: per-module "
+                "quantization is not supported (only '-:' keys, which leave modules 16-bit)"
+            )
 
 
 def _modelopt(qconfig: dict[str, Any]) -> tuple[str, int, int]:
