@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 from kvpilot.runtime.config import ModelConfig
+from kvpilot.runtime.errors import ModelLoadError
 from kvpilot.runtime.kernels.quant_reference import dequantize_int_ref, pack_rows, unpack_rows
 from kvpilot.runtime.layers.kernel_ops import torch_ops
 from kvpilot.runtime.llm import LLM
 from kvpilot.runtime.loader import load_model
 from kvpilot.runtime.quant.config import int4_group_size
+from kvpilot.runtime.quant.int_weight import from_unpacked
 from kvpilot.runtime.sampling_params import SamplingParams
 from safetensors.torch import load_file, save_file
 
@@ -99,6 +101,16 @@ def test_canonical_packing_round_trips(bits: int) -> None:
     assert torch.equal(unpack_rows(packed, bits), q.to(torch.int32))
     scales, zeros = torch.full((2, 24), 0.5), torch.full((2, 24), float(1 << (bits - 1)))
     assert torch.equal(dequantize_int_ref(packed, scales, zeros, bits), (q - zeros[0]) * 0.5)
+
+
+def test_fractional_zero_points_are_refused() -> None:
+    """The Triton GEMV takes OFFSET + z as a 16-bit integer: a zero of 7.4 would run as 7 on the GPU and as
+    7.4 in the references, so the canonical layout refuses it instead (GGUF Q4_1's zeros are such)."""
+    q = torch.randint(0, 16, (64, 8), generator=torch.Generator().manual_seed(0))
+    scales = torch.full((2, 8), 0.5)
+    assert from_unpacked(q, scales, torch.full((2, 8), 7.0), 4, torch.bfloat16).zeros.dtype == torch.bfloat16
+    with pytest.raises(ModelLoadError, match="fractional zero points; supported: integer zero points"):
+        from_unpacked(q, scales, torch.full((2, 8), 7.4), 4, torch.float32)
 
 
 @pytest.mark.parametrize("bits", [4, 8])

@@ -12,7 +12,11 @@ from kvpilot.runtime.kernels.quant_reference import pack_rows
 
 @dataclass
 class IntWeight:
-    """One GEMM's integer weight: qweight int32 [K*bits/32, N], scales/zeros [K/G, N], perm [K] or None."""
+    """One GEMM's integer weight: qweight int32 [K*bits/32, N], scales/zeros [K/G, N], perm [K] or None.
+
+    zeros hold whole numbers: the Triton GEMV subtracts OFFSET + z from each 16-bit operand (128 + z in
+    bf16, exact only for an integer z), so a fractional zero point (GGUF Q4_1's -m / d, say) would be
+    rounded there and not in the references. from_unpacked refuses one."""
 
     qweight: torch.Tensor
     scales: torch.Tensor
@@ -30,7 +34,13 @@ def from_unpacked(
 ) -> IntWeight:
     """q [K, N] unsigned values, scales/zeros [K/G, N] (any strides: a checkpoint's [N, K/G] transposed)
     -> the canonical packed weight, every tensor contiguous (the GPU kernels index it as dense rows)."""
-    return IntWeight(pack_rows(q, bits), scales.to(dtype).contiguous(), zeros.to(dtype).contiguous(), bits)
+    zeros = zeros.to(dtype).contiguous()
+    if not torch.equal(zeros, zeros.round()):
+        raise ModelLoadError(
+            "quantized weight has fractional zero points; supported: integer zero points (the GPU kernels "
+            "subtract them from 16-bit integer operands)"
+        )
+    return IntWeight(pack_rows(q, bits), scales.to(dtype).contiguous(), zeros, bits)
 
 
 def quantize_rtn(weight: torch.Tensor, bits: int, group_size: int, *, sym: bool) -> IntWeight:
