@@ -167,6 +167,16 @@ def test_pinned_fp8_on_a_gpu_without_fp8_is_infeasible(plan_for: PlanFor) -> Non
     p = plan_for("Qwen/Qwen3-8B", "a100-80gb", quantization="fp8")
     assert not p.feasible
     assert "fp8 weights need fp8 tensor cores" in p.reason and "a100-80gb has none" in p.reason
+    assert p.reason.endswith("use int8, int4 or auto")
+
+
+def test_an_fp8_checkpoint_without_fp8_hardware_names_what_would_work(plan_for: PlanFor) -> None:
+    """int8/int4 at load need 16-bit weights: for an fp8 checkpoint the way out is other GPUs or the
+    16-bit model, not another spec.quantization."""
+    p = plan_for("Qwen/Qwen3-8B-FP8", "a100-80gb")
+    assert not p.feasible and "a100-80gb has none" in p.reason
+    assert "serve it on a GPU profile with fp8, or point spec.model at this model's 16-bit" in p.reason
+    assert "use int8, int4 or auto" not in p.reason
 
 
 def test_auto_never_picks_fp8_without_hardware(plan_for: PlanFor) -> None:

@@ -82,9 +82,15 @@ def allowed_quantizations(request: PlanRequest) -> list[str]:
     else:
         formats = [pinned]
     if "fp8" in formats and not profile.fp8:
+        # a pre-quantized fp8 checkpoint cannot become int8/int4 at load: a GPU with fp8 or the 16-bit model
+        remedy = (
+            "serve it on a GPU profile with fp8, or point spec.model at this model's 16-bit checkpoint "
+            "(quantized at load to int8 or int4)"
+            if facts.prequantized
+            else "use int8, int4 or auto"
+        )
         raise PlanningError(
-            f"fp8 weights need fp8 tensor cores (Ada or Hopper); {profile.name} has none: "
-            "use int8, int4 or auto"
+            f"fp8 weights need fp8 tensor cores (Ada or Hopper); {profile.name} has none: {remedy}"
         )
     if facts.prequantized and facts.prequantized not in served:
         raise PlanningError(
