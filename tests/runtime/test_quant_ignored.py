@@ -58,3 +58,5 @@ def test_gptqmodel_dynamic_skips_and_overrides() -> None:
     assert "per-module quantization is not supported" in str(err.value)
     with pytest.raises(UnsupportedModelError, match="not a regular expression"):
         ignored_patterns({**base, "dynamic": {"-:(unclosed": {}}})
+    with pytest.raises(UnsupportedModelError, match="must be an object of overrides"):
+        ignored_patterns({**base, "dynamic": {".*": [8]}})

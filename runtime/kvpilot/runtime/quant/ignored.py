@@ -50,9 +50,13 @@ def _dynamic_skips(raw: dict[str, Any]) -> list[str]:
         if key.startswith("-:"):
             skips.append("re:" + key[2:])
             continue
+        if not isinstance(override, dict):
+            raise UnsupportedModelError(
+                f"config.json quantization_config.dynamic[{key!r}] must be an object of overrides (GPTQModel)"
+            )
         changed = {
             field: value
-            for field, value in (override or {}).items()
+            for field, value in override.items()
             if field in OVERRIDABLE and value != raw.get(field, OVERRIDABLE[field])
         }
         if changed:
