@@ -15,6 +15,7 @@ from kvpilot.runtime.distributed.comm import Comm
 from kvpilot.runtime.distributed.topology import Rank
 from kvpilot.runtime.errors import ModelLoadError
 from kvpilot.runtime.fixtures.checkpoint import make_tiny_checkpoint
+from kvpilot.runtime.fixtures.fp8_exports import make_fbgemm_fp8_checkpoint, make_modelopt_checkpoint
 from kvpilot.runtime.fixtures.quantized import make_quantized_checkpoint
 from kvpilot.runtime.kernels.quant_reference import dequantize_fp8_blocks_ref, dequantize_int_ref
 from kvpilot.runtime.layers.kernel_ops import torch_ops
@@ -53,14 +54,31 @@ CASES: dict[str, tuple[str | None, str | None, dict[str, Any]]] = {
             "int8_activations": "static",
         },
     ),
+    "ct-int8-w8a8-dynamic-channel": (  # W8A8 int8: the plain int8 weight (Int8ChannelMethod)
+        "compressed-tensors-int",
+        None,
+        {"bits": 8, "group_size": -1, "ct_format": "int-quantized", "int8_activations": "dynamic"},
+    ),
     "fp8-block-32": ("fp8", None, {"block": (32, 32)}),
     "ct-fp8-block-16x32": ("compressed-tensors", "fp8", {"block": (16, 32)}),
+    "modelopt-fp8": ("modelopt:FP8", None, {}),
+    # ModelOpt's [N/128, 1, K/128, 1] block scales, split along axes 0 and 2: every split on a 128 block
+    "modelopt-fp8-pb-wo": (
+        "modelopt:FP8_PB_WO",
+        None,
+        {**WIDE, "hidden_size": 256, "num_key_value_heads": 8},
+    ),
+    "fbgemm-fp8": ("fbgemm_fp8", None, {}),
 }
 
 
 def _checkpoint(root: Path, fmt: str | None, opts: dict[str, Any]) -> Path:
     if fmt is None:
         return make_tiny_checkpoint(root, "qwen3", seed=3, **opts)
+    if fmt.startswith("modelopt:"):
+        return make_modelopt_checkpoint(root, fmt.removeprefix("modelopt:"), seed=3, **opts)
+    if fmt == "fbgemm_fp8":
+        return make_fbgemm_fp8_checkpoint(root, seed=3, **opts)
     return make_quantized_checkpoint(root, fmt, "qwen3", seed=3, **opts)
 
 
