@@ -14,9 +14,10 @@ from kvpilot.runtime.kernels.quant_reference import pack_rows
 class IntWeight:
     """One GEMM's integer weight: qweight int32 [K*bits/32, N], scales/zeros [K/G, N], perm [K] or None.
 
-    zeros hold whole numbers: the Triton GEMV subtracts OFFSET + z from each 16-bit operand (128 + z in
-    bf16, exact only for an integer z), so a fractional zero point (GGUF Q4_1's -m / d, say) would be
-    rounded there and not in the references. from_unpacked refuses one."""
+    zeros hold whole numbers: the Triton GEMV subtracts OFFSET + z from each 16-bit operand and the CUDA
+    GEMM (w4a16_gemm.cu, read_group) truncates -(128 + z) to bf16, both exact only for an integer z, so a
+    fractional zero point (GGUF Q4_1's -m / d, say) would be rounded there and not in the references.
+    from_unpacked refuses one."""
 
     qweight: torch.Tensor
     scales: torch.Tensor
