@@ -69,7 +69,13 @@ class EngineArgs:
         default="auto", metadata=_knob("KV-cache element type; auto = the model's", choices=KV_CACHE_DTYPES)
     )
     quantization: str | None = field(
-        default=None, metadata=_knob("Weight quantization (none: 16-bit weights)", choices=QUANTIZATIONS)
+        default=None,
+        metadata=_knob(
+            "Weight quantization: a pre-quantized checkpoint's (AWQ, GPTQ, fp8, compressed-tensors, "
+            "ModelOpt, fbgemm_fp8) is read from its config.json; int8, int4 or fp8 quantize a 16-bit one "
+            "at load (none: as the checkpoint is)",
+            choices=QUANTIZATIONS,
+        ),
     )
     tensor_parallel_size: int = field(
         default=1, metadata=_knob("GPUs the layers are split across", aliases=("-tp",))
