@@ -21,6 +21,7 @@ from kvpilot.runtime.quant.checkpoint_formats import (
 )
 from kvpilot.runtime.quant.collecting import CollectingMethod
 from kvpilot.runtime.quant.config import QuantConfig, int4_group_size
+from kvpilot.runtime.quant.int4_grid import recover_q4_0_grid
 from kvpilot.runtime.quant.int_weight import IntWeight, merge_parts, quantize_rtn
 from kvpilot.runtime.quant.tp_split import int_weight_columns
 
@@ -96,9 +97,13 @@ class IntWeightMethod(CollectingMethod):
             self.quantized[shard] = self._quantize(layer, self.pending.pop((shard, "weight")))
 
     def _quantize(self, layer: Linear, weight: torch.Tensor) -> IntWeight:
-        q = self.quant
+        q, weight = self.quant, weight.to(self.device)
+        if q.method == "int4":  # a dequantized GGUF Q4_0 keeps its own grid (quant/int4_grid.py)
+            grid = recover_q4_0_grid(weight, self.dtype)
+            if grid is not None:
+                return _to(grid, self.device, self.dtype)
         group = int4_group_size(layer.in_features) if q.method == "int4" else q.group_size
-        return _to(quantize_rtn(weight.to(self.device), q.bits, group, sym=q.sym), self.device, self.dtype)
+        return _to(quantize_rtn(weight, q.bits, group, sym=q.sym), self.device, self.dtype)
 
     def finish(self, layer: Linear) -> None:
         tensors = self.shard_tensors(layer)
