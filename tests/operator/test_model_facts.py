@@ -110,7 +110,7 @@ def test_prequantized_checkpoints(model_configs: dict[str, dict[str, Any]]) -> N
     skips = {**gptq_config, "dynamic": {r"-:.*\.0\..*": {}, r"+:.*down": {"group_size": 64}}}
     assert facts_from_config({**base, "quantization_config": skips}).prequantized == "gptq"
     mixed_bits = {**gptq_config, "dynamic": {r".*down_proj": {"bits": 8}}}  # GPTQModel per-module override
-    with pytest.raises(ModelFactsError, match=r"sets \{'bits': 8\} for some modules"):
+    with pytest.raises(ModelFactsError, match=r"sets \{'bits': 8\} for the modules it matches"):
         facts_from_config({**base, "quantization_config": mixed_bits})
 
 

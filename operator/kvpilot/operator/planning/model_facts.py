@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kvpilot.contracts.checkpoint_quant import MODELOPT_FP8_ALGOS, gptq_dynamic_skips, modelopt_fields
+
 # Families whose MLP has two matrices (up, down) instead of the gated three (gate, up, down).
 UNGATED_MODEL_TYPES = frozenset(
     {"gpt2", "gpt_neox", "gptj", "opt", "bloom", "falcon", "phi", "starcoder2", "gpt_bigcode", "mpt"}
 )
-# the runtime's own list (kvpilot/runtime/quant/modelopt.py); the operator does not import the runtime
-MODELOPT_FP8_ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO")
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "bf16", "half": "fp16", "float": "bf16"}
 ALIASES = {
     "num_hidden_layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
@@ -174,27 +174,17 @@ def _quantization(qconfig: Any) -> tuple[str | None, int, int]:
 
 
 def _refuse_dynamic_overrides(qconfig: dict[str, Any]) -> None:
-    """GPTQModel's `dynamic`: "-:" keys (modules left 16-bit) are served; a key that changes bits, group size,
-    sym or desc_act for some modules is not (the runtime's quant/ignored.py refuses it too)."""
-    dynamic = qconfig.get("dynamic") or {}
-    if not isinstance(dynamic, dict):
-        raise ModelFactsError("quantization_config.dynamic must be a mapping (GPTQModel)")
-    defaults = {"bits": 4, "group_size": 128, "sym": True, "desc_act": False}
-    for key, override in dynamic.items():
-        if str(key).startswith("-:") or not isinstance(override, dict):
-            continue
-        changed = {f: v for f, v in override.items() if f in defaults and v != qconfig.get(f, defaults[f])}
-        if changed:
-            raise ModelFactsError(
-                f"quantization_config.dynamic[{key!r}] sets {changed} for some modules: per-module "
-                "quantization is not supported (only '-:' keys, which leave modules 16-bit)"
-            )
+    """GPTQModel's `dynamic`: "-:" keys (modules left 16-bit) are served, per-module bits or groups are not
+    (the runtime refuses them too: one reading, kvpilot.contracts.checkpoint_quant)."""
+    try:
+        gptq_dynamic_skips(qconfig)
+    except ValueError as exc:
+        raise ModelFactsError(str(exc)) from exc
 
 
 def _modelopt(qconfig: dict[str, Any]) -> tuple[str, int, int]:
     """NVIDIA ModelOpt: its fp8 algorithms run as fp8 (the legacy layout nests them under 'quantization')."""
-    nested = qconfig.get("quantization")
-    algo = str((nested if isinstance(nested, dict) else qconfig).get("quant_algo") or "").upper()
+    algo = str(modelopt_fields(qconfig).get("quant_algo") or "").upper()
     if algo in MODELOPT_FP8_ALGOS:
         return "fp8", 128, 4
     raise ModelFactsError(
@@ -230,7 +220,6 @@ def _layout(qconfig: Any) -> str:
     if method == "compressed-tensors":
         return f"compressed-tensors {qconfig.get('format') or 'quantized'}"
     if method == "modelopt":
-        nested = qconfig.get("quantization")
-        return f"NVIDIA ModelOpt {(nested if isinstance(nested, dict) else qconfig).get('quant_algo')}"
+        return f"NVIDIA ModelOpt {modelopt_fields(qconfig).get('quant_algo')}"
     block = qconfig.get("weight_block_size")
     return f"block-wise {block}" if block else ""

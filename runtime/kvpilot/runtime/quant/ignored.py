@@ -15,11 +15,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from kvpilot.contracts.checkpoint_quant import gptq_dynamic_skips
 from kvpilot.runtime.errors import UnsupportedModelError
 
 FIELDS = ("ignore", "modules_to_not_convert", "ignored_layers")
-# GPTQModel dynamic overrides: the fields an override may repeat, with the GPTQ config's defaults
-OVERRIDABLE: dict[str, Any] = {"bits": 4, "group_size": 128, "sym": True, "desc_act": False}
 
 
 def ignored_patterns(raw: dict[str, Any]) -> tuple[str, ...]:
@@ -42,30 +41,10 @@ def ignored_patterns(raw: dict[str, Any]) -> tuple[str, ...]:
 
 def _dynamic_skips(raw: dict[str, Any]) -> list[str]:
     """GPTQModel's "-:" keys as "re:" patterns; refuses an override that changes the quantization."""
-    dynamic = raw.get("dynamic") or {}
-    if not isinstance(dynamic, dict):
-        raise UnsupportedModelError("config.json quantization_config.dynamic must be an object (GPTQModel)")
-    skips = []
-    for key, override in dynamic.items():
-        if key.startswith("-:"):
-            skips.append("re:" + key[2:])
-            continue
-        if not isinstance(override, dict):
-            raise UnsupportedModelError(
-                f"config.json quantization_config.dynamic[{key!r}] must be an object of overrides (GPTQModel)"
-            )
-        changed = {
-            field: value
-            for field, value in override.items()
-            if field in OVERRIDABLE and value != raw.get(field, OVERRIDABLE[field])
-        }
-        if changed:
-            raise UnsupportedModelError(
-                f"config.json quantization_config.dynamic[{key!r}] sets {changed} for the modules it "
-                "matches: per-module quantization is not supported; supported: '-:' keys (modules left "
-                "16-bit) and overrides equal to the checkpoint's own bits, group_size, sym and desc_act"
-            )
-    return skips
+    try:
+        return ["re:" + regex for regex in gptq_dynamic_skips(raw)]
+    except ValueError as exc:
+        raise UnsupportedModelError(f"config.json {exc}") from exc
 
 
 def _check_regex(pattern: str) -> None:

@@ -28,16 +28,19 @@ def recover_q4_0_grid(weight: torch.Tensor, dtype: torch.dtype) -> IntWeight | N
     """W [N, K] on a Q4_0 grid of 32-input blocks -> that grid as an int4 group-32 weight (scales in
     `dtype`); None when W is not on such a grid."""
     n, k = weight.shape
-    if k % GRID_GROUP:
-        return None
-    w = weight.float().t().reshape(k // GRID_GROUP, GRID_GROUP, n)  # [groups, 32, N]: W^T by blocks
-    if _grid_values(w[:, :, :PROBE_COLUMNS], dtype) is None:
-        return None
-    found = _grid_values(w, dtype)
+    if k % GRID_GROUP or _grid_values(_blocks(weight[:PROBE_COLUMNS]), dtype) is None:
+        return None  # the probe: no float32 copy of the whole weight for the usual 16-bit checkpoint
+    found = _grid_values(_blocks(weight), dtype)
     if found is None:
         return None
     q, scale, zero = found
     return from_unpacked(q.reshape(k, n).to(torch.int32), scale, zero, 4, dtype)
+
+
+def _blocks(weight: torch.Tensor) -> torch.Tensor:
+    """W [N, K] -> W^T by blocks, float32 [K / 32, 32, N]."""
+    n, k = weight.shape
+    return weight.float().t().reshape(k // GRID_GROUP, GRID_GROUP, n)
 
 
 def _grid_values(

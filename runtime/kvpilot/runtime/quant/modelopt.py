@@ -19,10 +19,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kvpilot.contracts.checkpoint_quant import MODELOPT_FP8_ALGOS, modelopt_fields
 from kvpilot.runtime.errors import ModelLoadError, UnsupportedModelError
 
 HF_QUANT_CONFIG = "hf_quant_config.json"
-FP8_ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO")
 PB_WO_BLOCK = (128, 128)  # ModelOpt's block-wise fp8 writes no block size: it is always 128 x 128
 
 
@@ -43,8 +43,7 @@ def read_hf_quant_config(model_dir: Path) -> dict[str, Any] | None:
 def flatten_modelopt(raw: dict[str, Any]) -> dict[str, Any]:
     """One shape for both exports: {"quant_method": "modelopt", "quant_algo": ..., "ignore": [patterns]}.
     The legacy layout nests quant_algo and exclude_modules under "quantization"."""
-    nested = raw.get("quantization")
-    fields = nested if isinstance(nested, dict) else raw
+    fields = modelopt_fields(raw)
     excluded = fields.get("exclude_modules", fields.get("ignore")) or []
     if not isinstance(excluded, list) or not all(isinstance(p, str) for p in excluded):
         raise UnsupportedModelError(
@@ -67,9 +66,9 @@ def _pattern(wildcard: str) -> str:
 def modelopt_fp8_layout(flat: dict[str, Any]) -> tuple[bool, tuple[int, int] | None]:
     """(per-channel scales, block) of a flattened ModelOpt config; refuses what is not fp8."""
     algo = flat["quant_algo"]
-    if algo not in FP8_ALGOS:
+    if algo not in MODELOPT_FP8_ALGOS:
         raise UnsupportedModelError(
             f"config.json quantization_config.quant_algo {algo or '(missing)'!r} (NVIDIA ModelOpt) is not "
-            f"supported; supported: {', '.join(FP8_ALGOS)}"
+            f"supported; supported: {', '.join(MODELOPT_FP8_ALGOS)}"
         )
     return algo == "FP8_PER_CHANNEL_PER_TOKEN", PB_WO_BLOCK if algo == "FP8_PB_WO" else None
