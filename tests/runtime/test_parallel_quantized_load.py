@@ -16,13 +16,15 @@ from kvpilot.runtime.distributed.topology import Rank
 from kvpilot.runtime.errors import ModelLoadError
 from kvpilot.runtime.fixtures.checkpoint import make_tiny_checkpoint
 from kvpilot.runtime.fixtures.fp8_exports import make_fbgemm_fp8_checkpoint, make_modelopt_checkpoint
+from kvpilot.runtime.fixtures.gguf_grids import make_grid_checkpoint
 from kvpilot.runtime.fixtures.quantized import make_quantized_checkpoint
-from kvpilot.runtime.kernels.quant_reference import dequantize_fp8_blocks_ref, dequantize_int_ref
+from kvpilot.runtime.kernels.quant_reference import dequantize_fp8_blocks_ref
 from kvpilot.runtime.layers.kernel_ops import torch_ops
 from kvpilot.runtime.layers.linear import Linear
 from kvpilot.runtime.loader import load_model
 from kvpilot.runtime.quant.fp8_block import Fp8BlockMethod
 from kvpilot.runtime.quant.fp8_method import Fp8Method
+from kvpilot.runtime.quant.int_weight import dense_weight as int_dense_weight
 from kvpilot.runtime.quant.methods import IntWeightMethod
 from torch import nn
 
@@ -69,6 +71,8 @@ CASES: dict[str, tuple[str | None, str | None, dict[str, Any]]] = {
         {**WIDE, "hidden_size": 256, "num_key_value_heads": 8},
     ),
     "fbgemm-fp8": ("fbgemm_fp8", None, {}),
+    # a GGUF Q4_1 grid kept under int4 (whole zeros + per-group offsets): each rank finds its blocks' grid
+    "int4-q4_1-grid": ("gguf:q4_1", "int4", {}),
 }
 
 
@@ -79,6 +83,8 @@ def _checkpoint(root: Path, fmt: str | None, opts: dict[str, Any]) -> Path:
         return make_modelopt_checkpoint(root, fmt.removeprefix("modelopt:"), seed=3, **opts)
     if fmt == "fbgemm_fp8":
         return make_fbgemm_fp8_checkpoint(root, seed=3, **opts)
+    if fmt.startswith("gguf:"):
+        return make_grid_checkpoint(root, fmt.removeprefix("gguf:"), seed=3, **opts)
     return make_quantized_checkpoint(root, fmt, "qwen3", seed=3, **opts)
 
 
@@ -104,7 +110,7 @@ def dense_weight(layer: Linear) -> torch.Tensor:
     assert isinstance(method, IntWeightMethod)
     parts = []
     for part in method.parts:
-        wt = dequantize_int_ref(part.qweight, part.scales, part.zeros, part.bits).float()  # [K, N]
+        wt = int_dense_weight(part).float()  # [K, N], offsets included
         if part.perm is not None:  # rows in act order: put them back in x's order
             unsorted = torch.empty_like(wt)
             unsorted[part.perm] = wt
@@ -141,6 +147,8 @@ def test_each_rank_holds_its_slice_of_one_gpus_weights(case: str, tmp_path: Path
             want = expected_slice(dense_weight(whole), layer, whole.shard_sizes)
             torch.testing.assert_close(dense_weight(layer), want, rtol=0, atol=0)
             checked += 1
+            if case == "int4-q4_1-grid":  # the grid was found on every rank, not re-rounded
+                assert all(p.offsets is not None for p in layer.quant_method.parts), name
     assert checked == 2 * 2 * 4  # two ranks x two layers x (qkv, o, gate_up, down)
 
 

@@ -1,94 +1,113 @@
-"""int4 at load keeps the grid of weights that are already GGUF Q4_0 (quant/int4_grid.py): the weights come
-back exactly, as an int4 group-32 weight with whole zero points, and the model serves the tokens it serves
-unquantized; Q4_1 weights (fractional zeros) and weights off any grid go through round-to-nearest."""
+"""int4 at load keeps the grid of weights that are already GGUF Q4_0 or Q4_1 (quant/int4_grid.py): the weights
+come back exactly, as an int4 group-32 weight (Q4_1's fractional zero points as whole zeros plus per-group
+offsets), and the model serves the tokens it serves unquantized; weights off any grid go through
+round-to-nearest."""
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 from kvpilot.runtime.config import ModelConfig
-from kvpilot.runtime.kernels.quant_reference import dequantize_int_ref
+from kvpilot.runtime.fixtures.gguf_grids import make_grid_checkpoint, q4_0, q4_1
+from kvpilot.runtime.kernels.quant_reference import dequantize_int_ref, int_gemm_ref
 from kvpilot.runtime.layers.kernel_ops import torch_ops
 from kvpilot.runtime.llm import LLM
 from kvpilot.runtime.loader import load_model
-from kvpilot.runtime.quant.int4_grid import recover_q4_0_grid
+from kvpilot.runtime.quant.int4_grid import recover_gguf_grid
+from kvpilot.runtime.quant.int_weight import IntWeight, dense_weight, merge_parts, offset_term
 from kvpilot.runtime.sampling_params import SamplingParams
-from safetensors.torch import load_file, save_file
-
-PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+from safetensors.torch import load_file
 
 
-def q4_0(n: int, k: int, seed: int = 0, spread: float = 0.003) -> torch.Tensor:
-    """W [N, K] as ggml dequantizes Q4_0: d (q - 8) per block of 32 inputs, d = the signed weight of largest
-    magnitude / -8 (fp16 in the file), so that weight has q = 0; d of either sign; one block all zero."""
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randint(1, 16, (n, k // 32, 32), generator=gen).float()
-    q[..., 5] = 0
-    d = (torch.randn(n, k // 32, 1, generator=gen) * spread).half().float()
-    w = (q - 8) * d
-    w[min(1, n - 1), 0] = 0
-    return w.reshape(n, k)
-
-
-def q4_1(n: int, k: int, seed: int = 0) -> torch.Tensor:
-    """W [N, K] as ggml dequantizes Q4_1: d q + m per block of 32 (q spanning 0..15, m about -8 d)."""
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randint(0, 16, (n, k // 32, 32), generator=gen).float()
-    q[..., 0], q[..., 1] = 0, 15
-    d = (torch.rand(n, k // 32, 1, generator=gen) * 0.01 + 1e-3).half().float()
-    m = (-d * (4 + 7 * torch.rand(n, k // 32, 1, generator=gen))).half().float()
-    return (q * d + m).reshape(n, k)
-
-
-def dequantized(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    grid = recover_q4_0_grid(weight, dtype)
+def recovered(weight: torch.Tensor, dtype: torch.dtype) -> IntWeight:
+    grid = recover_gguf_grid(weight, dtype)
     assert grid is not None and grid.scales.shape == (weight.shape[1] // 32, weight.shape[0])
     assert bool((grid.zeros == grid.zeros.round()).all()) and bool((grid.scales > 0).all())
-    return dequantize_int_ref(grid.qweight, grid.scales.float(), grid.zeros.float(), 4).t()
+    assert bool(grid.zeros.ge(0).all()) and bool(grid.zeros.le(15).all())
+    return grid
 
 
 def test_a_q4_0_grid_comes_back_exactly_with_whole_zero_points() -> None:
     w = q4_0(48, 256)
-    torch.testing.assert_close(dequantized(w, torch.float32), w, rtol=0, atol=1e-6)
+    grid = recovered(w, torch.float32)
+    assert grid.offsets is None
+    torch.testing.assert_close(dense_weight(grid).t(), w, rtol=0, atol=1e-6)
     # the same grid stored in bf16 is still recognised, and rebuilt within bf16's rounding of the weights
     w16 = w.bfloat16().float()
-    torch.testing.assert_close(dequantized(w16, torch.bfloat16), w, rtol=2e-2, atol=1e-6)
+    torch.testing.assert_close(
+        dense_weight(recovered(w16, torch.bfloat16)).t().float(), w, rtol=2e-2, atol=1e-6
+    )
+
+
+def test_a_q4_1_grid_comes_back_exactly_as_whole_zeros_plus_offsets() -> None:
+    w = q4_1(48, 256)
+    grid = recovered(w, torch.float32)
+    assert grid.offsets is not None and grid.offsets.shape == grid.scales.shape
+    assert bool(grid.offsets.abs().le(grid.scales / 2 + 1e-9).all())  # the nearest whole zero: half a step
+    assert float(grid.offsets.abs().amax()) > 0  # the zeros were fractional: the offsets carry them
+    torch.testing.assert_close(dense_weight(grid).t(), w, rtol=0, atol=1e-6)
+    # without its offsets the grid is a different weight: the test above depends on them
+    assert float((dequantize_int_ref(grid.qweight, grid.scales, grid.zeros, 4).t() - w).abs().amax()) > 1e-4
+    # from a bf16 copy, in bf16: within a few bf16 roundings of the largest weights (the block extremes set
+    # the step), where round-to-nearest would be off by up to half a step (5e-3 here)
+    bf16 = dense_weight(recovered(w.bfloat16().float(), torch.bfloat16)).t().float()
+    torch.testing.assert_close(bf16, w, rtol=0, atol=float(w.abs().amax()) * 2**-7)
+
+
+def test_the_gemm_plus_offset_term_is_the_dense_matmul() -> None:
+    """The path of the GPU kernels: the integer GEMM on whole zeros, then x's group sums times the offsets."""
+    w = q4_1(40, 128, seed=3)
+    grid = recovered(w, torch.float32)
+    x = torch.randn(5, 128, generator=torch.Generator().manual_seed(1))
+    got = int_gemm_ref(x, grid.qweight, grid.scales, grid.zeros, 4) + offset_term(x, grid.offsets)
+    torch.testing.assert_close(got, x @ w.t(), rtol=1e-5, atol=1e-5)
+    three_d = offset_term(x.view(1, 5, 128), grid.offsets)
+    torch.testing.assert_close(three_d.view(5, -1), offset_term(x, grid.offsets))
+
+
+def test_fused_shards_with_and_without_offsets_merge() -> None:
+    a, b = recovered(q4_1(32, 128, seed=1), torch.float32), recovered(q4_0(16, 128, seed=2), torch.float32)
+    (merged,) = merge_parts([a, b])
+    assert merged.offsets is not None and merged.offsets.shape == (4, 48)
+    want = torch.cat([dense_weight(a), dense_weight(b)], dim=1)
+    torch.testing.assert_close(dense_weight(merged), want, rtol=0, atol=0)
 
 
 def test_other_weights_are_left_to_round_to_nearest() -> None:
     gen = torch.Generator().manual_seed(0)
-    assert recover_q4_0_grid(0.02 * torch.randn(64, 256, generator=gen), torch.float32) is None
-    assert recover_q4_0_grid(q4_1(64, 256), torch.float32) is None  # fractional zero points
-    assert recover_q4_0_grid(q4_0(64, 256)[:, :240], torch.float32) is None  # K not whole blocks of 32
-    off = q4_0(300, 256)
-    off[299, 40] += 0.3 * off[299, 32:64].abs().amax() / 8  # one weight a third of a step off, past the probe
-    assert recover_q4_0_grid(off, torch.float32) is None
+    assert recover_gguf_grid(0.02 * torch.randn(64, 256, generator=gen), torch.float32) is None
+    assert recover_gguf_grid(q4_0(64, 256)[:, :240], torch.float32) is None  # K not whole blocks of 32
+    for grid in (q4_0, q4_1):
+        off = grid(300, 256)
+        off[299, 40] += 0.3 * (off[299, 32:64].amax() - off[299, 32:64].amin()) / 15  # past the probe
+        assert recover_gguf_grid(off, torch.float32) is None
 
 
-def test_int4_at_load_of_a_q4_0_model_serves_its_tokens(
-    tiny_checkpoint_factory: Callable, tmp_path: Path
-) -> None:
-    """A model whose projections lie on Q4_0 grids (as a dequantized GGUF's do) holds under int4 exactly its
-    16-bit weights, where round-to-nearest in groups of 64 would move every one, and serves its tokens."""
-    path = Path(shutil.copytree(tiny_checkpoint_factory("qwen3", seed=5), tmp_path / "q4_0"))
+@pytest.mark.parametrize("grid", ["q4_0", "q4_1"])
+def test_int4_at_load_of_a_gguf_grid_model_serves_its_tokens(grid: str, tmp_path: Path) -> None:
+    """A model whose projections lie on Q4_0 or Q4_1 grids (as a dequantized GGUF's do) holds under int4
+    exactly its 16-bit weights, where round-to-nearest in groups of 64 would move every one, and serves its
+    tokens; the GPU's path (the integer GEMM, then the offsets) gives the dense path's outputs."""
+    path = make_grid_checkpoint(tmp_path / grid, grid)
     weights = load_file(str(path / "model.safetensors"))
-    for i, name in enumerate(sorted(weights)):
-        if name.split(".")[-2] in PROJ and name.endswith(".weight"):
-            weights[name] = q4_0(*weights[name].shape, seed=i, spread=0.03)
-    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
     config = ModelConfig.from_dir(path)
     model = load_model(
         path, config, device=torch.device("cpu"), dtype=torch.float32, ops=torch_ops(), quantization="int4"
     )
+    x = torch.randn(3, config.hidden_size, generator=torch.Generator().manual_seed(0))
     for block, fused, parts in [("self_attn", "qkv_proj", "qkv"), ("mlp", "gate_up_proj", ("gate", "up"))]:
-        method = model.get_submodule(f"model.layers.1.{block}.{fused}").quant_method
-        got = torch.cat([dequantize_int_ref(p.qweight, p.scales, p.zeros, 4).t() for p in method.parts])
+        layer = model.get_submodule(f"model.layers.1.{block}.{fused}")
+        method = layer.quant_method
+        got = torch.cat([dense_weight(p).t() for p in method.parts])
         want = torch.cat([weights[f"model.layers.1.{block}.{p}_proj.weight"] for p in parts])
         assert method.parts[0].scales.shape[0] == 64 // 32  # the grid's group 32, not round-to-nearest's 64
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-7)
+        assert (method.parts[0].offsets is not None) == (grid == "q4_1")
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+        dense_out = method.apply(layer, x, None)
+        method.dense = []  # what a GPU runs: int_gemm(_ref) on whole zeros + offset_term
+        torch.testing.assert_close(method.apply(layer, x, None), dense_out, rtol=1e-5, atol=1e-5)
     prompts = ["the cat sat on", "a quick brown fox"]
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     outs = []

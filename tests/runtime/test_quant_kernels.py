@@ -292,6 +292,7 @@ def test_fp8_scaled_mm_matches_its_emulation(n: int, k: int) -> None:
         "modelopt-fp8-pb-wo",
         "fbgemm-fp8",
         "int4",
+        "int4-q4_1",
         "int8",
         "fp8",
     ],
@@ -306,6 +307,7 @@ def test_quantized_engine_on_gpu_matches_its_reference_gemms(
     AWQ, margin 0.001) the greedy choice may go either way and the rest of that sequence is not compared."""
     from kvpilot.runtime.fixtures import make_tiny_checkpoint
     from kvpilot.runtime.fixtures.fp8_exports import make_fbgemm_fp8_checkpoint, make_modelopt_checkpoint
+    from kvpilot.runtime.fixtures.gguf_grids import make_grid_checkpoint
     from kvpilot.runtime.fixtures.quantized import make_quantized_checkpoint
     from kvpilot.runtime.llm import LLM
     from kvpilot.runtime.sampling_params import SamplingParams
@@ -336,6 +338,8 @@ def test_quantized_engine_on_gpu_matches_its_reference_gemms(
             path, quant = make_modelopt_checkpoint(root, "FP8_PB_WO", legacy=True, **wide), None
     elif fmt == "fbgemm-fp8":
         path, quant = make_fbgemm_fp8_checkpoint(root), None
+    elif fmt == "int4-q4_1":  # GGUF Q4_1 grids kept: whole zeros in the kernels, then the offsets
+        path, quant = make_grid_checkpoint(root, "q4_1"), "int4"
     else:
         path, quant = make_tiny_checkpoint(root, "qwen3"), fmt
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=2)
@@ -351,7 +355,7 @@ def test_quantized_engine_on_gpu_matches_its_reference_gemms(
     w8a8 = fmt in ("fp8-block-w8a8", "modelopt-fp8-pb-wo", "compressed-tensors-w8a8")
     layer_errors: list[tuple[str, float]] = []
     prompts = ["the cat sat on", "a quick brown fox"]
-    if w8a8:  # a prefill of more than 16 tokens
+    if w8a8 or fmt == "int4-q4_1":  # a prefill of more than 16 tokens
         prompts.append("the quick brown fox jumps over the lazy dog while the cat sat on the mat again")
     outs = []
     for backend in ("triton", "torch"):

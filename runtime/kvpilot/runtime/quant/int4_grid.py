@@ -1,40 +1,46 @@
-"""16-bit weights already on a GGUF Q4_0 grid keep that grid under int4 at load.
+"""16-bit weights already on a GGUF 4-bit grid keep that grid under int4 at load.
 
-A GGUF file's tensors are dequantized at load (gguf_model.py), so a model served from a Q4_0 file reaches
-`--quantization int4` as 16-bit weights holding, per block of 32 inputs, w = d (q - 8) with q in 0..15 and
-d = (the block's weight of largest magnitude) / -8. That is exactly an int4 group-32 weight of the canonical
-layout (scale |d|, zero 8; for d > 0 the values mirrored, q' = 15 - q, zero 7), so it is kept as such
-instead of being quantized a second time onto groups of 64 or 128.
+A GGUF file's tensors are dequantized at load (gguf_model.py), so a model served from a Q4_0 or Q4_1 file
+reaches `--quantization int4` as 16-bit weights that hold, per block of 32 inputs, one of
+  Q4_0  w = d (q - 8), q in 0..15, d = (the block's weight of largest magnitude) / -8: exactly an int4
+        group-32 weight of the canonical layout (scale |d|, zero 8; for d > 0 the values mirrored,
+        q' = 15 - q, zero 7);
+  Q4_1  w = d q + m, q in 0..15 spanning the block's [min, max] (ggml: d = (max - min) / 15, m = min): an
+        int4 group-32 weight with scale d and the fractional zero point -m / d, kept as the nearest whole
+        zero plus a per-group offset (quant/int_weight.py, from_affine).
+Either is kept as such instead of being quantized a second time onto groups of 64 or 128 (SmolLM2-135M's
+perplexity: +30% under round-to-nearest, +0.02% with its Q4_1 grid kept; BENCHMARKS.md, twentieth and
+twenty-first sessions).
 
-Q4_1 (w = d q + m, the built-in SmolLM2's type) would need the zero point -m / d, a fraction, which the GPU
-kernels do not take (quant/int_weight.py: zeros are whole numbers), so Q4_1 weights go through
-round-to-nearest (BENCHMARKS.md, twentieth session, has the perplexities of both ways).
-
-A tensor counts as on the grid only if every weight lies within a tenth of a step of it (a bf16 copy of a
+A tensor counts as on a grid only if every weight lies within a tenth of a step of it (a bf16 copy of a
 grid does; random weights pass one block with odds of about 0.2**30); anything else returns None.
 """
 
 from __future__ import annotations
 
 import torch
-from kvpilot.runtime.quant.int_weight import IntWeight, from_unpacked
+from kvpilot.runtime.quant.int_weight import IntWeight, from_affine
 
 GRID_GROUP = 32  # ggml's block of the legacy 4-bit types
 TOLERANCE = 0.1  # of a step
 PROBE_COLUMNS = 256  # a first slice of output channels rules most weights out cheaply
 
 
-def recover_q4_0_grid(weight: torch.Tensor, dtype: torch.dtype) -> IntWeight | None:
-    """W [N, K] on a Q4_0 grid of 32-input blocks -> that grid as an int4 group-32 weight (scales in
-    `dtype`); None when W is not on such a grid."""
+def recover_gguf_grid(weight: torch.Tensor, dtype: torch.dtype) -> IntWeight | None:
+    """W [N, K] on a Q4_0 or Q4_1 grid of 32-input blocks -> that grid as an int4 group-32 weight (scales
+    in `dtype`); None when W is on neither."""
     n, k = weight.shape
-    if k % GRID_GROUP or _grid_values(_blocks(weight[:PROBE_COLUMNS]), dtype) is None:
-        return None  # the probe: no float32 copy of the whole weight for the usual 16-bit checkpoint
-    found = _grid_values(_blocks(weight), dtype)
-    if found is None:
+    if k % GRID_GROUP:
         return None
-    q, scale, zero = found
-    return from_unpacked(q.reshape(k, n).to(torch.int32), scale, zero, 4, dtype)
+    for grid_values in (_q4_0_values, _q4_1_values):
+        # the probe: no float32 copy of the whole weight for the usual 16-bit checkpoint
+        if grid_values(_blocks(weight[:PROBE_COLUMNS]), dtype) is None:
+            continue
+        found = grid_values(_blocks(weight), dtype)
+        if found is not None:
+            q, scale, zero = found
+            return from_affine(q.reshape(k, n).to(torch.int32), scale, zero, 4, dtype)
+    return None
 
 
 def _blocks(weight: torch.Tensor) -> torch.Tensor:
@@ -43,14 +49,28 @@ def _blocks(weight: torch.Tensor) -> torch.Tensor:
     return weight.float().t().reshape(k // GRID_GROUP, GRID_GROUP, n)
 
 
-def _grid_values(
-    w: torch.Tensor, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """(q [groups, 32, N], scale, zero [groups, N]) if every weight of w [groups, 32, N] is within TOLERANCE
-    of a step of its block's Q4_0 grid and `dtype` holds the scales; else None."""
+Grid = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # q [groups, 32, N], scale, zero [groups, N]
+
+
+def _q4_0_values(w: torch.Tensor, dtype: torch.dtype) -> Grid | None:
+    """The Q4_0 grid of w [groups, 32, N] if every weight is on it and `dtype` holds the scales; else None."""
     extreme = w.gather(1, w.abs().argmax(dim=1, keepdim=True)).squeeze(1)  # signed: ggml's max
     scale = torch.where(extreme == 0, 1.0, extreme.abs() / 8)  # an all-zero block: q = 8, any scale
     zero = torch.where(extreme > 0, 7.0, 8.0)  # extreme > 0: d < 0, w = |d| (8 - q) = |d| (q' - 7)
+    return _on_grid(w, scale, zero, dtype)
+
+
+def _q4_1_values(w: torch.Tensor, dtype: torch.dtype) -> Grid | None:
+    """The Q4_1 grid of w [groups, 32, N] (16 steps spanning each block's [min, max], a fractional zero)
+    if every weight is on it and `dtype` holds the scales; else None."""
+    lo, hi = w.amin(dim=1), w.amax(dim=1)
+    scale = torch.where(hi == lo, 1.0, (hi - lo) / 15)  # a constant block: q = 0, its value the offset
+    return _on_grid(w, scale, -lo / scale, dtype)
+
+
+def _on_grid(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dtype: torch.dtype) -> Grid | None:
+    """(q, scale, zero) if every weight of w is within TOLERANCE of a step of scale (q - zero), q in 0..15,
+    and `dtype` holds the scales; else None."""
     if not bool((scale.to(dtype) > 0).all()):
         return None
     s, z = scale.unsqueeze(1), zero.unsqueeze(1)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 from kvpilot.runtime.errors import ModelLoadError
-from kvpilot.runtime.kernels.quant_reference import pack_rows
+from kvpilot.runtime.kernels.quant_reference import dequantize_int_ref, pack_rows
 
 
 @dataclass
@@ -17,13 +17,16 @@ class IntWeight:
     zeros hold whole numbers: the Triton GEMV subtracts OFFSET + z from each 16-bit operand and the CUDA
     GEMM (w4a16_gemm.cu, read_group) truncates -(128 + z) to bf16, both exact only for an integer z, so a
     fractional zero point (GGUF Q4_1's -m / d, say) would be rounded there and not in the references.
-    from_unpacked refuses one."""
+    from_unpacked refuses one; from_affine keeps it as a whole zero plus `offsets` [K/G, N], a constant added
+    to every weight of its group: W^T = s (q - z) + offset, so x W^T = the kernels' GEMM + (x's group sums)
+    offsets (`offset_term`), the kernels untouched."""
 
     qweight: torch.Tensor
     scales: torch.Tensor
     zeros: torch.Tensor
     bits: int
     perm: torch.Tensor | None = None
+    offsets: torch.Tensor | None = None
 
     @property
     def out_features(self) -> int:
@@ -42,6 +45,36 @@ def from_unpacked(
             "subtract them from 16-bit integer operands)"
         )
     return IntWeight(pack_rows(q, bits), scales.to(dtype).contiguous(), zeros, bits)
+
+
+def from_affine(
+    q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int, dtype: torch.dtype
+) -> IntWeight:
+    """As from_unpacked, for zero points that may be fractional: each becomes the nearest whole zero within
+    the bits' range, and what that moves, scale * (whole - z), the group's offset (None if all are whole)."""
+    whole = zeros.float().round().clamp(0, (1 << bits) - 1)
+    offsets = scales.float() * (whole - zeros.float())
+    weight = from_unpacked(q, scales, whole, bits, dtype)
+    if bool(offsets.eq(0).all()):
+        return weight
+    weight.offsets = offsets.to(dtype).contiguous()
+    return weight
+
+
+def offset_term(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """x [..., K] (the kernels' input order) -> (x's sums over each group of inputs) @ offsets [K/G, N]:
+    [..., N] in x's dtype, summed in float32."""
+    sums = x.float().unflatten(-1, (offsets.shape[0], -1)).sum(-1)  # [..., K/G]
+    return (sums @ offsets.float()).to(x.dtype)
+
+
+def dense_weight(w: IntWeight) -> torch.Tensor:
+    """W^T [K, N] in the scales' dtype, offsets included (rows in the kernel's order)."""
+    dense = dequantize_int_ref(w.qweight, w.scales, w.zeros, w.bits)
+    if w.offsets is None:
+        return dense
+    group = dense.shape[0] // w.offsets.shape[0]
+    return dense + w.offsets.to(dense.dtype).repeat_interleave(group, dim=0)
 
 
 def quantize_rtn(weight: torch.Tensor, bits: int, group_size: int, *, sym: bool) -> IntWeight:
@@ -81,6 +114,11 @@ def merge_parts(parts: list[IntWeight]) -> list[IntWeight]:
     same_groups = all(p.scales.shape[0] == first.scales.shape[0] for p in parts)
     if len(parts) == 1 or not (same_perm and same_groups):
         return parts
+    offsets = None
+    if any(p.offsets is not None for p in parts):  # a shard without offsets adds zeros
+        offsets = torch.cat(
+            [torch.zeros_like(p.scales) if p.offsets is None else p.offsets for p in parts], 1
+        )
     return [
         IntWeight(
             torch.cat([p.qweight for p in parts], dim=1),
@@ -88,5 +126,6 @@ def merge_parts(parts: list[IntWeight]) -> list[IntWeight]:
             torch.cat([p.zeros for p in parts], dim=1),
             first.bits,
             first.perm,
+            offsets,
         )
     ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 from kvpilot.runtime.errors import ModelLoadError
-from kvpilot.runtime.kernels.quant_reference import dequantize_int_ref, int_gemm_ref
+from kvpilot.runtime.kernels.quant_reference import int_gemm_ref
 from kvpilot.runtime.layers.linear import Linear
 from kvpilot.runtime.quant.checkpoint_formats import (
     unpack_awq,
@@ -21,8 +21,8 @@ from kvpilot.runtime.quant.checkpoint_formats import (
 )
 from kvpilot.runtime.quant.collecting import CollectingMethod
 from kvpilot.runtime.quant.config import QuantConfig, int4_group_size
-from kvpilot.runtime.quant.int4_grid import recover_q4_0_grid
-from kvpilot.runtime.quant.int_weight import IntWeight, merge_parts, quantize_rtn
+from kvpilot.runtime.quant.int4_grid import recover_gguf_grid
+from kvpilot.runtime.quant.int_weight import IntWeight, dense_weight, merge_parts, offset_term, quantize_rtn
 from kvpilot.runtime.quant.tp_split import int_weight_columns
 
 
@@ -98,8 +98,8 @@ class IntWeightMethod(CollectingMethod):
 
     def _quantize(self, layer: Linear, weight: torch.Tensor) -> IntWeight:
         q, weight = self.quant, weight.to(self.device)
-        if q.method == "int4":  # a dequantized GGUF Q4_0 keeps its own grid (quant/int4_grid.py)
-            grid = recover_q4_0_grid(weight, self.dtype)
+        if q.method == "int4":  # a dequantized GGUF Q4_0 / Q4_1 keeps its own grid (quant/int4_grid.py)
+            grid = recover_gguf_grid(weight, self.dtype)
             if grid is not None:
                 return _to(grid, self.device, self.dtype)
         group = int4_group_size(layer.in_features) if q.method == "int4" else q.group_size
@@ -112,7 +112,7 @@ class IntWeightMethod(CollectingMethod):
         ]
         self.parts = merge_parts(parts)
         if self.device.type != "cuda":  # CPU: the reference's dequantized W^T, made once (quality runs)
-            self.dense = [dequantize_int_ref(p.qweight, p.scales, p.zeros, p.bits) for p in self.parts]
+            self.dense = [dense_weight(p) for p in self.parts]
         else:
             from kvpilot.runtime.kernels.split_k_triton import split_counters
 
@@ -165,8 +165,14 @@ class IntWeightMethod(CollectingMethod):
         return y if bias is None else y + bias
 
     def _gemm(self, x: torch.Tensor, w: IntWeight, index: int) -> torch.Tensor:
-        if self.dense:  # exactly int_gemm_ref, with W^T dequantized at load
+        if self.dense:  # exactly int_gemm_ref (+ the offsets), with W^T dequantized at load
             return (x if w.perm is None else x[..., w.perm]) @ self.dense[index].to(x.dtype)
+        y = self._int_gemm(x, w, index)
+        if w.offsets is None:  # else: fractional zero points' remainder (quant/int_weight.py, from_affine)
+            return y
+        return y + offset_term(x if w.perm is None else x[..., w.perm], w.offsets).view(y.shape)
+
+    def _int_gemm(self, x: torch.Tensor, w: IntWeight, index: int) -> torch.Tensor:
         k, groups = x.shape[-1], w.scales.shape[0]
         if self.backend == "triton" and x.is_cuda and k % 16 == 0 and (k // groups) % 16 == 0:
             from kvpilot.runtime.kernels.w4a16_mma_triton import int_gemm_mma, mma_dispatched
@@ -181,6 +187,7 @@ class IntWeightMethod(CollectingMethod):
 
 def _to(w: IntWeight, device: torch.device, dtype: torch.dtype) -> IntWeight:
     perm = None if w.perm is None else w.perm.to(device)
+    offsets = None if w.offsets is None else w.offsets.to(device, dtype)
     return IntWeight(
-        w.qweight.to(device), w.scales.to(device, dtype), w.zeros.to(device, dtype), w.bits, perm
+        w.qweight.to(device), w.scales.to(device, dtype), w.zeros.to(device, dtype), w.bits, perm, offsets
     )

@@ -29,7 +29,9 @@ def int_weight_columns(weight: IntWeight, split: TensorSplit) -> IntWeight:
         )
     rows = slice(None) if groups == 1 else slice(split.start // group, end // group)
     scales, zeros = weight.scales[rows], weight.zeros[rows]
-    return from_unpacked(q[split.start : end], scales, zeros, weight.bits, scales.dtype)
+    cut = from_unpacked(q[split.start : end], scales, zeros, weight.bits, scales.dtype)
+    cut.offsets = None if weight.offsets is None else weight.offsets[rows].contiguous()
+    return cut
 
 
 def fp8_columns(weight: torch.Tensor, split: TensorSplit) -> torch.Tensor:
