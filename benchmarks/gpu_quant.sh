@@ -7,7 +7,7 @@
 #                                               # (W3_QUANT="int4 fp8" for a subset)
 #   bash benchmarks/gpu_quant.sh w2             # W2 (Qwen3-8B, 256 seqs): none vs fp8
 #   bash benchmarks/gpu_quant.sh sizing         # plan kvCacheTokens vs runtime allocation: none, fp8, int4
-#   bash benchmarks/gpu_quant.sh w8a8           # W8A8 int8, fp8-export and Q4_1-grid GPU tests (engine) and
+#   bash benchmarks/gpu_quant.sh w8a8           # W8A8 int8, fp8-export and GGUF-grid GPU tests (engine) and
 #                                               # bench_int8_w8a8.py at 1 / 17 / 256 / 4096 tokens
 # Logs and JSON under $OUT; each step ends with a short table.
 set -uo pipefail
@@ -42,7 +42,7 @@ for step in "$@"; do
              tests/runtime/test_int8_w8a8.py tests/runtime/test_quant_fp8_weight.py tests/runtime/test_fp8_exports.py \
              2>&1 | tee "$OUT/pytest_w8a8.log" | tail -8
           python -m pytest -q -p no:cacheprovider -o addopts="--import-mode=importlib" -m gpu \
-             tests/runtime/test_quant_kernels.py -k "engine and (w8a8 or fp8 or q4_1)" 2>&1 \
+             tests/runtime/test_quant_kernels.py -k "engine and (w8a8 or fp8 or q4_1 or q8_0)" 2>&1 \
              | tee "$OUT/pytest_w8a8_engine.log" | tail -8
           (cd benchmarks && python bench_int8_w8a8.py --ms 1 17 256 4096) 2>&1 | tee "$OUT/bench_int8_w8a8.log" \
              | grep -v Warn | tail -30 ;;

@@ -73,6 +73,8 @@ CASES: dict[str, tuple[str | None, str | None, dict[str, Any]]] = {
     "fbgemm-fp8": ("fbgemm_fp8", None, {}),
     # a GGUF Q4_1 grid kept under int4 (whole zeros + per-group offsets): each rank finds its blocks' grid
     "int4-q4_1-grid": ("gguf:q4_1", "int4", {}),
+    # a GGUF Q8_0 grid kept under int8: whole rows read (int8 at load), the grid found, then cut on groups
+    "int8-q8_0-grid": ("gguf:q8_0", "int8", {}),
 }
 
 
@@ -147,8 +149,10 @@ def test_each_rank_holds_its_slice_of_one_gpus_weights(case: str, tmp_path: Path
             want = expected_slice(dense_weight(whole), layer, whole.shard_sizes)
             torch.testing.assert_close(dense_weight(layer), want, rtol=0, atol=0)
             checked += 1
-            if case == "int4-q4_1-grid":  # the grid was found on every rank, not re-rounded
-                assert all(p.offsets is not None for p in layer.quant_method.parts), name
+            if case.endswith("-grid"):  # the grid was found on every rank, not re-rounded
+                parts = layer.quant_method.parts
+                assert all(p.scales.shape[0] * 32 == p.qweight.shape[0] * 32 // p.bits for p in parts), name
+                assert case != "int4-q4_1-grid" or all(p.offsets is not None for p in parts), name
     assert checked == 2 * 2 * 4  # two ranks x two layers x (qkv, o, gate_up, down)
 
 

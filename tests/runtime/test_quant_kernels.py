@@ -294,6 +294,7 @@ def test_fp8_scaled_mm_matches_its_emulation(n: int, k: int) -> None:
         "int4",
         "int4-q4_1",
         "int8",
+        "int8-q8_0",
         "fp8",
     ],
 )
@@ -338,8 +339,8 @@ def test_quantized_engine_on_gpu_matches_its_reference_gemms(
             path, quant = make_modelopt_checkpoint(root, "FP8_PB_WO", legacy=True, **wide), None
     elif fmt == "fbgemm-fp8":
         path, quant = make_fbgemm_fp8_checkpoint(root), None
-    elif fmt == "int4-q4_1":  # GGUF Q4_1 grids kept: whole zeros in the kernels, then the offsets
-        path, quant = make_grid_checkpoint(root, "q4_1"), "int4"
+    elif fmt in ("int4-q4_1", "int8-q8_0"):  # GGUF grids kept (Q4_1: whole zeros, then the offsets)
+        path, quant = make_grid_checkpoint(root, fmt[5:]), fmt[:4]
     else:
         path, quant = make_tiny_checkpoint(root, "qwen3"), fmt
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=2)
@@ -355,7 +356,7 @@ def test_quantized_engine_on_gpu_matches_its_reference_gemms(
     w8a8 = fmt in ("fp8-block-w8a8", "modelopt-fp8-pb-wo", "compressed-tensors-w8a8")
     layer_errors: list[tuple[str, float]] = []
     prompts = ["the cat sat on", "a quick brown fox"]
-    if w8a8 or fmt == "int4-q4_1":  # a prefill of more than 16 tokens
+    if w8a8 or fmt in ("int4-q4_1", "int8-q8_0"):  # a prefill of more than 16 tokens
         prompts.append("the quick brown fox jumps over the lazy dog while the cat sat on the mat again")
     outs = []
     for backend in ("triton", "torch"):

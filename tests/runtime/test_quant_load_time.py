@@ -106,7 +106,7 @@ def test_canonical_packing_round_trips(bits: int) -> None:
 def test_fractional_zero_points_are_refused() -> None:
     """The Triton GEMV takes OFFSET + z as a 16-bit integer: a zero of 7.4 would run as 7 on the GPU and as
     7.4 in the references, so the canonical layout refuses it instead (GGUF Q4_1's zeros are such: they go
-    through from_affine, a whole zero plus an offset, tests/runtime/test_quant_int4_grid.py)."""
+    through from_affine, a whole zero plus an offset, tests/runtime/test_quant_gguf_grid.py)."""
     q = torch.randint(0, 16, (64, 8), generator=torch.Generator().manual_seed(0))
     scales = torch.full((2, 8), 0.5)
     assert from_unpacked(q, scales, torch.full((2, 8), 7.0), 4, torch.bfloat16).zeros.dtype == torch.bfloat16

@@ -21,7 +21,7 @@ from kvpilot.runtime.quant.checkpoint_formats import (
 )
 from kvpilot.runtime.quant.collecting import CollectingMethod
 from kvpilot.runtime.quant.config import QuantConfig, int4_group_size
-from kvpilot.runtime.quant.int4_grid import recover_gguf_grid
+from kvpilot.runtime.quant.gguf_grid import recover_gguf_grid
 from kvpilot.runtime.quant.int_weight import IntWeight, dense_weight, merge_parts, offset_term, quantize_rtn
 from kvpilot.runtime.quant.tp_split import int_weight_columns
 
@@ -98,8 +98,11 @@ class IntWeightMethod(CollectingMethod):
 
     def _quantize(self, layer: Linear, weight: torch.Tensor) -> IntWeight:
         q, weight = self.quant, weight.to(self.device)
-        if q.method == "int4":  # a dequantized GGUF Q4_0 / Q4_1 keeps its own grid (quant/int4_grid.py)
-            grid = recover_gguf_grid(weight, self.dtype)
+        if q.method in (
+            "int4",
+            "int8",
+        ):  # a dequantized GGUF Q4_0/Q4_1/Q8_0 keeps its grid (quant/gguf_grid.py)
+            grid = recover_gguf_grid(weight, q.bits, self.dtype)
             if grid is not None:
                 return _to(grid, self.device, self.dtype)
         group = int4_group_size(layer.in_features) if q.method == "int4" else q.group_size

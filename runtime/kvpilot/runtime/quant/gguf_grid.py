@@ -1,14 +1,17 @@
-"""16-bit weights already on a GGUF 4-bit grid keep that grid under int4 at load.
+"""16-bit weights already on a GGUF grid keep that grid under int4 / int8 at load.
 
-A GGUF file's tensors are dequantized at load (gguf_model.py), so a model served from a Q4_0 or Q4_1 file
-reaches `--quantization int4` as 16-bit weights that hold, per block of 32 inputs, one of
+A GGUF file's tensors are dequantized at load (gguf_model.py), so a model served from a Q4_0, Q4_1 or Q8_0
+file reaches `--quantization int4` / `int8` as 16-bit weights that hold, per block of 32 inputs, one of
   Q4_0  w = d (q - 8), q in 0..15, d = (the block's weight of largest magnitude) / -8: exactly an int4
         group-32 weight of the canonical layout (scale |d|, zero 8; for d > 0 the values mirrored,
         q' = 15 - q, zero 7);
   Q4_1  w = d q + m, q in 0..15 spanning the block's [min, max] (ggml: d = (max - min) / 15, m = min): an
         int4 group-32 weight with scale d and the fractional zero point -m / d, kept as the nearest whole
-        zero plus a per-group offset (quant/int_weight.py, from_affine).
-Either is kept as such instead of being quantized a second time onto groups of 64 or 128 (SmolLM2-135M's
+        zero plus a per-group offset (quant/int_weight.py, from_affine);
+  Q8_0  w = d q, q in -127..127, d = (the block's largest magnitude) / 127: an int8 group-32 weight (zero
+        128, as the canonical layout stores signed 8-bit values), where int8 at load would otherwise
+        round again onto one scale per output channel.
+Each is kept as such instead of being quantized a second time onto groups of 64 or 128 (SmolLM2-135M's
 perplexity: +30% under round-to-nearest, +0.02% with its Q4_1 grid kept; BENCHMARKS.md, twentieth and
 twenty-first sessions).
 
@@ -26,20 +29,20 @@ TOLERANCE = 0.1  # of a step
 PROBE_COLUMNS = 256  # a first slice of output channels rules most weights out cheaply
 
 
-def recover_gguf_grid(weight: torch.Tensor, dtype: torch.dtype) -> IntWeight | None:
-    """W [N, K] on a Q4_0 or Q4_1 grid of 32-input blocks -> that grid as an int4 group-32 weight (scales
-    in `dtype`); None when W is on neither."""
+def recover_gguf_grid(weight: torch.Tensor, bits: int, dtype: torch.dtype) -> IntWeight | None:
+    """W [N, K] on a GGUF grid of 32-input blocks of `bits` (4: Q4_0 or Q4_1, 8: Q8_0) -> that grid as an
+    int{bits} group-32 weight (scales in `dtype`); None when W is on none."""
     n, k = weight.shape
     if k % GRID_GROUP:
         return None
-    for grid_values in (_q4_0_values, _q4_1_values):
+    for grid_values in (_q4_0_values, _q4_1_values) if bits == 4 else (_q8_0_values,):
         # the probe: no float32 copy of the whole weight for the usual 16-bit checkpoint
         if grid_values(_blocks(weight[:PROBE_COLUMNS]), dtype) is None:
             continue
         found = grid_values(_blocks(weight), dtype)
         if found is not None:
             q, scale, zero = found
-            return from_affine(q.reshape(k, n).to(torch.int32), scale, zero, 4, dtype)
+            return from_affine(q.reshape(k, n).to(torch.int32), scale, zero, bits, dtype)
     return None
 
 
@@ -68,13 +71,23 @@ def _q4_1_values(w: torch.Tensor, dtype: torch.dtype) -> Grid | None:
     return _on_grid(w, scale, -lo / scale, dtype)
 
 
-def _on_grid(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dtype: torch.dtype) -> Grid | None:
-    """(q, scale, zero) if every weight of w is within TOLERANCE of a step of scale (q - zero), q in 0..15,
-    and `dtype` holds the scales; else None."""
+def _q8_0_values(w: torch.Tensor, dtype: torch.dtype) -> Grid | None:
+    """The Q8_0 grid of w [groups, 32, N] (q in -127..127, stored as q + 128) if every weight is on it and
+    `dtype` holds the scales; else None."""
+    amax = w.abs().amax(dim=1)
+    scale = torch.where(amax == 0, 1.0, amax / 127)
+    return _on_grid(w, scale, torch.full_like(scale, 128.0), dtype, qmax=255)
+
+
+def _on_grid(
+    w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dtype: torch.dtype, qmax: int = 15
+) -> Grid | None:
+    """(q, scale, zero) if every weight of w is within TOLERANCE of a step of scale (q - zero), q in
+    0..qmax, and `dtype` holds the scales; else None."""
     if not bool((scale.to(dtype) > 0).all()):
         return None
     s, z = scale.unsqueeze(1), zero.unsqueeze(1)
-    q = torch.round(w / s + z).clamp(0, 15)
+    q = torch.round(w / s + z).clamp(0, qmax)
     if not bool(((q - z) * s - w).abs().le(TOLERANCE * s).all()):
         return None
     return q, scale, zero

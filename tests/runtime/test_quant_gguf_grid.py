@@ -1,6 +1,6 @@
-"""int4 at load keeps the grid of weights that are already GGUF Q4_0 or Q4_1 (quant/int4_grid.py): the weights
-come back exactly, as an int4 group-32 weight (Q4_1's fractional zero points as whole zeros plus per-group
-offsets), and the model serves the tokens it serves unquantized; weights off any grid go through
+"""int4 / int8 at load keep the grid of weights that are already GGUF Q4_0, Q4_1 or Q8_0 (quant/gguf_grid.py):
+the weights come back exactly, as a group-32 weight (Q4_1's fractional zero points as whole zeros plus
+per-group offsets), and the model serves the tokens it serves unquantized; weights off any grid go through
 round-to-nearest."""
 
 from __future__ import annotations
@@ -10,22 +10,22 @@ from pathlib import Path
 import pytest
 import torch
 from kvpilot.runtime.config import ModelConfig
-from kvpilot.runtime.fixtures.gguf_grids import make_grid_checkpoint, q4_0, q4_1
+from kvpilot.runtime.fixtures.gguf_grids import make_grid_checkpoint, q4_0, q4_1, q8_0
 from kvpilot.runtime.kernels.quant_reference import dequantize_int_ref, int_gemm_ref
 from kvpilot.runtime.layers.kernel_ops import torch_ops
 from kvpilot.runtime.llm import LLM
 from kvpilot.runtime.loader import load_model
-from kvpilot.runtime.quant.int4_grid import recover_gguf_grid
+from kvpilot.runtime.quant.gguf_grid import recover_gguf_grid
 from kvpilot.runtime.quant.int_weight import IntWeight, dense_weight, merge_parts, offset_term
 from kvpilot.runtime.sampling_params import SamplingParams
 from safetensors.torch import load_file
 
 
-def recovered(weight: torch.Tensor, dtype: torch.dtype) -> IntWeight:
-    grid = recover_gguf_grid(weight, dtype)
+def recovered(weight: torch.Tensor, dtype: torch.dtype, bits: int = 4) -> IntWeight:
+    grid = recover_gguf_grid(weight, bits, dtype)
     assert grid is not None and grid.scales.shape == (weight.shape[1] // 32, weight.shape[0])
     assert bool((grid.zeros == grid.zeros.round()).all()) and bool((grid.scales > 0).all())
-    assert bool(grid.zeros.ge(0).all()) and bool(grid.zeros.le(15).all())
+    assert bool(grid.zeros.ge(0).all()) and bool(grid.zeros.le((1 << bits) - 1).all())
     return grid
 
 
@@ -56,6 +56,15 @@ def test_a_q4_1_grid_comes_back_exactly_as_whole_zeros_plus_offsets() -> None:
     torch.testing.assert_close(bf16, w, rtol=0, atol=float(w.abs().amax()) * 2**-7)
 
 
+def test_a_q8_0_grid_comes_back_exactly_as_int8_in_groups_of_32() -> None:
+    w = q8_0(48, 256)
+    grid = recovered(w, torch.float32, bits=8)
+    assert grid.offsets is None and bool(grid.zeros.eq(128).all())
+    torch.testing.assert_close(dense_weight(grid).t(), w, rtol=0, atol=1e-7)
+    assert recover_gguf_grid(w, 4, torch.float32) is None  # 255 levels are no 4-bit grid
+    assert recover_gguf_grid(q4_1(48, 256), 8, torch.float32) is None  # nor 16 levels over [min, max] Q8_0
+
+
 def test_the_gemm_plus_offset_term_is_the_dense_matmul() -> None:
     """The path of the GPU kernels: the integer GEMM on whole zeros, then x's group sums times the offsets."""
     w = q4_1(40, 128, seed=3)
@@ -77,24 +86,31 @@ def test_fused_shards_with_and_without_offsets_merge() -> None:
 
 def test_other_weights_are_left_to_round_to_nearest() -> None:
     gen = torch.Generator().manual_seed(0)
-    assert recover_gguf_grid(0.02 * torch.randn(64, 256, generator=gen), torch.float32) is None
-    assert recover_gguf_grid(q4_0(64, 256)[:, :240], torch.float32) is None  # K not whole blocks of 32
-    for grid in (q4_0, q4_1):
+    for bits in (4, 8):
+        assert recover_gguf_grid(0.02 * torch.randn(64, 256, generator=gen), bits, torch.float32) is None
+    assert recover_gguf_grid(q4_0(64, 256)[:, :240], 4, torch.float32) is None  # K not whole blocks of 32
+    for grid, bits, steps in ((q4_0, 4, 15), (q4_1, 4, 15), (q8_0, 8, 254)):
         off = grid(300, 256)
-        off[299, 40] += 0.3 * (off[299, 32:64].amax() - off[299, 32:64].amin()) / 15  # past the probe
-        assert recover_gguf_grid(off, torch.float32) is None
+        off[299, 40] += 0.3 * (off[299, 32:64].amax() - off[299, 32:64].amin()) / steps  # past the probe
+        assert recover_gguf_grid(off, bits, torch.float32) is None
 
 
-@pytest.mark.parametrize("grid", ["q4_0", "q4_1"])
-def test_int4_at_load_of_a_gguf_grid_model_serves_its_tokens(grid: str, tmp_path: Path) -> None:
-    """A model whose projections lie on Q4_0 or Q4_1 grids (as a dequantized GGUF's do) holds under int4
-    exactly its 16-bit weights, where round-to-nearest in groups of 64 would move every one, and serves its
-    tokens; the GPU's path (the integer GEMM, then the offsets) gives the dense path's outputs."""
+@pytest.mark.parametrize(("grid", "quantization"), [("q4_0", "int4"), ("q4_1", "int4"), ("q8_0", "int8")])
+def test_at_load_a_gguf_grid_model_serves_its_tokens(grid: str, quantization: str, tmp_path: Path) -> None:
+    """A model whose projections lie on Q4_0, Q4_1 or Q8_0 grids (as a dequantized GGUF's do) holds under
+    int4 / int8 exactly its 16-bit weights, where round-to-nearest (int4: groups of 64, int8: one scale per
+    output channel) would move them, and serves its tokens; the GPU's path (the integer GEMM, then the
+    offsets) gives the dense path's outputs."""
     path = make_grid_checkpoint(tmp_path / grid, grid)
     weights = load_file(str(path / "model.safetensors"))
     config = ModelConfig.from_dir(path)
     model = load_model(
-        path, config, device=torch.device("cpu"), dtype=torch.float32, ops=torch_ops(), quantization="int4"
+        path,
+        config,
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        ops=torch_ops(),
+        quantization=quantization,
     )
     x = torch.randn(3, config.hidden_size, generator=torch.Generator().manual_seed(0))
     for block, fused, parts in [("self_attn", "qkv_proj", "qkv"), ("mlp", "gate_up_proj", ("gate", "up"))]:
@@ -102,7 +118,9 @@ def test_int4_at_load_of_a_gguf_grid_model_serves_its_tokens(grid: str, tmp_path
         method = layer.quant_method
         got = torch.cat([dense_weight(p).t() for p in method.parts])
         want = torch.cat([weights[f"model.layers.1.{block}.{p}_proj.weight"] for p in parts])
-        assert method.parts[0].scales.shape[0] == 64 // 32  # the grid's group 32, not round-to-nearest's 64
+        assert (
+            method.parts[0].scales.shape[0] == 64 // 32
+        )  # the grid's group 32 (round-to-nearest: 64, or one per row)
         assert (method.parts[0].offsets is not None) == (grid == "q4_1")
         torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
         dense_out = method.apply(layer, x, None)
@@ -111,7 +129,7 @@ def test_int4_at_load_of_a_gguf_grid_model_serves_its_tokens(grid: str, tmp_path
     prompts = ["the cat sat on", "a quick brown fox"]
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     outs = []
-    for quantization in (None, "int4"):
-        llm = LLM(str(path), device="cpu", dtype="float32", max_model_len=128, quantization=quantization)
+    for quant in (None, quantization):
+        llm = LLM(str(path), device="cpu", dtype="float32", max_model_len=128, quantization=quant)
         outs.append([o.token_ids for o in llm.generate(prompts, params)])
     assert outs[0] == outs[1]
