@@ -133,3 +133,34 @@ def test_at_load_a_gguf_grid_model_serves_its_tokens(grid: str, quantization: st
         llm = LLM(str(path), device="cpu", dtype="float32", max_model_len=128, quantization=quant)
         outs.append([o.token_ids for o in llm.generate(prompts, params)])
     assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize(("qtype", "quantization"), [("Q4_0", "int4"), ("Q4_1", "int4"), ("Q8_0", "int8")])
+def test_a_gguf_file_quantized_by_ggml_keeps_its_grid(
+    qtype: str, quantization: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """End to end with ggml's own quantizer (the gguf package's, an independent oracle): a tiny model written
+    as a Q4_0 / Q4_1 / Q8_0 GGUF file serves under int4 / int8 the tokens of its dequantized weights, every
+    projection on its file's grid (group 32)."""
+    from kvpilot.runtime.fixtures import make_tiny_checkpoint
+    from kvpilot.runtime.fixtures.gguf_file import write_gguf
+
+    monkeypatch.setenv("KVPILOT_CACHE_DIR", str(tmp_path / "cache"))
+    checkpoint = make_tiny_checkpoint(tmp_path / "hf", "llama2", hidden_size=128, intermediate_size=256)
+    gguf_file = write_gguf(checkpoint, tmp_path / f"tiny.{qtype}.gguf", qtype=qtype)
+    prompts = ["the cat sat on", "a quick brown fox"]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=1)
+    runs = []
+    for quant in (None, quantization):
+        llm = LLM(str(gguf_file), device="cpu", dtype="float32", max_model_len=128, quantization=quant)
+        runs.append(llm.generate(prompts, params))
+        if quant is not None:
+            for name, module in llm.engine.runner.model.named_modules():
+                parts = getattr(getattr(module, "quant_method", None), "parts", [])
+                for part in parts:  # group 32 (round-to-nearest: 64 for int4, one per row for int8)
+                    assert part.scales.shape[0] * 32 * part.bits == part.qweight.shape[0] * 32, name
+                    assert (part.offsets is not None) == (qtype == "Q4_1"), name
+    for plain, quantized in zip(*runs, strict=True):
+        assert quantized.token_ids == plain.token_ids
+        for a, b in zip(plain.logprobs, quantized.logprobs, strict=True):
+            assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
