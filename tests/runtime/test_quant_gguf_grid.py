@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from kvpilot.runtime.config import ModelConfig
-from kvpilot.runtime.fixtures.gguf_grids import make_grid_checkpoint, q4_0, q4_1, q8_0
+from kvpilot.runtime.fixtures.gguf_grids import make_grid_checkpoint, q4_0, q4_1, q4_k, q4_k_blocks, q8_0
 from kvpilot.runtime.kernels.quant_reference import dequantize_int_ref, int_gemm_ref
 from kvpilot.runtime.layers.kernel_ops import torch_ops
 from kvpilot.runtime.llm import LLM
@@ -56,6 +56,27 @@ def test_a_q4_1_grid_comes_back_exactly_as_whole_zeros_plus_offsets() -> None:
     torch.testing.assert_close(bf16, w, rtol=0, atol=float(w.abs().amax()) * 2**-7)
 
 
+def test_a_q4_k_grid_comes_back_exactly_though_its_q_spans_fewer_steps() -> None:
+    """Q4_K's sub-blocks of 32 lie on 16 levels that the weights need not reach at either end: the block's
+    [min, max] spans 10..15 steps here, and each block's count of steps is found. The values come from
+    the gguf package's decoder of raw Q4_K blocks (q4_k), which agrees with ggml's formula."""
+    raw, by_formula = q4_k_blocks(8, 512, seed=2)
+    import gguf
+    import numpy as np
+
+    decoded = gguf.quants.dequantize(
+        np.frombuffer(raw, np.uint8).reshape(8, -1), gguf.GGMLQuantizationType.Q4_K
+    )
+    assert np.array_equal(decoded, by_formula.numpy())
+    w = q4_k(48, 256, seed=4)
+    grid = recovered(w, torch.float32)
+    assert grid.offsets is not None
+    torch.testing.assert_close(dense_weight(grid).t(), w, rtol=0, atol=1e-6)
+    steps = (w.view(48, 8, 32).amax(-1) - w.view(48, 8, 32).amin(-1)) / grid.scales.t()
+    assert set(steps.round().int().unique().tolist()) > {15}  # blocks of fewer steps were found too
+    torch.testing.assert_close(steps, steps.round(), rtol=0, atol=1e-3)
+
+
 def test_a_q8_0_grid_comes_back_exactly_as_int8_in_groups_of_32() -> None:
     w = q8_0(48, 256)
     grid = recovered(w, torch.float32, bits=8)
@@ -89,17 +110,19 @@ def test_other_weights_are_left_to_round_to_nearest() -> None:
     for bits in (4, 8):
         assert recover_gguf_grid(0.02 * torch.randn(64, 256, generator=gen), bits, torch.float32) is None
     assert recover_gguf_grid(q4_0(64, 256)[:, :240], 4, torch.float32) is None  # K not whole blocks of 32
-    for grid, bits, steps in ((q4_0, 4, 15), (q4_1, 4, 15), (q8_0, 8, 254)):
+    for grid, bits, steps in ((q4_0, 4, 15), (q4_1, 4, 15), (q4_k, 4, 15), (q8_0, 8, 254)):
         off = grid(300, 256)
         off[299, 40] += 0.3 * (off[299, 32:64].amax() - off[299, 32:64].amin()) / steps  # past the probe
         assert recover_gguf_grid(off, bits, torch.float32) is None
 
 
-@pytest.mark.parametrize(("grid", "quantization"), [("q4_0", "int4"), ("q4_1", "int4"), ("q8_0", "int8")])
+@pytest.mark.parametrize(
+    ("grid", "quantization"), [("q4_0", "int4"), ("q4_1", "int4"), ("q4_k", "int4"), ("q8_0", "int8")]
+)
 def test_at_load_a_gguf_grid_model_serves_its_tokens(grid: str, quantization: str, tmp_path: Path) -> None:
-    """A model whose projections lie on Q4_0, Q4_1 or Q8_0 grids (as a dequantized GGUF's do) holds under
-    int4 / int8 exactly its 16-bit weights, where round-to-nearest (int4: groups of 64, int8: one scale per
-    output channel) would move them, and serves its tokens; the GPU's path (the integer GEMM, then the
+    """A model whose projections lie on Q4_0, Q4_1, Q4_K or Q8_0 grids (as a dequantized GGUF's do) holds
+    under int4 / int8 exactly its 16-bit weights, where round-to-nearest (int4: groups of 64, int8: one scale
+    per output channel) would move them, and serves its tokens; the GPU's path (the integer GEMM, then the
     offsets) gives the dense path's outputs."""
     path = make_grid_checkpoint(tmp_path / grid, grid)
     weights = load_file(str(path / "model.safetensors"))
@@ -121,7 +144,7 @@ def test_at_load_a_gguf_grid_model_serves_its_tokens(grid: str, quantization: st
         assert (
             method.parts[0].scales.shape[0] == 64 // 32
         )  # the grid's group 32 (round-to-nearest: 64, or one per row)
-        assert (method.parts[0].offsets is not None) == (grid == "q4_1")
+        assert (method.parts[0].offsets is not None) == (grid in ("q4_1", "q4_k"))
         torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
         dense_out = method.apply(layer, x, None)
         method.dense = []  # what a GPU runs: int_gemm(_ref) on whole zeros + offset_term

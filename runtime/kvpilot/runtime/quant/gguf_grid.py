@@ -1,13 +1,17 @@
 """16-bit weights already on a GGUF grid keep that grid under int4 / int8 at load.
 
-A GGUF file's tensors are dequantized at load (gguf_model.py), so a model served from a Q4_0, Q4_1 or Q8_0
-file reaches `--quantization int4` / `int8` as 16-bit weights that hold, per block of 32 inputs, one of
+A GGUF file's tensors are dequantized at load (gguf_model.py), so a model served from a Q4_0, Q4_1, Q4_K or
+Q8_0 file reaches `--quantization int4` / `int8` as 16-bit weights that hold, per block of 32 inputs, one of
   Q4_0  w = d (q - 8), q in 0..15, d = (the block's weight of largest magnitude) / -8: exactly an int4
         group-32 weight of the canonical layout (scale |d|, zero 8; for d > 0 the values mirrored,
         q' = 15 - q, zero 7);
   Q4_1  w = d q + m, q in 0..15 spanning the block's [min, max] (ggml: d = (max - min) / 15, m = min): an
         int4 group-32 weight with scale d and the fractional zero point -m / d, kept as the nearest whole
         zero plus a per-group offset (quant/int_weight.py, from_affine);
+  Q4_K  w = d sc q - dmin m per sub-block of 32 (6-bit sc and m under a 256-weight block's d and dmin):
+        16 evenly spaced levels again, but q need not reach 0 or 15, so the block's [min, max] spans
+        15, 14, ... steps; the most steps that put every weight on a level are taken (any such grid holds
+        the weights exactly), then kept as Q4_1's is;
   Q8_0  w = d q, q in -127..127, d = (the block's largest magnitude) / 127: an int8 group-32 weight (zero
         128, as the canonical layout stores signed 8-bit values), where int8 at load would otherwise
         round again onto one scale per output channel.
@@ -35,7 +39,7 @@ def recover_gguf_grid(weight: torch.Tensor, bits: int, dtype: torch.dtype) -> In
     n, k = weight.shape
     if k % GRID_GROUP:
         return None
-    for grid_values in (_q4_0_values, _q4_1_values) if bits == 4 else (_q8_0_values,):
+    for grid_values in (_q4_0_values, _affine_values) if bits == 4 else (_q8_0_values,):
         # the probe: no float32 copy of the whole weight for the usual 16-bit checkpoint
         if grid_values(_blocks(weight[:PROBE_COLUMNS]), dtype) is None:
             continue
@@ -63,11 +67,23 @@ def _q4_0_values(w: torch.Tensor, dtype: torch.dtype) -> Grid | None:
     return _on_grid(w, scale, zero, dtype)
 
 
-def _q4_1_values(w: torch.Tensor, dtype: torch.dtype) -> Grid | None:
-    """The Q4_1 grid of w [groups, 32, N] (16 steps spanning each block's [min, max], a fractional zero)
-    if every weight is on it and `dtype` holds the scales; else None."""
+def _affine_values(w: torch.Tensor, dtype: torch.dtype) -> Grid | None:
+    """The grid of w [groups, 32, N] whose blocks each lie on 16 evenly spaced levels (Q4_1, Q4_K), with a
+    fractional zero, if every block does and `dtype` holds the scales; else None."""
     lo, hi = w.amin(dim=1), w.amax(dim=1)
-    scale = torch.where(hi == lo, 1.0, (hi - lo) / 15)  # a constant block: q = 0, its value the offset
+    blocks = (w - lo.unsqueeze(1)).transpose(1, 2).reshape(-1, GRID_GROUP)  # [groups * N, 32], from 0
+    span = (hi - lo).reshape(-1)
+    steps = torch.where(span == 0, 15.0, 0.0)  # a constant block: q = 0, its value the offset
+    for count in range(15, 0, -1):  # most blocks fit at 15 (Q4_1 always): retry only the others
+        left = (steps == 0).nonzero().squeeze(1)
+        if left.numel() == 0:
+            break
+        step = (span[left] / count).unsqueeze(1)
+        on_levels = (blocks[left] - torch.round(blocks[left] / step) * step).abs().le(TOLERANCE * step)
+        steps[left[on_levels.all(dim=1)]] = float(count)
+    if bool((steps == 0).any()):
+        return None
+    scale = torch.where(span == 0, 1.0, span / steps).view_as(lo)
     return _on_grid(w, scale, -lo / scale, dtype)
 
 
