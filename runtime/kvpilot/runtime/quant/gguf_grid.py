@@ -16,8 +16,8 @@ Q8_0 file reaches `--quantization int4` / `int8` as 16-bit weights that hold, pe
         128, as the canonical layout stores signed 8-bit values), where int8 at load would otherwise
         round again onto one scale per output channel.
 Each is kept as such instead of being quantized a second time onto groups of 64 or 128 (SmolLM2-135M's
-perplexity: +30% under round-to-nearest, +0.02% with its Q4_1 grid kept; BENCHMARKS.md, twentieth and
-twenty-first sessions).
+perplexity under int4: +30% under round-to-nearest, +0.000% with its Q4_1 grid kept; BENCHMARKS.md,
+twentieth and twenty-first sessions).
 
 A tensor counts as on a grid only if every weight lies within a tenth of a step of it (a bf16 copy of a
 grid does; random weights pass one block with odds of about 0.2**30); anything else returns None.
@@ -34,7 +34,7 @@ PROBE_COLUMNS = 256  # a first slice of output channels rules most weights out c
 
 
 def recover_gguf_grid(weight: torch.Tensor, bits: int, dtype: torch.dtype) -> IntWeight | None:
-    """W [N, K] on a GGUF grid of 32-input blocks of `bits` (4: Q4_0 or Q4_1, 8: Q8_0) -> that grid as an
+    """W [N, K] on a GGUF grid of 32-input blocks of `bits` (4: Q4_0, Q4_1, Q4_K; 8: Q8_0) -> that grid as an
     int{bits} group-32 weight (scales in `dtype`); None when W is on none."""
     n, k = weight.shape
     if k % GRID_GROUP:
