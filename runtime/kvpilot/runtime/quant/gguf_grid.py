@@ -80,7 +80,10 @@ def _affine_values(w: torch.Tensor, dtype: torch.dtype) -> Grid | None:
             break
         step = (span[left] / count).unsqueeze(1)
         on_levels = (blocks[left] - torch.round(blocks[left] / step) * step).abs().le(TOLERANCE * step)
-        steps[left[on_levels.all(dim=1)]] = float(count)
+        fits = on_levels.all(dim=1)
+        if count == 15 and not bool(fits.any()):  # no block spans 15 steps: not Q4_1 or Q4_K (random weights)
+            return None
+        steps[left[fits]] = float(count)
     if bool((steps == 0).any()):
         return None
     scale = torch.where(span == 0, 1.0, span / steps).view_as(lo)
