@@ -16,7 +16,7 @@ from kvpilot.runtime.layers.kernel_ops import torch_ops
 from kvpilot.runtime.llm import LLM
 from kvpilot.runtime.loader import load_model
 from kvpilot.runtime.quant.gguf_grid import recover_gguf_grid
-from kvpilot.runtime.quant.int_weight import IntWeight, dense_weight, merge_parts, offset_term
+from kvpilot.runtime.quant.int_weight import IntWeight, add_offsets, dense_weight, merge_parts
 from kvpilot.runtime.sampling_params import SamplingParams
 from safetensors.torch import load_file
 
@@ -91,10 +91,17 @@ def test_the_gemm_plus_offset_term_is_the_dense_matmul() -> None:
     w = q4_1(40, 128, seed=3)
     grid = recovered(w, torch.float32)
     x = torch.randn(5, 128, generator=torch.Generator().manual_seed(1))
-    got = int_gemm_ref(x, grid.qweight, grid.scales, grid.zeros, 4) + offset_term(x, grid.offsets)
+    got = add_offsets(int_gemm_ref(x, grid.qweight, grid.scales, grid.zeros, 4), x, grid.offsets)
     torch.testing.assert_close(got, x @ w.t(), rtol=1e-5, atol=1e-5)
-    three_d = offset_term(x.view(1, 5, 128), grid.offsets)
-    torch.testing.assert_close(three_d.view(5, -1), offset_term(x, grid.offsets))
+    # bf16, as on a GPU: within bf16 rounding of the output of the float32 weights
+    x16, y16 = (
+        x.bfloat16(),
+        int_gemm_ref(x.bfloat16(), grid.qweight, grid.scales.bfloat16(), grid.zeros.bfloat16(), 4),
+    )
+    got16 = add_offsets(y16.view(1, 5, -1), x16.view(1, 5, 128), grid.offsets.bfloat16())
+    assert got16.shape == (1, 5, 40) and got16.dtype == torch.bfloat16
+    want = x16.float() @ w.t()
+    assert float((got16.view(5, 40).float() - want).abs().amax()) < 2e-2 * float(want.abs().amax())
 
 
 def test_fused_shards_with_and_without_offsets_merge() -> None:
@@ -147,7 +154,7 @@ def test_at_load_a_gguf_grid_model_serves_its_tokens(grid: str, quantization: st
         assert (method.parts[0].offsets is not None) == (grid in ("q4_1", "q4_k"))
         torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
         dense_out = method.apply(layer, x, None)
-        method.dense = []  # what a GPU runs: int_gemm(_ref) on whole zeros + offset_term
+        method.dense = []  # what a GPU runs: int_gemm(_ref) on whole zeros, then add_offsets
         torch.testing.assert_close(method.apply(layer, x, None), dense_out, rtol=1e-5, atol=1e-5)
     prompts = ["the cat sat on", "a quick brown fox"]
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)

@@ -22,7 +22,7 @@ from kvpilot.runtime.quant.checkpoint_formats import (
 from kvpilot.runtime.quant.collecting import CollectingMethod
 from kvpilot.runtime.quant.config import QuantConfig, int4_group_size
 from kvpilot.runtime.quant.gguf_grid import recover_gguf_grid
-from kvpilot.runtime.quant.int_weight import IntWeight, dense_weight, merge_parts, offset_term, quantize_rtn
+from kvpilot.runtime.quant.int_weight import IntWeight, add_offsets, dense_weight, merge_parts, quantize_rtn
 from kvpilot.runtime.quant.tp_split import int_weight_columns
 
 
@@ -173,7 +173,7 @@ class IntWeightMethod(CollectingMethod):
         y = self._int_gemm(x, w, index)
         if w.offsets is None:  # else: fractional zero points' remainder (quant/int_weight.py, from_affine)
             return y
-        return y + offset_term(x if w.perm is None else x[..., w.perm], w.offsets).view(y.shape)
+        return add_offsets(y, x if w.perm is None else x[..., w.perm], w.offsets)
 
     def _int_gemm(self, x: torch.Tensor, w: IntWeight, index: int) -> torch.Tensor:
         k, groups = x.shape[-1], w.scales.shape[0]
