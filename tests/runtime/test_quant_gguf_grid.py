@@ -86,6 +86,18 @@ def test_a_q8_0_grid_comes_back_exactly_as_int8_in_groups_of_32() -> None:
     assert recover_gguf_grid(q4_1(48, 256), 8, torch.float32) is None  # nor 16 levels over [min, max] Q8_0
 
 
+def test_a_q5_k_like_grid_comes_back_exactly_under_int8() -> None:
+    """32 levels per sub-block of 32 that q need not span (Q5_K: w = d sc q - dmin m, q in 0..31): an int8
+    group-32 weight with offsets."""
+    gen = torch.Generator().manual_seed(6)
+    q = (torch.rand(48, 8, 32, generator=gen) * torch.randint(20, 32, (48, 8, 1), generator=gen)).round()
+    scale = (torch.rand(48, 8, 1, generator=gen) * 1e-3 + 1e-4).half().float()
+    w = (q * scale - scale * torch.randint(0, 40, (48, 8, 1), generator=gen)).reshape(48, 256)
+    grid = recovered(w, torch.float32, bits=8)
+    assert grid.offsets is not None
+    torch.testing.assert_close(dense_weight(grid).t(), w, rtol=0, atol=1e-7)
+
+
 def test_the_gemm_plus_offset_term_is_the_dense_matmul() -> None:
     """The path of the GPU kernels: the integer GEMM on whole zeros, then x's group sums times the offsets."""
     w = q4_1(40, 128, seed=3)
@@ -165,13 +177,16 @@ def test_at_load_a_gguf_grid_model_serves_its_tokens(grid: str, quantization: st
     assert outs[0] == outs[1]
 
 
-@pytest.mark.parametrize(("qtype", "quantization"), [("Q4_0", "int4"), ("Q4_1", "int4"), ("Q8_0", "int8")])
+@pytest.mark.parametrize(
+    ("qtype", "quantization"),
+    [("Q4_0", "int4"), ("Q4_1", "int4"), ("Q8_0", "int8"), ("Q5_0", "int8"), ("Q5_1", "int8")],
+)
 def test_a_gguf_file_quantized_by_ggml_keeps_its_grid(
     qtype: str, quantization: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """End to end with ggml's own quantizer (the gguf package's, an independent oracle): a tiny model written
-    as a Q4_0 / Q4_1 / Q8_0 GGUF file serves under int4 / int8 the tokens of its dequantized weights, every
-    projection on its file's grid (group 32)."""
+    as a Q4_0 / Q4_1 / Q8_0 / Q5_0 / Q5_1 GGUF file serves under int4 / int8 the tokens of its dequantized
+    weights, every projection on its file's grid (group 32)."""
     from kvpilot.runtime.fixtures import make_tiny_checkpoint
     from kvpilot.runtime.fixtures.gguf_file import write_gguf
 
@@ -189,7 +204,7 @@ def test_a_gguf_file_quantized_by_ggml_keeps_its_grid(
                 parts = getattr(getattr(module, "quant_method", None), "parts", [])
                 for part in parts:  # group 32 (round-to-nearest: 64 for int4, one per row for int8)
                     assert part.scales.shape[0] * 32 * part.bits == part.qweight.shape[0] * 32, name
-                    assert (part.offsets is not None) == (qtype == "Q4_1"), name
+                    assert (part.offsets is not None) == (qtype in ("Q4_1", "Q5_1")), name
     for plain, quantized in zip(*runs, strict=True):
         assert quantized.token_ids == plain.token_ids
         for a, b in zip(plain.logprobs, quantized.logprobs, strict=True):

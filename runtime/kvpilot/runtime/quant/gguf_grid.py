@@ -1,20 +1,21 @@
 """16-bit weights already on a GGUF grid keep that grid under int4 / int8 at load.
 
-A GGUF file's tensors are dequantized at load (gguf_model.py), so a model served from a Q4_0, Q4_1, Q4_K or
-Q8_0 file reaches `--quantization int4` / `int8` as 16-bit weights that hold, per block of 32 inputs, one of
+A GGUF file's tensors are dequantized at load (gguf_model.py), so a model served from a GGUF file reaches
+`--quantization int4` / `int8` as 16-bit weights that hold, per block of 32 inputs, one of
   Q4_0  w = d (q - 8), q in 0..15, d = (the block's weight of largest magnitude) / -8: exactly an int4
         group-32 weight of the canonical layout (scale |d|, zero 8; for d > 0 the values mirrored,
-        q' = 15 - q, zero 7);
+        q' = 15 - q, zero 7); Q5_0 likewise with q - 16, q in 0..31, as int8;
   Q4_1  w = d q + m, q in 0..15 spanning the block's [min, max] (ggml: d = (max - min) / 15, m = min): an
         int4 group-32 weight with scale d and the fractional zero point -m / d, kept as the nearest whole
         zero plus a per-group offset (quant/int_weight.py, from_affine);
   Q4_K  w = d sc q - dmin m per sub-block of 32 (6-bit sc and m under a 256-weight block's d and dmin):
         16 evenly spaced levels again, but q need not reach 0 or 15, so the block's [min, max] spans
         15, 14, ... steps; the most steps that put every weight on a level are taken (any such grid holds
-        the weights exactly), then kept as Q4_1's is;
+        the weights exactly), then kept as Q4_1's is; Q5_1 and Q5_K likewise with 32 levels, as int8;
   Q8_0  w = d q, q in -127..127, d = (the block's largest magnitude) / 127: an int8 group-32 weight (zero
         128, as the canonical layout stores signed 8-bit values), where int8 at load would otherwise
         round again onto one scale per output channel.
+(Q6_K's 16-input sub-blocks and the 2- and 3-bit K types fit no group-32 grid: they are re-rounded.)
 Each is kept as such instead of being quantized a second time onto groups of 64 or 128 (SmolLM2-135M's
 perplexity under int4: +30% under round-to-nearest, +0.000% with its Q4_1 grid kept; BENCHMARKS.md,
 twentieth and twenty-first sessions).
@@ -25,6 +26,9 @@ grid does; random weights pass one block with odds of about 0.2**30); anything e
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import torch
 from kvpilot.runtime.quant.int_weight import IntWeight, from_affine
 
@@ -34,12 +38,12 @@ PROBE_COLUMNS = 256  # a first slice of output channels rules most weights out c
 
 
 def recover_gguf_grid(weight: torch.Tensor, bits: int, dtype: torch.dtype) -> IntWeight | None:
-    """W [N, K] on a GGUF grid of 32-input blocks of `bits` (4: Q4_0, Q4_1, Q4_K; 8: Q8_0) -> that grid as an
-    int{bits} group-32 weight (scales in `dtype`); None when W is on none."""
+    """W [N, K] on a GGUF grid of 32-input blocks that fits `bits` (4: Q4_0, Q4_1, Q4_K; 8: Q8_0, Q5_0, Q5_1,
+    Q5_K) -> that grid as an int{bits} group-32 weight (scales in `dtype`); None when W is on none."""
     n, k = weight.shape
     if k % GRID_GROUP:
         return None
-    for grid_values in (_q4_0_values, _affine_values) if bits == 4 else (_q8_0_values,):
+    for grid_values in _GRIDS[bits]:
         # the probe: no float32 copy of the whole weight for the usual 16-bit checkpoint
         if grid_values(_blocks(weight[:PROBE_COLUMNS]), dtype) is None:
             continue
@@ -59,47 +63,50 @@ def _blocks(weight: torch.Tensor) -> torch.Tensor:
 Grid = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # q [groups, 32, N], scale, zero [groups, N]
 
 
-def _q4_0_values(w: torch.Tensor, dtype: torch.dtype) -> Grid | None:
-    """The Q4_0 grid of w [groups, 32, N] if every weight is on it and `dtype` holds the scales; else None."""
+def _symmetric_values(w: torch.Tensor, dtype: torch.dtype, half: int, qmax: int) -> Grid | None:
+    """The grid of Q4_0 (half 8) or Q5_0 (half 16) of w [groups, 32, N]: w = d (q - half), d = the signed
+    weight of largest magnitude / -half; if every weight is on it and `dtype` holds the scales, else None."""
     extreme = w.gather(1, w.abs().argmax(dim=1, keepdim=True)).squeeze(1)  # signed: ggml's max
-    scale = torch.where(extreme == 0, 1.0, extreme.abs() / 8)  # an all-zero block: q = 8, any scale
-    zero = torch.where(extreme > 0, 7.0, 8.0)  # extreme > 0: d < 0, w = |d| (8 - q) = |d| (q' - 7)
-    return _on_grid(w, scale, zero, dtype)
+    scale = torch.where(extreme == 0, 1.0, extreme.abs() / half)  # an all-zero block: q = half, any scale
+    # extreme > 0: d < 0, w = |d| (half - q) = |d| (q' - (half - 1)) with q' = 2 half - 1 - q
+    zero = torch.where(extreme > 0, half - 1.0, float(half))
+    return _on_grid(w, scale, zero, dtype, qmax)
 
 
-def _affine_values(w: torch.Tensor, dtype: torch.dtype) -> Grid | None:
-    """The grid of w [groups, 32, N] whose blocks each lie on 16 evenly spaced levels (Q4_1, Q4_K), with a
-    fractional zero, if every block does and `dtype` holds the scales; else None."""
+def _affine_values(w: torch.Tensor, dtype: torch.dtype, most: int, qmax: int) -> Grid | None:
+    """The grid of w [groups, 32, N] whose blocks each lie on most + 1 evenly spaced levels (16: Q4_1,
+    Q4_K; 32: Q5_1, Q5_K), with a fractional zero, if every block does and `dtype` holds the scales; else
+    None."""
     lo, hi = w.amin(dim=1), w.amax(dim=1)
     blocks = (w - lo.unsqueeze(1)).transpose(1, 2).reshape(-1, GRID_GROUP)  # [groups * N, 32], from 0
     span = (hi - lo).reshape(-1)
-    steps = torch.where(span == 0, 15.0, 0.0)  # a constant block: q = 0, its value the offset
-    for count in range(15, 0, -1):  # most blocks fit at 15 (Q4_1 always): retry only the others
+    steps = torch.where(span == 0, float(most), 0.0)  # a constant block: q = 0, its value the offset
+    for count in range(most, 0, -1):  # most blocks fit at `most` (Q4_1 always): retry only the others
         left = (steps == 0).nonzero().squeeze(1)
         if left.numel() == 0:
             break
         step = (span[left] / count).unsqueeze(1)
         on_levels = (blocks[left] - torch.round(blocks[left] / step) * step).abs().le(TOLERANCE * step)
         fits = on_levels.all(dim=1)
-        if count == 15 and not bool(fits.any()):  # no block spans 15 steps: not Q4_1 or Q4_K (random weights)
+        if count == most and not bool(fits.any()):  # no block spans them all: no such grid (random weights)
             return None
         steps[left[fits]] = float(count)
     if bool((steps == 0).any()):
         return None
     scale = torch.where(span == 0, 1.0, span / steps).view_as(lo)
-    return _on_grid(w, scale, -lo / scale, dtype)
+    return _on_grid(w, scale, -lo / scale, dtype, qmax)
 
 
-def _q8_0_values(w: torch.Tensor, dtype: torch.dtype) -> Grid | None:
+def _q8_0_values(w: torch.Tensor, dtype: torch.dtype, qmax: int = 255) -> Grid | None:
     """The Q8_0 grid of w [groups, 32, N] (q in -127..127, stored as q + 128) if every weight is on it and
     `dtype` holds the scales; else None."""
     amax = w.abs().amax(dim=1)
     scale = torch.where(amax == 0, 1.0, amax / 127)
-    return _on_grid(w, scale, torch.full_like(scale, 128.0), dtype, qmax=255)
+    return _on_grid(w, scale, torch.full_like(scale, 128.0), dtype, qmax)
 
 
 def _on_grid(
-    w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dtype: torch.dtype, qmax: int = 15
+    w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dtype: torch.dtype, qmax: int
 ) -> Grid | None:
     """(q, scale, zero) if every weight of w is within TOLERANCE of a step of scale (q - zero), q in
     0..qmax, and `dtype` holds the scales; else None."""
@@ -110,3 +117,15 @@ def _on_grid(
     if not bool(((q - z) * s - w).abs().le(TOLERANCE * s).all()):
         return None
     return q, scale, zero
+
+
+GridValues = Callable[[torch.Tensor, torch.dtype], Grid | None]
+# bits -> the grids tried in order (whole zero points first: they need no offsets)
+_GRIDS: dict[int, tuple[GridValues, ...]] = {
+    4: (partial(_symmetric_values, half=8, qmax=15), partial(_affine_values, most=15, qmax=15)),
+    8: (
+        _q8_0_values,
+        partial(_symmetric_values, half=16, qmax=255),
+        partial(_affine_values, most=31, qmax=255),
+    ),
+}
