@@ -73,8 +73,8 @@ class EngineArgs:
         metadata=_knob(
             "Weight quantization: a pre-quantized checkpoint's (AWQ, GPTQ, fp8, compressed-tensors, "
             "ModelOpt, fbgemm_fp8) is read from its config.json; int8, int4 or fp8 quantize a 16-bit one "
-            "at load, keeping a GGUF's Q4_0/Q4_1/Q4_K (int4) or Q8_0/Q5_0/Q5_1/Q5_K (int8) grid exactly (none: as the "
-            "checkpoint is)",
+            "at load, keeping a GGUF's Q4_0/Q4_1/Q4_K (int4) or Q8_0/Q5_0/Q5_1/Q5_K (int8) grid exactly "
+            "(none: as the checkpoint is)",
             choices=QUANTIZATIONS,
         ),
     )
