@@ -1,0 +1,75 @@
+"""What the offsets of a GGUF Q4_1 / Q4_K grid kept under int4 cost on the GPU (quant/gguf_grid.py): the
+integer GEMM as dispatched (group 32, whole zeros) alone, and followed by add_offsets (x's group sums times
+the offsets), against bf16 cuBLAS, at SmolLM2-135M's layer shapes and one Qwen3-8B shape.
+
+    source benchmarks/gpu_env.sh && cd benchmarks && python bench_gguf_grid.py
+
+Times are CUDA-graph replays over weight copies past the L2 (bench_w4a16.graph_us / copies).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from bench_w4a16 import copies, graph_us
+from kvpilot.runtime.fixtures.gguf_grids import q4_1
+from kvpilot.runtime.kernels.split_k_triton import split_counters
+from kvpilot.runtime.kernels.w4a16_triton import int_gemm
+from kvpilot.runtime.quant.gguf_grid import recover_gguf_grid
+from kvpilot.runtime.quant.int_weight import add_offsets, dense_weight
+
+LAYERS = {
+    "smollm2 qkv": (960, 576),
+    "smollm2 o": (576, 576),
+    "smollm2 gate_up": (3072, 576),
+    "smollm2 down": (576, 1536),
+    "qwen3-8b qkv": (6144, 4096),
+}
+MS = (1, 16, 64)
+
+
+def run(
+    x: torch.Tensor,
+    q: torch.Tensor,
+    s: torch.Tensor,
+    z: torch.Tensor,
+    o: torch.Tensor | None,
+    counters: torch.Tensor,
+) -> torch.Tensor:
+    """The int4 GEMM as IntWeightMethod dispatches it on a GPU, then the offsets when given."""
+    y = int_gemm(x, q, s, z, 4, None, counters)
+    return y if o is None else add_offsets(y, x, o)
+
+
+def bench_layer(name: str, n: int, k: int) -> None:
+    grid = recover_gguf_grid(q4_1(n, k, seed=1).cuda(), 4, torch.bfloat16)
+    assert grid is not None and grid.offsets is not None
+    dense = dense_weight(grid).t().contiguous()  # [N, K] bf16
+    counters = split_counters(n, torch.device("cuda"))
+    w4 = copies((grid.qweight, grid.scales, grid.zeros, grid.offsets))
+    w16 = copies((dense,))
+    for m in MS:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        got, want = run(x, *w4[0], counters).float(), (x @ dense.t()).float()
+        err = float((got - want).abs().amax() / want.abs().amax())
+        t16 = graph_us(partial(F.linear, x), w16)
+        t_plain = graph_us(lambda q, s, z, o: run(x, q, s, z, None, counters), w4)  # noqa: B023 (called now)
+        t_off = graph_us(lambda q, s, z, o: run(x, q, s, z, o, counters), w4)  # noqa: B023
+        print(
+            f"| {name} | {m} | {t16:.1f} | {t_plain:.1f} ({t16 / t_plain:.2f}×) | {t_off:.1f} "
+            f"({t16 / t_off:.2f}×) | +{t_off - t_plain:.1f} | {err:.1e} |"
+        )
+
+
+def main() -> None:
+    print(torch.cuda.get_device_name())
+    print("| layer | M | bf16 µs | int4 g32, whole zeros | + add_offsets | offsets cost | max rel err |")
+    print("|---|---|---|---|---|---|---|")
+    for name, (n, k) in LAYERS.items():
+        bench_layer(name, n, k)
+
+
+if __name__ == "__main__":
+    main()
