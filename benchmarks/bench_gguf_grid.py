@@ -1,6 +1,7 @@
 """What the offsets of a GGUF Q4_1 / Q4_K grid kept under int4 cost on the GPU (quant/gguf_grid.py): the
-integer GEMM as dispatched (group 32, whole zeros) alone, and followed by add_offsets (x's group sums times
-the offsets), against bf16 cuBLAS, at SmolLM2-135M's layer shapes and one Qwen3-8B shape.
+integer GEMM as dispatched (group 32, whole zeros) alone, followed by add_offsets (x's group sums times
+the offsets: torch, a sum and an addmm) and by add_offsets_triton (one launch, what the engine runs),
+against bf16 cuBLAS, at SmolLM2-135M's layer shapes and one Qwen3-8B shape.
 
     source benchmarks/gpu_env.sh && cd benchmarks && python bench_gguf_grid.py
 
@@ -15,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from bench_w4a16 import copies, graph_us
 from kvpilot.runtime.fixtures.gguf_grids import q4_1
+from kvpilot.runtime.kernels.group_offsets_triton import add_offsets_triton
 from kvpilot.runtime.kernels.split_k_triton import split_counters
 from kvpilot.runtime.kernels.w4a16_triton import int_gemm
 from kvpilot.runtime.quant.gguf_grid import recover_gguf_grid
@@ -37,10 +39,14 @@ def run(
     z: torch.Tensor,
     o: torch.Tensor | None,
     counters: torch.Tensor,
+    fused: bool = True,
 ) -> torch.Tensor:
-    """The int4 GEMM as IntWeightMethod dispatches it on a GPU, then the offsets when given."""
+    """The int4 GEMM as IntWeightMethod dispatches it on a GPU, then the offsets when given (fused: the
+    one-launch Triton kernel, else the torch reference)."""
     y = int_gemm(x, q, s, z, 4, None, counters)
-    return y if o is None else add_offsets(y, x, o)
+    if o is None:
+        return y
+    return add_offsets_triton(y, x, o) if fused else add_offsets(y, x, o)
 
 
 def bench_layer(name: str, n: int, k: int) -> None:
@@ -56,16 +62,20 @@ def bench_layer(name: str, n: int, k: int) -> None:
         err = float((got - want).abs().amax() / want.abs().amax())
         t16 = graph_us(partial(F.linear, x), w16)
         t_plain = graph_us(lambda q, s, z, o: run(x, q, s, z, None, counters), w4)  # noqa: B023 (called now)
-        t_off = graph_us(lambda q, s, z, o: run(x, q, s, z, o, counters), w4)  # noqa: B023
+        t_off = graph_us(lambda q, s, z, o: run(x, q, s, z, o, counters, False), w4)  # noqa: B023
+        t_one = graph_us(lambda q, s, z, o: run(x, q, s, z, o, counters), w4)  # noqa: B023
         print(
             f"| {name} | {m} | {t16:.1f} | {t_plain:.1f} ({t16 / t_plain:.2f}×) | {t_off:.1f} "
-            f"({t16 / t_off:.2f}×) | +{t_off - t_plain:.1f} | {err:.1e} |"
+            f"(+{t_off - t_plain:.1f}) | {t_one:.1f} (+{t_one - t_plain:.1f}, {t16 / t_one:.2f}×) "
+            f"| {err:.1e} |"
         )
 
 
 def main() -> None:
     print(torch.cuda.get_device_name())
-    print("| layer | M | bf16 µs | int4 g32, whole zeros | + add_offsets | offsets cost | max rel err |")
+    print(
+        "| layer | M | bf16 µs | int4 g32, whole zeros | + add_offsets (torch) | + add_offsets_triton | err |"
+    )
     print("|---|---|---|---|---|---|---|")
     for name, (n, k) in LAYERS.items():
         bench_layer(name, n, k)

@@ -173,7 +173,12 @@ class IntWeightMethod(CollectingMethod):
         y = self._int_gemm(x, w, index)
         if w.offsets is None:  # else: fractional zero points' remainder (quant/int_weight.py, from_affine)
             return y
-        return add_offsets(y, x if w.perm is None else x[..., w.perm], w.offsets)
+        x = x if w.perm is None else x[..., w.perm]
+        if self.backend == "triton" and x.is_cuda and y.is_contiguous() and w.offsets.dtype == x.dtype:
+            from kvpilot.runtime.kernels.group_offsets_triton import add_offsets_triton
+
+            return add_offsets_triton(y, x, w.offsets)  # one launch, in place on the GEMM's fresh output
+        return add_offsets(y, x, w.offsets)
 
     def _int_gemm(self, x: torch.Tensor, w: IntWeight, index: int) -> torch.Tensor:
         k, groups = x.shape[-1], w.scales.shape[0]

@@ -1,0 +1,45 @@
+"""The one-launch group offsets (kernels/group_offsets_triton.py) against their torch reference
+(quant/int_weight.add_offsets). Without CUDA under TRITON_INTERPRET=1 at small shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kvpilot.runtime.kernels.triton_utils import interpret_without_gpu
+
+INTERPRET = interpret_without_gpu()  # before anything imports triton
+
+from kvpilot.runtime.kernels.group_offsets_triton import add_offsets_triton  # noqa: E402
+from kvpilot.runtime.quant.int_weight import add_offsets  # noqa: E402
+
+DEVICE = torch.device("cpu" if INTERPRET else "cuda")
+# bf16 on a GPU; the interpreter's bf16 dot is not numpy's (the other kernels' CPU tests use float16 too)
+DTYPES = [torch.float32, torch.float16] if INTERPRET else [torch.float32, torch.bfloat16]
+
+
+@pytest.mark.parametrize(
+    ("m", "k", "n", "group"),
+    [(1, 576, 96, 32), (5, 512, 64, 64), (19, 320, 130, 32)],  # 18 groups: a ragged step of 16; 130: ragged N
+)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_offsets_kernel_matches_the_reference(m: int, k: int, n: int, group: int, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(m)
+    x = torch.randn(m, k, generator=gen).to(DEVICE, dtype)
+    y = torch.randn(m, n, generator=gen).to(DEVICE, dtype)
+    offsets = (0.01 * torch.randn(k // group, n, generator=gen)).to(DEVICE, dtype)
+    y0 = y.clone()
+    want = add_offsets(y0, x, offsets).float()
+    got = add_offsets_triton(y, x, offsets)
+    assert got.data_ptr() == y.data_ptr()  # in place
+    exact = (x.float().unflatten(-1, (k // group, group)).sum(-1) @ offsets.float()) + y0.float()
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)
+    torch.testing.assert_close(got.float(), exact, rtol=tol, atol=tol)
+
+
+def test_offsets_that_do_not_fit_are_refused() -> None:
+    x = torch.randn(2, 96, device=DEVICE)
+    with pytest.raises(ValueError, match="do not fit"):
+        add_offsets_triton(
+            torch.zeros(2, 8, device=DEVICE), x, torch.zeros(4, 8, device=DEVICE)
+        )  # 24 a group
