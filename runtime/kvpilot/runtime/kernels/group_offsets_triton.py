@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from kvpilot.runtime.kernels.int_gemv_triton import _dot
 from kvpilot.runtime.kernels.triton_utils import next_power_of_2
 
 GROUPS_PER_STEP = 16  # the smallest tl.dot inner size
@@ -24,6 +25,7 @@ BLOCK_N = 64
 def _add_offsets_kernel(
     y_ptr, x_ptr, o_ptr, M, N, GROUPS, stride_y, stride_x,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS_PER_STEP: tl.constexpr,
+    DOT_IEEE: tl.constexpr,
 ):  # fmt: skip
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -43,7 +45,7 @@ def _add_offsets_kernel(
         o = tl.load(  # [GROUPS_PER_STEP, BLOCK_N]
             o_ptr + g[:, None] * N + offs_n[None, :], mask=(g < GROUPS)[:, None] & n_mask[None, :], other=0.0
         )
-        acc += tl.dot(sums.to(o.dtype), o)
+        acc += _dot(sums.to(o.dtype), o, DOT_IEEE)  # float32 x: exact float32 dots, not tf32
     at = y_ptr + offs_m[:, None] * stride_y + offs_n[None, :]
     mask = m_mask[:, None] & n_mask[None, :]
     y = tl.load(at, mask=mask, other=0.0).to(tl.float32)
@@ -67,5 +69,6 @@ def add_offsets_triton(y: torch.Tensor, x: torch.Tensor, offsets: torch.Tensor) 
     _add_offsets_kernel[grid](
         y2, x2, offsets, m, n, groups, y2.stride(0), x2.stride(0),
         GROUP=group, BLOCK_M=block_m, BLOCK_N=BLOCK_N, GROUPS_PER_STEP=GROUPS_PER_STEP,
+        DOT_IEEE=x2.dtype == torch.float32,
     )  # fmt: skip
     return y
