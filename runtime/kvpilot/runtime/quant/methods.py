@@ -98,10 +98,7 @@ class IntWeightMethod(CollectingMethod):
 
     def _quantize(self, layer: Linear, weight: torch.Tensor) -> IntWeight:
         q, weight = self.quant, weight.to(self.device)
-        if q.method in (
-            "int4",
-            "int8",
-        ):  # a dequantized GGUF Q4_0/Q4_1/Q8_0 keeps its grid (quant/gguf_grid.py)
+        if q.method in ("int4", "int8"):  # a dequantized GGUF keeps its grid (quant/gguf_grid.py)
             grid = recover_gguf_grid(weight, q.bits, self.dtype)
             if grid is not None:
                 return _to(grid, self.device, self.dtype)
