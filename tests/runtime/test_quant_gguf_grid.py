@@ -5,6 +5,7 @@ round-to-nearest."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from kvpilot.runtime.kernels.quant_reference import dequantize_int_ref, int_gemm
 from kvpilot.runtime.layers.kernel_ops import torch_ops
 from kvpilot.runtime.llm import LLM
 from kvpilot.runtime.loader import load_model
-from kvpilot.runtime.quant.gguf_grid import recover_gguf_grid
+from kvpilot.runtime.quant.gguf_grid import grid_note, recover_gguf_grid
 from kvpilot.runtime.quant.int_weight import IntWeight, add_offsets, dense_weight, merge_parts
 from kvpilot.runtime.sampling_params import SamplingParams
 from safetensors.torch import load_file
@@ -182,7 +183,11 @@ def test_at_load_a_gguf_grid_model_serves_its_tokens(grid: str, quantization: st
     [("Q4_0", "int4"), ("Q4_1", "int4"), ("Q8_0", "int8"), ("Q5_0", "int8"), ("Q5_1", "int8")],
 )
 def test_a_gguf_file_quantized_by_ggml_keeps_its_grid(
-    qtype: str, quantization: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    qtype: str,
+    quantization: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """End to end with ggml's own quantizer (the gguf package's, an independent oracle): a tiny model written
     as a Q4_0 / Q4_1 / Q8_0 / Q5_0 / Q5_1 GGUF file serves under int4 / int8 the tokens of its dequantized
@@ -197,7 +202,11 @@ def test_a_gguf_file_quantized_by_ggml_keeps_its_grid(
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=1)
     runs = []
     for quant in (None, quantization):
-        llm = LLM(str(gguf_file), device="cpu", dtype="float32", max_model_len=128, quantization=quant)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="kvpilot.runtime.loader"):
+            llm = LLM(str(gguf_file), device="cpu", dtype="float32", max_model_len=128, quantization=quant)
+        hint = f"projections are 14 {qtype}: --quantization {quantization} keeps them at their bits exactly"
+        assert (hint in caplog.text) == (quant is None), caplog.text  # the hint only where it is not used
         runs.append(llm.generate(prompts, params))
         if quant is not None:
             for name, module in llm.engine.runner.model.named_modules():
@@ -209,3 +218,13 @@ def test_a_gguf_file_quantized_by_ggml_keeps_its_grid(
         assert quantized.token_ids == plain.token_ids
         for a, b in zip(plain.logprobs, quantized.logprobs, strict=True):
             assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
+
+
+def test_the_load_note_names_how_to_keep_a_gguf_grid_or_what_is_rounded_again() -> None:
+    assert grid_note({"F32": 3}, None) is None and grid_note({}, "int4") is None
+    assert "--quantization int4 keeps them" in (grid_note({"Q4_K": 150, "F16": 2}, None) or "")
+    assert "--quantization int8 keeps them" in (grid_note({"Q5_K": 100, "Q8_0": 2}, None) or "")
+    assert grid_note({"Q4_K": 100, "Q6_K": 40}, None) is None  # Q4_K_M: no one method keeps every type
+    mixed = grid_note({"Q4_K": 100, "Q6_K": 40}, "int4") or ""
+    assert "the Q6_K ones are rounded again (kept exactly: Q4_0, Q4_1, Q4_K)" in mixed
+    assert grid_note({"Q4_1": 10}, "int4") is None  # everything kept: nothing to say

@@ -40,7 +40,7 @@ from kvpilot.runtime.gguf_tokenizer import build_tokenizer_files
 
 log = logging.getLogger(__name__)
 
-CONVERTER_VERSION = 1  # bump when the converted files change: old cache entries are then ignored
+CONVERTER_VERSION = 2  # bump when the converted files change: old cache entries are then ignored
 GGUF_SUFFIX = ".gguf"
 
 # GGUF general.architecture -> Hugging Face architecture
@@ -203,11 +203,36 @@ def convert_gguf(gguf_file: str | Path, out_dir: str | Path, dtype: str = "float
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     for name, content in tokenizer_files.items():
         (out_dir / name).write_text(content, encoding="utf-8")
-    source = {"gguf_file": gguf_file.name, "general.name": meta.get("general.name")}
+    source = {
+        "gguf_file": gguf_file.name,
+        "general.name": meta.get("general.name"),
+        "projection_types": projection_types(reader),
+    }
     (out_dir / "kvpilot_source.json").write_text(json.dumps(source, indent=2) + "\n")
     # written last: its presence marks a complete conversion
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out_dir
+
+
+def projection_types(reader: Any) -> dict[str, int]:
+    """How many of the layers' 2-D tensors (the projections) the file stores in each ggml type."""
+    from gguf import GGMLQuantizationType
+
+    counts: dict[str, int] = {}
+    for tensor in reader.tensors:
+        if tensor.name.startswith("blk.") and len(tensor.shape) == 2:
+            name = GGMLQuantizationType(tensor.tensor_type).name
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def source_projection_types(model_dir: str | Path) -> dict[str, int]:
+    """The projection types a converted GGUF directory came from ({} for anything else)."""
+    path = Path(model_dir) / "kvpilot_source.json"
+    if not path.is_file():
+        return {}
+    types = json.loads(path.read_text()).get("projection_types")
+    return types if isinstance(types, dict) else {}
 
 
 def gguf_architecture(meta: dict[str, Any], gguf_file: Path) -> str:

@@ -19,11 +19,12 @@ from kvpilot.runtime.distributed.comm import Comm
 from kvpilot.runtime.distributed.quant_sharding import local_g_idx, quantized_split, whole_rows_at_load
 from kvpilot.runtime.distributed.sharding import TensorSplit
 from kvpilot.runtime.errors import ModelLoadError
-from kvpilot.runtime.gguf_model import resolve_model_dir
+from kvpilot.runtime.gguf_model import resolve_model_dir, source_projection_types
 from kvpilot.runtime.layers.kernel_ops import KernelOps
 from kvpilot.runtime.layers.linear import Linear
 from kvpilot.runtime.models import model_class
 from kvpilot.runtime.quant import QuantConfig, attach_quant_methods, finish_quant_methods, parse_quant_config
+from kvpilot.runtime.quant.gguf_grid import grid_note
 from safetensors import safe_open
 from torch import nn
 
@@ -303,7 +304,11 @@ def load_model(
     if load_format == "dummy":
         init_dummy_weights(model, seed)
     else:
-        load_weights(model, resolve_model_dir(model_dir), config, quant)  # GGUF: its converted copy
+        resolved = resolve_model_dir(model_dir)  # GGUF: its converted copy
+        load_weights(model, resolved, config, quant)
+        note = grid_note(source_projection_types(resolved), None if quant is None else quant.method)
+        if note is not None and (comm is None or comm.rank.rank == 0):
+            log.info(note)
     finish_quant_methods(model)
     model.eval()
     model.requires_grad_(False)

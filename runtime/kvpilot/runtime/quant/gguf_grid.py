@@ -33,6 +33,7 @@ import torch
 from kvpilot.runtime.quant.int_weight import IntWeight, from_affine
 
 GRID_GROUP = 32  # ggml's block of the legacy 4-bit types
+KEPT_TYPES = {"int4": ("Q4_0", "Q4_1", "Q4_K"), "int8": ("Q8_0", "Q5_0", "Q5_1", "Q5_K")}
 TOLERANCE = 0.1  # of a step
 PROBE_COLUMNS = 256  # a first slice of output channels rules most weights out cheaply
 
@@ -52,6 +53,30 @@ def recover_gguf_grid(weight: torch.Tensor, bits: int, dtype: torch.dtype) -> In
             q, scale, zero = found
             return from_affine(q.reshape(k, n).to(torch.int32), scale, zero, bits, dtype)
     return None
+
+
+def grid_note(types: dict[str, int], method: str | None) -> str | None:
+    """What to tell a user loading a GGUF whose projections are of `types` (ggml type -> tensors) under
+    `--quantization method` (None: none): how to keep its grids, or which of them are rounded again."""
+    quantized = sorted(t for t in types if t not in ("F32", "F16", "BF16"))
+    if not quantized:
+        return None
+    listed = ", ".join(f"{types[t]} {t}" for t in quantized)
+    if method is None:
+        for fit, kept in KEPT_TYPES.items():
+            if all(t in kept for t in quantized):
+                return (
+                    f"this GGUF's projections are {listed}: --quantization {fit} keeps them at their "
+                    "bits exactly; they now run dequantized to 16 bits"
+                )
+        return None
+    others = [t for t in quantized if t not in KEPT_TYPES.get(method, ())]
+    if not others:
+        return None
+    return (
+        f"this GGUF's projections are {listed}; under --quantization {method} the {', '.join(others)} ones "
+        f"are rounded again (kept exactly: {', '.join(KEPT_TYPES.get(method, ()))})"
+    )
 
 
 def _blocks(weight: torch.Tensor) -> torch.Tensor:
