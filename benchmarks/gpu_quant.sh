@@ -42,7 +42,7 @@ for step in "$@"; do
              tests/runtime/test_int8_w8a8.py tests/runtime/test_quant_fp8_weight.py tests/runtime/test_fp8_exports.py \
              2>&1 | tee "$OUT/pytest_w8a8.log" | tail -8
           python -m pytest -q -p no:cacheprovider -o addopts="--import-mode=importlib" -m gpu \
-             tests/runtime/test_quant_kernels.py -k "engine and (w8a8 or fp8 or q4_1 or q8_0)" 2>&1 \
+             tests/runtime/test_quant_kernels.py -k "engine and (w8a8 or fp8 or q4_ or q8_0)" 2>&1 \
              | tee "$OUT/pytest_w8a8_engine.log" | tail -8
           (cd benchmarks && python bench_int8_w8a8.py --ms 1 17 256 4096) 2>&1 | tee "$OUT/bench_int8_w8a8.log" \
              | grep -v Warn | tail -30 ;;

@@ -11,12 +11,20 @@ from pathlib import Path
 import pytest
 import torch
 from kvpilot.runtime.config import ModelConfig
-from kvpilot.runtime.fixtures.gguf_grids import make_grid_checkpoint, q4_0, q4_1, q4_k, q4_k_blocks, q8_0
+from kvpilot.runtime.fixtures.gguf_grids import (
+    make_grid_checkpoint,
+    q4_0,
+    q4_1,
+    q4_k,
+    q4_k_blocks,
+    q6_k,
+    q8_0,
+)
 from kvpilot.runtime.kernels.quant_reference import dequantize_int_ref, int_gemm_ref
 from kvpilot.runtime.layers.kernel_ops import torch_ops
 from kvpilot.runtime.llm import LLM
 from kvpilot.runtime.loader import load_model
-from kvpilot.runtime.quant.gguf_grid import grid_note, recover_gguf_grid
+from kvpilot.runtime.quant.gguf_grid import gguf_weight, grid_note, on_q6_k_grid, recover_gguf_grid
 from kvpilot.runtime.quant.int_weight import IntWeight, add_offsets, dense_weight, merge_parts
 from kvpilot.runtime.sampling_params import SamplingParams
 from safetensors.torch import load_file
@@ -205,7 +213,7 @@ def test_a_gguf_file_quantized_by_ggml_keeps_its_grid(
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="kvpilot.runtime.loader"):
             llm = LLM(str(gguf_file), device="cpu", dtype="float32", max_model_len=128, quantization=quant)
-        hint = f"projections are 14 {qtype}: --quantization {quantization} keeps them at their bits exactly"
+        hint = f"projections are 14 {qtype}: --quantization {quantization} keeps them at their bits"
         assert (hint in caplog.text) == (quant is None), caplog.text  # the hint only where it is not used
         runs.append(llm.generate(prompts, params))
         if quant is not None:
@@ -224,7 +232,48 @@ def test_the_load_note_names_how_to_keep_a_gguf_grid_or_what_is_rounded_again() 
     assert grid_note({"F32": 3}, None) is None and grid_note({}, "int4") is None
     assert "--quantization int4 keeps them" in (grid_note({"Q4_K": 150, "F16": 2}, None) or "")
     assert "--quantization int8 keeps them" in (grid_note({"Q5_K": 100, "Q8_0": 2}, None) or "")
-    assert grid_note({"Q4_K": 100, "Q6_K": 40}, None) is None  # Q4_K_M: no one method keeps every type
-    mixed = grid_note({"Q4_K": 100, "Q6_K": 40}, "int4") or ""
-    assert "the Q6_K ones are rounded again (kept exactly: Q4_0, Q4_1, Q4_K)" in mixed
+    q4_k_m = {"Q4_K": 100, "Q6_K": 40}
+    assert "--quantization int4 keeps them at their bits (Q6_K at 8 bits)" in (grid_note(q4_k_m, None) or "")
+    assert "the Q6_K ones are held at 8 bits" in (grid_note(q4_k_m, "int4") or "")
+    assert grid_note({"Q4_K": 100, "Q3_K": 40}, None) is None  # no one method keeps every type
+    mixed = grid_note({"Q4_K": 100, "Q3_K": 40, "Q6_K": 1}, "int4") or ""
+    assert "Q6_K ones are held at 8 bits (int8 groups of 32); the Q3_K ones are rounded again" in mixed
+    assert "the Q4_K, Q6_K ones are rounded again (kept exactly: Q8_0," in (grid_note(q4_k_m, "int8") or "")
     assert grid_note({"Q4_1": 10}, "int4") is None  # everything kept: nothing to say
+
+
+def test_under_int4_a_q6_k_weight_is_held_at_8_bits() -> None:
+    """Q6_K (16-input sub-blocks, two scales per 32 inputs) fits no group-32 grid; a Q4_K_M file keeps its
+    sensitive projections in it, so int4 holds them at int8 in groups of 32 (within an eighth of the coarser
+    Q6_K step of each 32 inputs), not at 4 bits."""
+    w = q6_k(48, 256, seed=3)
+    assert on_q6_k_grid(w) and recover_gguf_grid(w, 4, torch.float32) is None
+    assert not on_q6_k_grid(0.02 * torch.randn(48, 256, generator=torch.Generator().manual_seed(0)))
+    held = gguf_weight(w, "int4", torch.float32)
+    assert held is not None and held.bits == 8 and held.scales.shape == (8, 48)
+    error = (dense_weight(held).t() - w).abs().view(48, 8, 32).amax(-1)
+    coarser_q6_step = w.abs().view(48, 8, 32).amax(-1) / 31  # of the group's two sub-blocks
+    assert bool((error <= coarser_q6_step / 8).all())
+    assert gguf_weight(q4_k(48, 256), "int4", torch.float32).bits == 4  # type: ignore[union-attr]
+    assert gguf_weight(q8_0(48, 256), "int4", torch.float32) is None  # Q8_0 under int4: rounded to 4 bits
+
+
+def test_int4_on_a_q4_k_m_like_model_serves_its_mix(tmp_path: Path) -> None:
+    """Q4_K projections at 4 bits with offsets, the Q6_K v_proj and down_proj at 8 bits (v its own GEMM
+    beside q and k): the model serves its 16-bit tokens."""
+    path = make_grid_checkpoint(tmp_path / "q4_k_m", "q4_k", mix={"v_proj": "q6_k", "down_proj": "q6_k"})
+    prompts = ["the cat sat on", "a quick brown fox"]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=1)
+    runs = []
+    for quant in (None, "int4"):
+        llm = LLM(str(path), device="cpu", dtype="float32", max_model_len=128, quantization=quant)
+        runs.append(llm.generate(prompts, params))
+        if quant is not None:
+            model = llm.engine.runner.model
+            qkv = model.get_submodule("model.layers.0.self_attn.qkv_proj").quant_method.parts
+            down = model.get_submodule("model.layers.0.mlp.down_proj").quant_method.parts
+            assert [p.bits for p in qkv] == [4, 8] and [p.bits for p in down] == [8]  # q and k: one GEMM
+    for plain, quantized in zip(*runs, strict=True):  # Q6_K rounded onto int8: close, not exact
+        assert quantized.token_ids == plain.token_ids
+        for a, b in zip(plain.logprobs, quantized.logprobs, strict=True):
+            assert a.logprob == pytest.approx(b.logprob, abs=5e-2)

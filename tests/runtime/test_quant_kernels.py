@@ -293,6 +293,7 @@ def test_fp8_scaled_mm_matches_its_emulation(n: int, k: int) -> None:
         "fbgemm-fp8",
         "int4",
         "int4-q4_1",
+        "int4-q4_k_m",
         "int8",
         "int8-q8_0",
         "fp8",
@@ -341,6 +342,9 @@ def test_quantized_engine_on_gpu_matches_its_reference_gemms(
         path, quant = make_fbgemm_fp8_checkpoint(root), None
     elif fmt in ("int4-q4_1", "int8-q8_0"):  # GGUF grids kept (Q4_1: whole zeros, then the offsets)
         path, quant = make_grid_checkpoint(root, fmt[5:]), fmt[:4]
+    elif fmt == "int4-q4_k_m":  # Q4_K at 4 bits with offsets, Q6_K v / down held at int8: mixed-bit parts
+        path = make_grid_checkpoint(root, "q4_k", mix={"v_proj": "q6_k", "down_proj": "q6_k"})
+        quant = "int4"
     else:
         path, quant = make_tiny_checkpoint(root, "qwen3"), fmt
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=2)
@@ -356,7 +360,7 @@ def test_quantized_engine_on_gpu_matches_its_reference_gemms(
     w8a8 = fmt in ("fp8-block-w8a8", "modelopt-fp8-pb-wo", "compressed-tensors-w8a8")
     layer_errors: list[tuple[str, float]] = []
     prompts = ["the cat sat on", "a quick brown fox"]
-    if w8a8 or fmt in ("int4-q4_1", "int8-q8_0"):  # a prefill of more than 16 tokens
+    if w8a8 or fmt.startswith(("int4-q4", "int8-q8")):  # a prefill of more than 16 tokens
         prompts.append("the quick brown fox jumps over the lazy dog while the cat sat on the mat again")
     outs = []
     for backend in ("triton", "torch"):

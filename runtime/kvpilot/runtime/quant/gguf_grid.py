@@ -15,7 +15,12 @@ A GGUF file's tensors are dequantized at load (gguf_model.py), so a model served
   Q8_0  w = d q, q in -127..127, d = (the block's largest magnitude) / 127: an int8 group-32 weight (zero
         128, as the canonical layout stores signed 8-bit values), where int8 at load would otherwise
         round again onto one scale per output channel.
-(Q6_K's 16-input sub-blocks and the 2- and 3-bit K types fit no group-32 grid: they are re-rounded.)
+  Q6_K  w = d sc (q - 32) per sub-block of 16 inputs, q in 0..63: two scales per 32 inputs, so no group-32
+        grid holds it. llama.cpp's Q4_K_M / Q4_K_S files keep their most sensitive projections (attn_v, half
+        of ffn_down) in Q6_K, so under int4 such a projection is held at 8 bits, rounded onto int8 groups of
+        32 (off by at most an eighth of the coarser Q6_K step of the 32), not at 4: the file's mix
+        (gguf_weight).
+(The 2- and 3-bit K types and the IQ types fit no group-32 grid: they are rounded again.)
 Each is kept as such instead of being quantized a second time onto groups of 64 or 128 (SmolLM2-135M's
 perplexity under int4: +30% under round-to-nearest, +0.000% with its Q4_1 grid kept; BENCHMARKS.md,
 twentieth and twenty-first sessions).
@@ -30,10 +35,12 @@ from collections.abc import Callable
 from functools import partial
 
 import torch
-from kvpilot.runtime.quant.int_weight import IntWeight, from_affine
+from kvpilot.runtime.quant.int_weight import IntWeight, from_affine, quantize_rtn
 
 GRID_GROUP = 32  # ggml's block of the legacy 4-bit types
 KEPT_TYPES = {"int4": ("Q4_0", "Q4_1", "Q4_K"), "int8": ("Q8_0", "Q5_0", "Q5_1", "Q5_K")}
+HELD_AT_8_BITS = ("Q6_K",)  # under int4 (gguf_weight)
+Q6_K_BLOCK = 16  # Q6_K's sub-block
 TOLERANCE = 0.1  # of a step
 PROBE_COLUMNS = 256  # a first slice of output channels rules most weights out cheaply
 
@@ -55,27 +62,54 @@ def recover_gguf_grid(weight: torch.Tensor, bits: int, dtype: torch.dtype) -> In
     return None
 
 
+def gguf_weight(weight: torch.Tensor, method: str, dtype: torch.dtype) -> IntWeight | None:
+    """What `--quantization method` (int4, int8) keeps of a weight W [N, K] from a GGUF: its own grid at
+    method's bits, or under int4 a Q6_K weight at 8 bits (int8 groups of 32); None when it is neither."""
+    bits = 4 if method == "int4" else 8
+    found = recover_gguf_grid(weight, bits, dtype)
+    if found is None and bits == 4 and on_q6_k_grid(weight):
+        found = quantize_rtn(weight, 8, GRID_GROUP, sym=True)
+    return found
+
+
+def on_q6_k_grid(weight: torch.Tensor) -> bool:
+    """Whether every 16-input sub-block of W [N, K] is d sc (q - 32), q in 0..63: Q6_K's grid."""
+    if weight.shape[1] % Q6_K_BLOCK:
+        return False
+    for rows in (weight[:PROBE_COLUMNS], weight):
+        blocks = rows.float().reshape(-1, Q6_K_BLOCK)
+        if _fit_steps(blocks, blocks.abs().amax(dim=1), most=32, give_up=2) is None:
+            return False
+    return True
+
+
 def grid_note(types: dict[str, int], method: str | None) -> str | None:
     """What to tell a user loading a GGUF whose projections are of `types` (ggml type -> tensors) under
-    `--quantization method` (None: none): how to keep its grids, or which of them are rounded again."""
+    `--quantization method` (None: none): how to keep its grids, or which of them are held or rounded."""
     quantized = sorted(t for t in types if t not in ("F32", "F16", "BF16"))
+    listed = ", ".join(f"{types[t]} {t}" for t in quantized)
     if not quantized:
         return None
-    listed = ", ".join(f"{types[t]} {t}" for t in quantized)
     if method is None:
-        for fit, kept in KEPT_TYPES.items():
-            if all(t in kept for t in quantized):
+        for fit in KEPT_TYPES:
+            held = [t for t in quantized if fit == "int4" and t in HELD_AT_8_BITS]
+            if all(t in KEPT_TYPES[fit] or t in held for t in quantized):
+                but = f" ({', '.join(held)} at 8 bits)" if held else ""
                 return (
-                    f"this GGUF's projections are {listed}: --quantization {fit} keeps them at their "
-                    "bits exactly; they now run dequantized to 16 bits"
+                    f"this GGUF's projections are {listed}: --quantization {fit} keeps them at their bits"
+                    f"{but}; they now run dequantized to 16 bits"
                 )
         return None
-    others = [t for t in quantized if t not in KEPT_TYPES.get(method, ())]
-    if not others:
-        return None
+    kept = KEPT_TYPES.get(method, ())
+    held = [t for t in quantized if method == "int4" and t in HELD_AT_8_BITS]
+    rounded = [t for t in quantized if t not in kept and t not in held]
+    said = [f"the {', '.join(held)} ones are held at 8 bits (int8 groups of 32)"] if held else []
+    if rounded:
+        said.append(f"the {', '.join(rounded)} ones are rounded again (kept exactly: {', '.join(kept)})")
     return (
-        f"this GGUF's projections are {listed}; under --quantization {method} the {', '.join(others)} ones "
-        f"are rounded again (kept exactly: {', '.join(KEPT_TYPES.get(method, ()))})"
+        f"this GGUF's projections are {listed}; under --quantization {method} {'; '.join(said)}"
+        if said
+        else None
     )
 
 
@@ -105,21 +139,29 @@ def _affine_values(w: torch.Tensor, dtype: torch.dtype, most: int, qmax: int) ->
     lo, hi = w.amin(dim=1), w.amax(dim=1)
     blocks = (w - lo.unsqueeze(1)).transpose(1, 2).reshape(-1, GRID_GROUP)  # [groups * N, 32], from 0
     span = (hi - lo).reshape(-1)
-    steps = torch.where(span == 0, float(most), 0.0)  # a constant block: q = 0, its value the offset
-    for count in range(most, 0, -1):  # most blocks fit at `most` (Q4_1 always): retry only the others
-        left = (steps == 0).nonzero().squeeze(1)
-        if left.numel() == 0:
-            break
-        step = (span[left] / count).unsqueeze(1)
-        on_levels = (blocks[left] - torch.round(blocks[left] / step) * step).abs().le(TOLERANCE * step)
-        fits = on_levels.all(dim=1)
-        if count == most and not bool(fits.any()):  # no block spans them all: no such grid (random weights)
-            return None
-        steps[left[fits]] = float(count)
-    if bool((steps == 0).any()):
+    steps = _fit_steps(blocks, span, most, give_up=1)  # Q4_1 and Q5_1 always span `most`
+    if steps is None:
         return None
     scale = torch.where(span == 0, 1.0, span / steps).view_as(lo)
     return _on_grid(w, scale, -lo / scale, dtype, qmax)
+
+
+def _fit_steps(blocks: torch.Tensor, span: torch.Tensor, most: int, give_up: int) -> torch.Tensor | None:
+    """Per block of blocks [B, S] (values measured from 0), the most steps, `most` down to 1, that cut its
+    span [B] into steps every value lies on; None if a block fits none, or none fits any of the first
+    `give_up` counts (random weights: one pass). Most blocks fit at once: only the others are retried."""
+    steps = torch.where(span == 0, float(most), 0.0)  # a constant block: any step
+    for count in range(most, 0, -1):
+        left = (steps == 0).nonzero().squeeze(1)
+        if left.numel() == 0:
+            return steps
+        step = (span[left] / count).unsqueeze(1)
+        on_levels = (blocks[left] - torch.round(blocks[left] / step) * step).abs().le(TOLERANCE * step)
+        fits = on_levels.all(dim=1)
+        steps[left[fits]] = float(count)
+        if count == most - give_up + 1 and not bool((steps[span != 0] > 0).any()):
+            return None
+    return None if bool((steps == 0).any()) else steps
 
 
 def _q8_0_values(w: torch.Tensor, dtype: torch.dtype, qmax: int = 255) -> Grid | None:

@@ -104,29 +104,36 @@ def quantize_rtn(weight: torch.Tensor, bits: int, group_size: int, *, sym: bool)
 
 
 def merge_parts(parts: list[IntWeight]) -> list[IntWeight]:
-    """Fused shards side by side along N as one weight, unless their act-order permutations differ
-    (GPTQ desc_act: each of q/k/v has its own), when each shard stays its own GEMM."""
-    first = parts[0]
-    same_perm = all(
-        (p.perm is None and first.perm is None)
-        or (p.perm is not None and first.perm is not None and torch.equal(p.perm, first.perm))
-        for p in parts
+    """Runs of neighbouring fused shards side by side along N as one weight each; a shard whose act-order
+    permutation (GPTQ desc_act: each of q/k/v has its own), groups or bits (a GGUF's Q6_K v beside Q4_K q
+    and k: 8 and 4) differ from its neighbour's starts a new GEMM."""
+    runs: list[list[IntWeight]] = []
+    for part in parts:
+        if runs and _mergeable(runs[-1][-1], part):
+            runs[-1].append(part)
+        else:
+            runs.append([part])
+    return [run[0] if len(run) == 1 else _side_by_side(run) for run in runs]
+
+
+def _mergeable(a: IntWeight, b: IntWeight) -> bool:
+    same_perm = (a.perm is None and b.perm is None) or (
+        a.perm is not None and b.perm is not None and torch.equal(a.perm, b.perm)
     )
-    same_groups = all(p.scales.shape[0] == first.scales.shape[0] for p in parts)
-    if len(parts) == 1 or not (same_perm and same_groups):
-        return parts
+    return same_perm and a.scales.shape[0] == b.scales.shape[0] and a.bits == b.bits
+
+
+def _side_by_side(parts: list[IntWeight]) -> IntWeight:
     offsets = None
     if any(p.offsets is not None for p in parts):  # a shard without offsets adds zeros
         offsets = torch.cat(
             [torch.zeros_like(p.scales) if p.offsets is None else p.offsets for p in parts], 1
         )
-    return [
-        IntWeight(
-            torch.cat([p.qweight for p in parts], dim=1),
-            torch.cat([p.scales for p in parts], dim=1),
-            torch.cat([p.zeros for p in parts], dim=1),
-            first.bits,
-            first.perm,
-            offsets,
-        )
-    ]
+    return IntWeight(
+        torch.cat([p.qweight for p in parts], dim=1),
+        torch.cat([p.scales for p in parts], dim=1),
+        torch.cat([p.zeros for p in parts], dim=1),
+        parts[0].bits,
+        parts[0].perm,
+        offsets,
+    )

@@ -21,7 +21,7 @@ from kvpilot.runtime.quant.checkpoint_formats import (
 )
 from kvpilot.runtime.quant.collecting import CollectingMethod
 from kvpilot.runtime.quant.config import QuantConfig, int4_group_size
-from kvpilot.runtime.quant.gguf_grid import recover_gguf_grid
+from kvpilot.runtime.quant.gguf_grid import gguf_weight
 from kvpilot.runtime.quant.int_weight import IntWeight, add_offsets, dense_weight, merge_parts, quantize_rtn
 from kvpilot.runtime.quant.tp_split import int_weight_columns
 
@@ -99,7 +99,7 @@ class IntWeightMethod(CollectingMethod):
     def _quantize(self, layer: Linear, weight: torch.Tensor) -> IntWeight:
         q, weight = self.quant, weight.to(self.device)
         if q.method in ("int4", "int8"):  # a dequantized GGUF keeps its grid (quant/gguf_grid.py)
-            grid = recover_gguf_grid(weight, q.bits, self.dtype)
+            grid = gguf_weight(weight, q.method, self.dtype)
             if grid is not None:
                 return _to(grid, self.device, self.dtype)
         group = int4_group_size(layer.in_features) if q.method == "int4" else q.group_size
