@@ -12,12 +12,12 @@ import pytest
 import torch
 from kvpilot.runtime.config import ModelConfig
 from kvpilot.runtime.fixtures.gguf_grids import (
+    decoded,
     make_grid_checkpoint,
     q4_0,
     q4_1,
-    q4_k,
     q4_k_blocks,
-    q6_k,
+    q6_k_blocks,
     q8_0,
 )
 from kvpilot.runtime.kernels.quant_reference import dequantize_int_ref, int_gemm_ref
@@ -28,6 +28,18 @@ from kvpilot.runtime.quant.gguf_grid import gguf_weight, grid_note, on_q6_k_grid
 from kvpilot.runtime.quant.int_weight import IntWeight, add_offsets, dense_weight, merge_parts
 from kvpilot.runtime.sampling_params import SamplingParams
 from safetensors.torch import load_file
+
+
+def q4_k(n: int, k: int, seed: int = 0) -> torch.Tensor:
+    """Raw Q4_K blocks as the gguf package decodes them (what a converted Q4_K file holds)."""
+    return decoded(q4_k_blocks(n * k // 256, 256, seed)[0], n * k // 256, "Q4_K").view(n, k)
+
+
+def q6_k(n: int, k: int, seed: int = 0) -> torch.Tensor:
+    raw, by_formula = q6_k_blocks(n * k // 256, 256, seed)
+    weight = decoded(raw, n * k // 256, "Q6_K").view(n, k)
+    assert torch.equal(weight, by_formula.view(n, k))  # the packing is ggml's: its decoder agrees
+    return weight
 
 
 def recovered(weight: torch.Tensor, dtype: torch.dtype, bits: int = 4) -> IntWeight:
