@@ -250,7 +250,8 @@ def test_the_load_note_names_how_to_keep_a_gguf_grid_or_what_is_rounded_again() 
     assert grid_note({"Q4_K": 100, "Q3_K": 40}, None) is None  # no one method keeps every type
     mixed = grid_note({"Q4_K": 100, "Q3_K": 40, "Q6_K": 1}, "int4") or ""
     assert "Q6_K ones are held at 8 bits (int8 groups of 32); the Q3_K ones are rounded again" in mixed
-    assert "the Q4_K, Q6_K ones are rounded again (kept exactly: Q8_0," in (grid_note(q4_k_m, "int8") or "")
+    under_int8 = grid_note(q4_k_m, "int8") or ""
+    assert "Q6_K ones are held at 8 bits (int8 groups of 32); the Q4_K ones are rounded again" in under_int8
     assert grid_note({"Q4_1": 10}, "int4") is None  # everything kept: nothing to say
 
 
@@ -268,6 +269,8 @@ def test_under_int4_a_q6_k_weight_is_held_at_8_bits() -> None:
     assert bool((error <= coarser_q6_step / 8).all())
     assert gguf_weight(q4_k(48, 256), "int4", torch.float32).bits == 4  # type: ignore[union-attr]
     assert gguf_weight(q8_0(48, 256), "int4", torch.float32) is None  # Q8_0 under int4: rounded to 4 bits
+    under_int8 = gguf_weight(w, "int8", torch.float32)  # int8 groups of 32, not one scale per channel
+    assert under_int8 is not None and under_int8.scales.shape == (8, 48)
 
 
 def test_int4_on_a_q4_k_m_like_model_serves_its_mix(tmp_path: Path) -> None:

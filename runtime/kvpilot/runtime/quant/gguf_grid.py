@@ -19,7 +19,7 @@ A GGUF file's tensors are dequantized at load (gguf_model.py), so a model served
         grid holds it. llama.cpp's Q4_K_M / Q4_K_S files keep their most sensitive projections (attn_v, half
         of ffn_down) in Q6_K, so under int4 such a projection is held at 8 bits, rounded onto int8 groups of
         32 (off by at most an eighth of the coarser Q6_K step of the 32), not at 4: the file's mix
-        (gguf_weight).
+        (gguf_weight); under int8 likewise, in place of one scale per output channel.
 (The 2- and 3-bit K types and the IQ types fit no group-32 grid: they are rounded again.)
 Each is kept as such instead of being quantized a second time onto groups of 64 or 128 (SmolLM2-135M's
 perplexity under int4: +30% under round-to-nearest, +0.000% with its Q4_1 grid kept; BENCHMARKS.md,
@@ -39,7 +39,7 @@ from kvpilot.runtime.quant.int_weight import IntWeight, from_affine, quantize_rt
 
 GRID_GROUP = 32  # ggml's block of the legacy 4-bit types
 KEPT_TYPES = {"int4": ("Q4_0", "Q4_1", "Q4_K"), "int8": ("Q8_0", "Q5_0", "Q5_1", "Q5_K")}
-HELD_AT_8_BITS = ("Q6_K",)  # under int4 (gguf_weight)
+HELD_AT_8_BITS = ("Q6_K",)  # under int4 or int8: int8 groups of 32 (gguf_weight)
 Q6_K_BLOCK = 16  # Q6_K's sub-block
 TOLERANCE = 0.1  # of a step
 PROBE_COLUMNS = 256  # a first slice of output channels rules most weights out cheaply
@@ -64,10 +64,10 @@ def recover_gguf_grid(weight: torch.Tensor, bits: int, dtype: torch.dtype) -> In
 
 def gguf_weight(weight: torch.Tensor, method: str, dtype: torch.dtype) -> IntWeight | None:
     """What `--quantization method` (int4, int8) keeps of a weight W [N, K] from a GGUF: its own grid at
-    method's bits, or under int4 a Q6_K weight at 8 bits (int8 groups of 32); None when it is neither."""
+    method's bits, or a Q6_K weight at 8 bits in int8 groups of 32; None when it is neither."""
     bits = 4 if method == "int4" else 8
     found = recover_gguf_grid(weight, bits, dtype)
-    if found is None and bits == 4 and on_q6_k_grid(weight):
+    if found is None and on_q6_k_grid(weight):  # int8: finer than one scale per output channel
         found = quantize_rtn(weight, 8, GRID_GROUP, sym=True)
     return found
 
@@ -92,7 +92,7 @@ def grid_note(types: dict[str, int], method: str | None) -> str | None:
         return None
     if method is None:
         for fit in KEPT_TYPES:
-            held = [t for t in quantized if fit == "int4" and t in HELD_AT_8_BITS]
+            held = [t for t in quantized if t in HELD_AT_8_BITS]
             if all(t in KEPT_TYPES[fit] or t in held for t in quantized):
                 but = f" ({', '.join(held)} at 8 bits)" if held else ""
                 return (
@@ -101,7 +101,7 @@ def grid_note(types: dict[str, int], method: str | None) -> str | None:
                 )
         return None
     kept = KEPT_TYPES.get(method, ())
-    held = [t for t in quantized if method == "int4" and t in HELD_AT_8_BITS]
+    held = [t for t in quantized if t in HELD_AT_8_BITS]
     rounded = [t for t in quantized if t not in kept and t not in held]
     said = [f"the {', '.join(held)} ones are held at 8 bits (int8 groups of 32)"] if held else []
     if rounded:
