@@ -12,7 +12,8 @@ Two kinds:
                              Llama-3.1-FP8: per-channel scales; activation_scale_ub unused): run as fp8
   quantize at load           int8 (W8A16 per output channel), int4 (W4A16 round-to-nearest with zero
                              points, group 128 or the largest of 64/32/16 that divides the input width),
-                             fp8 (W8A8: per-output-channel weight scales, dynamic per-token activations)
+                             fp8 (W8A8: per-output-channel weight scales, dynamic per-token activations);
+                             a GGUF's own grids are kept under int4 / int8 (quant/gguf_grid.py)
 
 Everything the runtime cannot run is refused here, naming the field and what is supported.
 """
@@ -20,46 +21,22 @@ Everything the runtime cannot run is refused here, naming the field and what is 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from kvpilot.runtime.errors import UnsupportedModelError
+from kvpilot.runtime.quant.compressed_tensors_config import compressed_tensors
 from kvpilot.runtime.quant.ignored import ignored_patterns
 from kvpilot.runtime.quant.modelopt import flatten_modelopt, modelopt_fp8_layout
+from kvpilot.runtime.quant.scheme import GPTQ_GROUP_SIZES, QuantConfig, fp8_block
+
+__all__ = ["QuantConfig", "int4_group_size", "parse_quant_config"]
 
 LOAD_TIME_METHODS = ("int8", "int4", "fp8")
 CHECKPOINT_METHODS = ("awq", "gptq", "fp8", "compressed-tensors", "modelopt", "fbgemm_fp8")
 AWQ_GROUP_SIZES = (32, 64, 128)
-GPTQ_GROUP_SIZES = (-1, 32, 64, 128)
 GPTQ_BITS = (4, 8)
 INT4_GROUP_SIZES = (128, 64, 32, 16)  # load-time int4: the first that divides the input width
-CT_INT_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized")  # compressed-tensors int weights
-
-
-@dataclass(frozen=True)
-class QuantConfig:
-    """method: awq, gptq, fp8 (both fp8 sources), int8, int4. from_checkpoint: the tensors are already
-    quantized (qweight/... or float8 weight + weight_scale), else a 16-bit checkpoint quantized at load."""
-
-    method: str
-    from_checkpoint: bool
-    bits: int = 16
-    group_size: int = -1  # -1: one group over the whole input width
-    sym: bool = True
-    desc_act: bool = False
-    zeros_v2: bool = False  # GPTQ v2 zeros (stored as is) instead of v1's zero - 1
-    fp8_scale_per_channel: bool = False  # compressed-tensors channel strategy (else per tensor)
-    # how an integer checkpoint's tensors are laid out: "" (its method's own: qweight/qzeros/scales),
-    # "compressed-tensors" (pack-quantized: weight_packed/weight_scale/weight_zero_point/weight_g_idx) or
-    # "compressed-tensors-unpacked" (int-/naive-quantized: int8 weight, weight_scale, weight_zero_point)
-    packing: str = ""
-    # the checkpoint quantizes activations to int8 too (compressed-tensors W8A8 / W4A8): W8A8 with channel
-    # scales runs W8A8 above decode sizes (quant/methods.py), anything else weight-only (16-bit activations)
-    int8_activations: bool = False
-    # modules the checkpoint leaves 16-bit (quant/ignored.py patterns)
-    ignored: tuple[str, ...] = ()
-    # block-wise fp8 ([rows, columns] of W [N, K] per float32 scale; None: per tensor or per channel)
-    fp8_block: tuple[int, int] | None = None
 
 
 def parse_quant_config(raw: Any, forced: str | None) -> QuantConfig | None:
@@ -79,7 +56,7 @@ def parse_quant_config(raw: Any, forced: str | None) -> QuantConfig | None:
     if method == "modelopt":
         raw = flatten_modelopt(raw)
     parsers: dict[str, Callable[[dict[str, Any]], QuantConfig]] = {
-        **{"awq": _awq, "gptq": _gptq, "fp8": _fp8, "compressed-tensors": _compressed_tensors},
+        **{"awq": _awq, "gptq": _gptq, "fp8": _fp8, "compressed-tensors": compressed_tensors},
         **{"modelopt": _modelopt, "fbgemm_fp8": _fbgemm_fp8},
     }
     parsed = parsers[method](raw)
@@ -189,7 +166,7 @@ def _fp8(raw: dict[str, Any]) -> QuantConfig:
     if block is None:
         return QuantConfig(method="fp8", from_checkpoint=True, bits=8)
     return QuantConfig(
-        method="fp8", from_checkpoint=True, bits=8, fp8_block=_fp8_block(block, "weight_block_size")
+        method="fp8", from_checkpoint=True, bits=8, fp8_block=fp8_block(block, "weight_block_size")
     )
 
 
@@ -202,106 +179,6 @@ def _modelopt(flat: dict[str, Any]) -> QuantConfig:
 
 def _fbgemm_fp8(raw: dict[str, Any]) -> QuantConfig:
     return QuantConfig("fp8", True, bits=8, fp8_scale_per_channel=True)
-
-
-def _fp8_block(block: Any, name: str) -> tuple[int, int]:
-    """Block-wise fp8's [output rows, input columns] per scale: two positive multiples of 16."""
-    if (
-        not isinstance(block, list | tuple)
-        or len(block) != 2
-        or not all(type(b) is int and b > 0 and b % 16 == 0 for b in block)
-    ):
-        raise UnsupportedModelError(
-            f"config.json quantization_config.{name} {block!r} (block-wise fp8) is not supported; "
-            "supported: [rows, columns], each a positive multiple of 16 (DeepSeek-V3 / Qwen3-FP8: [128, 128])"
-        )
-    return int(block[0]), int(block[1])
-
-
-def _compressed_tensors(raw: dict[str, Any]) -> QuantConfig:
-    """compressed-tensors: float8 weights per tensor, channel or block (fp8), or int4/int8 weights (pack-,
-    int- or naive-quantized) per group or channel, which run as the gptq family, weight-only (their layout
-    differs, the arithmetic is GPTQ's: quant/checkpoint_formats.py)."""
-    groups = raw.get("config_groups") or {}
-    schemes = [g for g in groups.values() if isinstance(g, dict) and g.get("weights")]
-    if not schemes:
-        raise UnsupportedModelError(
-            "config.json quantization_config.config_groups (compressed-tensors) names no weight scheme; "
-            "supported: float8 weights (tensor, channel or block strategy), int4/int8 weights"
-        )
-    kinds = {(g["weights"].get("type"), g["weights"].get("num_bits")) for g in schemes}
-    if kinds == {("float", 8)}:
-        return _ct_float([g["weights"] for g in schemes])
-    if kinds in ({("int", 4)}, {("int", 8)}):
-        return _ct_int(raw, schemes)
-    found = ", ".join(f"num_bits {bits}, type {kind!r}" for kind, bits in sorted(kinds, key=str))
-    raise UnsupportedModelError(
-        f"config.json quantization_config.config_groups.*.weights ({found}) is not supported; supported "
-        "(compressed-tensors, one scheme for all layers): num_bits 8 type float, num_bits 4 or 8 type int"
-    )
-
-
-def _ct_float(schemes: list[dict[str, Any]]) -> QuantConfig:
-    strategies = {scheme.get("strategy", "tensor") for scheme in schemes}
-    if not strategies <= {"tensor", "channel", "block"} or len(strategies) != 1:
-        raise UnsupportedModelError(
-            "config.json quantization_config.config_groups.*.weights.strategy "
-            f"{', '.join(sorted(map(str, strategies)))} is not supported; supported: tensor, channel or block"
-        )
-    if strategies == {"block"}:
-        blocks = {str(scheme.get("block_structure")) for scheme in schemes}
-        if len(blocks) != 1:
-            raise UnsupportedModelError(
-                "config.json quantization_config.config_groups.*.weights.block_structure differ between "
-                "groups; supported: one block structure"
-            )
-        block = _fp8_block(schemes[0].get("block_structure"), "config_groups.*.weights.block_structure")
-        return QuantConfig(
-            method="fp8", from_checkpoint=True, bits=8, packing="compressed-tensors", fp8_block=block
-        )
-    return QuantConfig(
-        method="fp8", from_checkpoint=True, bits=8, fp8_scale_per_channel=strategies == {"channel"}
-    )
-
-
-def _ct_int(raw: dict[str, Any], schemes: list[dict[str, Any]]) -> QuantConfig:
-    field = "config.json quantization_config.config_groups.*"
-    keys = ("num_bits", "strategy", "group_size", "symmetric")
-    weights = {tuple(str(g["weights"].get(key)) for key in keys) for g in schemes}
-    if len(weights) != 1:
-        raise UnsupportedModelError(f"{field}.weights differ between groups; supported: one int scheme")
-    scheme = schemes[0]["weights"]
-    fmt = str(schemes[0].get("format") or raw.get("format") or "")
-    if fmt not in CT_INT_FORMATS:
-        raise UnsupportedModelError(
-            f"config.json quantization_config.format {fmt or '(missing)'!r} (compressed-tensors int weights) "
-            f"is not supported; supported: {', '.join(CT_INT_FORMATS)}"
-        )
-    activations = [g["input_activations"] for g in schemes if g.get("input_activations")]
-    if any(a.get("type", "int") != "int" or a.get("num_bits") != 8 for a in activations):
-        raise UnsupportedModelError(
-            f"{field}.input_activations (other than int8) is not supported; supported: null (weight-only) or "
-            "int8, which runs weight-only here (the activations stay 16-bit)"
-        )
-    strategy = scheme.get("strategy")
-    group = scheme.get("group_size")
-    if strategy == "channel":
-        group = -1
-    elif strategy != "group" or group not in GPTQ_GROUP_SIZES[1:]:
-        raise UnsupportedModelError(
-            f"{field}.weights (strategy {strategy!r}, group_size {group}) is not supported; supported: "
-            f"strategy channel, or group with group_size {', '.join(map(str, GPTQ_GROUP_SIZES[1:]))}"
-        )
-    return QuantConfig(
-        method="gptq",
-        from_checkpoint=True,
-        bits=int(scheme["num_bits"]),
-        group_size=int(group),
-        sym=scheme.get("symmetric", True) is not False,
-        desc_act=scheme.get("actorder") not in (None, False),
-        packing="compressed-tensors" if fmt == "pack-quantized" else "compressed-tensors-unpacked",
-        int8_activations=bool(activations),
-    )
 
 
 def int4_group_size(in_features: int) -> int:
