@@ -42,7 +42,7 @@ KEPT_TYPES = {"int4": ("Q4_0", "Q4_1", "Q4_K"), "int8": ("Q8_0", "Q5_0", "Q5_1",
 HELD_AT_8_BITS = ("Q6_K",)  # under int4 or int8: int8 groups of 32 (gguf_weight)
 Q6_K_BLOCK = 16  # Q6_K's sub-block
 TOLERANCE = 0.1  # of a step
-PROBE_COLUMNS = 256  # a first slice of output channels rules most weights out cheaply
+PROBE_COLUMNS = 64  # a first slice of output channels rules most weights out cheaply
 
 
 def recover_gguf_grid(weight: torch.Tensor, bits: int, dtype: torch.dtype) -> IntWeight | None:
