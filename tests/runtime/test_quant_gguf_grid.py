@@ -248,6 +248,9 @@ def test_the_load_note_names_how_to_keep_a_gguf_grid_or_what_is_rounded_again() 
     assert "--quantization int4 keeps them at their bits (Q6_K at 8 bits)" in (grid_note(q4_k_m, None) or "")
     assert "the Q6_K ones are held at 8 bits" in (grid_note(q4_k_m, "int4") or "")
     assert grid_note({"Q4_K": 100, "Q3_K": 40}, None) is None  # no one method keeps every type
+    assert "--quantization int8 keeps them at their bits (Q6_K at 8 bits)" in (
+        grid_note({"Q6_K": 9}, None) or ""
+    )
     mixed = grid_note({"Q4_K": 100, "Q3_K": 40, "Q6_K": 1}, "int4") or ""
     assert "Q6_K ones are held at 8 bits (int8 groups of 32); the Q3_K ones are rounded again" in mixed
     under_int8 = grid_note(q4_k_m, "int8") or ""

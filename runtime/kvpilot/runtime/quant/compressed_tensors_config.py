@@ -13,9 +13,7 @@ CT_INT_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized")  # compr
 
 
 def compressed_tensors(raw: dict[str, Any]) -> QuantConfig:
-    """compressed-tensors: float8 weights per tensor, channel or block (fp8), or int4/int8 weights (pack-,
-    int- or naive-quantized) per group or channel, which run as the gptq family, weight-only (their layout
-    differs, the arithmetic is GPTQ's: quant/checkpoint_formats.py)."""
+    """The QuantConfig of a compressed-tensors quantization_config (one weight scheme for all groups)."""
     groups = raw.get("config_groups") or {}
     schemes = [g for g in groups.values() if isinstance(g, dict) and g.get("weights")]
     if not schemes:

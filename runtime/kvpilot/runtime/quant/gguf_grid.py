@@ -87,13 +87,15 @@ def grid_note(types: dict[str, int], method: str | None) -> str | None:
     """What to tell a user loading a GGUF whose projections are of `types` (ggml type -> tensors) under
     `--quantization method` (None: none): how to keep its grids, or which of them are held or rounded."""
     quantized = sorted(t for t in types if t not in ("F32", "F16", "BF16"))
-    listed = ", ".join(f"{types[t]} {t}" for t in quantized)
     if not quantized:
         return None
+    listed = ", ".join(f"{types[t]} {t}" for t in quantized)
+    held = [t for t in quantized if t in HELD_AT_8_BITS]
     if method is None:
-        for fit in KEPT_TYPES:
-            held = [t for t in quantized if t in HELD_AT_8_BITS]
-            if all(t in KEPT_TYPES[fit] or t in held for t in quantized):
+        for fit, kept in KEPT_TYPES.items():  # int4 only where it keeps one type at its bits
+            if all(t in kept or t in held for t in quantized) and (
+                fit == "int8" or len(held) < len(quantized)
+            ):
                 but = f" ({', '.join(held)} at 8 bits)" if held else ""
                 return (
                     f"this GGUF's projections are {listed}: --quantization {fit} keeps them at their bits"
@@ -101,16 +103,13 @@ def grid_note(types: dict[str, int], method: str | None) -> str | None:
                 )
         return None
     kept = KEPT_TYPES.get(method, ())
-    held = [t for t in quantized if t in HELD_AT_8_BITS]
     rounded = [t for t in quantized if t not in kept and t not in held]
     said = [f"the {', '.join(held)} ones are held at 8 bits (int8 groups of 32)"] if held else []
     if rounded:
         said.append(f"the {', '.join(rounded)} ones are rounded again (kept exactly: {', '.join(kept)})")
-    return (
-        f"this GGUF's projections are {listed}; under --quantization {method} {'; '.join(said)}"
-        if said
-        else None
-    )
+    if not said:
+        return None
+    return f"this GGUF's projections are {listed}; under --quantization {method} {'; '.join(said)}"
 
 
 def _blocks(weight: torch.Tensor) -> torch.Tensor:
