@@ -73,10 +73,17 @@ def unsupported(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bi
 
 
 def int4_cuda_unsupported(
-    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int, cols: int, max_m: int | None
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    bits: int,
+    cols: int,
+    max_m: int | None,
+    small_groups: tuple[int, ...] = (),
 ) -> str | None:
     """Why an int4 x bf16 mma.sync kernel of this folder (w4a16_gemv.cu, w4a16_gemm.cu) cannot run
-    x [M, K] @ W^T, given the output columns its CTA takes and the most tokens it takes (None: any)."""
+    x [M, K] @ W^T, given the output columns its CTA takes, the most tokens it takes (None: any) and the
+    groups below a tile it takes (else groups are whole tiles)."""
     if x.device.type != "cuda" or torch.version.cuda is None:
         return "needs a CUDA device"
     if torch.cuda.get_device_capability(x.device) < (8, 0):
@@ -84,15 +91,25 @@ def int4_cuda_unsupported(
     if bits != 4 or x.dtype != torch.bfloat16 or scales.dtype != torch.bfloat16:
         return f"{bits}-bit weights with {x.dtype} activations (int4 with bf16 only)"
     m, k = x.shape
-    n = qweight.shape[1]
-    group = k // scales.shape[0]
-    if m < 1 or (max_m is not None and m > max_m) or k % TILE or n % cols or group % TILE:
-        tokens = f"1..{max_m}" if max_m is not None else "1+"
-        return f"M={m} ({tokens}), K={k} (a multiple of {TILE}), N={n} (of {cols}), group {group} (of {TILE})"
+    shape = shape_unsupported(m, qweight.shape[1], k, k // scales.shape[0], cols, max_m, small_groups)
+    if shape is not None:
+        return shape
     if x.stride(1) != 1 or not (qweight.is_contiguous() and scales.is_contiguous()):
         return "x rows and the weight tensors must be contiguous"
     if x.data_ptr() % 16 or x.stride(0) % 8:
         return "x rows must start 16-byte aligned (they are copied in 16-byte loads)"
+    return None
+
+
+def shape_unsupported(
+    m: int, n: int, k: int, group: int, cols: int, max_m: int | None, small_groups: tuple[int, ...] = ()
+) -> str | None:
+    """int4_cuda_unsupported's shape rule alone (None: the kernel takes the shape)."""
+    bad_group = group % TILE != 0 and group not in small_groups
+    if m < 1 or (max_m is not None and m > max_m) or k % TILE or n % cols or bad_group:
+        tokens = f"1..{max_m}" if max_m is not None else "1+"
+        groups = f"of {TILE}" + "".join(f" or {g}" for g in small_groups)
+        return f"M={m} ({tokens}), K={k} (a multiple of {TILE}), N={n} (of {cols}), group {group} ({groups})"
     return None
 
 

@@ -4,7 +4,8 @@
 // and macros:
 //   WARPS (each warp owns 32 output columns: a CTA takes BN = 32 WARPS), NT (token tiles of 8, 1..8: a CTA
 //   takes BM = 8 NT tokens, grid.z more token blocks), STAGES (K tiles in flight through the cp.async ring),
-//   TILES_PER_GROUP (G / 128), CLUSTER_REDUCE (1: sm_90, a column block's S <= 16 K slices are one cluster),
+//   TILES_PER_GROUP (G / 128; 1 below 128), GROUPS_PER_TILE (128 / G for groups of 32 or 64 rows, else 1),
+//   CLUSTER_REDUCE (1: sm_90, a column block's S <= 16 K slices are one cluster),
 //   BIASED (1: the mmas take 128 + q, each tile's sums corrected in fp32; w4a16_gemm_biased.cuh),
 //   WGMMA (1: sm_90a, 16, 32 or 64 tokens a CTA: the K tile on warpgroup mmas, w4a16_gemm_wgmma.cuh).
 //
@@ -16,6 +17,10 @@
 // K tile's x rows go to shared memory with cp.async and come out as B fragments by ldmatrix. Each A fragment
 // is dequantized once, exactly as the reference (bf16((q - z) s): the difference is exact, the product
 // rounded once), and feeds NT mmas.
+//
+// Groups of 32 or 64 rows: mma k-step j takes K rows [16j, 16j + 16), so each step lies in group 16j / G and
+// takes that group's scales and zeros; the stage holds the tile's GROUPS_PER_TILE rows of them (the decode
+// GEMV cannot: its steps pair K rows 64 apart, so the dispatch sends such weights here from one token).
 //
 // Grid (N / BN, S, ceil(M / BM)): CTA (b, s, z) takes columns [b BN, +BN), tokens [z BM, +BM) and the s-th of
 // S slices of K's tiles. Mma block c (0, 1) of warp w: A rows g -> column 32w + 2g + c, g + 8 -> 32w + 16 +
@@ -33,6 +38,13 @@ typedef unsigned short u16;
 #ifndef WGMMA
 #define WGMMA 0
 #endif
+#ifndef GROUPS_PER_TILE
+#define GROUPS_PER_TILE 1
+#endif
+#if GROUPS_PER_TILE != 1 && (TILES_PER_GROUP != 1 || (GROUPS_PER_TILE != 2 && GROUPS_PER_TILE != 4))
+#error "groups of 32 or 64 rows (GROUPS_PER_TILE 4 or 2) take TILES_PER_GROUP 1"
+#endif
+#define STEPS_PER_GROUP (8 / GROUPS_PER_TILE)  // mma k-steps of 16 K rows in one group
 #if WGMMA && ((NT != 2 && NT != 4 && NT != 8 && NT != 16) || WARPS % 4 || BIASED)
 #error "the WGMMA build takes 16, 32 or 64 tokens in whole warpgroups, dequantizing"
 #endif
@@ -42,7 +54,7 @@ typedef unsigned short u16;
 #define NT_PAIRS ((NT + 1) / 2)  // ldmatrix.x4 takes two token tiles: x rows are staged for 16 NT_PAIRS
 #define X_STAGE (16 * NT_PAIRS * TILE * 2)  // bytes: x rows of 256 bytes, 16-byte chunks swizzled
 #define W_STAGE (WARPS * 2048)  // bytes: each warp's 16 word rows x 32 columns, in its lanes' read order
-#define SZ_STAGE (4 * BN)  // bytes: the group's BN scales, then BN zeros
+#define SZ_STAGE (4 * BN * GROUPS_PER_TILE)  // bytes: per group of the tile, its BN scales, then BN zeros
 #define STAGE_BYTES (X_STAGE + W_STAGE + SZ_STAGE)
 #define ONES 0x3F803F80u  // bf16x2 (1, 1)
 
@@ -122,7 +134,8 @@ __device__ __forceinline__ char* x_at(char* smem, int i) { return smem + i * STA
 // copies of a tile are then a few instructions each). The CTA's 16 word rows x BN columns: chunk (r, a) to
 // w_chunk order in the warp's region of column chunk a, rows r0 + 4k (k < 4) of one column chunk a per
 // thread; x: rows tok0 + X_ROWS k of one 16-byte chunk kc per thread (stored at kc ^ tok % 8, the same for
-// every k); the group's scales and zeros: one chunk for each of the first BN / 4 threads.
+// every k); the tile's groups' scales and zeros: one chunk for each of the first GROUPS_PER_TILE BN / 4
+// threads (group gi's BN / 4 chunks after group gi - 1's).
 #define X_ROWS (2 * WARPS)  // x rows per pass of the CTA's threads (16 chunks each)
 #define X_CHUNKS (16 * NT_PAIRS / X_ROWS)
 struct Fetch {
@@ -143,8 +156,8 @@ __device__ __forceinline__ Fetch plan_fetch(const u32* qw, const u16* scales, co
     f.x = x + (long long)tok0 * stride_x + 8 * kc;
     f.x_dst = x_stage_offset(tok0, kc);
     f.x_real = m_left > tok0 ? (m_left - tok0 + X_ROWS - 1) / X_ROWS : 0;
-    const int h = tid / (BN / 8), c = tid % (BN / 8);  // BN / 8 chunks of scales, then of zeros
-    f.sz = tid < BN / 4 ? (h ? zeros : scales) + n0 + 8 * c : nullptr;
+    const int gi = tid / (BN / 4), h = tid / (BN / 8) % 2, c = tid % (BN / 8);  // BN / 8 chunks of scales, then zeros
+    f.sz = tid < GROUPS_PER_TILE * BN / 4 ? (h ? zeros : scales) + (long long)gi * n + n0 + 8 * c : nullptr;
     f.sz_dst = X_STAGE + W_STAGE + 16 * tid;
     return f;
 }
@@ -155,7 +168,7 @@ __device__ __forceinline__ void fetch_weight(char* stage, const Fetch& f, int ti
 #pragma unroll
     for (int k = 0; k < 4; ++k)
         cp_async16(stage + f.w_dst + ((k >> 1) * 64 + (k & 1) * 8) * 16, w + (long long)k * 4 * n);
-    if (f.sz) cp_async16(stage + f.sz_dst, f.sz + (long long)(tile / TILES_PER_GROUP) * n);
+    if (f.sz) cp_async16(stage + f.sz_dst, f.sz + (long long)(tile * GROUPS_PER_TILE / TILES_PER_GROUP) * n);
 }
 
 __device__ __forceinline__ void fetch_x(char* stage, const Fetch& f, int tile, int stride_x) {
@@ -193,9 +206,10 @@ __device__ __forceinline__ void read_words(u32 (&p)[2][2][2][2], const char* sta
     }
 }
 
-// The stage's scales (x) and zeros (y) of columns col, col + 1 (c = 0, 1) of this lane's half hi, as bf16x2.
-__device__ __forceinline__ uint2 group_words(const char* stage, int warp, int g, int hi) {
-    const u32* sz = reinterpret_cast<const u32*>(stage + X_STAGE + W_STAGE);
+// The stage's scales (x) and zeros (y) of columns col, col + 1 (c = 0, 1) of this lane's half hi, as bf16x2,
+// for the tile's group gi.
+__device__ __forceinline__ uint2 group_words(const char* stage, int warp, int g, int hi, int gi) {
+    const u32* sz = reinterpret_cast<const u32*>(stage + X_STAGE + W_STAGE) + gi * BN;
     const int col = warp * 32 + hi * 16 + 2 * g;
     return make_uint2(sz[col / 2], sz[BN / 2 + col / 2]);
 }
@@ -211,11 +225,12 @@ __device__ __forceinline__ void read_x(u32 (&b)[4], const char* stage, int j, in
     ldmatrix_x4(b, stage + x_stage_offset(row, kc));
 }
 
-// Per column (hi, c) of this lane: (s, s) and (-(128 + z), -(128 + z)) as bf16x2.
-__device__ __forceinline__ void read_group(u32 (&s)[2][2], u32 (&nz)[2][2], const char* stage, int warp, int g) {
+// Per column (hi, c) of this lane: (s, s) and (-(128 + z), -(128 + z)) as bf16x2, of the tile's group gi.
+__device__ __forceinline__ void read_group(u32 (&s)[2][2], u32 (&nz)[2][2], const char* stage, int warp, int g,
+                                           int gi) {
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
-        const uint2 w = group_words(stage, warp, g, hi);
+        const uint2 w = group_words(stage, warp, g, hi, gi);
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
             s[hi][c] = __byte_perm(w.x, w.x, c ? 0x3232 : 0x1010);
@@ -231,30 +246,40 @@ __device__ __forceinline__ u32 dequant(u32 p, int i, u32 s, u32 nz) {
     return fma_bf16x2(fma_bf16x2(biased_pair(p, i), ONES, nz), s, 0x80008000u);  // + (-0): the product rounded once
 }
 
+// k-step j's A fragments of mma blocks c = 0, 1, dequantized with its group's s and nz (read_group).
+__device__ __forceinline__ void dequant_step(u32 (&a)[2][4], const u32 (&p)[2][2][2][2], const u32 (&s)[2][2],
+                                             const u32 (&nz)[2][2], int j) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+        a[c][0] = dequant(p[0][0][c][j / 4], j % 4, s[0][c], nz[0][c]);  // row g, K 16j + 2t
+        a[c][1] = dequant(p[0][1][c][j / 4], j % 4, s[1][c], nz[1][c]);  // row g + 8
+        a[c][2] = dequant(p[1][0][c][j / 4], j % 4, s[0][c], nz[0][c]);  // row g, K 16j + 2t + 8
+        a[c][3] = dequant(p[1][1][c][j / 4], j % 4, s[1][c], nz[1][c]);
+    }
+}
+
 // acc[c][nt] += this warp's 32 columns x the CTA's tokens over one K tile.
 __device__ __forceinline__ void mma_stage(float (&acc)[2][2 * NT_PAIRS][4], const char* stage, int warp, int lane) {
     const int g = lane >> 2;
-    u32 p[2][2][2][2], s[2][2], nz[2][2];
+    u32 p[2][2][2][2];
     read_words(p, stage, warp, lane);
-    read_group(s, nz, stage, warp, g);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        u32 a[2][4];
+    for (int gi = 0; gi < GROUPS_PER_TILE; ++gi) {
+        u32 s[2][2], nz[2][2];
+        read_group(s, nz, stage, warp, g, gi);
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-            a[c][0] = dequant(p[0][0][c][j / 4], j % 4, s[0][c], nz[0][c]);  // row g, K 16j + 2t
-            a[c][1] = dequant(p[0][1][c][j / 4], j % 4, s[1][c], nz[1][c]);  // row g + 8
-            a[c][2] = dequant(p[1][0][c][j / 4], j % 4, s[0][c], nz[0][c]);  // row g, K 16j + 2t + 8
-            a[c][3] = dequant(p[1][1][c][j / 4], j % 4, s[1][c], nz[1][c]);
-        }
+        for (int j = gi * STEPS_PER_GROUP; j < (gi + 1) * STEPS_PER_GROUP; ++j) {
+            u32 a[2][4];
+            dequant_step(a, p, s, nz, j);
 #pragma unroll
-        for (int pr = 0; pr < NT_PAIRS; ++pr) {
-            u32 b[4];
-            read_x(b, stage, j, pr, lane);
+            for (int pr = 0; pr < NT_PAIRS; ++pr) {
+                u32 b[4];
+                read_x(b, stage, j, pr, lane);
 #pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                mma_bf16(acc[c][2 * pr], a[c], b[0], b[1]);
-                if (2 * pr + 1 < NT) mma_bf16(acc[c][2 * pr + 1], a[c], b[2], b[3]);
+                for (int c = 0; c < 2; ++c) {
+                    mma_bf16(acc[c][2 * pr], a[c], b[0], b[1]);
+                    if (2 * pr + 1 < NT) mma_bf16(acc[c][2 * pr + 1], a[c], b[2], b[3]);
+                }
             }
         }
     }

@@ -1,6 +1,6 @@
 """Host side of w4a16_gemm.cu: the int4 weight-only GEMM for 3+ tokens on mma.sync (CUDA sm_80+, bf16;
-dispatched on sm_90 at 5-384 tokens, from 3 below a long K, see preferred), from 17 tokens on sm_90 on
-warpgroup mmas (WGMMA_FIRST_TOKEN_TILES).
+dispatched on sm_90 at 5-384 tokens, from 3 below a long K, from 1 for groups of 32 or 64 rows, see
+preferred), from 17 tokens on sm_90 on warpgroup mmas (WGMMA_FIRST_TOKEN_TILES).
 
 Compiled at run time by NVRTC (nvrtc.py), once per GemmSpec, launched on the current stream (CUDA-graph
 capturable once compiled). The weight stays in the canonical layout of quant_reference.py, so every int4
@@ -24,6 +24,7 @@ from .w4a16_cuda import int4_cuda_unsupported
 
 SOURCE = Path(__file__).with_name("w4a16_gemm.cu")
 TILE = 128  # K rows per tile (quant_reference.pack_tile of every real layer)
+SMALL_GROUPS = (32, 64)  # groups below a tile this kernel takes (AWQ / GPTQ g32 / g64, GGUF grids kept at 32)
 COLS_PER_WARP = 32
 MAX_TOKEN_TILES = 8  # 8 tokens each: a CTA takes up to 64 tokens, grid.z the rest
 MAX_CLUSTER = 8  # the portable cluster size
@@ -90,6 +91,7 @@ class GemmSpec:
     cluster_reduce: bool = False
     biased: bool = False  # the mmas take 128 + q, each tile's sums corrected in fp32 (w4a16_gemm.cu)
     wgmma: bool = False  # sm_90a: the K tile on warpgroup mmas (w4a16_gemm_wgmma.cuh)
+    groups_per_tile: int = 1  # 128 / G for groups of 32 or 64 rows (tiles_per_group 1)
 
     @property
     def block_n(self) -> int:
@@ -108,19 +110,21 @@ class GemmSpec:
             "CLUSTER_REDUCE": int(self.cluster_reduce),
             "BIASED": int(self.biased),
             "WGMMA": int(self.wgmma),
+            "GROUPS_PER_TILE": self.groups_per_tile,
         }
 
     def shared_bytes(self) -> int:
         """Dynamic shared memory: the stages, or the split sums ([BM][BN + 4] fp32) where those are larger;
         WGMMA builds take 1 KB more, to start the stages' x on a 1 KB boundary."""
-        stages = self.stages * stage_bytes(self.warps, self.token_tiles)
+        stages = self.stages * stage_bytes(self.warps, self.token_tiles, self.groups_per_tile)
         return max(stages, self.block_m * (self.block_n + 4) * 4) + (1024 if self.wgmma else 0)
 
 
-def stage_bytes(warps: int, token_tiles: int) -> int:
-    """One K tile in shared memory: x rows for whole token-tile pairs, the weight words, scales and zeros."""
+def stage_bytes(warps: int, token_tiles: int, groups_per_tile: int = 1) -> int:
+    """One K tile in shared memory: x rows for whole token-tile pairs, the weight words, the scales and zeros
+    of each group in the tile."""
     block_n = COLS_PER_WARP * warps
-    return 16 * -(-token_tiles // 2) * TILE * 2 + block_n * 64 + 4 * block_n
+    return 16 * -(-token_tiles // 2) * TILE * 2 + block_n * 64 + 4 * block_n * groups_per_tile
 
 
 @dataclass(frozen=True)
@@ -137,7 +141,7 @@ class GemmLaunch:
 
 def unsupported(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int) -> str | None:
     """Why this kernel cannot run x [M, K] @ W^T (None: it can)."""
-    return int4_cuda_unsupported(x, qweight, scales, bits, COLS_PER_WARP * WARPS, None)
+    return int4_cuda_unsupported(x, qweight, scales, bits, COLS_PER_WARP * WARPS, None, SMALL_GROUPS)
 
 
 def launch_for(
@@ -183,9 +187,11 @@ def launch_for(
         if tiles >= LONG_K_TILES and token_tiles > 4 and blocks_m == 1:
             slices = max(slices, min(MAX_NON_PORTABLE_CLUSTER, tiles // LONG_K_SLICE_TILES))
     budget_stages = not stages
+    groups_per_tile = TILE // group if group in SMALL_GROUPS else 1
     if budget_stages:
-        stages = max(2, min(MAX_STAGES, STAGE_BUDGET // stage_bytes(warps, token_tiles)))
-    spec = GemmSpec(warps, token_tiles, group // TILE, stages, slices > 1, biased, wgmma)
+        stages = max(2, min(MAX_STAGES, STAGE_BUDGET // stage_bytes(warps, token_tiles, groups_per_tile)))
+    tiles_per_group = max(1, group // TILE)
+    spec = GemmSpec(warps, token_tiles, tiles_per_group, stages, slices > 1, biased, wgmma, groups_per_tile)
     deep_m = real_tiles >= DEEP_MIN_TOKEN_TILES and blocks_m == 1  # 17-24 tokens padded to 32: not deep
     if hopper and held is not None and budget_stages and deep_m and tiles < LONG_K_TILES:
         deep = deep_split(spec, blocks, tiles, held)
@@ -228,13 +234,14 @@ PREFERRED_M = (5, 384)
 SHORT_K_FIRST_M = 3  # where K has fewer than LONG_K_TILES tiles
 
 
-def preferred(m: int, k: int, hopper: bool = True) -> bool:
+def preferred(m: int, k: int, hopper: bool = True, group: int = TILE) -> bool:
     """Whether this kernel is expected to beat what the dispatch ran before at m tokens and this K (the H200
     sweep, benchmarks/sweep_w4a16_gemm.py). Only measured on sm_90, where its K slices meet in a cluster;
     without clusters a launch takes one slice (48 CTAs for Qwen3-8B's qkv), so elsewhere the other kernels
-    keep it."""
+    keep it. Groups of 32 or 64 rows from one token: the decode GEMV does not take them, and the Triton
+    kernels that did ran slower than bf16 (benchmarks/bench_w4a16_groups.py)."""
     first = PREFERRED_M[0] if k // TILE >= LONG_K_TILES else SHORT_K_FIRST_M
-    return hopper and first <= m <= PREFERRED_M[1]
+    return hopper and (1 if group in SMALL_GROUPS else first) <= m <= PREFERRED_M[1]
 
 
 def takes(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> bool:
@@ -242,10 +249,11 @@ def takes(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> bool:
     here: it can, and is expected to be faster."""
     if unsupported(x, qweight, scales, 4) is not None:
         return False
-    return preferred(x.shape[0], x.shape[1], torch.cuda.get_device_capability(x.device) >= (9, 0))
+    hopper = torch.cuda.get_device_capability(x.device) >= (9, 0)
+    return preferred(x.shape[0], x.shape[1], hopper, x.shape[1] // scales.shape[0])
 
 
-def warm_up_ms(top: int, k: int, hopper: bool = True) -> list[int]:
+def warm_up_ms(top: int, k: int, hopper: bool = True, group: int = TILE) -> list[int]:
     """One M per build up to top tokens: for each count of 64-token blocks, the largest M of each token-tile
     count it takes (the build follows the tile count, and the stages and K slices follow the tile and block
     counts; 3-8 tokens share one): running each once compiles them all while the model loads (none where
@@ -257,7 +265,7 @@ def warm_up_ms(top: int, k: int, hopper: bool = True) -> list[int]:
         for tiles in range(1, MAX_TOKEN_TILES + 1)
         if -(-(8 * tiles * blocks) // per_block) == blocks  # M takes that many blocks of that many tiles
     ]
-    return [m for m in ms if m <= top and preferred(m, k, hopper)]
+    return [m for m in ms if m <= top and preferred(m, k, hopper, group)]
 
 
 def compiled(spec: GemmSpec) -> Any:

@@ -1,5 +1,5 @@
 // w4a16_gemm.cu's K tile on Hopper's warpgroup mma (WGMMA, sm_90a; 16, 32 or 64 tokens a CTA: NT = 2, 4 or 8;
-// each 4 warps one warpgroup), included where read_words, read_group, dequant and smem_at are defined.
+// each 4 warps one warpgroup), included where read_words, read_group, dequant_step and smem_at are defined.
 //
 // Why: at 33-64 tokens the mma.sync build is bound by its mmas (~13 cycles each per SM quarter, about half of
 // what the tensor cores do through wgmma; BENCHMARKS, eleventh session). Here the dequantized weight stays
@@ -100,23 +100,21 @@ __device__ __forceinline__ void wgmma_tokens<16>(float (&d)[16][4], const u32 (&
 __device__ __forceinline__ void mma_stage_wgmma(float (&acc)[2][NT][4], const char* stage, const char* x, int warp,
                                                 int lane) {
     const int g = lane >> 2;
-    u32 p[2][2][2][2], s[2][2], nz[2][2];
+    u32 p[2][2][2][2];
     read_words(p, stage, warp, lane);
-    read_group(s, nz, stage, warp, g);
     const u32 base = smem_at(x);
     u32 a[8][2][4];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int gi = 0; gi < GROUPS_PER_TILE; ++gi) {
+        u32 s[2][2], nz[2][2];
+        read_group(s, nz, stage, warp, g, gi);
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {  // as mma_stage's fragments
-            a[j][c][0] = dequant(p[0][0][c][j / 4], j % 4, s[0][c], nz[0][c]);
-            a[j][c][1] = dequant(p[0][1][c][j / 4], j % 4, s[1][c], nz[1][c]);
-            a[j][c][2] = dequant(p[1][0][c][j / 4], j % 4, s[0][c], nz[0][c]);
-            a[j][c][3] = dequant(p[1][1][c][j / 4], j % 4, s[1][c], nz[1][c]);
+        for (int j = gi * STEPS_PER_GROUP; j < (gi + 1) * STEPS_PER_GROUP; ++j) {
+            dequant_step(a[j], p, s, nz, j);  // as mma_stage's fragments
+            wgmma_fence();  // this step's A registers (and the sums) are written before the wgmmas read them
+#pragma unroll
+            for (int c = 0; c < 2; ++c) wgmma_tokens<NT>(acc[c], a[j][c], x_descriptor(base, j));
         }
-        wgmma_fence();  // this step's A registers (and the sums) are written before the wgmmas read them
-#pragma unroll
-        for (int c = 0; c < 2; ++c) wgmma_tokens<NT>(acc[c], a[j][c], x_descriptor(base, j));
     }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");

@@ -297,6 +297,6 @@ def warm_up_mma(
 
         x = torch.zeros(PREFERRED_M[1], k, device=qweight.device, dtype=dtype)
         hopper = torch.cuda.get_device_capability(qweight.device) >= (9, 0)
-        for m in warm_up_ms(PREFERRED_M[1], k, hopper):
+        for m in warm_up_ms(PREFERRED_M[1], k, hopper, k // scales.shape[0]):
             if takes(x[:m], qweight, scales):
                 w4a16_gemm(x[:m], qweight, scales, zeros, num_sms(x.device))

@@ -1,0 +1,177 @@
+"""w4a16_gemm.cu with groups of 32 or 64 K rows (AWQ / GPTQ g32 / g64, GGUF grids kept under int4): the
+build and dispatch rules on CPU, the sm_90 builds through NVRTC + ptxas offline, and the GEMM against the
+reference on the GPU (marked gpu)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from kvpilot.runtime.kernels import w4a16_cuda
+from kvpilot.runtime.kernels.quant_reference import dequantize_int_ref
+from kvpilot.runtime.kernels.w4a16_gemm_cuda import (
+    SOURCE,
+    GemmSpec,
+    launch_for,
+    preferred,
+    stage_bytes,
+    unsupported,
+    warm_up_ms,
+)
+from kvpilot.runtime.quant.int_weight import quantize_rtn
+
+from tests.runtime.nvrtc_offline import ptx, sm90_resources
+
+
+@pytest.mark.parametrize(("group", "per_tile"), [(32, 4), (64, 2), (128, 1), (256, 1), (4096, 1)])
+def test_a_tile_stages_the_scales_and_zeros_of_each_of_its_groups(group: int, per_tile: int) -> None:
+    for m in (1, 16, 64):
+        spec = launch_for(m, 4096, 4096, group, 132, hopper=True, wgmma_from=3).spec
+        assert spec.groups_per_tile == per_tile and spec.tiles_per_group == max(1, group // 128)
+        assert spec.macros()["GROUPS_PER_TILE"] == per_tile
+    # 4 bytes a column a group (a bf16 scale and zero): 512 bytes at 128 columns for group 128, 2 KB at 32
+    assert stage_bytes(4, 8, 4) - stage_bytes(4, 8, 1) == 3 * 512
+    spec = GemmSpec(4, 8, 1, stages=3, groups_per_tile=4)
+    assert spec.shared_bytes() == 3 * (16384 + 8192 + 2048)
+
+
+def test_small_groups_take_the_gemm_from_one_token_where_the_decode_gemv_cannot() -> None:
+    for k in (4096, 12288):  # a long K waits for 5 tokens at group 128 (the decode GEMV is faster there)
+        assert [m for m in (1, 2, 3, 4, 5) if preferred(m, k, group=128)] == ([3, 4, 5] if k == 4096 else [5])
+        for group in (32, 64):
+            assert [m for m in (1, 2, 384, 385) if preferred(m, k, group=group)] == [1, 2, 384]
+            assert not preferred(1, k, hopper=False, group=group)  # measured on sm_90 only
+            # the warm-up's M of 8 compiles the 1-8 token build the decode steps take
+            assert warm_up_ms(384, k, group=group)[0] == 8
+            build = {launch_for(m, 6144, k, group, 132, True).spec for m in (1, 2, 8)}
+            assert len(build) == 1
+
+
+def test_the_gemm_takes_groups_of_32_and_64_and_says_what_it_takes() -> None:
+    from kvpilot.runtime.kernels.w4a16_gemm_cuda import COLS_PER_WARP, SMALL_GROUPS, WARPS
+
+    def gemm(group: int) -> str | None:
+        return w4a16_cuda.shape_unsupported(1, 4096, 4096, group, COLS_PER_WARP * WARPS, None, SMALL_GROUPS)
+
+    def gemv(group: int) -> str | None:
+        return w4a16_cuda.shape_unsupported(1, 4096, 4096, group, w4a16_cuda.COLS, w4a16_cuda.MAX_M)
+
+    assert [group for group in (16, 32, 48, 64, 128, 256, 4096) if gemm(group) is None] == [
+        32,
+        64,
+        128,
+        256,
+        4096,
+    ]
+    assert "group 16 (of 128 or 32 or 64)" in (gemm(16) or "")
+    assert gemv(32) is not None and gemv(64) is not None and gemv(128) is None  # the decode GEMV: whole tiles
+    x = torch.zeros(1, 4096, dtype=torch.bfloat16)  # CPU tensors: refused for the device first
+    scales = torch.zeros(128, 4096, dtype=torch.bfloat16)
+    assert "CUDA" in (unsupported(x, torch.zeros(512, 4096, dtype=torch.int32), scales, 4) or "")
+
+
+@pytest.mark.parametrize(
+    ("per_tile", "nt", "biased", "wgmma"),
+    [
+        (4, 1, True, False),
+        (2, 2, True, False),
+        (4, 3, False, False),
+        (2, 8, False, False),
+        (4, 4, False, True),
+        (4, 8, False, True),
+    ],
+)
+def test_the_small_group_builds_compile_for_sm90_without_spills(
+    per_tile: int, nt: int, biased: bool, wgmma: bool, tmp_path: Path
+) -> None:
+    spec = GemmSpec(
+        4, nt, 1, stages=3, cluster_reduce=True, biased=biased, wgmma=wgmma, groups_per_tile=per_tile
+    )
+    arch = "90a" if wgmma else "90"
+    code = ptx(SOURCE, spec.macros(), arch=arch)
+    registers, spills, report = sm90_resources(code, tmp_path, arch=arch)
+    assert spills == 0 and registers <= 168, report  # 3 CTAs of 4 warps per SM, as at group 128
+    assert (b"fma.rn.bf16x2" in code) != biased  # biased builds never dequantize in bf16
+
+
+def test_a_small_group_build_refuses_a_tile_per_group_above_one() -> None:
+    spec = GemmSpec(4, 1, 2, biased=True, groups_per_tile=4)
+    with pytest.raises(AssertionError, match="TILES_PER_GROUP 1"):
+        ptx(SOURCE, spec.macros())
+
+
+def _case(m: int, n: int, k: int, group: int, sym: bool, seed: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    w = quantize_rtn(torch.randn(n, k, generator=gen) * 0.05, 4, group, sym=sym)
+    x = torch.randn(m, k, generator=gen).bfloat16()
+    return x.cuda(), w.qweight.cuda(), w.scales.bfloat16().cuda(), w.zeros.bfloat16().cuda()
+
+
+def _want(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, biased: bool
+) -> torch.Tensor:
+    """The reference GEMM of the weight the build's mmas take: bf16 (q - z) s, or the exact product in
+    the biased builds."""
+    dtype = torch.float32 if biased else scales.dtype
+    return x.float() @ dequantize_int_ref(qweight, scales.to(dtype), zeros.to(dtype), 4).float()
+
+
+def _sms() -> int:
+    return torch.cuda.get_device_properties(0).multi_processor_count
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 2, 5, 8, 16, 17, 40, 64, 100, 200])
+@pytest.mark.parametrize(("n", "k"), [(2048, 4096), (1024, 1152)])
+@pytest.mark.parametrize("group", [32, 64])
+@pytest.mark.parametrize("sym", [False, True], ids=["zero-point", "sym"])
+def test_small_groups_match_the_reference(m: int, n: int, k: int, group: int, sym: bool) -> None:
+    from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
+
+    x, qweight, scales, zeros = _case(m, n, k, group, sym, seed=m * 7 + group)
+    assert unsupported(x, qweight, scales, 4) is None
+    assert w4a16_cuda.unsupported(x[:1], qweight, scales, 4) is not None  # the decode GEMV: group 128 only
+    hopper = torch.cuda.get_device_capability() >= (9, 0)
+    plan = launch_for(m, n, k, group, _sms(), hopper, wgmma_from=3 if hopper else 0)
+    assert plan.spec.groups_per_tile == 128 // group
+    out = w4a16_gemm(x, qweight, scales, zeros, _sms())
+    want = _want(x, qweight, scales, zeros, plan.spec.biased)
+    torch.testing.assert_close(out.float(), want, atol=1e-2, rtol=1e-2)
+    assert torch.equal(w4a16_gemm(x, qweight, scales, zeros, _sms()), out)  # deterministic
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [8, 16, 48])
+def test_every_small_group_build_computes_the_same_gemm(m: int) -> None:
+    from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
+
+    x, qweight, scales, zeros = _case(m, 2048, 4096, 32, False, seed=m)
+    want = _want(x, qweight, scales, zeros, biased=False)
+    hopper = torch.cuda.get_device_capability() >= (9, 0)
+    plans = [launch_for(m, 2048, 4096, 32, _sms(), hopper, biased_max_token_tiles=b) for b in (0, 2)]
+    if torch.cuda.get_device_capability() == (9, 0):
+        plans.append(launch_for(m, 2048, 4096, 32, _sms(), True, wgmma_from=1))
+    for slices in (1, 4):
+        for plan in plans:
+            spec = dataclasses.replace(plan.spec, cluster_reduce=slices > 1 and hopper)
+            plan = dataclasses.replace(plan, slices=slices if hopper else 1, spec=spec)
+            out = w4a16_gemm(x, qweight, scales, zeros, _sms(), plan)
+            torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 2, 4, 16, 64, 256])
+@pytest.mark.parametrize("group", [32, 64])
+def test_the_int4_dispatch_sends_small_groups_here_from_one_token(m: int, group: int) -> None:
+    from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
+    from kvpilot.runtime.kernels.w4a16_triton import int_gemm
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("dispatched on sm_90 (clusters)")
+    x, qweight, scales, zeros = _case(m, 6144, 4096, group, False, seed=m + group)
+    direct = w4a16_gemm(x, qweight, scales, zeros, _sms())
+    assert torch.equal(int_gemm(x, qweight, scales, zeros, 4), direct)
+    triton = int_gemm(x, qweight, scales, zeros, 4, cuda_kernel=False)  # what ran here before
+    torch.testing.assert_close(direct.float(), triton.float(), atol=2e-2, rtol=2e-2)
