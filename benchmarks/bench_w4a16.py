@@ -82,10 +82,10 @@ def copies(tensors: tuple[torch.Tensor, ...]) -> list[tuple[torch.Tensor, ...]]:
 class Formats:
     """One layer's weight in every format, with the call that runs each column at a given x."""
 
-    def __init__(self, n: int, k: int) -> None:
+    def __init__(self, n: int, k: int, group: int = 128) -> None:
         gen = torch.Generator(device="cuda").manual_seed(0)
         w = torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) * 0.02
-        w4, w8 = quantize_rtn(w, 4, 128, sym=False), quantize_rtn(w, 8, -1, sym=True)
+        w4, w8 = quantize_rtn(w, 4, group, sym=False), quantize_rtn(w, 8, -1, sym=True)
         self.w4 = (w4.qweight, w4.scales.bfloat16(), w4.zeros.bfloat16())
         self.w8 = (w8.qweight, w8.scales.bfloat16(), w8.zeros.bfloat16())
         scale = w.float().abs().amax(dim=1).clamp(min=1e-12) / 448.0

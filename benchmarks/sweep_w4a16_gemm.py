@@ -7,7 +7,7 @@ columns each), stages, ctas (K slices until ~ctas CTAs per SM) or slices (exactl
 CTA at most), biased (token tiles of 8 up to which the mmas take 128 + q; 0: never), deep (0: not deep_split's
 extra stage at 25-64 tokens, which asks the GPU how many clusters it holds), wgmma (warpgroup mmas from this
 many token tiles; 0: mma.sync only; default the dispatch's). Each cell ends with its launch's clusters against
-those held at once.
+those held at once. --group 32 / 64 quantizes the weight in groups of that many K rows (default 128).
 
 source benchmarks/gpu_env.sh && python benchmarks/sweep_w4a16_gemm.py --ms 32 64 --variants warps=4 warps=8
 """
@@ -36,14 +36,14 @@ from kvpilot.runtime.kernels.w4a16_mma_triton import int_gemm_mma, mma_dispatche
 from kvpilot.runtime.kernels.w4a16_triton import dequantize_triton, int_gemm
 
 
-def variant_plan(case: dict[str, str], m: int, n: int, k: int, sms: int) -> GemmLaunch:
+def variant_plan(case: dict[str, str], m: int, n: int, k: int, sms: int, group: int = 128) -> GemmLaunch:
     get = {key: float(value) for key, value in case.items()}.get
     warps, stages = int(get("warps", 0)), int(get("stages", STAGES))
     tiles, biased = int(get("tt", MAX_TOKEN_TILES)), int(get("biased", BIASED_MAX_TOKEN_TILES))
     held = clusters_held if get("deep", 1) else None  # deep=0: the budget's stages at 25-64 tokens
     wgmma = int(get("wgmma", WGMMA_FIRST_TOKEN_TILES))
     plan = launch_for(
-        m, n, k, 128, sms, True, warps, stages, get("ctas", CTAS_PER_SM), tiles, biased, held, wgmma
+        m, n, k, group, sms, True, warps, stages, get("ctas", CTAS_PER_SM), tiles, biased, held, wgmma
     )  # fmt: skip
     slices = int(get("slices", plan.slices))
     spec = dataclasses.replace(plan.spec, cluster_reduce=slices > 1)
@@ -64,6 +64,7 @@ def main() -> None:
     parser.add_argument("--ms", type=int, nargs="*", default=[64])
     parser.add_argument("--variants", nargs="*", default=["stages=0"])
     parser.add_argument("--layers", nargs="*", default=[])
+    parser.add_argument("--group", type=int, default=128, help="K rows per scale: 32, 64, 128")
     args = parser.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin - 1024
@@ -73,7 +74,7 @@ def main() -> None:
     for name, (n, k) in LAYERS.items():
         if args.layers and name not in args.layers:
             continue
-        fmt = Formats(n, k)
+        fmt = Formats(n, k, args.group)
         sets, dense = copies(fmt.w4), copies(fmt.bf16)
         for m in args.ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 0.1
@@ -83,14 +84,14 @@ def main() -> None:
             def before(x, q, sc, z, counters=fmt.counters, m=m, k=k):
                 if m <= PREFERRED_MAX_M:  # the dispatch's own (the decode GEMV, w4a16_gemv.cu)
                     return int_gemm(x, q, sc, z, 4, None, counters)
-                if not mma_dispatched(m, k, 128, 4):  # past the Triton GEMM's buckets
+                if not mma_dispatched(m, k, args.group, 4):  # past the Triton GEMM's buckets
                     return x @ dequantize_triton(q, sc, z, 4, x.dtype)
                 return int_gemm_mma(x, q, sc, z, 4, None, counters, cuda_kernel=False)
 
             tri = graph_us(before, [(x, *t) for t in sets])
             cells = []
             for case in cases:
-                plan = variant_plan(case, m, n, k, sms)
+                plan = variant_plan(case, m, n, k, sms, args.group)
                 if plan.spec.shared_bytes() > optin:
                     cells.append("too much shared memory")
                     continue
@@ -98,7 +99,8 @@ def main() -> None:
                 def run(x, q, sc, z, plan=plan):
                     return w4a16_gemm(x, q, sc, z, sms, plan)
 
-                cells.append(sweep_cell(run, x, fmt.w4, sets, want, bf16) + f", {waves(plan, n)}")
+                build = f"{plan.spec.warps}w {plan.spec.stages}st {plan.slices}sl"
+                cells.append(sweep_cell(run, x, fmt.w4, sets, want, bf16) + f", {build}, {waves(plan, n)}")
             row = f"| {name} | {m} | {bf16:.1f} | {tri:.1f} ({bf16 / tri:.2f}×) | " + " | ".join(cells) + " |"
             print(row, flush=True)
         del fmt, sets, dense

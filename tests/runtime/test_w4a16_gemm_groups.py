@@ -175,3 +175,12 @@ def test_the_int4_dispatch_sends_small_groups_here_from_one_token(m: int, group:
     assert torch.equal(int_gemm(x, qweight, scales, zeros, 4), direct)
     triton = int_gemm(x, qweight, scales, zeros, 4, cuda_kernel=False)  # what ran here before
     torch.testing.assert_close(direct.float(), triton.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_eight_warps_only_where_their_registers_leave_two_ctas_an_sm() -> None:
+    def warps(m: int, group: int) -> int:
+        return launch_for(m, 6144, 4096, group, 132, True).spec.warps  # qkv-wide: 8 warps at group 128
+
+    assert [warps(m, 128) for m in (1, 8, 16)] == [8, 8, 8]
+    assert [warps(m, 32) for m in (1, 8, 16)] == [8, 8, 4]  # 9-16 tokens: 150 registers at 8 warps
+    assert [warps(m, 64) for m in (1, 8, 16)] == [8, 8, 4]
