@@ -184,3 +184,41 @@ def test_eight_warps_only_where_their_registers_leave_two_ctas_an_sm() -> None:
     assert [warps(m, 128) for m in (1, 8, 16)] == [8, 8, 8]
     assert [warps(m, 32) for m in (1, 8, 16)] == [8, 8, 4]  # 9-16 tokens: 150 registers at 8 warps
     assert [warps(m, 64) for m in (1, 8, 16)] == [8, 8, 4]
+
+
+def test_the_stage_budget_leaves_three_ctas_an_sm_with_the_wgmma_pad() -> None:
+    sm_bytes, reserved = 228 * 1024, 1024  # sm_90's shared memory an SM, and what the GPU keeps per CTA
+    for group in (32, 64, 128):
+        for m in (1, 8, 16, 24, 32, 64):
+            for wgmma in (0, 3):
+                spec = launch_for(m, 4096, 4096, group, 132, True, warps=4, wgmma_from=wgmma).spec
+                if spec.stages > 2:  # 2 stages is the floor, whatever they take
+                    assert 3 * (spec.shared_bytes() + reserved) <= sm_bytes, (group, m, spec)
+    # groups of 64 at 64 tokens: 3 stages and the pad took 77,824 bytes, two CTAs an SM; now 2 stages
+    assert launch_for(64, 24576, 4096, 64, 132, True, wgmma_from=3).spec.stages == 2
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k", "group", "stages"),
+    [
+        (256, 4096, 4096, 128, 4),  # o: 128 clusters, held 132 at 4 stages (2 CTAs an SM) against 198
+        (256, 4096, 12288, 128, 4),  # down, the same
+        (256, 6144, 4096, 128, 3),  # qkv: 192 clusters, 4 stages would leave a second wave
+        (384, 4096, 4096, 128, 3),  # o at 6 token blocks: 192 clusters
+        (129, 6144, 4096, 32, 2),  # qkv, groups of 32: 144 clusters, 3 stages hold 132
+        (256, 4096, 4096, 32, 3),  # o, groups of 32: 128 clusters
+        (256, 24576, 4096, 128, 3),  # gate_up: one K slice, no cluster: the budget's
+    ],
+)
+def test_several_token_blocks_take_the_stages_whose_wave_spreads_evenly(
+    m: int, n: int, k: int, group: int, stages: int
+) -> None:
+    from tests.runtime.test_w4a16_gemm_cuda import _h200_held
+
+    plan = launch_for(m, n, k, group, 132, True, held=_h200_held, wgmma_from=3)
+    assert plan.spec.stages == stages
+    clusters = plan.grid(n)[0] * plan.grid(n)[2]
+    if plan.spec.cluster_reduce:
+        assert clusters <= _h200_held(plan.spec, plan.slices)  # one wave
+    unasked = launch_for(m, n, k, group, 132, True, wgmma_from=3)  # no occupancy known: the budget's
+    assert unasked.spec.stages == (3 if group == 128 else 2)

@@ -43,7 +43,11 @@ WARPS = 4
 WIDE_WARPS = 8
 WIDE_BLOCKS = (40, 64)  # N / 128 where WIDE_WARPS were measured faster
 STAGES = 0  # 0: as many as fit STAGE_BUDGET (3 at 64 tokens, 4 at 32, 6 at 16)
-STAGE_BUDGET = 76 * 1024  # bytes of stages per CTA: 3 CTAs per SM in the H200's 227 KB
+# Bytes of dynamic shared memory per CTA (the stages, and a WGMMA build's 1 KB to align them) for 3 CTAs per
+# SM: sm_90's 228 KB an SM less the 1 KB the GPU reserves per CTA. At 76 KB (before) the WGMMA builds of
+# groups of 64 took 3 stages and 77,824 bytes, and only 2 CTAs an SM (held clusters 132, not 198).
+STAGE_BUDGET = 75 * 1024
+WGMMA_PAD = 1024
 MAX_STAGES = 6
 # K slices per column block until the GPU holds ~this many CTAs per SM: at 16 tokens on the H200, qkv
 # took 10.7 us with 6 slices (288 CTAs) against 12.0 with 8 (384), o 7.8 with 8 (256) against 10.5 with 6
@@ -117,7 +121,7 @@ class GemmSpec:
         """Dynamic shared memory: the stages, or the split sums ([BM][BN + 4] fp32) where those are larger;
         WGMMA builds take 1 KB more, to start the stages' x on a 1 KB boundary."""
         stages = self.stages * stage_bytes(self.warps, self.token_tiles, self.groups_per_tile)
-        return max(stages, self.block_m * (self.block_n + 4) * 4) + (1024 if self.wgmma else 0)
+        return max(stages, self.block_m * (self.block_n + 4) * 4) + (WGMMA_PAD if self.wgmma else 0)
 
 
 def stage_bytes(warps: int, token_tiles: int, groups_per_tile: int = 1) -> int:
@@ -192,15 +196,42 @@ def launch_for(
             slices = max(slices, min(MAX_NON_PORTABLE_CLUSTER, tiles // LONG_K_SLICE_TILES))
     budget_stages = not stages
     if budget_stages:
-        stages = max(2, min(MAX_STAGES, STAGE_BUDGET // stage_bytes(warps, token_tiles, groups_per_tile)))
+        budget = STAGE_BUDGET - (WGMMA_PAD if wgmma else 0)
+        stages = max(2, min(MAX_STAGES, budget // stage_bytes(warps, token_tiles, groups_per_tile)))
     tiles_per_group = max(1, group // TILE)
     spec = GemmSpec(warps, token_tiles, tiles_per_group, stages, slices > 1, biased, wgmma, groups_per_tile)
-    deep_m = real_tiles >= DEEP_MIN_TOKEN_TILES and blocks_m == 1  # 17-24 tokens padded to 32: not deep
-    if hopper and held is not None and budget_stages and deep_m and tiles < LONG_K_TILES:
-        deep = deep_split(spec, blocks, tiles, held)
+    plan = GemmLaunch(spec, slices, blocks_m)
+    if hopper and held is not None and budget_stages:
+        return occupancy_launch(plan, blocks, tiles, real_tiles, held)
+    return plan
+
+
+def occupancy_launch(plan: GemmLaunch, clusters: int, tiles: int, real_tiles: int, held: Held) -> GemmLaunch:
+    """Where the GPU's cluster occupancy is known: 25-64 tokens in one token block below a long K take
+    deep_split's build (17-24 tokens padded to 32 do not), launches of several token blocks in clusters
+    even_stages' build; plan elsewhere."""
+    one_block = plan.token_blocks == 1
+    if real_tiles >= DEEP_MIN_TOKEN_TILES and one_block and tiles < LONG_K_TILES:
+        deep = deep_split(plan.spec, clusters, tiles, held)
         if deep is not None:
-            return GemmLaunch(deep[0], deep[1], blocks_m)
-    return GemmLaunch(spec, slices, blocks_m)
+            return GemmLaunch(deep[0], deep[1], 1)
+    if not one_block and plan.spec.cluster_reduce:
+        return replace(plan, spec=even_stages(plan.spec, clusters, plan.slices, held))
+    return plan
+
+
+# 129-384 tokens (several 64-token blocks, K slices in clusters of 2-3), H100, µs with 2 / 3 / 4 stages at
+# group 128: o at 256 tokens (128 clusters) 30.3 / 30.0 / 23.7, down 82.4 / 82.0 / 62.5 (4 stages: 2 CTAs
+# an SM, 132 clusters held, against 3 and 198: the same wave, evenly spread); where 4 stages leave the
+# launch a second wave it lost (qkv at 256, 192 clusters: 30.6 / 30.3 / 46.8). Groups of 32 (2 stages in
+# the budget): qkv at 129 tokens 34.0 / 41.9, o at 256 33.2 / 23.2 (twenty-second session).
+def even_stages(spec: GemmSpec, clusters: int, slices: int, held: Held) -> GemmSpec:
+    """Of spec's stages and one fewer or more, the build whose clusters fill one wave with the fewest slots
+    to spare, then the most stages (spec where none fits in one wave)."""
+    low, high = max(2, spec.stages - 1), min(MAX_STAGES, spec.stages + 1)
+    options = [replace(spec, stages=stages) for stages in range(low, high + 1)]
+    fits = [option for option in options if held(option, slices) >= clusters]
+    return min(fits, key=lambda option: (held(option, slices), -option.stages)) if fits else spec
 
 
 def deep_split(spec: GemmSpec, blocks: int, tiles: int, held: Held) -> tuple[GemmSpec, int] | None:
