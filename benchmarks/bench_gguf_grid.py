@@ -1,7 +1,8 @@
 """What the offsets of a GGUF Q4_1 / Q4_K grid kept under int4 cost on the GPU (quant/gguf_grid.py): the
 integer GEMM as dispatched (group 32, whole zeros) alone, followed by add_offsets (x's group sums times
-the offsets: torch, a sum and an addmm) and by add_offsets_triton (one launch, what the engine runs),
-against bf16 cuBLAS, at SmolLM2-135M's layer shapes and one Qwen3-8B shape.
+the offsets: torch, a sum and an addmm), by add_offsets_triton (one launch after the GEMM), and with the
+offsets passed to the dispatch (what the engine runs: inside w4a16_gemm.cu where that takes the shape,
+else add_offsets_triton), against bf16 cuBLAS, at SmolLM2-135M's layer shapes and Qwen3-8B's.
 
     source benchmarks/gpu_env.sh && cd benchmarks && python bench_gguf_grid.py
 
@@ -28,6 +29,9 @@ LAYERS = {
     "smollm2 gate_up": (3072, 576),
     "smollm2 down": (576, 1536),
     "qwen3-8b qkv": (6144, 4096),
+    "qwen3-8b o": (4096, 4096),
+    "qwen3-8b gate_up": (24576, 4096),
+    "qwen3-8b down": (4096, 12288),
 }
 MS = (1, 16, 64)
 
@@ -64,19 +68,23 @@ def bench_layer(name: str, n: int, k: int) -> None:
         t_plain = graph_us(lambda q, s, z, o: run(x, q, s, z, None, counters), w4)  # noqa: B023 (called now)
         t_off = graph_us(lambda q, s, z, o: run(x, q, s, z, o, counters, False), w4)  # noqa: B023
         t_one = graph_us(lambda q, s, z, o: run(x, q, s, z, o, counters), w4)  # noqa: B023
+        t_in = graph_us(lambda q, s, z, o: int_gemm(x, q, s, z, 4, None, counters, offsets=o), w4)  # noqa: B023
+        got = int_gemm(x, *w4[0][:3], 4, None, counters, offsets=w4[0][3]).float()
+        err_in = float((got - want).abs().amax() / want.abs().amax())
         print(
             f"| {name} | {m} | {t16:.1f} | {t_plain:.1f} ({t16 / t_plain:.2f}×) | {t_off:.1f} "
             f"(+{t_off - t_plain:.1f}) | {t_one:.1f} (+{t_one - t_plain:.1f}, {t16 / t_one:.2f}×) "
-            f"| {err:.1e} |"
+            f"| {t_in:.1f} (+{t_in - t_plain:.1f}, {t16 / t_in:.2f}×) | {err:.1e} / {err_in:.1e} |"
         )
 
 
 def main() -> None:
     print(torch.cuda.get_device_name())
     print(
-        "| layer | M | bf16 µs | int4 g32, whole zeros | + add_offsets (torch) | + add_offsets_triton | err |"
+        "| layer | M | bf16 µs | int4 g32, whole zeros | + add_offsets (torch) | + add_offsets_triton "
+        "| offsets in the dispatch | err (Triton after / dispatch) |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for name, (n, k) in LAYERS.items():
         bench_layer(name, n, k)
 

@@ -43,3 +43,27 @@ def test_offsets_that_do_not_fit_are_refused() -> None:
         add_offsets_triton(
             torch.zeros(2, 8, device=DEVICE), x, torch.zeros(4, 8, device=DEVICE)
         )  # 24 a group
+
+
+@pytest.mark.parametrize("m", [1, 5, 40])
+@pytest.mark.parametrize("group", [32, 64])
+def test_the_int_dispatch_adds_the_offsets(m: int, group: int) -> None:
+    from kvpilot.runtime.kernels.w4a16_mma_triton import int_gemm_mma
+    from kvpilot.runtime.kernels.w4a16_triton import int_gemm
+    from kvpilot.runtime.quant.int_weight import dense_weight, quantize_rtn
+
+    gen = torch.Generator().manual_seed(m + group)
+    k, n = 256, 128
+    dtype = DTYPES[1]  # 16-bit: w4a16_gemm.cu takes bf16 on a GPU (fused there), the Triton paths else
+    w = quantize_rtn(torch.randn(n, k, generator=gen) * 0.05, 4, group, sym=False)
+    w.offsets = (0.005 * torch.randn(k // group, n, generator=gen)).to(dtype)
+    q, s, z, o = (t.to(DEVICE) for t in (w.qweight, w.scales.to(dtype), w.zeros.to(dtype), w.offsets))
+    x = torch.randn(m, k, generator=gen).to(DEVICE, dtype)
+    exact = x.float() @ dense_weight(w).float().to(DEVICE)  # the weight with its offsets, in float32
+    for gemm in (int_gemm, int_gemm_mma):
+        if gemm is int_gemm_mma and m < 17:
+            continue  # the tensor-core GEMM's buckets start past the GEMV's tokens
+        plain = gemm(x, q, s, z, 4).float()
+        got = gemm(x, q, s, z, 4, offsets=o).float()
+        torch.testing.assert_close(got, exact, rtol=2e-2, atol=2e-2)
+        assert (got - plain).abs().max() > 0.01  # the offsets moved the result

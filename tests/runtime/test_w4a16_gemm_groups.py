@@ -222,3 +222,42 @@ def test_several_token_blocks_take_the_stages_whose_wave_spreads_evenly(
         assert clusters <= _h200_held(plan.spec, plan.slices)  # one wave
     unasked = launch_for(m, n, k, group, 132, True, wgmma_from=3)  # no occupancy known: the budget's
     assert unasked.spec.stages == (3 if group == 128 else 2)
+
+
+@pytest.mark.parametrize(
+    ("per_tile", "nt", "biased", "wgmma"), [(4, 1, True, False), (4, 3, False, False), (1, 8, False, True)]
+)
+def test_the_offsets_builds_compile_without_spills(
+    per_tile: int, nt: int, biased: bool, wgmma: bool, tmp_path: Path
+) -> None:
+    spec = GemmSpec(4, nt, 1, 3, True, biased, wgmma, per_tile, offsets=True)
+    arch = "90a" if wgmma else "90"
+    code = ptx(SOURCE, spec.macros(), arch=arch)
+    registers, spills, report = sm90_resources(code, tmp_path, arch=arch)
+    assert spills == 0 and registers <= 168, report
+    plain = ptx(SOURCE, dataclasses.replace(spec, offsets=False).macros(), arch=arch)
+    assert code.count(b"cp.async.cg") == plain.count(b"cp.async.cg") + 3  # the offsets' chunk, 3 call sites
+    # 2 bytes a column a group more: 256 B a group at 128 columns
+    assert spec.shared_bytes() - dataclasses.replace(spec, offsets=False).shared_bytes() == 3 * 256 * per_tile
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 2, 8, 16, 17, 64, 200])
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_the_offsets_are_added_inside_the_gemm(m: int, group: int) -> None:
+    from kvpilot.runtime.kernels.w4a16_gemm_cuda import takes, w4a16_gemm
+    from kvpilot.runtime.quant.int_weight import add_offsets
+
+    x, qweight, scales, zeros = _case(m, 2048, 4096, group, False, seed=m + group)
+    gen = torch.Generator().manual_seed(m)
+    offsets = (0.002 * torch.randn(scales.shape, generator=gen)).bfloat16().cuda()
+    plan = launch_for(m, 2048, 4096, group, _sms(), True, offsets=True)
+    assert plan.spec.offsets and takes(x, qweight, scales, offsets) == (m >= 3 or group < 128)
+    got = w4a16_gemm(x, qweight, scales, zeros, _sms(), offsets=offsets).float()
+    # the reference: each weight (q - z) s + o, as the build's mmas take it (exact in the biased builds)
+    want = add_offsets(_want(x, qweight, scales, zeros, plan.spec.biased), x.float(), offsets.float())
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    plain = w4a16_gemm(x, qweight, scales, zeros, _sms()).float()
+    assert (got - plain).abs().max() > 0.05  # the offsets moved it
+    with pytest.raises(ValueError, match="offsets"):
+        w4a16_gemm(x, qweight, scales, zeros, _sms(), plan)  # a build with offsets, a call without

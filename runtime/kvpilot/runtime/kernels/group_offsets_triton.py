@@ -72,3 +72,13 @@ def add_offsets_triton(y: torch.Tensor, x: torch.Tensor, offsets: torch.Tensor) 
         DOT_IEEE=x2.dtype == torch.float32,
     )  # fmt: skip
     return y
+
+
+def add_group_offsets(y: torch.Tensor, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """y + (x's group sums) @ offsets: in place by add_offsets_triton where it runs (a GPU, y contiguous,
+    one dtype throughout), else by the torch reference (quant/int_weight.add_offsets)."""
+    if y.is_cuda and y.is_contiguous() and offsets.dtype == x.dtype == y.dtype:
+        return add_offsets_triton(y, x, offsets)
+    from kvpilot.runtime.quant.int_weight import add_offsets  # the quant package imports these kernels
+
+    return add_offsets(y, x, offsets)

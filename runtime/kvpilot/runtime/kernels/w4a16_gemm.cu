@@ -7,7 +7,10 @@
 //   TILES_PER_GROUP (G / 128; 1 below 128), GROUPS_PER_TILE (128 / G for groups of 32 or 64 rows, else 1),
 //   CLUSTER_REDUCE (1: sm_90, a column block's S <= 16 K slices are one cluster),
 //   BIASED (1: the mmas take 128 + q, each tile's sums corrected in fp32; w4a16_gemm_biased.cuh),
-//   WGMMA (1: sm_90a, 16, 32 or 64 tokens a CTA: the K tile on warpgroup mmas, w4a16_gemm_wgmma.cuh).
+//   WGMMA (1: sm_90a, 16, 32 or 64 tokens a CTA: the K tile on warpgroup mmas, w4a16_gemm_wgmma.cuh),
+//   OFFSETS (1: a bf16 offset per group and column, offsets [K/G, N], is added to each weight: a GGUF grid's
+//   fractional zero point, quant/int_weight.from_affine; dequantizing builds add it in the FMA that scales,
+//   biased builds add offset x the group's x sum to each sum).
 //
 // Why not the decode GEMV (w4a16_gemv.cu) widened: there each lane's weight words pair K rows 16 apart, so x
 // must be permuted into B fragments through registers, and each A fragment fed 1-2 token tiles; tried at 64
@@ -41,6 +44,9 @@ typedef unsigned short u16;
 #ifndef GROUPS_PER_TILE
 #define GROUPS_PER_TILE 1
 #endif
+#ifndef OFFSETS
+#define OFFSETS 0
+#endif
 #if GROUPS_PER_TILE != 1 && (TILES_PER_GROUP != 1 || (GROUPS_PER_TILE != 2 && GROUPS_PER_TILE != 4))
 #error "groups of 32 or 64 rows (GROUPS_PER_TILE 4 or 2) take TILES_PER_GROUP 1"
 #endif
@@ -54,7 +60,8 @@ typedef unsigned short u16;
 #define NT_PAIRS ((NT + 1) / 2)  // ldmatrix.x4 takes two token tiles: x rows are staged for 16 NT_PAIRS
 #define X_STAGE (16 * NT_PAIRS * TILE * 2)  // bytes: x rows of 256 bytes, 16-byte chunks swizzled
 #define W_STAGE (WARPS * 2048)  // bytes: each warp's 16 word rows x 32 columns, in its lanes' read order
-#define SZ_STAGE (4 * BN * GROUPS_PER_TILE)  // bytes: per group of the tile, its BN scales, then BN zeros
+#define SZ_BYTES (4 * BN * GROUPS_PER_TILE)  // per group of the tile, its BN scales, then BN zeros
+#define SZ_STAGE (SZ_BYTES + 2 * BN * GROUPS_PER_TILE * OFFSETS)  // bytes: then each group's BN offsets
 #define STAGE_BYTES (X_STAGE + W_STAGE + SZ_STAGE)
 #define ONES 0x3F803F80u  // bf16x2 (1, 1)
 
@@ -135,19 +142,22 @@ __device__ __forceinline__ char* x_at(char* smem, int i) { return smem + i * STA
 // w_chunk order in the warp's region of column chunk a, rows r0 + 4k (k < 4) of one column chunk a per
 // thread; x: rows tok0 + X_ROWS k of one 16-byte chunk kc per thread (stored at kc ^ tok % 8, the same for
 // every k); the tile's groups' scales and zeros: one chunk for each of the first GROUPS_PER_TILE BN / 4
-// threads (group gi's BN / 4 chunks after group gi - 1's).
+// threads (group gi's BN / 4 chunks after group gi - 1's); with OFFSETS each group's BN offsets after them,
+// one chunk for each of the first GROUPS_PER_TILE BN / 8 threads.
 #define X_ROWS (2 * WARPS)  // x rows per pass of the CTA's threads (16 chunks each)
 #define X_CHUNKS (16 * NT_PAIRS / X_ROWS)
 struct Fetch {
     const u32* w;  // tile 0's chunk of row r0
     const u16* x;  // row tok0's chunk kc at K 0
     const u16* sz;  // tile 0's scale or zero chunk (threads past BN / 4: null)
-    int w_dst, x_dst, sz_dst;  // byte offsets in a stage
+    const u16* off;  // tile 0's offsets chunk (null: none for this thread, or no OFFSETS)
+    int w_dst, x_dst, sz_dst, off_dst;  // byte offsets in a stage
     int x_real;  // chunks k < x_real are rows below M; the rest are zero-filled
 };
 
-__device__ __forceinline__ Fetch plan_fetch(const u32* qw, const u16* scales, const u16* zeros, const u16* x,
-                                            int n, int n0, int stride_x, int m_left) {
+__device__ __forceinline__ Fetch plan_fetch(const u32* qw, const u16* scales, const u16* zeros,
+                                            const u16* offsets, const u16* x, int n, int n0, int stride_x,
+                                            int m_left) {
     Fetch f;
     const int tid = threadIdx.x, r0 = tid / (BN / 4), a = tid % (BN / 4);  // r0 < 4: 32 WARPS threads, BN / 4 chunks
     f.w = qw + (long long)r0 * n + n0 + 4 * a;
@@ -159,6 +169,9 @@ __device__ __forceinline__ Fetch plan_fetch(const u32* qw, const u16* scales, co
     const int gi = tid / (BN / 4), h = tid / (BN / 8) % 2, c = tid % (BN / 8);  // BN / 8 chunks of scales, then zeros
     f.sz = tid < GROUPS_PER_TILE * BN / 4 ? (h ? zeros : scales) + (long long)gi * n + n0 + 8 * c : nullptr;
     f.sz_dst = X_STAGE + W_STAGE + 16 * tid;
+    const int go = tid / (BN / 8);  // the offsets' group
+    f.off = OFFSETS && tid < GROUPS_PER_TILE * BN / 8 ? offsets + (long long)go * n + n0 + 8 * c : nullptr;
+    f.off_dst = X_STAGE + W_STAGE + SZ_BYTES + 16 * tid;
     return f;
 }
 
@@ -168,7 +181,9 @@ __device__ __forceinline__ void fetch_weight(char* stage, const Fetch& f, int ti
 #pragma unroll
     for (int k = 0; k < 4; ++k)
         cp_async16(stage + f.w_dst + ((k >> 1) * 64 + (k & 1) * 8) * 16, w + (long long)k * 4 * n);
-    if (f.sz) cp_async16(stage + f.sz_dst, f.sz + (long long)(tile * GROUPS_PER_TILE / TILES_PER_GROUP) * n);
+    const long long group_row = (long long)(tile * GROUPS_PER_TILE / TILES_PER_GROUP) * n;
+    if (f.sz) cp_async16(stage + f.sz_dst, f.sz + group_row);
+    if (OFFSETS && f.off) cp_async16(stage + f.off_dst, f.off + group_row);
 }
 
 __device__ __forceinline__ void fetch_x(char* stage, const Fetch& f, int tile, int stride_x) {
@@ -225,15 +240,29 @@ __device__ __forceinline__ void read_x(u32 (&b)[4], const char* stage, int j, in
     ldmatrix_x4(b, stage + x_stage_offset(row, kc));
 }
 
-// Per column (hi, c) of this lane: (s, s) and (-(128 + z), -(128 + z)) as bf16x2, of the tile's group gi.
-__device__ __forceinline__ void read_group(u32 (&s)[2][2], u32 (&nz)[2][2], const char* stage, int warp, int g,
-                                           int gi) {
+// The stage's offsets of columns col, col + 1 of this lane's half hi as bf16x2, for the tile's group gi
+// (-0, -0 without OFFSETS: adding it changes nothing, and the compiler folds it).
+__device__ __forceinline__ u32 offset_word(const char* stage, int warp, int g, int hi, int gi) {
+#if OFFSETS
+    const u32* off = reinterpret_cast<const u32*>(stage + X_STAGE + W_STAGE + SZ_BYTES) + gi * (BN / 2);
+    return off[(warp * 32 + hi * 16 + 2 * g) / 2];
+#else
+    return 0x80008000u;
+#endif
+}
+
+// Per column (hi, c) of this lane: (s, s), (-(128 + z), -(128 + z)) and (o, o) as bf16x2, of the tile's
+// group gi.
+__device__ __forceinline__ void read_group(u32 (&s)[2][2], u32 (&nz)[2][2], u32 (&o)[2][2], const char* stage,
+                                           int warp, int g, int gi) {
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
         const uint2 w = group_words(stage, warp, g, hi, gi);
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
             s[hi][c] = __byte_perm(w.x, w.x, c ? 0x3232 : 0x1010);
+            const u32 off = offset_word(stage, warp, g, hi, gi);
+            o[hi][c] = __byte_perm(off, off, c ? 0x3232 : 0x1010);
             const float z = bf16_half(w.y, c);
             const u32 b = __float_as_uint(-(128.f + z)) >> 16;  // exact: an integer below 256
             nz[hi][c] = b | (b << 16);
@@ -241,20 +270,21 @@ __device__ __forceinline__ void read_group(u32 (&s)[2][2], u32 (&nz)[2][2], cons
     }
 }
 
-// bf16x2 (q_a - z) s, (q_b - z) s for pair i of p: (128 + q) by one lop3, minus (128 + z) exactly, then scaled.
-__device__ __forceinline__ u32 dequant(u32 p, int i, u32 s, u32 nz) {
-    return fma_bf16x2(fma_bf16x2(biased_pair(p, i), ONES, nz), s, 0x80008000u);  // + (-0): the product rounded once
+// bf16x2 (q_a - z) s + o, (q_b - z) s + o for pair i of p: (128 + q) by one lop3, minus (128 + z) exactly,
+// then scaled and offset in one FMA (o -0 without offsets: the product rounded once).
+__device__ __forceinline__ u32 dequant(u32 p, int i, u32 s, u32 nz, u32 o) {
+    return fma_bf16x2(fma_bf16x2(biased_pair(p, i), ONES, nz), s, o);
 }
 
-// k-step j's A fragments of mma blocks c = 0, 1, dequantized with its group's s and nz (read_group).
+// k-step j's A fragments of mma blocks c = 0, 1, dequantized with its group's s, nz and o (read_group).
 __device__ __forceinline__ void dequant_step(u32 (&a)[2][4], const u32 (&p)[2][2][2][2], const u32 (&s)[2][2],
-                                             const u32 (&nz)[2][2], int j) {
+                                             const u32 (&nz)[2][2], const u32 (&o)[2][2], int j) {
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-        a[c][0] = dequant(p[0][0][c][j / 4], j % 4, s[0][c], nz[0][c]);  // row g, K 16j + 2t
-        a[c][1] = dequant(p[0][1][c][j / 4], j % 4, s[1][c], nz[1][c]);  // row g + 8
-        a[c][2] = dequant(p[1][0][c][j / 4], j % 4, s[0][c], nz[0][c]);  // row g, K 16j + 2t + 8
-        a[c][3] = dequant(p[1][1][c][j / 4], j % 4, s[1][c], nz[1][c]);
+        a[c][0] = dequant(p[0][0][c][j / 4], j % 4, s[0][c], nz[0][c], o[0][c]);  // row g, K 16j + 2t
+        a[c][1] = dequant(p[0][1][c][j / 4], j % 4, s[1][c], nz[1][c], o[1][c]);  // row g + 8
+        a[c][2] = dequant(p[1][0][c][j / 4], j % 4, s[0][c], nz[0][c], o[0][c]);  // row g, K 16j + 2t + 8
+        a[c][3] = dequant(p[1][1][c][j / 4], j % 4, s[1][c], nz[1][c], o[1][c]);
     }
 }
 
@@ -265,12 +295,12 @@ __device__ __forceinline__ void mma_stage(float (&acc)[2][2 * NT_PAIRS][4], cons
     read_words(p, stage, warp, lane);
 #pragma unroll
     for (int gi = 0; gi < GROUPS_PER_TILE; ++gi) {
-        u32 s[2][2], nz[2][2];
-        read_group(s, nz, stage, warp, g, gi);
+        u32 s[2][2], nz[2][2], o[2][2];
+        read_group(s, nz, o, stage, warp, g, gi);
 #pragma unroll
         for (int j = gi * STEPS_PER_GROUP; j < (gi + 1) * STEPS_PER_GROUP; ++j) {
             u32 a[2][4];
-            dequant_step(a, p, s, nz, j);
+            dequant_step(a, p, s, nz, o, j);
 #pragma unroll
             for (int pr = 0; pr < NT_PAIRS; ++pr) {
                 u32 b[4];
@@ -296,12 +326,14 @@ __device__ __forceinline__ void mma_stage(float (&acc)[2][2 * NT_PAIRS][4], cons
 #include "w4a16_gemm_cluster.cuh"
 #endif
 
-// x [M, K] bf16 (row stride stride_x), qweight int32 [K/8, N], scales/zeros bf16 [K/G, N], y [M, N] bf16.
+// x [M, K] bf16 (row stride stride_x), qweight int32 [K/8, N], scales/zeros bf16 [K/G, N], offsets bf16
+// [K/G, N] (read with OFFSETS only), y [M, N] bf16.
 // Dynamic shared memory: STAGES * STAGE_BYTES (the sums of the split path reuse it), and for WGMMA 1024 bytes
 // more, to start the ring on a 1024-byte boundary.
 extern "C" __global__ void __launch_bounds__(WARPS * 32) w4a16_gemm(
     const u16* __restrict__ x, const u32* __restrict__ qweight, const u16* __restrict__ scales,
-    const u16* __restrict__ zeros, u16* __restrict__ y, int m, int n, int k, int stride_x, int stride_y) {
+    const u16* __restrict__ zeros, const u16* __restrict__ offsets, u16* __restrict__ y, int m, int n, int k,
+    int stride_x, int stride_y) {
     gdc_launch_dependents();  // the next kernel's CTAs may take each slot this grid frees
     extern __shared__ uint4 smem_raw[];
     char* smem = reinterpret_cast<char*>(smem_raw);
@@ -314,7 +346,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) w4a16_gemm(
     x += (long long)m0 * stride_x;
     const int m_left = min(m - m0, BM);
 
-    const Fetch f = plan_fetch(qweight, scales, zeros, x, n, n0, stride_x, m_left);
+    const Fetch f = plan_fetch(qweight, scales, zeros, offsets, x, n, n0, stride_x, m_left);
 
     // The weight is never written by a predecessor: the first stages' weights load while it drains; each
     // stage's commit group closes with its x, so "group i done" = tile i landed.

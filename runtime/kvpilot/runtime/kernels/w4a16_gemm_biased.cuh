@@ -3,22 +3,24 @@
 #pragma once
 
 // BIASED builds (few token tiles): the A pairs go to the mmas as the lop3 makes them, bf16 (128 + q, 128 + q'),
-// and each group's sums in the K tile are corrected once: acc += s (T - (128 + z) xsum), T the group's sums of
-// x (128 + q), xsum its sums of x (one more mma a token tile, with A all ones). That saves the two bf16x2 FMAs of
+// and each group's sums in the K tile are corrected once: acc += s (T - (128 + z) xsum) (+ o xsum with
+// OFFSETS), T the group's sums of x (128 + q), xsum its sums of x (one more mma a token tile, A all ones). That saves the two bf16x2 FMAs of
 // every pair (1-4 us at 8-16 tokens, benchmarks/probe_w4a16_gemm.py nodequant) for two FFMAs per sum per
 // tile, which only pays while NT is small. The weight is never rounded to bf16 here: y is the exact
 // (q - z) s product summed in fp32, not bitwise the reference's bf16((q - z) s).
 
-// Per column (hi, c) of this lane: s and 128 + z in fp32, of the tile's group gi.
-__device__ __forceinline__ void read_group_f32(float (&s)[2][2], float (&zb)[2][2], const char* stage, int warp,
-                                               int g, int gi) {
+// Per column (hi, c) of this lane: s, 128 + z and the offset o in fp32, of the tile's group gi.
+__device__ __forceinline__ void read_group_f32(float (&s)[2][2], float (&zb)[2][2], float (&o)[2][2],
+                                               const char* stage, int warp, int g, int gi) {
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
         const uint2 w = group_words(stage, warp, g, hi, gi);
+        const u32 off = offset_word(stage, warp, g, hi, gi);
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
             s[hi][c] = bf16_half(w.x, c);
             zb[hi][c] = 128.f + bf16_half(w.y, c);
+            o[hi][c] = bf16_half(off, c);
         }
     }
 }
@@ -60,14 +62,16 @@ __device__ __forceinline__ void mma_stage_biased(float (&acc)[2][2 * NT_PAIRS][4
     for (int gi = 0; gi < GROUPS_PER_TILE; ++gi) {
         float t[2][2 * NT_PAIRS][4] = {}, xs[2 * NT_PAIRS][4] = {};  // xs [nt][e]: token 8 nt + 2t + e % 2
         biased_steps(t, xs, p, stage, gi, lane);
-        float s[2][2], zb[2][2];
-        read_group_f32(s, zb, stage, warp, lane >> 2, gi);
+        float s[2][2], zb[2][2], o[2][2];
+        read_group_f32(s, zb, o, stage, warp, lane >> 2, gi);
 #pragma unroll
         for (int c = 0; c < 2; ++c)
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e)  // e: (token 2t | 2t + 1) x (row g | g + 8)
-                    acc[c][nt][e] += s[e >> 1][c] * fmaf(-zb[e >> 1][c], xs[nt][e & 1], t[c][nt][e]);
+                for (int e = 0; e < 4; ++e) {  // e: (token 2t | 2t + 1) x (row g | g + 8)
+                    const float sum = s[e >> 1][c] * fmaf(-zb[e >> 1][c], xs[nt][e & 1], t[c][nt][e]);
+                    acc[c][nt][e] += OFFSETS ? fmaf(o[e >> 1][c], xs[nt][e & 1], sum) : sum;
+                }
     }
 }

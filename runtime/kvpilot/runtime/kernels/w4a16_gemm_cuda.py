@@ -96,6 +96,7 @@ class GemmSpec:
     biased: bool = False  # the mmas take 128 + q, each tile's sums corrected in fp32 (w4a16_gemm.cu)
     wgmma: bool = False  # sm_90a: the K tile on warpgroup mmas (w4a16_gemm_wgmma.cuh)
     groups_per_tile: int = 1  # 128 / G for groups of 32 or 64 rows (tiles_per_group 1)
+    offsets: bool = False  # a bf16 offset per group and column added to the weight (a GGUF grid's zero)
 
     @property
     def block_n(self) -> int:
@@ -115,20 +116,22 @@ class GemmSpec:
             "BIASED": int(self.biased),
             "WGMMA": int(self.wgmma),
             "GROUPS_PER_TILE": self.groups_per_tile,
+            "OFFSETS": int(self.offsets),
         }
 
     def shared_bytes(self) -> int:
         """Dynamic shared memory: the stages, or the split sums ([BM][BN + 4] fp32) where those are larger;
         WGMMA builds take 1 KB more, to start the stages' x on a 1 KB boundary."""
-        stages = self.stages * stage_bytes(self.warps, self.token_tiles, self.groups_per_tile)
+        stages = self.stages * stage_bytes(self.warps, self.token_tiles, self.groups_per_tile, self.offsets)
         return max(stages, self.block_m * (self.block_n + 4) * 4) + (WGMMA_PAD if self.wgmma else 0)
 
 
-def stage_bytes(warps: int, token_tiles: int, groups_per_tile: int = 1) -> int:
+def stage_bytes(warps: int, token_tiles: int, groups_per_tile: int = 1, offsets: bool = False) -> int:
     """One K tile in shared memory: x rows for whole token-tile pairs, the weight words, the scales and zeros
-    of each group in the tile."""
+    (and offsets) of each group in the tile."""
     block_n = COLS_PER_WARP * warps
-    return 16 * -(-token_tiles // 2) * TILE * 2 + block_n * 64 + 4 * block_n * groups_per_tile
+    group_bytes = (6 if offsets else 4) * block_n * groups_per_tile
+    return 16 * -(-token_tiles // 2) * TILE * 2 + block_n * 64 + group_bytes
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,7 @@ def launch_for(
     biased_max_token_tiles: int = BIASED_MAX_TOKEN_TILES,
     held: Held | None = None,
     wgmma_from: int = 0,
+    offsets: bool = False,
 ) -> GemmLaunch:
     """Token tiles to cover M (at most 64 tokens per CTA; balanced over the token blocks), the warps (0:
     WARPS, or WIDE_WARPS for WIDE_BLOCKS at the biased builds' token counts), the stages that fit
@@ -169,7 +173,8 @@ def launch_for(
     portable cluster, each slice at least MIN_SLICE_TILES tiles; a long K at 33-64 tokens: slices of
     LONG_K_SLICE_TILES, up to 16). held (the GPU's cluster occupancy; None: not asked) lets 25-64 tokens
     take deep_split's build. wgmma_from (> 0 on sm_90, which has warpgroup mmas; the dispatch passes
-    WGMMA_FIRST_TOKEN_TILES): from that many token tiles, CTAs of 16, 32 or 64 tokens take the WGMMA build."""
+    WGMMA_FIRST_TOKEN_TILES): from that many token tiles, CTAs of 16, 32 or 64 tokens take the WGMMA build.
+    offsets: the weight has per-group offsets (GemmSpec.offsets)."""
     blocks_m = -(-m // (8 * max_token_tiles))
     token_tiles = real_tiles = -(-m // (8 * blocks_m))
     wide_m = max_token_tiles in (MAX_TOKEN_TILES, WGMMA_MAX_TOKEN_TILES)
@@ -197,9 +202,11 @@ def launch_for(
     budget_stages = not stages
     if budget_stages:
         budget = STAGE_BUDGET - (WGMMA_PAD if wgmma else 0)
-        stages = max(2, min(MAX_STAGES, budget // stage_bytes(warps, token_tiles, groups_per_tile)))
+        stages = max(2, min(MAX_STAGES, budget // stage_bytes(warps, token_tiles, groups_per_tile, offsets)))
     tiles_per_group = max(1, group // TILE)
-    spec = GemmSpec(warps, token_tiles, tiles_per_group, stages, slices > 1, biased, wgmma, groups_per_tile)
+    spec = GemmSpec(
+        warps, token_tiles, tiles_per_group, stages, slices > 1, biased, wgmma, groups_per_tile, offsets
+    )  # fmt: skip
     plan = GemmLaunch(spec, slices, blocks_m)
     if hopper and held is not None and budget_stages:
         return occupancy_launch(plan, blocks, tiles, real_tiles, held)
@@ -278,10 +285,14 @@ def preferred(m: int, k: int, hopper: bool = True, group: int = TILE) -> bool:
     return hopper and (1 if group in SMALL_GROUPS else first) <= m <= PREFERRED_M[1]
 
 
-def takes(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> bool:
+def takes(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None = None
+) -> bool:
     """Whether the int4 dispatch (w4a16_triton.int_gemm, w4a16_mma_triton.int_gemm_mma) sends x [M, K] @ W^T
-    here: it can, and is expected to be faster."""
+    (+ the offsets' term) here: it can, and is expected to be faster."""
     if unsupported(x, qweight, scales, 4) is not None:
+        return False
+    if offsets is not None and not (offsets.dtype == scales.dtype and offsets.shape == scales.shape):
         return False
     hopper = torch.cuda.get_device_capability(x.device) >= (9, 0)
     return preferred(x.shape[0], x.shape[1], hopper, x.shape[1] // scales.shape[0])
@@ -314,19 +325,24 @@ def w4a16_gemm(
     zeros: torch.Tensor,
     sms: int,
     plan: GemmLaunch | None = None,
+    offsets: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x [M, K] bf16 @ W^T -> [M, N] bf16 (the caller checked unsupported()). plan: the build and grid
-    (None: launch_for's; benchmarks pass others)."""
+    """x [M, K] bf16 @ W^T -> [M, N] bf16 (the caller checked unsupported()); offsets bf16 [K/G, N]: added to
+    each weight of their group and column. plan: the build and grid (None: launch_for's; benchmarks pass
+    others)."""
     m, k = x.shape
     n = qweight.shape[1]
     capability = torch.cuda.get_device_capability(x.device)
     hopper = capability >= (9, 0)
     plan = plan or launch_for(
         m, n, k, k // scales.shape[0], sms, hopper, held=clusters_held if hopper else None,
-        wgmma_from=WGMMA_FIRST_TOKEN_TILES if capability == (9, 0) else 0,
+        wgmma_from=WGMMA_FIRST_TOKEN_TILES if capability == (9, 0) else 0, offsets=offsets is not None,
     )  # fmt: skip
+    if plan.spec.offsets != (offsets is not None):
+        raise ValueError(f"the build's offsets ({plan.spec.offsets}) and the call's do not agree")
     y = torch.empty(m, n, device=x.device, dtype=x.dtype)
-    args = [x, qweight, scales, zeros.contiguous(), y, m, n, k, x.stride(0), y.stride(0)]
+    off = scales if offsets is None else offsets.contiguous()  # read with OFFSETS only
+    args = [x, qweight, scales, zeros.contiguous(), off, y, m, n, k, x.stride(0), y.stride(0)]
     shared = plan.spec.shared_bytes()
     kernel = compiled(plan.spec)
     allow_shared_memory(kernel, shared)

@@ -106,11 +106,11 @@ __device__ __forceinline__ void mma_stage_wgmma(float (&acc)[2][NT][4], const ch
     u32 a[8][2][4];
 #pragma unroll
     for (int gi = 0; gi < GROUPS_PER_TILE; ++gi) {
-        u32 s[2][2], nz[2][2];
-        read_group(s, nz, stage, warp, g, gi);
+        u32 s[2][2], nz[2][2], o[2][2];
+        read_group(s, nz, o, stage, warp, g, gi);
 #pragma unroll
         for (int j = gi * STEPS_PER_GROUP; j < (gi + 1) * STEPS_PER_GROUP; ++j) {
-            dequant_step(a[j], p, s, nz, j);  // as mma_stage's fragments
+            dequant_step(a[j], p, s, nz, o, j);  // as mma_stage's fragments
             wgmma_fence();  // this step's A registers (and the sums) are written before the wgmmas read them
 #pragma unroll
             for (int c = 0; c < 2; ++c) wgmma_tokens<NT>(acc[c], a[j][c], x_descriptor(base, j));

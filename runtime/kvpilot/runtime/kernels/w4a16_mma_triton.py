@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from kvpilot.runtime.kernels.group_offsets_triton import add_group_offsets
 from kvpilot.runtime.kernels.int_gemv_triton import _MAGIC16, _PAIRS_HIGH, _PAIRS_LOW
 from kvpilot.runtime.kernels.quant_reference import pack_tile
 from kvpilot.runtime.kernels.split_k_triton import REDUCES, split_output, store_split
@@ -259,20 +260,24 @@ def int_gemm_mma(
     perm: torch.Tensor | None = None,
     counters: torch.Tensor | None = None,
     cuda_kernel: bool = True,
+    offsets: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [..., K] @ W^T -> [..., N] with the bucket's launch shape (mma_dispatched M only); int4 with bf16
-    goes to w4a16_gemm.cu where that is expected to be faster (cuda_kernel False: never)."""
+    goes to w4a16_gemm.cu where that is expected to be faster (cuda_kernel False: never). offsets: as
+    w4a16_triton.int_gemm's."""
     lead = x.shape[:-1]
     x = x.reshape(-1, x.shape[-1])
     x = x[:, perm] if perm is not None else (x if x.stride(-1) == 1 else x.contiguous())
     if cuda_kernel and bits == 4 and x.is_cuda:
         from .w4a16_gemm_cuda import takes, w4a16_gemm  # CUDA-only (NVRTC)
 
-        if takes(x, qweight, scales):
-            y = w4a16_gemm(x, qweight, scales, zeros, num_sms(x.device))
+        if takes(x, qweight, scales, offsets):
+            y = w4a16_gemm(x, qweight, scales, zeros, num_sms(x.device), offsets=offsets)
             return y.reshape(*lead, y.shape[-1])
     cfg = bucket_config(x.shape[0], qweight.shape[1], x.shape[1], bits, num_sms(x.device))
     y = w4a16_mma(x, qweight, scales, zeros, bits, cfg, counters)
+    if offsets is not None:
+        y = add_group_offsets(y, x, offsets)
     return y.reshape(*lead, y.shape[-1])
 
 
@@ -283,20 +288,21 @@ def warm_up_mma(
     bits: int,
     dtype: torch.dtype,
     counters: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
 ) -> None:
     """Run each bucket's launch shape once (zeros in), so Triton compiles them while the model loads, and
-    w4a16_gemm.cu's builds (one per token-tile count, stage count and cluster use) where the dispatch takes
-    it (w4a16_gemm_cuda.takes: up to 384 tokens, past the buckets)."""
+    w4a16_gemm.cu's builds (one per token-tile count, stage count, cluster use and offsets) where the
+    dispatch takes it (w4a16_gemm_cuda.takes: up to 384 tokens, past the buckets)."""
     k = qweight.shape[0] * (32 // bits)
     tops = [top for top, cfg in MMA_BUCKETS.get(bits, ()) if cfg is not None]
     for top in tops:
         x = torch.zeros(top, k, device=qweight.device, dtype=dtype)
-        int_gemm_mma(x, qweight, scales, zeros, bits, None, counters, cuda_kernel=False)
+        int_gemm_mma(x, qweight, scales, zeros, bits, None, counters, cuda_kernel=False, offsets=offsets)
     if bits == 4 and tops and qweight.is_cuda:  # the dispatch's CUDA GEMM, up to its most tokens
         from .w4a16_gemm_cuda import PREFERRED_M, takes, w4a16_gemm, warm_up_ms
 
         x = torch.zeros(PREFERRED_M[1], k, device=qweight.device, dtype=dtype)
         hopper = torch.cuda.get_device_capability(qweight.device) >= (9, 0)
         for m in warm_up_ms(PREFERRED_M[1], k, hopper, k // scales.shape[0]):
-            if takes(x[:m], qweight, scales):
-                w4a16_gemm(x[:m], qweight, scales, zeros, num_sms(x.device))
+            if takes(x[:m], qweight, scales, offsets):
+                w4a16_gemm(x[:m], qweight, scales, zeros, num_sms(x.device), offsets=offsets)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from kvpilot.runtime.kernels.group_offsets_triton import add_group_offsets
 from kvpilot.runtime.kernels.int4_mma_gemv_triton import int4_mma_dispatched, int4_mma_gemv
 from kvpilot.runtime.kernels.int_gemv_fma_triton import default_fma_config, int_gemv_fma
 from kvpilot.runtime.kernels.int_gemv_triton import GEMV_MAX_M, int_gemv, warm_up_m
@@ -256,20 +257,42 @@ def int_gemm(
     perm: torch.Tensor | None = None,
     counters: torch.Tensor | None = None,
     cuda_kernel: bool = CUDA_W4A16,
+    offsets: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [..., K] @ W^T -> [..., N] in x's dtype, choosing the path by the token count (a shape: CUDA
     graphs capture one choice per batch size). counters: the weight's persistent split-K counters
     (split_k_triton.split_counters), which let the decode GEMV combine its partials in one launch.
-    cuda_kernel: False keeps int4 off w4a16_gemv.cu (the Triton kernels' comparison)."""
+    cuda_kernel: False keeps int4 off w4a16_gemv.cu (the Triton kernels' comparison). offsets [K/G, N]:
+    a GGUF grid's per-group offsets (quant/int_weight.from_affine), in w4a16_gemm.cu where it runs, else
+    added after the GEMM."""
     lead = x.shape[:-1]
     x = x.reshape(-1, x.shape[-1])
     x = x[:, perm] if perm is not None else (x if x.stride(-1) == 1 else x.contiguous())
     group = x.shape[1] // scales.shape[0]
-    if cuda_kernel and bits == 4 and x.is_cuda and _cuda_gemm_takes(x, qweight, scales):
+    if cuda_kernel and bits == 4 and x.is_cuda and _cuda_gemm_takes(x, qweight, scales, offsets):
         from .w4a16_gemm_cuda import w4a16_gemm  # CUDA-only (NVRTC): 3-384 tokens (5-384 for a long K)
 
-        y = w4a16_gemm(x, qweight, scales, zeros, num_sms(x.device))
-    elif not fused_supported(x.shape[1], group, bits) or x.shape[0] >= DEQUANT_CUBLAS_MIN_M:
+        y = w4a16_gemm(x, qweight, scales, zeros, num_sms(x.device), offsets=offsets)
+        return y.reshape(*lead, y.shape[-1])
+    y = _int_gemm_rest(x, qweight, scales, zeros, bits, group, counters, cuda_kernel)
+    if offsets is not None:
+        y = add_group_offsets(y, x, offsets)
+    return y.reshape(*lead, y.shape[-1])
+
+
+def _int_gemm_rest(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    bits: int,
+    group: int,
+    counters: torch.Tensor | None,
+    cuda_kernel: bool,
+) -> torch.Tensor:
+    """int_gemm's paths past w4a16_gemm.cu, x [M, K] -> [M, N]: dequantize + cuBLAS, the CUDA decode GEMV,
+    the Triton kernels."""
+    if not fused_supported(x.shape[1], group, bits) or x.shape[0] >= DEQUANT_CUBLAS_MIN_M:
         y = x @ dequantize_triton(qweight, scales, zeros, bits, x.dtype)
     elif cuda_kernel and _cuda_resident_takes(x, qweight, scales, bits):
         from .w4a16_resident import w4a16_resident  # CUDA-only (NVRTC, sm_90), opt-in: see its DISPATCHED
@@ -286,7 +309,7 @@ def int_gemm(
         y = int_gemv_fma(x, qweight, scales, zeros, bits, cfg, counters)
     else:
         y = int_gemv(x, qweight, scales, zeros, bits, counters=counters)
-    return y.reshape(*lead, y.shape[-1])
+    return y
 
 
 def _cuda_w4a16_runs(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int) -> bool:
@@ -310,10 +333,12 @@ def _cuda_resident_takes(x: torch.Tensor, qweight: torch.Tensor, scales: torch.T
     return takes(x, qweight, scales, bits)
 
 
-def _cuda_gemm_takes(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> bool:
+def _cuda_gemm_takes(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None = None
+) -> bool:
     from .w4a16_gemm_cuda import takes
 
-    return takes(x, qweight, scales)
+    return takes(x, qweight, scales, offsets)
 
 
 def warm_up_int_gemm(
@@ -323,6 +348,7 @@ def warm_up_int_gemm(
     bits: int,
     dtype: torch.dtype,
     counters: torch.Tensor | None = None,
+    offsets: torch.Tensor | None = None,
 ) -> None:
     """Run the dispatch once per launch shape it uses below DEQUANT_CUBLAS_MIN_M (zeros in, result
     dropped), so Triton compiles them while the model loads, never in the middle of serving."""
@@ -337,4 +363,5 @@ def warm_up_int_gemm(
             bits,
             None,
             counters,
+            offsets=offsets,
         )

@@ -129,8 +129,8 @@ class IntWeightMethod(CollectingMethod):
         for p, counters in zip(self.parts, self.counters, strict=True):
             k = p.qweight.shape[0] * (32 // p.bits)
             if fused_supported(k, k // p.scales.shape[0], p.bits) and k % 16 == 0:
-                warm_up_int_gemm(p.qweight, p.scales, p.zeros, p.bits, self.dtype, counters)
-                warm_up_mma(p.qweight, p.scales, p.zeros, p.bits, self.dtype, counters)
+                warm_up_int_gemm(p.qweight, p.scales, p.zeros, p.bits, self.dtype, counters, p.offsets)
+                warm_up_mma(p.qweight, p.scales, p.zeros, p.bits, self.dtype, counters, p.offsets)
 
     def _build(self, t: dict[str, torch.Tensor]) -> IntWeight:
         q = self.quant
@@ -165,29 +165,23 @@ class IntWeightMethod(CollectingMethod):
         return y if bias is None else y + bias
 
     def _gemm(self, x: torch.Tensor, w: IntWeight, index: int) -> torch.Tensor:
+        """x W^T, with the offsets of fractional zero points (quant/int_weight.py, from_affine) where the
+        weight has them: the GPU dispatch adds them (in its int4 GEMM where that runs), else add_offsets."""
         if self.dense:  # exactly int_gemm_ref (+ the offsets), with W^T dequantized at load
             return (x if w.perm is None else x[..., w.perm]) @ self.dense[index].to(x.dtype)
-        y = self._int_gemm(x, w, index)
-        if w.offsets is None:  # else: fractional zero points' remainder (quant/int_weight.py, from_affine)
-            return y
-        x = x if w.perm is None else x[..., w.perm]
-        if self.backend == "triton" and x.is_cuda and y.is_contiguous() and w.offsets.dtype == x.dtype:
-            from kvpilot.runtime.kernels.group_offsets_triton import add_offsets_triton
-
-            return add_offsets_triton(y, x, w.offsets)  # one launch, in place on the GEMM's fresh output
-        return add_offsets(y, x, w.offsets)
-
-    def _int_gemm(self, x: torch.Tensor, w: IntWeight, index: int) -> torch.Tensor:
         k, groups = x.shape[-1], w.scales.shape[0]
         if self.backend == "triton" and x.is_cuda and k % 16 == 0 and (k // groups) % 16 == 0:
             from kvpilot.runtime.kernels.w4a16_mma_triton import int_gemm_mma, mma_dispatched
-
-            if mma_dispatched(x.numel() // k, k, k // groups, w.bits):  # 16 < M <= 256: tensor-core GEMM
-                return int_gemm_mma(x, w.qweight, w.scales, w.zeros, w.bits, w.perm, self.counters[index])
             from kvpilot.runtime.kernels.w4a16_triton import int_gemm
 
-            return int_gemm(x, w.qweight, w.scales, w.zeros, w.bits, w.perm, self.counters[index])
-        return int_gemm_ref(x, w.qweight, w.scales, w.zeros, w.bits, w.perm)
+            gemm = int_gemm_mma if mma_dispatched(x.numel() // k, k, k // groups, w.bits) else int_gemm
+            return gemm(  # int_gemm_mma at 16 < M <= 256: the tensor-core GEMM's buckets
+                x, w.qweight, w.scales, w.zeros, w.bits, w.perm, self.counters[index], offsets=w.offsets
+            )  # fmt: skip
+        y = int_gemm_ref(x, w.qweight, w.scales, w.zeros, w.bits, w.perm)
+        if w.offsets is None:
+            return y
+        return add_offsets(y, x if w.perm is None else x[..., w.perm], w.offsets)
 
 
 def _to(w: IntWeight, device: torch.device, dtype: torch.dtype) -> IntWeight:
