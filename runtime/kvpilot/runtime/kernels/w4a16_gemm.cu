@@ -150,8 +150,11 @@ struct Fetch {
     const u32* w;  // tile 0's chunk of row r0
     const u16* x;  // row tok0's chunk kc at K 0
     const u16* sz;  // tile 0's scale or zero chunk (threads past BN / 4: null)
-    const u16* off;  // tile 0's offsets chunk (null: none for this thread, or no OFFSETS)
-    int w_dst, x_dst, sz_dst, off_dst;  // byte offsets in a stage
+    int w_dst, x_dst, sz_dst;  // byte offsets in a stage
+#if OFFSETS
+    const u16* off;  // tile 0's offsets chunk (null: none for this thread)
+    int off_dst;
+#endif
     int x_real;  // chunks k < x_real are rows below M; the rest are zero-filled
 };
 
@@ -169,9 +172,11 @@ __device__ __forceinline__ Fetch plan_fetch(const u32* qw, const u16* scales, co
     const int gi = tid / (BN / 4), h = tid / (BN / 8) % 2, c = tid % (BN / 8);  // BN / 8 chunks of scales, then zeros
     f.sz = tid < GROUPS_PER_TILE * BN / 4 ? (h ? zeros : scales) + (long long)gi * n + n0 + 8 * c : nullptr;
     f.sz_dst = X_STAGE + W_STAGE + 16 * tid;
+#if OFFSETS
     const int go = tid / (BN / 8);  // the offsets' group
-    f.off = OFFSETS && tid < GROUPS_PER_TILE * BN / 8 ? offsets + (long long)go * n + n0 + 8 * c : nullptr;
+    f.off = tid < GROUPS_PER_TILE * BN / 8 ? offsets + (long long)go * n + n0 + 8 * c : nullptr;
     f.off_dst = X_STAGE + W_STAGE + SZ_BYTES + 16 * tid;
+#endif
     return f;
 }
 
@@ -183,7 +188,9 @@ __device__ __forceinline__ void fetch_weight(char* stage, const Fetch& f, int ti
         cp_async16(stage + f.w_dst + ((k >> 1) * 64 + (k & 1) * 8) * 16, w + (long long)k * 4 * n);
     const long long group_row = (long long)(tile * GROUPS_PER_TILE / TILES_PER_GROUP) * n;
     if (f.sz) cp_async16(stage + f.sz_dst, f.sz + group_row);
-    if (OFFSETS && f.off) cp_async16(stage + f.off_dst, f.off + group_row);
+#if OFFSETS
+    if (f.off) cp_async16(stage + f.off_dst, f.off + group_row);
+#endif
 }
 
 __device__ __forceinline__ void fetch_x(char* stage, const Fetch& f, int tile, int stride_x) {
@@ -262,7 +269,7 @@ __device__ __forceinline__ void read_group(u32 (&s)[2][2], u32 (&nz)[2][2], u32 
         for (int c = 0; c < 2; ++c) {
             s[hi][c] = __byte_perm(w.x, w.x, c ? 0x3232 : 0x1010);
             const u32 off = offset_word(stage, warp, g, hi, gi);
-            o[hi][c] = __byte_perm(off, off, c ? 0x3232 : 0x1010);
+            o[hi][c] = OFFSETS ? __byte_perm(off, off, c ? 0x3232 : 0x1010) : off;  // a prmt is not folded
             const float z = bf16_half(w.y, c);
             const u32 b = __float_as_uint(-(128.f + z)) >> 16;  // exact: an integer below 256
             nz[hi][c] = b | (b << 16);
