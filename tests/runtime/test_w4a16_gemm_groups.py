@@ -246,7 +246,6 @@ def test_the_offsets_builds_compile_without_spills(
 @pytest.mark.parametrize("group", [32, 64, 128])
 def test_the_offsets_are_added_inside_the_gemm(m: int, group: int) -> None:
     from kvpilot.runtime.kernels.w4a16_gemm_cuda import takes, w4a16_gemm
-    from kvpilot.runtime.quant.int_weight import add_offsets
 
     x, qweight, scales, zeros = _case(m, 2048, 4096, group, False, seed=m + group)
     gen = torch.Generator().manual_seed(m)
@@ -254,8 +253,11 @@ def test_the_offsets_are_added_inside_the_gemm(m: int, group: int) -> None:
     plan = launch_for(m, 2048, 4096, group, _sms(), True, offsets=True)
     assert plan.spec.offsets and takes(x, qweight, scales, offsets) == (m >= 3 or group < 128)
     got = w4a16_gemm(x, qweight, scales, zeros, _sms(), offsets=offsets).float()
-    # the reference: each weight (q - z) s + o, as the build's mmas take it (exact in the biased builds)
-    want = add_offsets(_want(x, qweight, scales, zeros, plan.spec.biased), x.float(), offsets.float())
+    # the reference: each weight (q - z) s + o as the build's mmas take it: exact in the biased builds,
+    # rounded to bf16 once in the dequantizing ones (one FMA)
+    exact = dequantize_int_ref(qweight, scales.float(), zeros.float(), 4)
+    exact += offsets.float().repeat_interleave(exact.shape[0] // offsets.shape[0], 0)
+    want = x.float() @ (exact if plan.spec.biased else exact.bfloat16().float())
     torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
     plain = w4a16_gemm(x, qweight, scales, zeros, _sms()).float()
     assert (got - plain).abs().max() > 0.05  # the offsets moved it
