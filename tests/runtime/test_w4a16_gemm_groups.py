@@ -263,3 +263,25 @@ def test_the_offsets_are_added_inside_the_gemm(m: int, group: int) -> None:
     assert (got - plain).abs().max() > 0.05  # the offsets moved it
     with pytest.raises(ValueError, match="offsets"):
         w4a16_gemm(x, qweight, scales, zeros, _sms(), plan)  # a build with offsets, a call without
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("with_offsets", [False, True], ids=["whole-zeros", "offsets"])
+def test_the_warm_up_compiles_every_build_the_dispatch_then_takes(with_offsets: bool) -> None:
+    """As quant/methods.IntWeightMethod warms up and then dispatches, at every M up to 384 tokens."""
+    from kvpilot.runtime.kernels.nvrtc import compile_cuda
+    from kvpilot.runtime.kernels.split_k_triton import split_counters
+    from kvpilot.runtime.kernels.w4a16_mma_triton import int_gemm_mma, mma_dispatched, warm_up_mma
+    from kvpilot.runtime.kernels.w4a16_triton import int_gemm, warm_up_int_gemm
+
+    n, k = 3072, 1024
+    x, qweight, scales, zeros = _case(384, n, k, 32, False, seed=5)
+    offsets = (0.002 * torch.randn(scales.shape)).bfloat16().cuda() if with_offsets else None
+    counters = split_counters(n, x.device)
+    warm_up_int_gemm(qweight, scales, zeros, 4, torch.bfloat16, counters, offsets)
+    warm_up_mma(qweight, scales, zeros, 4, torch.bfloat16, counters, offsets)
+    builds = compile_cuda.cache_info().misses
+    for m in range(1, 385):
+        gemm = int_gemm_mma if mma_dispatched(m, k, 32, 4) else int_gemm
+        gemm(x[:m], qweight, scales, zeros, 4, None, counters, offsets=offsets)
+    assert compile_cuda.cache_info().misses == builds, "NVRTC builds after the warm-up"
