@@ -11,9 +11,9 @@ import pytest
 import torch
 from kvpilot.runtime.kernels.quant_reference import dequantize_int_ref
 from kvpilot.runtime.kernels.w4a16_gemm_cuda import SOURCE, GemmSpec, launch_for, unsupported
-from kvpilot.runtime.quant.int_weight import quantize_rtn
 
 from tests.runtime.nvrtc_offline import ptx, sm90_resources
+from tests.runtime.w4a16_cases import h200_held, int4_case, reference_gemm, sms
 
 
 @pytest.mark.parametrize(
@@ -44,21 +44,9 @@ def test_k_slices_fill_the_gpu_within_a_cluster_on_hopper_only() -> None:
     assert launch_for(64, 6144, 4096, 4096, 132, hopper=True).spec.tiles_per_group == 32
 
 
-# cuOccupancyMaxActiveClusters on the H200 (fourteenth session) for the 4-warp builds at 33-64 tokens:
-# clusters of 2..8 CTAs held at once where 3 and where 2 CTAs fit an SM (less what the GPCs leave unused)
-H200_HELD = {
-    3: {2: 198, 3: 124, 4: 92, 5: 69, 6: 62, 7: 47, 8: 45},
-    2: {2: 132, 3: 79, 4: 62, 5: 47, 6: 39, 7: 32, 8: 30},
-}
-
-
-def _h200_held(spec: GemmSpec, slices: int) -> int:
-    return H200_HELD[min(3, (227 * 1024) // (spec.shared_bytes() + 1024))][slices]
-
-
 def test_25_to_64_tokens_take_a_stage_more_and_the_most_slices_held_in_one_wave() -> None:
     def plan(m: int, n: int, k: int = 4096) -> tuple[int, int]:
-        launch = launch_for(m, n, k, 128, 132, True, held=_h200_held)
+        launch = launch_for(m, n, k, 128, 132, True, held=h200_held)
         return launch.slices, launch.spec.stages
 
     assert [plan(m, 6144) for m in (32, 64)] == [(4, 5), (4, 4)]  # qkv: 48 clusters; 5 slices held 47
@@ -68,7 +56,7 @@ def test_25_to_64_tokens_take_a_stage_more_and_the_most_slices_held_in_one_wave(
     assert plan(24, 6144) == (6, 4)  # 3 token tiles: the budget's stages and the rule's slices
     assert plan(80, 6144) == (launch_for(80, 6144, 4096, 128, 132, True).slices, 3)  # two token blocks
     assert launch_for(64, 6144, 4096, 128, 132, True).slices == 6  # not asked (held None): the 3-stage rule
-    assert launch_for(64, 6144, 4096, 128, 132, True, stages=3, held=_h200_held).spec.stages == 3  # explicit
+    assert launch_for(64, 6144, 4096, 128, 132, True, stages=3, held=h200_held).spec.stages == 3  # explicit
 
 
 def test_shared_memory_holds_the_stages_or_the_split_sums() -> None:
@@ -90,7 +78,7 @@ def test_preferred_from_3_or_5_to_384_tokens() -> None:
     assert not preferred(64, 4096, hopper=False)  # measured on sm_90 only (clusters)
     # the warm-up compiles every build the dispatch can take up to 384 tokens, for every width of Qwen3-8B
     for n, (k, first), held, wgmma in itertools.product(
-        (4096, 6144, 24576), ((4096, 3), (12288, 5)), (None, _h200_held), (0, 3)
+        (4096, 6144, 24576), ((4096, 3), (12288, 5)), (None, h200_held), (0, 3)
     ):  # held: the GPU's cluster occupancy (the deep builds at 33-64); wgmma: sm_90's builds from 17 tokens
 
         def build(m: int) -> GemmSpec:
@@ -172,26 +160,6 @@ def test_eight_warps_for_mid_width_outputs_at_the_biased_token_counts() -> None:
     assert launch_for(16, 6144, 4096, 128, 132, True, warps=4).spec.warps == 4  # explicit warps stay
 
 
-def _case(m: int, n: int, k: int, group: int, sym: bool, seed: int) -> tuple[torch.Tensor, ...]:
-    gen = torch.Generator().manual_seed(seed)
-    w = quantize_rtn(torch.randn(n, k, generator=gen) * 0.05, 4, group, sym=sym)
-    x = torch.randn(m, k, generator=gen).bfloat16()
-    return x.cuda(), w.qweight.cuda(), w.scales.bfloat16().cuda(), w.zeros.bfloat16().cuda()
-
-
-def _want(
-    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, biased: bool = False
-) -> torch.Tensor:
-    """fp32 products of x and the weight the kernel's mmas take: the bf16 dequantized weight, or in biased
-    builds the exact (q - z) s (never rounded to bf16)."""
-    dtype = torch.float32 if biased else scales.dtype
-    return x.float() @ dequantize_int_ref(qweight, scales.to(dtype), zeros.to(dtype), 4).float()
-
-
-def _sms() -> int:
-    return torch.cuda.get_device_properties(0).multi_processor_count
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 8, 12, 17, 24, 32, 40, 64, 65, 100, 128, 200])
 @pytest.mark.parametrize(("n", "k", "group"), [(4096, 4096, 128), (1024, 1152, 128), (256, 2048, -1)])
@@ -199,13 +167,13 @@ def _sms() -> int:
 def test_matches_the_reference(m: int, n: int, k: int, group: int, sym: bool) -> None:
     from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
 
-    x, qweight, scales, zeros = _case(m, n, k, group, sym, seed=m * 5 + n)
+    x, qweight, scales, zeros = int4_case(m, n, k, group, sym, seed=m * 5 + n)
     assert unsupported(x, qweight, scales, 4) is None
-    biased = launch_for(m, n, k, k if group == -1 else group, _sms(), True).spec.biased
-    want = _want(x, qweight, scales, zeros, biased)
-    out = w4a16_gemm(x, qweight, scales, zeros, _sms())
+    biased = launch_for(m, n, k, k if group == -1 else group, sms(), True).spec.biased
+    want = reference_gemm(x, qweight, scales, zeros, biased)
+    out = w4a16_gemm(x, qweight, scales, zeros, sms())
     torch.testing.assert_close(out.float(), want, atol=1e-2, rtol=1e-2)
-    assert torch.equal(w4a16_gemm(x, qweight, scales, zeros, _sms()), out)  # deterministic
+    assert torch.equal(w4a16_gemm(x, qweight, scales, zeros, sms()), out)  # deterministic
 
 
 @pytest.mark.gpu
@@ -214,12 +182,12 @@ def test_matches_the_reference(m: int, n: int, k: int, group: int, sym: bool) ->
 def test_biased_and_dequantizing_builds_compute_the_same_gemm(m: int, sym: bool) -> None:
     from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
 
-    x, qweight, scales, zeros = _case(m, 6144, 4096, 128, sym, seed=m)  # qkv-wide: biased at 8 warps
-    plans = [launch_for(m, 6144, 4096, 128, _sms(), True, biased_max_token_tiles=b) for b in (0, 2)]
+    x, qweight, scales, zeros = int4_case(m, 6144, 4096, 128, sym, seed=m)  # qkv-wide: biased at 8 warps
+    plans = [launch_for(m, 6144, 4096, 128, sms(), True, biased_max_token_tiles=b) for b in (0, 2)]
     assert [(plan.spec.biased, plan.spec.warps) for plan in plans] == [(False, 4), (True, 8)]
-    dequantizing, biased = (w4a16_gemm(x, qweight, scales, zeros, _sms(), plan).float() for plan in plans)
-    exact = _want(x, qweight, scales, zeros, biased=True)
-    torch.testing.assert_close(dequantizing, _want(x, qweight, scales, zeros), atol=1e-2, rtol=1e-2)
+    dequantizing, biased = (w4a16_gemm(x, qweight, scales, zeros, sms(), plan).float() for plan in plans)
+    exact = reference_gemm(x, qweight, scales, zeros, biased=True)
+    torch.testing.assert_close(dequantizing, reference_gemm(x, qweight, scales, zeros), atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(biased, exact, atol=1e-2, rtol=1e-2)
     # the bf16 rounding of each weight is the dequantizing build's only extra error (H200: 0.0052 vs 0.0036)
     assert (biased - exact).abs().mean() < (dequantizing - exact).abs().mean()
@@ -234,12 +202,12 @@ def test_every_build_and_slicing_computes_the_same_gemm(m: int, slices: int, war
 
     from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
 
-    x, qweight, scales, zeros = _case(m, 2048, 4096, 128, False, seed=slices)
-    plan = launch_for(m, 2048, 4096, 128, _sms(), True, warps, stages)
+    x, qweight, scales, zeros = int4_case(m, 2048, 4096, 128, False, seed=slices)
+    plan = launch_for(m, 2048, 4096, 128, sms(), True, warps, stages)
     spec = dataclasses.replace(plan.spec, cluster_reduce=slices > 1)
     plan = dataclasses.replace(plan, slices=slices, spec=spec)
-    out = w4a16_gemm(x, qweight, scales, zeros, _sms(), plan)
-    want = _want(x, qweight, scales, zeros, biased=plan.spec.biased)
+    out = w4a16_gemm(x, qweight, scales, zeros, sms(), plan)
+    want = reference_gemm(x, qweight, scales, zeros, biased=plan.spec.biased)
     torch.testing.assert_close(out.float(), want, atol=1e-2, rtol=1e-2)
 
 
@@ -263,34 +231,35 @@ def test_the_wgmma_build_computes_the_mma_sync_builds_gemm(m: int, slices: int, 
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("warpgroup mmas are sm_90a's")
-    x, qweight, scales, zeros = _case(m, 2048, 4096, 128, False, seed=m + slices)
-    plan = launch_for(m, 2048, 4096, 128, _sms(), True, stages=stages, wgmma_from=2)
+    x, qweight, scales, zeros = int4_case(m, 2048, 4096, 128, False, seed=m + slices)
+    plan = launch_for(m, 2048, 4096, 128, sms(), True, stages=stages, wgmma_from=2)
     spec = dataclasses.replace(plan.spec, cluster_reduce=slices > 1)
     plan = dataclasses.replace(plan, slices=slices, spec=spec)
     assert plan.spec.wgmma and plan.spec.token_tiles == (2 if m <= 16 else 4 if m <= 32 else 8)
     sync = dataclasses.replace(plan, spec=dataclasses.replace(plan.spec, wgmma=False))
-    out = w4a16_gemm(x, qweight, scales, zeros, _sms(), plan)
-    want = _want(x, qweight, scales, zeros)
+    out = w4a16_gemm(x, qweight, scales, zeros, sms(), plan)
+    want = reference_gemm(x, qweight, scales, zeros)
     torch.testing.assert_close(out.float(), want, atol=1e-2, rtol=1e-2)
-    torch.testing.assert_close(out, w4a16_gemm(x, qweight, scales, zeros, _sms(), sync), atol=1e-2, rtol=1e-2)
-    assert torch.equal(w4a16_gemm(x, qweight, scales, zeros, _sms(), plan), out)  # deterministic
+    torch.testing.assert_close(out, w4a16_gemm(x, qweight, scales, zeros, sms(), sync), atol=1e-2, rtol=1e-2)
+    assert torch.equal(w4a16_gemm(x, qweight, scales, zeros, sms(), plan), out)  # deterministic
 
 
 @pytest.mark.gpu
 def test_a_graph_replay_reads_its_predecessors_output_under_pdl() -> None:
     from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
 
-    x, qweight, scales, zeros = _case(64, 4096, 4096, 128, False, seed=3)
+    x, qweight, scales, zeros = int4_case(64, 4096, 4096, 128, False, seed=3)
     x2 = torch.empty_like(x)
     graph = torch.cuda.CUDAGraph()
-    w4a16_gemm(x, qweight, scales, zeros, _sms())  # compiled outside the capture
+    w4a16_gemm(x, qweight, scales, zeros, sms())  # compiled outside the capture
     with torch.cuda.graph(graph):
         x2.copy_(x * 2)  # the predecessor writes x2 right before the GEMM reads it
-        out = w4a16_gemm(x2, qweight, scales, zeros, _sms())
+        out = w4a16_gemm(x2, qweight, scales, zeros, sms())
     for scale in (1.0, -3.0):
         x.mul_(scale)
         graph.replay()
-        torch.testing.assert_close(out.float(), _want(x * 2, qweight, scales, zeros), atol=2e-2, rtol=1e-2)
+        want = reference_gemm(x * 2, qweight, scales, zeros)
+        torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=1e-2)
 
 
 @pytest.mark.gpu
@@ -300,8 +269,8 @@ def test_the_int4_dispatch_takes_it_from_3_to_384_tokens(m: int) -> None:
     from kvpilot.runtime.kernels.w4a16_mma_triton import int_gemm_mma, mma_dispatched
     from kvpilot.runtime.kernels.w4a16_triton import int_gemm
 
-    x, qweight, scales, zeros = _case(m, 2048, 4096, 128, False, seed=m)
-    direct = w4a16_gemm(x, qweight, scales, zeros, _sms())
+    x, qweight, scales, zeros = int4_case(m, 2048, 4096, 128, False, seed=m)
+    direct = w4a16_gemm(x, qweight, scales, zeros, sms())
     # as quant/methods.IntWeightMethod dispatches: the Triton GEMM's buckets at 17-128 tokens, else int_gemm
     mma = m > 16 and mma_dispatched(m, 4096, 128, 4)
     dispatched = int_gemm_mma(x, qweight, scales, zeros, 4) if mma else int_gemm(x, qweight, scales, zeros, 4)
@@ -321,16 +290,16 @@ def test_128_token_ctas_compute_the_64_token_ctas_gemm(m: int, slices: int, stag
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("warpgroup mmas are sm_90a's")
-    x, qweight, scales, zeros = _case(m, 2048, 4096, 128, False, seed=m + slices)
-    wide = launch_for(m, 2048, 4096, 128, _sms(), True, stages=stages, wgmma_from=3, max_token_tiles=16)
+    x, qweight, scales, zeros = int4_case(m, 2048, 4096, 128, False, seed=m + slices)
+    wide = launch_for(m, 2048, 4096, 128, sms(), True, stages=stages, wgmma_from=3, max_token_tiles=16)
     spec = dataclasses.replace(wide.spec, cluster_reduce=slices > 1)
     wide = dataclasses.replace(wide, slices=slices, spec=spec)
     assert wide.spec.token_tiles == WGMMA_MAX_TOKEN_TILES and wide.token_blocks == -(-m // 128)
-    out = w4a16_gemm(x, qweight, scales, zeros, _sms(), wide)
-    torch.testing.assert_close(out.float(), _want(x, qweight, scales, zeros), atol=1e-2, rtol=1e-2)
-    narrow = w4a16_gemm(x, qweight, scales, zeros, _sms())  # the dispatch's 64-token CTAs
+    out = w4a16_gemm(x, qweight, scales, zeros, sms(), wide)
+    torch.testing.assert_close(out.float(), reference_gemm(x, qweight, scales, zeros), atol=1e-2, rtol=1e-2)
+    narrow = w4a16_gemm(x, qweight, scales, zeros, sms())  # the dispatch's 64-token CTAs
     torch.testing.assert_close(out, narrow, atol=1e-2, rtol=1e-2)
-    assert torch.equal(w4a16_gemm(x, qweight, scales, zeros, _sms(), wide), out)  # deterministic
+    assert torch.equal(w4a16_gemm(x, qweight, scales, zeros, sms(), wide), out)  # deterministic
 
 
 @pytest.mark.gpu
@@ -340,12 +309,12 @@ def test_the_gpu_says_how_many_clusters_it_holds(slices: int, stages: int) -> No
     from kvpilot.runtime.kernels.nvrtc import allow_cluster, allow_shared_memory, max_active_clusters
     from kvpilot.runtime.kernels.w4a16_gemm_cuda import compiled
 
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    spec = launch_for(64, 6144, 4096, 128, sms, True, stages=stages).spec
+    sm_count = sms()
+    spec = launch_for(64, 6144, 4096, 128, sm_count, True, stages=stages).spec
     spec = dataclasses.replace(spec, cluster_reduce=True)
     kernel = compiled(spec)
     allow_shared_memory(kernel, spec.shared_bytes())
     allow_cluster(kernel, slices)
     held = max_active_clusters(kernel, (spec.warps * 32, 1, 1), spec.shared_bytes(), (1, slices, 1))
     per_sm = 2 if stages == 4 else 3
-    assert held >= 1 and held * slices <= per_sm * sms
+    assert held >= 1 and held * slices <= per_sm * sm_count

@@ -20,9 +20,9 @@ from kvpilot.runtime.kernels.w4a16_gemm_cuda import (
     unsupported,
     warm_up_ms,
 )
-from kvpilot.runtime.quant.int_weight import quantize_rtn
 
 from tests.runtime.nvrtc_offline import ptx, sm90_resources
+from tests.runtime.w4a16_cases import h200_held, int4_case, reference_gemm, sms
 
 
 @pytest.mark.parametrize(("group", "per_tile"), [(32, 4), (64, 2), (128, 1), (256, 1), (4096, 1)])
@@ -102,26 +102,6 @@ def test_a_small_group_build_refuses_a_tile_per_group_above_one() -> None:
         ptx(SOURCE, spec.macros())
 
 
-def _case(m: int, n: int, k: int, group: int, sym: bool, seed: int) -> tuple[torch.Tensor, ...]:
-    gen = torch.Generator().manual_seed(seed)
-    w = quantize_rtn(torch.randn(n, k, generator=gen) * 0.05, 4, group, sym=sym)
-    x = torch.randn(m, k, generator=gen).bfloat16()
-    return x.cuda(), w.qweight.cuda(), w.scales.bfloat16().cuda(), w.zeros.bfloat16().cuda()
-
-
-def _want(
-    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, biased: bool
-) -> torch.Tensor:
-    """The reference GEMM of the weight the build's mmas take: bf16 (q - z) s, or the exact product in
-    the biased builds."""
-    dtype = torch.float32 if biased else scales.dtype
-    return x.float() @ dequantize_int_ref(qweight, scales.to(dtype), zeros.to(dtype), 4).float()
-
-
-def _sms() -> int:
-    return torch.cuda.get_device_properties(0).multi_processor_count
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 2, 5, 8, 16, 17, 40, 64, 100, 200])
 @pytest.mark.parametrize(("n", "k"), [(2048, 4096), (1024, 1152)])
@@ -130,16 +110,16 @@ def _sms() -> int:
 def test_small_groups_match_the_reference(m: int, n: int, k: int, group: int, sym: bool) -> None:
     from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
 
-    x, qweight, scales, zeros = _case(m, n, k, group, sym, seed=m * 7 + group)
+    x, qweight, scales, zeros = int4_case(m, n, k, group, sym, seed=m * 7 + group)
     assert unsupported(x, qweight, scales, 4) is None
     assert w4a16_cuda.unsupported(x[:1], qweight, scales, 4) is not None  # the decode GEMV: group 128 only
     hopper = torch.cuda.get_device_capability() >= (9, 0)
-    plan = launch_for(m, n, k, group, _sms(), hopper, wgmma_from=3 if hopper else 0)
+    plan = launch_for(m, n, k, group, sms(), hopper, wgmma_from=3 if hopper else 0)
     assert plan.spec.groups_per_tile == 128 // group
-    out = w4a16_gemm(x, qweight, scales, zeros, _sms())
-    want = _want(x, qweight, scales, zeros, plan.spec.biased)
+    out = w4a16_gemm(x, qweight, scales, zeros, sms())
+    want = reference_gemm(x, qweight, scales, zeros, plan.spec.biased)
     torch.testing.assert_close(out.float(), want, atol=1e-2, rtol=1e-2)
-    assert torch.equal(w4a16_gemm(x, qweight, scales, zeros, _sms()), out)  # deterministic
+    assert torch.equal(w4a16_gemm(x, qweight, scales, zeros, sms()), out)  # deterministic
 
 
 @pytest.mark.gpu
@@ -147,17 +127,17 @@ def test_small_groups_match_the_reference(m: int, n: int, k: int, group: int, sy
 def test_every_small_group_build_computes_the_same_gemm(m: int) -> None:
     from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
 
-    x, qweight, scales, zeros = _case(m, 2048, 4096, 32, False, seed=m)
-    want = _want(x, qweight, scales, zeros, biased=False)
+    x, qweight, scales, zeros = int4_case(m, 2048, 4096, 32, False, seed=m)
+    want = reference_gemm(x, qweight, scales, zeros, biased=False)
     hopper = torch.cuda.get_device_capability() >= (9, 0)
-    plans = [launch_for(m, 2048, 4096, 32, _sms(), hopper, biased_max_token_tiles=b) for b in (0, 2)]
+    plans = [launch_for(m, 2048, 4096, 32, sms(), hopper, biased_max_token_tiles=b) for b in (0, 2)]
     if torch.cuda.get_device_capability() == (9, 0):
-        plans.append(launch_for(m, 2048, 4096, 32, _sms(), True, wgmma_from=1))
+        plans.append(launch_for(m, 2048, 4096, 32, sms(), True, wgmma_from=1))
     for slices in (1, 4):
         for plan in plans:
             spec = dataclasses.replace(plan.spec, cluster_reduce=slices > 1 and hopper)
             plan = dataclasses.replace(plan, slices=slices if hopper else 1, spec=spec)
-            out = w4a16_gemm(x, qweight, scales, zeros, _sms(), plan)
+            out = w4a16_gemm(x, qweight, scales, zeros, sms(), plan)
             torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
 
 
@@ -170,8 +150,8 @@ def test_the_int4_dispatch_sends_small_groups_here_from_one_token(m: int, group:
 
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("dispatched on sm_90 (clusters)")
-    x, qweight, scales, zeros = _case(m, 6144, 4096, group, False, seed=m + group)
-    direct = w4a16_gemm(x, qweight, scales, zeros, _sms())
+    x, qweight, scales, zeros = int4_case(m, 6144, 4096, group, False, seed=m + group)
+    direct = w4a16_gemm(x, qweight, scales, zeros, sms())
     assert torch.equal(int_gemm(x, qweight, scales, zeros, 4), direct)
     triton = int_gemm(x, qweight, scales, zeros, 4, cuda_kernel=False)  # what ran here before
     torch.testing.assert_close(direct.float(), triton.float(), atol=2e-2, rtol=2e-2)
@@ -213,13 +193,11 @@ def test_the_stage_budget_leaves_three_ctas_an_sm_with_the_wgmma_pad() -> None:
 def test_several_token_blocks_take_the_stages_whose_wave_spreads_evenly(
     m: int, n: int, k: int, group: int, stages: int
 ) -> None:
-    from tests.runtime.test_w4a16_gemm_cuda import _h200_held
-
-    plan = launch_for(m, n, k, group, 132, True, held=_h200_held, wgmma_from=3)
+    plan = launch_for(m, n, k, group, 132, True, held=h200_held, wgmma_from=3)
     assert plan.spec.stages == stages
     clusters = plan.grid(n)[0] * plan.grid(n)[2]
     if plan.spec.cluster_reduce:
-        assert clusters <= _h200_held(plan.spec, plan.slices)  # one wave
+        assert clusters <= h200_held(plan.spec, plan.slices)  # one wave
     unasked = launch_for(m, n, k, group, 132, True, wgmma_from=3)  # no occupancy known: the budget's
     assert unasked.spec.stages == (3 if group == 128 else 2)
 
@@ -247,22 +225,22 @@ def test_the_offsets_builds_compile_without_spills(
 def test_the_offsets_are_added_inside_the_gemm(m: int, group: int) -> None:
     from kvpilot.runtime.kernels.w4a16_gemm_cuda import takes, w4a16_gemm
 
-    x, qweight, scales, zeros = _case(m, 2048, 4096, group, False, seed=m + group)
+    x, qweight, scales, zeros = int4_case(m, 2048, 4096, group, False, seed=m + group)
     gen = torch.Generator().manual_seed(m)
     offsets = (0.002 * torch.randn(scales.shape, generator=gen)).bfloat16().cuda()
-    plan = launch_for(m, 2048, 4096, group, _sms(), True, offsets=True)
+    plan = launch_for(m, 2048, 4096, group, sms(), True, offsets=True)
     assert plan.spec.offsets and takes(x, qweight, scales, offsets) == (m >= 3 or group < 128)
-    got = w4a16_gemm(x, qweight, scales, zeros, _sms(), offsets=offsets).float()
+    got = w4a16_gemm(x, qweight, scales, zeros, sms(), offsets=offsets).float()
     # the reference: each weight (q - z) s + o as the build's mmas take it: exact in the biased builds,
     # rounded to bf16 once in the dequantizing ones (one FMA)
     exact = dequantize_int_ref(qweight, scales.float(), zeros.float(), 4)
     exact += offsets.float().repeat_interleave(exact.shape[0] // offsets.shape[0], 0)
     want = x.float() @ (exact if plan.spec.biased else exact.bfloat16().float())
     torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
-    plain = w4a16_gemm(x, qweight, scales, zeros, _sms()).float()
+    plain = w4a16_gemm(x, qweight, scales, zeros, sms()).float()
     assert (got - plain).abs().max() > 0.05  # the offsets moved it
     with pytest.raises(ValueError, match="offsets"):
-        w4a16_gemm(x, qweight, scales, zeros, _sms(), plan)  # a build with offsets, a call without
+        w4a16_gemm(x, qweight, scales, zeros, sms(), plan)  # a build with offsets, a call without
 
 
 @pytest.mark.gpu
@@ -275,7 +253,7 @@ def test_the_warm_up_compiles_every_build_the_dispatch_then_takes(with_offsets: 
     from kvpilot.runtime.kernels.w4a16_triton import int_gemm, warm_up_int_gemm
 
     n, k = 3072, 1024
-    x, qweight, scales, zeros = _case(384, n, k, 32, False, seed=5)
+    x, qweight, scales, zeros = int4_case(384, n, k, 32, False, seed=5)
     offsets = (0.002 * torch.randn(scales.shape)).bfloat16().cuda() if with_offsets else None
     counters = split_counters(n, x.device)
     warm_up_int_gemm(qweight, scales, zeros, 4, torch.bfloat16, counters, offsets)

@@ -298,6 +298,22 @@ def takes(
     return preferred(x.shape[0], x.shape[1], hopper, x.shape[1] // scales.shape[0])
 
 
+def gemm_if_taken(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    bits: int,
+    offsets: torch.Tensor | None = None,
+) -> torch.Tensor | None:
+    """w4a16_gemm's x [M, K] @ W^T (+ the offsets' term) where the int4 dispatch sends it here (int4, a CUDA
+    x, takes), else None: w4a16_triton.int_gemm and w4a16_mma_triton.int_gemm_mma ask this first."""
+    if bits != 4 or not x.is_cuda or not takes(x, qweight, scales, offsets):
+        return None
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    return w4a16_gemm(x, qweight, scales, zeros, sms, offsets=offsets)
+
+
 def warm_up_ms(top: int, k: int, hopper: bool = True, group: int = TILE) -> list[int]:
     """One M per build up to top tokens: for each count of 64-token blocks, the largest M of each token-tile
     count it takes (the build follows the tile count, and the stages and K slices follow the tile and block

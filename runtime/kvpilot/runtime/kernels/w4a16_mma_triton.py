@@ -31,6 +31,7 @@ from kvpilot.runtime.kernels.int_gemv_triton import _MAGIC16, _PAIRS_HIGH, _PAIR
 from kvpilot.runtime.kernels.quant_reference import pack_tile
 from kvpilot.runtime.kernels.split_k_triton import REDUCES, split_output, store_split
 from kvpilot.runtime.kernels.triton_utils import num_sms
+from kvpilot.runtime.kernels.w4a16_gemm_cuda import gemm_if_taken
 
 
 @dataclass(frozen=True)
@@ -268,16 +269,11 @@ def int_gemm_mma(
     lead = x.shape[:-1]
     x = x.reshape(-1, x.shape[-1])
     x = x[:, perm] if perm is not None else (x if x.stride(-1) == 1 else x.contiguous())
-    if cuda_kernel and bits == 4 and x.is_cuda:
-        from .w4a16_gemm_cuda import takes, w4a16_gemm  # CUDA-only (NVRTC)
-
-        if takes(x, qweight, scales, offsets):
-            y = w4a16_gemm(x, qweight, scales, zeros, num_sms(x.device), offsets=offsets)
-            return y.reshape(*lead, y.shape[-1])
-    cfg = bucket_config(x.shape[0], qweight.shape[1], x.shape[1], bits, num_sms(x.device))
-    y = w4a16_mma(x, qweight, scales, zeros, bits, cfg, counters)
-    if offsets is not None:
-        y = add_group_offsets(y, x, offsets)
+    y = gemm_if_taken(x, qweight, scales, zeros, bits, offsets) if cuda_kernel else None
+    if y is None:
+        cfg = bucket_config(x.shape[0], qweight.shape[1], x.shape[1], bits, num_sms(x.device))
+        y = w4a16_mma(x, qweight, scales, zeros, bits, cfg, counters)
+        y = y if offsets is None else add_group_offsets(y, x, offsets)
     return y.reshape(*lead, y.shape[-1])
 
 

@@ -36,6 +36,7 @@ from kvpilot.runtime.kernels.int_gemv_triton import GEMV_MAX_M, int_gemv, warm_u
 from kvpilot.runtime.kernels.quant_reference import pack_tile
 from kvpilot.runtime.kernels.split_k_triton import _reduce_splits_kernel
 from kvpilot.runtime.kernels.triton_utils import num_sms
+from kvpilot.runtime.kernels.w4a16_gemm_cuda import gemm_if_taken
 
 DECODE_MAX_M = 16
 # int4 on CUDA through the hand-laid-out mma.sync kernel (w4a16_gemv.cu) where it beats the Triton ones:
@@ -269,14 +270,11 @@ def int_gemm(
     x = x.reshape(-1, x.shape[-1])
     x = x[:, perm] if perm is not None else (x if x.stride(-1) == 1 else x.contiguous())
     group = x.shape[1] // scales.shape[0]
-    if cuda_kernel and bits == 4 and x.is_cuda and _cuda_gemm_takes(x, qweight, scales, offsets):
-        from .w4a16_gemm_cuda import w4a16_gemm  # CUDA-only (NVRTC): 3-384 tokens (5-384 for a long K)
-
-        y = w4a16_gemm(x, qweight, scales, zeros, num_sms(x.device), offsets=offsets)
-        return y.reshape(*lead, y.shape[-1])
-    y = _int_gemm_rest(x, qweight, scales, zeros, bits, group, counters, cuda_kernel)
-    if offsets is not None:
-        y = add_group_offsets(y, x, offsets)
+    # w4a16_gemm.cu (NVRTC) at 3-384 tokens (5-384 for a long K; from 1 for groups below 128)
+    y = gemm_if_taken(x, qweight, scales, zeros, bits, offsets) if cuda_kernel else None
+    if y is None:
+        y = _int_gemm_rest(x, qweight, scales, zeros, bits, group, counters, cuda_kernel)
+        y = y if offsets is None else add_group_offsets(y, x, offsets)
     return y.reshape(*lead, y.shape[-1])
 
 
@@ -331,14 +329,6 @@ def _cuda_resident_takes(x: torch.Tensor, qweight: torch.Tensor, scales: torch.T
     from .w4a16_resident import takes
 
     return takes(x, qweight, scales, bits)
-
-
-def _cuda_gemm_takes(
-    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None = None
-) -> bool:
-    from .w4a16_gemm_cuda import takes
-
-    return takes(x, qweight, scales, offsets)
 
 
 def warm_up_int_gemm(
