@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from .nvrtc import allow_cluster, allow_shared_memory, compile_cuda, launch_pdl, max_active_clusters
+from .triton_utils import num_sms
 from .w4a16_cuda import int4_cuda_unsupported
 
 SOURCE = Path(__file__).with_name("w4a16_gemm.cu")
@@ -310,8 +311,7 @@ def gemm_if_taken(
     x, takes), else None: w4a16_triton.int_gemm and w4a16_mma_triton.int_gemm_mma ask this first."""
     if bits != 4 or not x.is_cuda or not takes(x, qweight, scales, offsets):
         return None
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    return w4a16_gemm(x, qweight, scales, zeros, sms, offsets=offsets)
+    return w4a16_gemm(x, qweight, scales, zeros, num_sms(x.device), offsets=offsets)
 
 
 def warm_up_ms(top: int, k: int, hopper: bool = True, group: int = TILE) -> list[int]:
