@@ -20,21 +20,22 @@ import torch
 from bench_w4a16 import LAYERS, Formats, copies, graph_us
 from kvpilot.runtime.kernels import w4a16_gemm_cuda
 from kvpilot.runtime.kernels.nvrtc import allow_cluster, allow_shared_memory, compile_cuda, launch_pdl
+from kvpilot.runtime.kernels.w4a16_gemm_plan import GemmLaunch, GemmSpec
 from probe_w4a16_parts import RELEASE_MEET, patched
 from sweep_w4a16_gemm import variant_plan
 
 PATCHES = {
     "nomma": [
         (
-            f"        {stage}(acc, smem + (i % STAGES) * STAGE_BYTES, warp, lane);",
+            f"        {stage}(acc, stage_at(smem, i % STAGES), warp, lane);",
             f"        if (acc[0][0][0] == 1234.5f)\n"
-            f"            {stage}(acc, smem + (i % STAGES) * STAGE_BYTES, warp, lane);",
+            f"            {stage}(acc, stage_at(smem, i % STAGES), warp, lane);",
         )
         for stage in ("mma_stage_biased", "mma_stage")
     ],
     "nodequant": [
         (
-            "    return fma_bf16x2(fma_bf16x2(biased_pair(p, i), ONES, nz), s, 0x80008000u);",
+            "    return fma_bf16x2(fma_bf16x2(biased_pair(p, i), ONES, nz), s, o);",
             "    return biased_pair(p, i);",
         )
     ],
@@ -46,23 +47,22 @@ PATCHES = {
 }
 
 
-def build(name: str, spec: w4a16_gemm_cuda.GemmSpec) -> object:
+def build(name: str, spec: GemmSpec) -> object:
     path = patched(w4a16_gemm_cuda.SOURCE, PATCHES, name, "w4a16_gemm_cluster.cuh")
     kernel = compile_cuda(path, "w4a16_gemm", tuple(spec.macros().items()))
     allow_shared_memory(kernel, spec.shared_bytes())
     return kernel
 
 
-def launcher(kernel: object, plan: w4a16_gemm_cuda.GemmLaunch, m: int, n: int, k: int) -> object:
+def launcher(kernel: object, plan: GemmLaunch, m: int, n: int, k: int) -> object:
     block, shared = (plan.spec.warps * 32, 1, 1), plan.spec.shared_bytes()
     cluster = (1, plan.slices, 1) if plan.spec.cluster_reduce else None
     allow_cluster(kernel, plan.slices)
 
     def run(x: torch.Tensor, q: torch.Tensor, sc: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        launch_pdl(
-            kernel, plan.grid(n), block, [x, q, sc, z, y, m, n, k, x.stride(0), y.stride(0)], shared, cluster
-        )
+        args = [x, q, sc, z, sc, y, m, n, k, x.stride(0), y.stride(0)]  # sc in the offsets' place: unread
+        launch_pdl(kernel, plan.grid(n), block, args, shared, cluster)
         return y
 
     return run

@@ -35,8 +35,8 @@ ARRIVE = "    cluster_arrive_relaxed();  // no CTA leaves"
 STAMPED = [
     ('#include "pdl.cuh"\n', '#include "pdl.cuh"\n' + STAMP),
     (
-        "int k, int stride_x, int stride_y) {",
-        "int k, int stride_x, int stride_y, unsigned long long* tl) {\n    STAMP(0);",
+        "    int stride_x, int stride_y) {",
+        "    int stride_x, int stride_y, unsigned long long* tl) {\n    STAMP(0);",
     ),
     ("    gdc_wait();\n", "    gdc_wait();\n    STAMP(1);\n"),
     (
@@ -129,7 +129,7 @@ def main() -> None:
 
             def run(x, q, sc, z, tl, kernel=kernel, plan=plan, grid=grid, cluster=cluster, m=m, n=n, k=k):
                 y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-                args_ = [x, q, sc, z, y, m, n, k, x.stride(0), y.stride(0), tl]
+                args_ = [x, q, sc, z, sc, y, m, n, k, x.stride(0), y.stride(0), tl]  # sc: no offsets
                 block = (plan.spec.warps * 32, 1, 1)
                 launch_pdl(kernel, grid, block, args_, plan.spec.shared_bytes(), cluster)
                 return y

@@ -21,16 +21,15 @@ import torch
 import torch.nn.functional as F
 from bench_w4a16 import LAYERS, Formats, copies, graph_us, sweep_cell
 from kvpilot.runtime.kernels.w4a16_cuda import PREFERRED_MAX_M
-from kvpilot.runtime.kernels.w4a16_gemm_cuda import (
+from kvpilot.runtime.kernels.w4a16_gemm_cuda import clusters_held, w4a16_gemm
+from kvpilot.runtime.kernels.w4a16_gemm_plan import (
     BIASED_MAX_TOKEN_TILES,
     CTAS_PER_SM,
     MAX_TOKEN_TILES,
     STAGES,
     WGMMA_FIRST_TOKEN_TILES,
     GemmLaunch,
-    clusters_held,
     launch_for,
-    w4a16_gemm,
 )
 from kvpilot.runtime.kernels.w4a16_mma_triton import int_gemm_mma, mma_dispatched
 from kvpilot.runtime.kernels.w4a16_triton import dequantize_triton, int_gemm

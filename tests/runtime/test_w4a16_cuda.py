@@ -25,6 +25,7 @@ from kvpilot.runtime.kernels.w4a16_cuda import (
 from kvpilot.runtime.quant.int_weight import quantize_rtn
 
 from tests.runtime.nvrtc_offline import ptx, sm90_resources
+from tests.runtime.w4a16_cases import int4_case
 
 Greedy = list[tuple[list[int], list[Any]]]  # per prompt: token ids, logprobs
 
@@ -91,15 +92,6 @@ def test_the_register_build_fits_three_ctas_per_sm_with_or_without_a_cluster(
     registers, spills, report = sm90_resources(ptx(SOURCE, spec.macros()), tmp_path)
     assert spills == 0 and registers <= 168, report
     assert (b"ld.shared::cluster" in ptx(SOURCE, spec.macros())) == cluster
-
-
-def int4_case(m: int, n: int, k: int, group: int, sym: bool, seed: int) -> tuple[torch.Tensor, ...]:
-    """x [m, k] and an int4 weight of [n, k] (round-to-nearest, group) on the GPU, from a seed."""
-    gen = torch.Generator().manual_seed(seed)
-    w = quantize_rtn(torch.randn(n, k, generator=gen) * 0.05, 4, group, sym=sym)
-    x = torch.randn(m, k, generator=gen).bfloat16()
-    dev = "cuda"
-    return x.to(dev), w.qweight.to(dev), w.scales.bfloat16().to(dev), w.zeros.bfloat16().to(dev)
 
 
 @pytest.mark.gpu

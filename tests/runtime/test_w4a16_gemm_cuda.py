@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 from kvpilot.runtime.kernels.quant_reference import dequantize_int_ref
-from kvpilot.runtime.kernels.w4a16_gemm_cuda import SOURCE, GemmSpec, launch_for, unsupported
+from kvpilot.runtime.kernels.w4a16_gemm_cuda import SOURCE, unsupported
+from kvpilot.runtime.kernels.w4a16_gemm_plan import GemmSpec, launch_for
 
 from tests.runtime.nvrtc_offline import ptx, sm90_resources
 from tests.runtime.w4a16_cases import h200_held, int4_case, reference_gemm, sms
@@ -70,7 +71,7 @@ def test_shared_memory_holds_the_stages_or_the_split_sums() -> None:
 
 
 def test_preferred_from_3_or_5_to_384_tokens() -> None:
-    from kvpilot.runtime.kernels.w4a16_gemm_cuda import preferred, warm_up_ms
+    from kvpilot.runtime.kernels.w4a16_gemm_plan import preferred, warm_up_ms
 
     ms = (1, 2, 3, 4, 5, 8, 16, 17, 64, 128, 129, 384, 385, 1024)
     assert [m for m in ms if preferred(m, 4096)] == [3, 4, 5, 8, 16, 17, 64, 128, 129, 384]
@@ -286,7 +287,8 @@ def test_the_int4_dispatch_takes_it_from_3_to_384_tokens(m: int) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize(("m", "slices", "stages"), [(100, 1, 2), (129, 3, 2), (256, 5, 3), (300, 1, 4)])
 def test_128_token_ctas_compute_the_64_token_ctas_gemm(m: int, slices: int, stages: int) -> None:
-    from kvpilot.runtime.kernels.w4a16_gemm_cuda import WGMMA_MAX_TOKEN_TILES, w4a16_gemm
+    from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
+    from kvpilot.runtime.kernels.w4a16_gemm_plan import WGMMA_MAX_TOKEN_TILES
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("warpgroup mmas are sm_90a's")

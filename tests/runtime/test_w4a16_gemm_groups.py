@@ -11,15 +11,8 @@ import pytest
 import torch
 from kvpilot.runtime.kernels import w4a16_cuda
 from kvpilot.runtime.kernels.quant_reference import dequantize_int_ref
-from kvpilot.runtime.kernels.w4a16_gemm_cuda import (
-    SOURCE,
-    GemmSpec,
-    launch_for,
-    preferred,
-    stage_bytes,
-    unsupported,
-    warm_up_ms,
-)
+from kvpilot.runtime.kernels.w4a16_gemm_cuda import SOURCE, unsupported
+from kvpilot.runtime.kernels.w4a16_gemm_plan import GemmSpec, launch_for, preferred, stage_bytes, warm_up_ms
 
 from tests.runtime.nvrtc_offline import ptx, sm90_resources
 from tests.runtime.w4a16_cases import h200_held, int4_case, reference_gemm, sms
@@ -50,7 +43,7 @@ def test_small_groups_take_the_gemm_from_one_token_where_the_decode_gemv_cannot(
 
 
 def test_the_gemm_takes_groups_of_32_and_64_and_says_what_it_takes() -> None:
-    from kvpilot.runtime.kernels.w4a16_gemm_cuda import COLS_PER_WARP, SMALL_GROUPS, WARPS
+    from kvpilot.runtime.kernels.w4a16_gemm_plan import COLS_PER_WARP, SMALL_GROUPS, WARPS
 
     def gemm(group: int) -> str | None:
         return w4a16_cuda.shape_unsupported(1, 4096, 4096, group, COLS_PER_WARP * WARPS, None, SMALL_GROUPS)

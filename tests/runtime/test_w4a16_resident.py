@@ -15,10 +15,10 @@ from tests.runtime.nvrtc_offline import ptx, sm90_resources
 from tests.runtime.test_w4a16_cuda import (
     assert_tokens_agree,
     greedy_and_logprobs,
-    int4_case,
     spy_on,
     tiny_int4_checkpoint,
 )
+from tests.runtime.w4a16_cases import int4_case
 
 QKV, OUT, GATE_UP, DOWN = (6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288)  # Qwen3-8B, N x K
 

@@ -1,11 +1,12 @@
-"""Shared pieces of the int4 GEMM tests (test_w4a16_gemm_cuda.py, test_w4a16_gemm_groups.py): a quantized
-case, its reference GEMM, the GPU's SM count and the H200's held-cluster counts."""
+"""Shared pieces of the int4 kernel tests (test_w4a16_cuda.py, test_w4a16_gemm_cuda.py,
+test_w4a16_gemm_groups.py, test_w4a16_resident.py): a quantized case, its reference GEMM, the GPU's SM count
+and the H200's held-cluster counts."""
 
 from __future__ import annotations
 
 import torch
 from kvpilot.runtime.kernels.quant_reference import dequantize_int_ref
-from kvpilot.runtime.kernels.w4a16_gemm_cuda import GemmSpec
+from kvpilot.runtime.kernels.w4a16_gemm_plan import GemmSpec
 from kvpilot.runtime.quant.int_weight import quantize_rtn
 
 # cuOccupancyMaxActiveClusters on the H200 (fourteenth session) for the 4-warp builds at 33-64 tokens:
@@ -21,6 +22,7 @@ def h200_held(spec: GemmSpec, slices: int) -> int:
 
 
 def int4_case(m: int, n: int, k: int, group: int, sym: bool, seed: int) -> tuple[torch.Tensor, ...]:
+    """x [m, k] and an int4 weight of [n, k] (round-to-nearest, group) on the GPU, from a seed."""
     gen = torch.Generator().manual_seed(seed)
     w = quantize_rtn(torch.randn(n, k, generator=gen) * 0.05, 4, group, sym=sym)
     x = torch.randn(m, k, generator=gen).bfloat16()

@@ -6,14 +6,12 @@ Compiled at run time by NVRTC (nvrtc.py), once per GemmSpec, launched on the cur
 capturable once compiled). The weight stays in the canonical layout of quant_reference.py, so every int4
 format the loader reads runs here unchanged. On sm_90 a column block's K slices meet in a cluster's
 shared memory; elsewhere a launch takes one slice. The Triton kernels (w4a16_mma_triton) stay the CPU path
-and the fallback for what this one does not take (see unsupported).
+and the fallback for what this one does not take (see unsupported). The launch rule is w4a16_gemm_plan.py.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,233 +20,23 @@ import torch
 from .nvrtc import allow_cluster, allow_shared_memory, compile_cuda, launch_pdl, max_active_clusters
 from .triton_utils import num_sms
 from .w4a16_cuda import int4_cuda_unsupported
+from .w4a16_gemm_plan import (
+    COLS_PER_WARP,
+    SMALL_GROUPS,
+    WARPS,
+    WGMMA_FIRST_TOKEN_TILES,
+    GemmLaunch,
+    GemmSpec,
+    launch_for,
+    preferred,
+)
 
 SOURCE = Path(__file__).with_name("w4a16_gemm.cu")
-TILE = 128  # K rows per tile (quant_reference.pack_tile of every real layer)
-SMALL_GROUPS = (32, 64)  # groups below a tile this kernel takes (AWQ / GPTQ g32 / g64, GGUF grids kept at 32)
-COLS_PER_WARP = 32
-MAX_TOKEN_TILES = 8  # 8 tokens each: a CTA takes up to 64 tokens, grid.z the rest
-MAX_CLUSTER = 8  # the portable cluster size
-# A long K (>= 64 tiles: a down projection) at 33-64 tokens in one token block splits into slices of
-# LONG_K_SLICE_TILES, up to a non-portable cluster of 16: Qwen3-8B's down (96 tiles) at 64 tokens took
-# 29.3-29.5 us with 16 slices against 32.3-32.4 with 8 (12: 31.5), at 40-48 0.3-0.6 us less; at 80-96 tokens
-# (two token blocks) and for the 32-tile layers more slices were slower (H200, twelfth session).
-LONG_K_TILES = 64
-LONG_K_SLICE_TILES = 6
-MAX_NON_PORTABLE_CLUSTER = 16
-WARPS = 4
-# 8 warps (256 columns a CTA) for mid-width outputs at <= 16 tokens: Qwen3-8B's qkv (6144 columns, 48
-# blocks of 128) took 8.2 / 8.3 / 9.3 / 9.5 us at 5 / 8 / 12 / 16 tokens against 9.1 / 9.4 / 10.3 / 10.5
-# with 4 warps (biased builds, H200, twelfth session); o and down (32 blocks) and gate_up (192) were slower
-# with 8.
-WIDE_WARPS = 8
-WIDE_BLOCKS = (40, 64)  # N / 128 where WIDE_WARPS were measured faster
-STAGES = 0  # 0: as many as fit STAGE_BUDGET (3 at 64 tokens, 4 at 32, 6 at 16)
-# Bytes of dynamic shared memory per CTA (the stages, and a WGMMA build's 1 KB to align them) for 3 CTAs per
-# SM: sm_90's 228 KB an SM less the 1 KB the GPU reserves per CTA. At 76 KB (before) the WGMMA builds of
-# groups of 64 took 3 stages and 77,824 bytes, and only 2 CTAs an SM (held clusters 132, not 198).
-STAGE_BUDGET = 75 * 1024
-WGMMA_PAD = 1024
-MAX_STAGES = 6
-# K slices per column block until the GPU holds ~this many CTAs per SM: at 16 tokens on the H200, qkv
-# took 10.7 us with 6 slices (288 CTAs) against 12.0 with 8 (384), o 7.8 with 8 (256) against 10.5 with 6
-# (192), gate_up 24.1 with 2 (384) against 31.6 with 3 and 35.9 with 8 (eleventh session, sweep5)
-CTAS_PER_SM = 2.2
-MIN_SLICE_TILES = 2  # a slice shorter than this spends more on its fixup than on its tiles
-BIASED_MAX_TOKEN_TILES = 2  # up to 16 tokens a CTA the mmas take 128 + q (its fp32 correction costs per sum)
-# 25-64 tokens (4-8 token tiles) below a long K: one stage more than STAGE_BUDGET's (4 at 33-64, 5 at 25-32),
-# and the most slices (at least DEEP_MIN_SLICES) whose clusters the GPU holds in one wave (held: it counts
-# GPC fragmentation, cuOccupancyMaxActiveClusters). Qwen3-8B's qkv took 13.1 / 14.2 / 16.4 / 16.2 us at 40 /
-# 48 / 56 / 64 tokens with 4 slices (62 clusters held, 48 needed) against 14.6 / 15.8 / 18.2 / 17.9 with the
-# budget's 3 stages and 6 slices, and 11.5 against 12.8 at 32; o 10.7 / 11.6 / 12.9 / 12.9 with 7 (32 held,
-# 32 needed) against 11.3 / 12.3 / 13.8 / 13.9 with 8, and 10.0 against 9.9 at 32. A split past one wave
-# lost (qkv: 6 slices at 4 stages, 21.2 us at 64), so did 5 stages at 24 tokens (o 9.5 against 8.9), and
-# gate_up (192 blocks) has no such split of 4+ slices: it keeps 2 slices of 3 stages (H200, fourteenth
-# session).
-DEEP_MIN_TOKEN_TILES = 4  # of the real tokens (17-24 padded to 32 for WGMMA stay on the budget's stages)
-DEEP_MIN_SLICES = 4
-# sm_90: from WGMMA_FIRST_TOKEN_TILES token tiles a CTA takes 32 or 64 tokens (rows past M zero-filled) on
-# warpgroup mmas (w4a16_gemm_wgmma.cuh; 16-token CTAs are for the sweep). Qwen3-8B, µs WGMMA vs mma.sync
-# at 32 / 48 / 64 / 128 tokens (H200, sixteenth session): qkv 10.4 / 12.5 / 13.7 / 22.4 against 11.7 / 14.6 /
-# 16.9 / 31.5; o 9.1 / 10.9 / 11.7 / 16.3 against 10.1 / 11.9 / 13.4 / 21.6; gate_up 23.7 / 32.4 / 31.8 / 52.6
-# against 29.5 / 38.1 / 44.8 / 80.3; down 18.1 / 24.8 / 28.8 / 36.9 against 22.1 / 27.0 / 31.0 / 52.4. At 17
-# tokens gate_up and down gained, o lost 0.3 (8.5 against 8.2); at 12-16 tokens 16-token CTAs lost to the
-# biased mma.sync builds (qkv 13.8-14.1 against 8.9-9.1).
-WGMMA_FIRST_TOKEN_TILES = 3
-WGMMA_TOKEN_TILES = (2, 4, 8, 16)
-# 128 tokens a CTA (m64n128k16: 128 fp32 sums a thread, 236 registers) where max_token_tiles asks for it:
-# the sweep's (tt=16), not dispatched. H100, seventeenth session, µs at 512 / 1024 tokens against 64-token
-# CTAs and dequantize + cuBLAS: o 33.3 / 56.7 against 49.7 / 90.3 and 36.4 / 56.8, gate_up 177.6 / 390.5
-# against 214.1 / 459.7 and 233.2 / 362.3, down 88.8 / 168.9 against 153.6 / 271.5 and 112.8 / 171.4, but qkv
-# 67.4 / 111.4 against 51.3 / 112.1 and 56.3 / 87.9; slower than 64-token CTAs at 129-384 tokens everywhere.
-WGMMA_MAX_TOKEN_TILES = 16
-Held = Callable[["GemmSpec", int], int]  # clusters of (build, slices) the GPU holds at once
-
-
-@dataclass(frozen=True)
-class GemmSpec:
-    """The compile-time constants of one w4a16_gemm.cu build."""
-
-    warps: int
-    token_tiles: int  # 8 tokens each, 1..8
-    tiles_per_group: int
-    stages: int = 3
-    cluster_reduce: bool = False
-    biased: bool = False  # the mmas take 128 + q, each tile's sums corrected in fp32 (w4a16_gemm.cu)
-    wgmma: bool = False  # sm_90a: the K tile on warpgroup mmas (w4a16_gemm_wgmma.cuh)
-    groups_per_tile: int = 1  # 128 / G for groups of 32 or 64 rows (tiles_per_group 1)
-    offsets: bool = False  # a bf16 offset per group and column added to the weight (a GGUF grid's zero)
-
-    @property
-    def block_n(self) -> int:
-        return COLS_PER_WARP * self.warps
-
-    @property
-    def block_m(self) -> int:
-        return 8 * self.token_tiles
-
-    def macros(self) -> dict[str, int]:
-        return {
-            "WARPS": self.warps,
-            "NT": self.token_tiles,
-            "TILES_PER_GROUP": self.tiles_per_group,
-            "STAGES": self.stages,
-            "CLUSTER_REDUCE": int(self.cluster_reduce),
-            "BIASED": int(self.biased),
-            "WGMMA": int(self.wgmma),
-            "GROUPS_PER_TILE": self.groups_per_tile,
-            "OFFSETS": int(self.offsets),
-        }
-
-    def shared_bytes(self) -> int:
-        """Dynamic shared memory: the stages, or the split sums ([BM][BN + 4] fp32) where those are larger;
-        WGMMA builds take 1 KB more, to start the stages' x on a 1 KB boundary."""
-        stages = self.stages * stage_bytes(self.warps, self.token_tiles, self.groups_per_tile, self.offsets)
-        return max(stages, self.block_m * (self.block_n + 4) * 4) + (WGMMA_PAD if self.wgmma else 0)
-
-
-def stage_bytes(warps: int, token_tiles: int, groups_per_tile: int = 1, offsets: bool = False) -> int:
-    """One K tile in shared memory: x rows for whole token-tile pairs, the weight words, the scales and zeros
-    (and offsets) of each group in the tile."""
-    block_n = COLS_PER_WARP * warps
-    group_bytes = (6 if offsets else 4) * block_n * groups_per_tile
-    return 16 * -(-token_tiles // 2) * TILE * 2 + block_n * 64 + group_bytes
-
-
-@dataclass(frozen=True)
-class GemmLaunch:
-    """One GEMM's launch: the build, and grid (N / BN, slices, token blocks)."""
-
-    spec: GemmSpec
-    slices: int
-    token_blocks: int
-
-    def grid(self, n: int) -> tuple[int, int, int]:
-        return (n // self.spec.block_n, self.slices, self.token_blocks)
 
 
 def unsupported(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int) -> str | None:
     """Why this kernel cannot run x [M, K] @ W^T (None: it can)."""
     return int4_cuda_unsupported(x, qweight, scales, bits, COLS_PER_WARP * WARPS, None, SMALL_GROUPS)
-
-
-def launch_for(
-    m: int,
-    n: int,
-    k: int,
-    group: int,
-    sms: int,
-    hopper: bool,
-    warps: int = 0,
-    stages: int = STAGES,
-    ctas_per_sm: float = CTAS_PER_SM,
-    max_token_tiles: int = MAX_TOKEN_TILES,
-    biased_max_token_tiles: int = BIASED_MAX_TOKEN_TILES,
-    held: Held | None = None,
-    wgmma_from: int = 0,
-    offsets: bool = False,
-) -> GemmLaunch:
-    """Token tiles to cover M (at most 64 tokens per CTA; balanced over the token blocks), the warps (0:
-    WARPS, or WIDE_WARPS for WIDE_BLOCKS at the biased builds' token counts), the stages that fit
-    STAGE_BUDGET (stages 0), then on sm_90 K slices until the CTAs number ~ctas_per_sm per SM (at most a
-    portable cluster, each slice at least MIN_SLICE_TILES tiles; a long K at 33-64 tokens: slices of
-    LONG_K_SLICE_TILES, up to 16). held (the GPU's cluster occupancy; None: not asked) lets 25-64 tokens
-    take deep_split's build. wgmma_from (> 0 on sm_90, which has warpgroup mmas; the dispatch passes
-    WGMMA_FIRST_TOKEN_TILES): from that many token tiles, CTAs of 16, 32 or 64 tokens take the WGMMA build.
-    offsets: the weight has per-group offsets (GemmSpec.offsets)."""
-    blocks_m = -(-m // (8 * max_token_tiles))
-    token_tiles = real_tiles = -(-m // (8 * blocks_m))
-    wide_m = max_token_tiles in (MAX_TOKEN_TILES, WGMMA_MAX_TOKEN_TILES)
-    wgmma = 0 < wgmma_from <= token_tiles and warps % 4 == 0 and wide_m
-    if wgmma:
-        token_tiles = next(tiles for tiles in WGMMA_TOKEN_TILES if tiles >= token_tiles)
-    elif token_tiles > MAX_TOKEN_TILES:
-        raise ValueError(f"{token_tiles} token tiles a CTA: mma.sync builds take at most {MAX_TOKEN_TILES}")
-    biased = token_tiles <= biased_max_token_tiles and not wgmma
-    groups_per_tile = TILE // group if group in SMALL_GROUPS else 1
-    if not warps:
-        whole = n % (COLS_PER_WARP * WIDE_WARPS) == 0  # a CTA's 256 columns must tile N
-        wide = whole and WIDE_BLOCKS[0] <= n // (COLS_PER_WARP * WARPS) <= WIDE_BLOCKS[1]
-        # 8 warps at 9-16 tokens with groups of 64 / 32 take 132 / 150 registers: one CTA an SM (qkv at 16
-        # tokens, group 32: 15.5 us against 9.6 at group 128, H100)
-        fits = groups_per_tile == 1 or token_tiles == 1
-        warps = WIDE_WARPS if wide and biased and hopper and fits else WARPS
-    tiles, blocks = k // TILE, (n // (COLS_PER_WARP * warps)) * blocks_m
-    slices = 1
-    if hopper:
-        wanted = round(ctas_per_sm * sms / blocks)
-        slices = max(1, min(wanted, MAX_CLUSTER, tiles // MIN_SLICE_TILES))
-        if tiles >= LONG_K_TILES and token_tiles > 4 and blocks_m == 1:
-            slices = max(slices, min(MAX_NON_PORTABLE_CLUSTER, tiles // LONG_K_SLICE_TILES))
-    budget_stages = not stages
-    if budget_stages:
-        budget = STAGE_BUDGET - (WGMMA_PAD if wgmma else 0)
-        stages = max(2, min(MAX_STAGES, budget // stage_bytes(warps, token_tiles, groups_per_tile, offsets)))
-    tiles_per_group = max(1, group // TILE)
-    spec = GemmSpec(
-        warps, token_tiles, tiles_per_group, stages, slices > 1, biased, wgmma, groups_per_tile, offsets
-    )  # fmt: skip
-    plan = GemmLaunch(spec, slices, blocks_m)
-    if hopper and held is not None and budget_stages:
-        return occupancy_launch(plan, blocks, tiles, real_tiles, held)
-    return plan
-
-
-def occupancy_launch(plan: GemmLaunch, clusters: int, tiles: int, real_tiles: int, held: Held) -> GemmLaunch:
-    """Where the GPU's cluster occupancy is known: 25-64 tokens in one token block below a long K take
-    deep_split's build (17-24 tokens padded to 32 do not), launches of several token blocks in clusters
-    even_stages' build; plan elsewhere."""
-    one_block = plan.token_blocks == 1
-    if real_tiles >= DEEP_MIN_TOKEN_TILES and one_block and tiles < LONG_K_TILES:
-        deep = deep_split(plan.spec, clusters, tiles, held)
-        if deep is not None:
-            return GemmLaunch(deep[0], deep[1], 1)
-    if not one_block and plan.spec.cluster_reduce:
-        return replace(plan, spec=even_stages(plan.spec, clusters, plan.slices, held))
-    return plan
-
-
-# 129-384 tokens (several 64-token blocks, K slices in clusters of 2-3), H100, µs with 2 / 3 / 4 stages at
-# group 128: o at 256 tokens (128 clusters) 30.3 / 30.0 / 23.7, down 82.4 / 82.0 / 62.5 (4 stages: 2 CTAs
-# an SM, 132 clusters held, against 3 and 198: the same wave, evenly spread); where 4 stages leave the
-# launch a second wave it lost (qkv at 256, 192 clusters: 30.6 / 30.3 / 46.8). Groups of 32 (2 stages in
-# the budget): qkv at 129 tokens 34.0 / 41.9, o at 256 33.2 / 23.2 (twenty-second session).
-def even_stages(spec: GemmSpec, clusters: int, slices: int, held: Held) -> GemmSpec:
-    """Of spec's stages and one fewer or more, the build whose clusters fill one wave with the fewest slots
-    to spare, then the most stages (spec where none fits in one wave)."""
-    low, high = max(2, spec.stages - 1), min(MAX_STAGES, spec.stages + 1)
-    options = [replace(spec, stages=stages) for stages in range(low, high + 1)]
-    fits = [option for option in options if held(option, slices) >= clusters]
-    return min(fits, key=lambda option: (held(option, slices), -option.stages)) if fits else spec
-
-
-def deep_split(spec: GemmSpec, blocks: int, tiles: int, held: Held) -> tuple[GemmSpec, int] | None:
-    """One stage more than spec's, with the most slices (DEEP_MIN_SLICES up to a portable cluster) whose
-    blocks clusters the GPU holds at once; None where no such split exists."""
-    deep = replace(spec, stages=spec.stages + 1, cluster_reduce=True)
-    fits = [s for s in range(DEEP_MIN_SLICES, MAX_CLUSTER + 1) if s * MIN_SLICE_TILES <= tiles]
-    fits = [s for s in fits if blocks <= held(deep, s)]
-    return (deep, max(fits)) if fits else None
 
 
 @functools.cache
@@ -259,31 +47,6 @@ def clusters_held(spec: GemmSpec, slices: int) -> int:
     allow_shared_memory(kernel, shared)
     allow_cluster(kernel, slices)
     return max_active_clusters(kernel, (spec.warps * 32, 1, 1), shared, (1, slices, 1))
-
-
-# 5-128 tokens (3-128 below a long K): faster than what ran there before in the sum over Qwen3-8B's four
-# layers (H200, benchmarks/sweep_w4a16_gemm.py): at 5-7 tokens than the decode GEMV (the biased build,
-# twelfth session: 50.1 against 59.5 us at 5; down alone ties at 5), at 16-128 than the Triton GEMM (eleventh
-# session). Since the cluster's last meeting arrives relaxed (thirteenth session) it also beats the GEMV at
-# 3-4 tokens for qkv / o / gate_up (4 tokens: 7.7 / 6.5 / 19.6 against 8.7 / 6.7 / 21.0 us; 3: 7.6 / 6.5 /
-# 19.7 against 8.4 / 6.5 / 19.9) but not for down, a long K (14.8 against 12.7 at 4), nor at 2 tokens
-# (o 6.4 against 5.9, gate_up 19.5 against 18.0). At 129-384 tokens (3-6 token blocks of 64) than dequantize +
-# cuBLAS, what ran there before (H100, seventeenth session, µs at 192 / 256 / 384 tokens): qkv 30.9 / 30.9 /
-# 50.5 against 50.7 / 48.7 / 53.0, o 22.9 / 30.2 / 30.2 against 29.5 / 29.9 / 32.2, gate_up 87.4 / 104.4 /
-# 157.4 against 180.1 / 182.2 / 212.7, down 59.0 / 81.8 / 83.7 against 109.7 / 98.0 / 123.8. At 512 o and
-# down lost (one K slice: 49.7 and 153.6 against 36.4 and 112.8), at 1024 every layer.
-PREFERRED_M = (5, 384)
-SHORT_K_FIRST_M = 3  # where K has fewer than LONG_K_TILES tiles
-
-
-def preferred(m: int, k: int, hopper: bool = True, group: int = TILE) -> bool:
-    """Whether this kernel is expected to beat what the dispatch ran before at m tokens and this K (the H200
-    sweep, benchmarks/sweep_w4a16_gemm.py). Only measured on sm_90, where its K slices meet in a cluster;
-    without clusters a launch takes one slice (48 CTAs for Qwen3-8B's qkv), so elsewhere the other kernels
-    keep it. Groups of 32 or 64 rows from one token: the decode GEMV does not take them, and the Triton
-    kernels that did ran slower than bf16 (benchmarks/bench_w4a16_groups.py)."""
-    first = PREFERRED_M[0] if k // TILE >= LONG_K_TILES else SHORT_K_FIRST_M
-    return hopper and (1 if group in SMALL_GROUPS else first) <= m <= PREFERRED_M[1]
 
 
 def takes(
@@ -312,21 +75,6 @@ def gemm_if_taken(
     if bits != 4 or not x.is_cuda or not takes(x, qweight, scales, offsets):
         return None
     return w4a16_gemm(x, qweight, scales, zeros, num_sms(x.device), offsets=offsets)
-
-
-def warm_up_ms(top: int, k: int, hopper: bool = True, group: int = TILE) -> list[int]:
-    """One M per build up to top tokens: for each count of 64-token blocks, the largest M of each token-tile
-    count it takes (the build follows the tile count, and the stages and K slices follow the tile and block
-    counts; 3-8 tokens share one): running each once compiles them all while the model loads (none where
-    the dispatch never comes here)."""
-    per_block = 8 * MAX_TOKEN_TILES
-    ms = [
-        8 * tiles * blocks
-        for blocks in range(1, -(-top // per_block) + 1)
-        for tiles in range(1, MAX_TOKEN_TILES + 1)
-        if -(-(8 * tiles * blocks) // per_block) == blocks  # M takes that many blocks of that many tiles
-    ]
-    return [m for m in ms if m <= top and preferred(m, k, hopper, group)]
 
 
 def compiled(spec: GemmSpec) -> Any:

@@ -295,7 +295,8 @@ def warm_up_mma(
         x = torch.zeros(top, k, device=qweight.device, dtype=dtype)
         int_gemm_mma(x, qweight, scales, zeros, bits, None, counters, cuda_kernel=False, offsets=offsets)
     if bits == 4 and tops and qweight.is_cuda:  # the dispatch's CUDA GEMM, up to its most tokens
-        from .w4a16_gemm_cuda import PREFERRED_M, takes, w4a16_gemm, warm_up_ms
+        from .w4a16_gemm_cuda import takes, w4a16_gemm
+        from .w4a16_gemm_plan import PREFERRED_M, warm_up_ms
 
         x = torch.zeros(PREFERRED_M[1], k, device=qweight.device, dtype=dtype)
         hopper = torch.cuda.get_device_capability(qweight.device) >= (9, 0)
