@@ -1,6 +1,8 @@
 """y += (x's sums over each group of inputs) @ offsets, in place, in one launch: the per-group offsets of a
 GGUF grid kept under int4 / int8 (quant/gguf_grid.py; the reference is quant/int_weight.add_offsets, a group
-sum and an addmm, which cost 6-11 µs per linear on an H100: BENCHMARKS.md, twenty-first session).
+sum and an addmm, which cost 6-11 µs per linear on an H100: BENCHMARKS.md, twenty-first session), after
+the GEMMs that do not add them themselves (w4a16_gemm.cu does: +0.7-4 µs against +9-18 for this launch
+after it, H100, twenty-second session).
 
 Each program takes BLOCK_M tokens x BLOCK_N outputs and walks the groups GROUPS_PER_STEP at a time: it loads
 x [BLOCK_M, GROUPS_PER_STEP * GROUP], sums each group in float32 (one rounding to x's dtype for the dot,

@@ -4,8 +4,9 @@ Compiled at run time by NVRTC (nvrtc.py), once per W4Spec, and launched on the
 current stream (CUDA-graph capturable once compiled: the model's warm-up compiles it). Each warp holds its
 weight tiles in a register ring; on sm_90 a column block's K slices may add up in a cluster
 (dispatched_launch). The weight stays in the canonical layout of quant_reference.py, so every int4 format
-the loader reads (AWQ, GPTQ, load-time int4) runs here unchanged; the Triton kernels remain the CPU path and
-the fallback for what this one does not take (see unsupported).
+the loader reads (AWQ, GPTQ, load-time int4) runs here unchanged, in groups of 128 rows or more (groups of
+32 / 64 go to w4a16_gemm.cu from one token); the Triton kernels remain the CPU path and the fallback for what
+this one does not take (see unsupported).
 """
 
 from __future__ import annotations
