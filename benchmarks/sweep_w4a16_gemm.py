@@ -81,8 +81,9 @@ def main() -> None:
             bf16 = graph_us(F.linear, [(x, *t) for t in dense])
 
             def before(x, q, sc, z, counters=fmt.counters, m=m, k=k):
-                if m <= PREFERRED_MAX_M:  # the dispatch's own (the decode GEMV, w4a16_gemv.cu)
-                    return int_gemm(x, q, sc, z, 4, None, counters)
+                if m <= PREFERRED_MAX_M:  # the dispatch's own (the decode GEMV, w4a16_gemv.cu; groups of
+                    # 32 / 64 now take this kernel there, so their before is the Triton dispatch)
+                    return int_gemm(x, q, sc, z, 4, None, counters, args.group >= 128)
                 if not mma_dispatched(m, k, args.group, 4):  # past the Triton GEMM's buckets
                     return x @ dequantize_triton(q, sc, z, 4, x.dtype)
                 return int_gemm_mma(x, q, sc, z, 4, None, counters, cuda_kernel=False)
