@@ -65,8 +65,8 @@ def bench_layer(name: str, n: int, k: int, ms: list[int], bits: int, groups: lis
             err = float((got - want).abs().amax() / want.abs().amax())
             now = graph_us(lambda q, s, z: engine_gemm(x, q, s, z, bits, counters), w4)  # noqa: B023
             cell = f"{now:.1f} ({t16 / now:.2f}×, err {err:.0e})"
-            if bits == 4 and 0 < group < 128:
-                before = graph_us(lambda q, s, z: engine_gemm(x, q, s, z, 4, counters, False), w4)  # noqa: B023
+            if bits == 8 or 0 < group < 128:  # what ran before the CUDA GEMM took these
+                before = graph_us(lambda q, s, z: engine_gemm(x, q, s, z, bits, counters, False), w4)  # noqa: B023
                 cell += f" / Triton {before:.1f} ({t16 / before:.2f}×)"
             floor = nbytes(tensors) / HBM_BYTES_PER_US
             cells.append(f"{cell}, floor {floor:.1f}")

@@ -1,6 +1,6 @@
-"""Shared pieces of the int4 kernel tests (test_w4a16_cuda.py, test_w4a16_gemm_cuda.py,
-test_w4a16_gemm_groups.py, test_w4a16_resident.py): a quantized case, its reference GEMM, the GPU's SM count
-and the H200's held-cluster counts."""
+"""Shared pieces of the int4 / int8 kernel tests (test_w4a16_cuda.py, test_w4a16_gemm_cuda.py,
+test_w8a16_gemm.py, test_w4a16_gemm_groups.py, test_w4a16_resident.py): a quantized case, its reference
+GEMM, the GPU's SM count and the H200's held-cluster counts."""
 
 from __future__ import annotations
 
@@ -21,10 +21,13 @@ def h200_held(spec: GemmSpec, slices: int) -> int:
     return H200_HELD[min(3, (227 * 1024) // (spec.shared_bytes() + 1024))][slices]
 
 
-def int4_case(m: int, n: int, k: int, group: int, sym: bool, seed: int) -> tuple[torch.Tensor, ...]:
-    """x [m, k] and an int4 weight of [n, k] (round-to-nearest, group) on the GPU, from a seed."""
+def int4_case(
+    m: int, n: int, k: int, group: int, sym: bool, seed: int, bits: int = 4
+) -> tuple[torch.Tensor, ...]:
+    """x [m, k] and an int4 (or int8) weight of [n, k] (round-to-nearest, group; -1 one per column) on the
+    GPU, from a seed."""
     gen = torch.Generator().manual_seed(seed)
-    w = quantize_rtn(torch.randn(n, k, generator=gen) * 0.05, 4, group, sym=sym)
+    w = quantize_rtn(torch.randn(n, k, generator=gen) * 0.05, bits, group, sym=sym)
     x = torch.randn(m, k, generator=gen).bfloat16()
     return x.cuda(), w.qweight.cuda(), w.scales.bfloat16().cuda(), w.zeros.bfloat16().cuda()
 
@@ -35,7 +38,8 @@ def reference_gemm(
     """fp32 products of x and the weight the kernel's mmas take: the bf16 dequantized weight, or in biased
     builds the exact (q - z) s (never rounded to bf16)."""
     dtype = torch.float32 if biased else scales.dtype
-    return x.float() @ dequantize_int_ref(qweight, scales.to(dtype), zeros.to(dtype), 4).float()
+    bits = 32 * qweight.shape[0] // x.shape[1]
+    return x.float() @ dequantize_int_ref(qweight, scales.to(dtype), zeros.to(dtype), bits).float()
 
 
 def sms() -> int:

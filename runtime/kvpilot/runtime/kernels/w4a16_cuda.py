@@ -81,16 +81,18 @@ def int4_cuda_unsupported(
     cols: int,
     max_m: int | None,
     small_groups: tuple[int, ...] = (),
+    bits_taken: tuple[int, ...] = (4,),
 ) -> str | None:
-    """Why an int4 x bf16 mma.sync kernel of this folder (w4a16_gemv.cu, w4a16_gemm.cu) cannot run
-    x [M, K] @ W^T, given the output columns its CTA takes, the most tokens it takes (None: any) and the
-    groups below a tile it takes (else groups are whole tiles)."""
+    """Why an integer x bf16 mma.sync kernel of this folder (w4a16_gemv.cu, w4a16_gemm.cu) cannot run
+    x [M, K] @ W^T, given the output columns its CTA takes, the most tokens it takes (None: any), the
+    groups below a tile it takes (else groups are whole tiles) and the weight bits it takes."""
     if x.device.type != "cuda" or torch.version.cuda is None:
         return "needs a CUDA device"
     if torch.cuda.get_device_capability(x.device) < (8, 0):
         return "needs sm_80+ (bf16 mma, cp.async)"
-    if bits != 4 or x.dtype != torch.bfloat16 or scales.dtype != torch.bfloat16:
-        return f"{bits}-bit weights with {x.dtype} activations (int4 with bf16 only)"
+    if bits not in bits_taken or x.dtype != torch.bfloat16 or scales.dtype != torch.bfloat16:
+        taken = " or ".join(f"int{b}" for b in bits_taken)
+        return f"{bits}-bit weights with {x.dtype} activations ({taken} with bf16 only)"
     m, k = x.shape
     shape = shape_unsupported(m, qweight.shape[1], k, k // scales.shape[0], cols, max_m, small_groups)
     if shape is not None:

@@ -1,7 +1,8 @@
-// int4 weight-only GEMM for 3+ tokens (up to 64 a CTA) on mma.sync or wgmma, bf16 activations: y [M, N] = x [M,
-// K] W^T, the weight in the canonical layout of quant_reference.py (qweight int32 [K/8, N]: value j of word row
-// 16T + r is K row 128T + 16j + r; scales, zeros bf16 [K/G, N]). w4a16_gemm_cuda.py compiles it with NVRTC
-// and macros:
+// int4 (and int8) weight-only GEMM for 1+ tokens (up to 64 a CTA) on mma.sync or wgmma, bf16 activations: y [M,
+// N] = x [M, K] W^T, the weight in the canonical layout of quant_reference.py (int4: qweight int32 [K/8, N],
+// value j of word row 16T + r is K row 128T + 16j + r; int8: [K/4, N], byte j of word row 32T + r is K row
+// 128T + 32j + r; scales, zeros bf16 [K/G, N]). w4a16_gemm_cuda.py compiles it with NVRTC and macros:
+//   BITS (4, or 8: w8a16_dequant.cuh takes the words apart; dequantizing builds only),
 //   WARPS (each warp owns 32 output columns: a CTA takes BN = 32 WARPS), NT (token tiles of 8, 1..8: a CTA
 //   takes BM = 8 NT tokens, grid.z more token blocks), STAGES (K tiles in flight through the cp.async ring),
 //   TILES_PER_GROUP (G / 128; 1 below 128), GROUPS_PER_TILE (128 / G for groups of 32 or 64 rows, else 1),
@@ -47,6 +48,12 @@ typedef unsigned short u16;
 #ifndef OFFSETS
 #define OFFSETS 0
 #endif
+#ifndef BITS
+#define BITS 4
+#endif
+#if BITS != 4 && (BITS != 8 || BIASED)
+#error "BITS 4, or 8 in dequantizing builds (128 + q is no bf16 past 7 bits)"
+#endif
 #if GROUPS_PER_TILE != 1 && (TILES_PER_GROUP != 1 || (GROUPS_PER_TILE != 2 && GROUPS_PER_TILE != 4))
 #error "groups of 32 or 64 rows (GROUPS_PER_TILE 4 or 2) take TILES_PER_GROUP 1"
 #endif
@@ -59,7 +66,9 @@ typedef unsigned short u16;
 #define BM (8 * NT)
 #define NT_PAIRS ((NT + 1) / 2)  // ldmatrix.x4 takes two token tiles: x rows are staged for 16 NT_PAIRS
 #define X_STAGE (16 * NT_PAIRS * TILE * 2)  // bytes: x rows of 256 bytes, 16-byte chunks swizzled
-#define W_STAGE (WARPS * 2048)  // bytes: each warp's 16 word rows x 32 columns, in its lanes' read order
+#define WORD_ROWS (4 * BITS)  // word rows of a K tile: 16 (int4), 32 (int8)
+#define W_WARP_BYTES (WORD_ROWS * 128)  // one warp's word rows x 32 columns, in its lanes' read order
+#define W_STAGE (WARPS * W_WARP_BYTES)
 #define SZ_BYTES (4 * BN * GROUPS_PER_TILE)  // per group of the tile, its BN scales, then BN zeros
 #define SZ_STAGE (SZ_BYTES + 2 * BN * GROUPS_PER_TILE * OFFSETS)  // bytes: then each group's BN offsets
 #define STAGE_BYTES (X_STAGE + W_STAGE + SZ_STAGE)
@@ -105,8 +114,8 @@ __device__ __forceinline__ u32 fma_bf16x2(u32 a, u32 b, u32 c) {
 }
 
 // Chunk (row r, 4-column chunk a of the warp's 8) of a warp's weight stage: grouped by the read that takes it
-// ((r / 8, r % 2, a / 4): 8 reads of 16 chunks), then by (t = r % 8 / 2, a % 4), so each read's 32 lanes take
-// 256 consecutive bytes (no bank conflict).
+// ((r / 8, r % 2, a / 4): 8 reads of 16 chunks, 16 for int8's 32 rows), then by (t = r % 8 / 2, a % 4), so
+// each read's 32 lanes take 256 consecutive bytes (no bank conflict).
 __device__ __forceinline__ int w_chunk(int r, int a) {
     return ((((r >> 3) * 2 + (r & 1)) * 2 + (a >> 2)) * 16) + ((r & 7) >> 1) * 4 + (a & 3);
 }
@@ -164,7 +173,7 @@ __device__ __forceinline__ Fetch plan_fetch(const u32* qw, const u16* scales, co
     Fetch f;
     const int tid = threadIdx.x, r0 = tid / (BN / 4), a = tid % (BN / 4);  // r0 < 4: 32 WARPS threads, BN / 4 chunks
     f.w = qw + (long long)r0 * n + n0 + 4 * a;
-    f.w_dst = X_STAGE + ((a >> 3) * 128 + w_chunk(r0, a & 7)) * 16;
+    f.w_dst = X_STAGE + (a >> 3) * W_WARP_BYTES + w_chunk(r0, a & 7) * 16;
     const int tok0 = tid >> 4, kc = tid & 15;
     f.x = x + (long long)tok0 * stride_x + 8 * kc;
     f.x_dst = x_stage_offset(tok0, kc);
@@ -182,9 +191,9 @@ __device__ __forceinline__ Fetch plan_fetch(const u32* qw, const u16* scales, co
 
 // Row r0 + 4k's chunk lands (k / 2) * 64 + (k % 2) * 8 chunks after row r0's (see w_chunk).
 __device__ __forceinline__ void fetch_weight(char* stage, const Fetch& f, int tile, int n) {
-    const u32* w = f.w + (long long)tile * 16 * n;
+    const u32* w = f.w + (long long)tile * WORD_ROWS * n;
 #pragma unroll
-    for (int k = 0; k < 4; ++k)
+    for (int k = 0; k < WORD_ROWS / 4; ++k)
         cp_async16(stage + f.w_dst + ((k >> 1) * 64 + (k & 1) * 8) * 16, w + (long long)k * 4 * n);
     const long long group_row = (long long)(tile * GROUPS_PER_TILE / TILES_PER_GROUP) * n;
     if (f.sz) cp_async16(stage + f.sz_dst, f.sz + group_row);
@@ -208,11 +217,15 @@ __device__ __forceinline__ void fetch_x(char* stage, const Fetch& f, int tile, i
     }
 }
 
+// A lane's weight words of one K tile: for int4 the pairs below, for int8 (w8a16_dequant.cuh) its 32 words.
+typedef u32 Words[WORD_ROWS / 8][2][2][2];
+
+#if BITS == 4
 // The stage's weights as this lane's A pairs: p[h][hi][c][v] holds, for word rows (2t + 8h, 2t + 8h + 1) of
 // column (hi ? 16 : 0) + 2g + c, nibbles 4v..4v+3 of each (byte_perm: the first row's in the low half).
 // Pair j % 4 of p[..][j / 4] is then (q at K row 16j + 2t + 8h, q at the next row).
-__device__ __forceinline__ void read_words(u32 (&p)[2][2][2][2], const char* stage, int warp, int lane) {
-    const uint2* w = reinterpret_cast<const uint2*>(stage + X_STAGE) + warp * 256;
+__device__ __forceinline__ void read_words(Words& p, const char* stage, int warp, int lane) {
+    const uint2* w = reinterpret_cast<const uint2*>(stage + X_STAGE) + warp * (W_WARP_BYTES / 8);
     const int at = 8 * (lane & 3) + (lane >> 2);  // chunk t * 4 + g / 2 of the read, half g % 2
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -227,6 +240,7 @@ __device__ __forceinline__ void read_words(u32 (&p)[2][2][2][2], const char* sta
         }
     }
 }
+#endif
 
 // The stage's scales (x) and zeros (y) of columns col, col + 1 (c = 0, 1) of this lane's half hi, as bf16x2,
 // for the tile's group gi.
@@ -258,6 +272,7 @@ __device__ __forceinline__ u32 offset_word(const char* stage, int warp, int g, i
 #endif
 }
 
+#if BITS == 4
 // Per column (hi, c) of this lane: (s, s), (-(128 + z), -(128 + z)) and (o, o) as bf16x2, of the tile's
 // group gi.
 __device__ __forceinline__ void read_group(u32 (&s)[2][2], u32 (&nz)[2][2], u32 (&o)[2][2], const char* stage,
@@ -284,7 +299,7 @@ __device__ __forceinline__ u32 dequant(u32 p, int i, u32 s, u32 nz, u32 o) {
 }
 
 // k-step j's A fragments of mma blocks c = 0, 1, dequantized with its group's s, nz and o (read_group).
-__device__ __forceinline__ void dequant_step(u32 (&a)[2][4], const u32 (&p)[2][2][2][2], const u32 (&s)[2][2],
+__device__ __forceinline__ void dequant_step(u32 (&a)[2][4], const Words& p, const u32 (&s)[2][2],
                                              const u32 (&nz)[2][2], const u32 (&o)[2][2], int j) {
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
@@ -294,11 +309,14 @@ __device__ __forceinline__ void dequant_step(u32 (&a)[2][4], const u32 (&p)[2][2
         a[c][3] = dequant(p[1][1][c][j / 4], j % 4, s[1][c], nz[1][c], o[1][c]);
     }
 }
+#else
+#include "w8a16_dequant.cuh"
+#endif
 
 // acc[c][nt] += this warp's 32 columns x the CTA's tokens over one K tile.
 __device__ __forceinline__ void mma_stage(float (&acc)[2][2 * NT_PAIRS][4], const char* stage, int warp, int lane) {
     const int g = lane >> 2;
-    u32 p[2][2][2][2];
+    Words p;
     read_words(p, stage, warp, lane);
 #pragma unroll
     for (int gi = 0; gi < GROUPS_PER_TILE; ++gi) {

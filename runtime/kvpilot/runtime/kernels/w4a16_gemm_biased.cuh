@@ -27,7 +27,7 @@ __device__ __forceinline__ void read_group_f32(float (&s)[2][2], float (&zb)[2][
 
 // The sums of one group's k-steps: t[c][nt] over x (128 + q), xs[nt] over x alone.
 __device__ __forceinline__ void biased_steps(float (&t)[2][2 * NT_PAIRS][4], float (&xs)[2 * NT_PAIRS][4],
-                                             const u32 (&p)[2][2][2][2], const char* stage, int gi, int lane) {
+                                             const Words& p, const char* stage, int gi, int lane) {
     const u32 ones[4] = {ONES, ONES, ONES, ONES};
 #pragma unroll
     for (int j = gi * STEPS_PER_GROUP; j < (gi + 1) * STEPS_PER_GROUP; ++j) {
@@ -56,7 +56,7 @@ __device__ __forceinline__ void biased_steps(float (&t)[2][2 * NT_PAIRS][4], flo
 
 __device__ __forceinline__ void mma_stage_biased(float (&acc)[2][2 * NT_PAIRS][4], const char* stage, int warp,
                                                  int lane) {
-    u32 p[2][2][2][2];
+    Words p;
     read_words(p, stage, warp, lane);
 #pragma unroll
     for (int gi = 0; gi < GROUPS_PER_TILE; ++gi) {

@@ -1,7 +1,7 @@
-"""The launch rule of w4a16_gemm.cu (the int4 GEMM; host side in w4a16_gemm_cuda.py), pure Python: which
-build (GemmSpec: warps, token tiles, stages, cluster use, biased / WGMMA mmas, groups per tile, offsets) and
-grid a GEMM of M tokens and a [K, N] weight takes, and where the dispatch prefers it. The GPU enters only
-through `held` (how many clusters of a build it holds at once), passed in by the caller.
+"""The launch rule of w4a16_gemm.cu (the int4 / int8 GEMM; host side in w4a16_gemm_cuda.py), pure Python:
+which build (GemmSpec: warps, token tiles, stages, cluster use, biased / WGMMA mmas, groups per tile, offsets,
+bits) and grid a GEMM of M tokens and a [K, N] weight takes, and where the dispatch prefers it. The GPU enters
+only through `held` (how many clusters of a build it holds at once), passed in by the caller.
 """
 
 from __future__ import annotations
@@ -83,6 +83,7 @@ class GemmSpec:
     wgmma: bool = False  # sm_90a: the K tile on warpgroup mmas (w4a16_gemm_wgmma.cuh)
     groups_per_tile: int = 1  # 128 / G for groups of 32 or 64 rows (tiles_per_group 1)
     offsets: bool = False  # a bf16 offset per group and column added to the weight (a GGUF grid's zero)
+    bits: int = 4  # 8: int8 words (w8a16_dequant.cuh), dequantizing builds only
 
     @property
     def block_n(self) -> int:
@@ -103,21 +104,25 @@ class GemmSpec:
             "WGMMA": int(self.wgmma),
             "GROUPS_PER_TILE": self.groups_per_tile,
             "OFFSETS": int(self.offsets),
+            "BITS": self.bits,
         }
 
     def shared_bytes(self) -> int:
         """Dynamic shared memory: the stages, or the split sums ([BM][BN + 4] fp32) where those are larger;
         WGMMA builds take 1 KB more, to start the stages' x on a 1 KB boundary."""
-        stages = self.stages * stage_bytes(self.warps, self.token_tiles, self.groups_per_tile, self.offsets)
+        one = stage_bytes(self.warps, self.token_tiles, self.groups_per_tile, self.offsets, self.bits)
+        stages = self.stages * one
         return max(stages, self.block_m * (self.block_n + 4) * 4) + (WGMMA_PAD if self.wgmma else 0)
 
 
-def stage_bytes(warps: int, token_tiles: int, groups_per_tile: int = 1, offsets: bool = False) -> int:
-    """One K tile in shared memory: x rows for whole token-tile pairs, the weight words, the scales and zeros
-    (and offsets) of each group in the tile."""
+def stage_bytes(
+    warps: int, token_tiles: int, groups_per_tile: int = 1, offsets: bool = False, bits: int = 4
+) -> int:
+    """One K tile in shared memory: x rows for whole token-tile pairs, the weight words (TILE rows of bits
+    each), the scales and zeros (and offsets) of each group in the tile."""
     block_n = COLS_PER_WARP * warps
     group_bytes = (6 if offsets else 4) * block_n * groups_per_tile
-    return 16 * -(-token_tiles // 2) * TILE * 2 + block_n * 64 + group_bytes
+    return 16 * -(-token_tiles // 2) * TILE * 2 + block_n * TILE * bits // 8 + group_bytes
 
 
 @dataclass(frozen=True)
@@ -147,6 +152,7 @@ def launch_for(
     held: Held | None = None,
     wgmma_from: int = 0,
     offsets: bool = False,
+    bits: int = 4,
 ) -> GemmLaunch:
     """Token tiles to cover M (at most 64 tokens per CTA; balanced over the token blocks), the warps (0:
     WARPS, or WIDE_WARPS for WIDE_BLOCKS at the biased builds' token counts), the stages that fit
@@ -155,7 +161,7 @@ def launch_for(
     LONG_K_SLICE_TILES, up to 16). held (the GPU's cluster occupancy; None: not asked) lets 25-64 tokens
     take deep_split's build. wgmma_from (> 0 on sm_90, which has warpgroup mmas; the dispatch passes
     WGMMA_FIRST_TOKEN_TILES): from that many token tiles, CTAs of 16, 32 or 64 tokens take the WGMMA build.
-    offsets: the weight has per-group offsets (GemmSpec.offsets)."""
+    offsets: the weight has per-group offsets (GemmSpec.offsets). bits: 4, or 8 (never biased)."""
     blocks_m = -(-m // (8 * max_token_tiles))
     token_tiles = real_tiles = -(-m // (8 * blocks_m))
     wide_m = max_token_tiles in (MAX_TOKEN_TILES, WGMMA_MAX_TOKEN_TILES)
@@ -164,7 +170,7 @@ def launch_for(
         token_tiles = next(tiles for tiles in WGMMA_TOKEN_TILES if tiles >= token_tiles)
     elif token_tiles > MAX_TOKEN_TILES:
         raise ValueError(f"{token_tiles} token tiles a CTA: mma.sync builds take at most {MAX_TOKEN_TILES}")
-    biased = token_tiles <= biased_max_token_tiles and not wgmma
+    biased = token_tiles <= biased_max_token_tiles and not wgmma and bits == 4
     groups_per_tile = TILE // group if group in SMALL_GROUPS else 1
     if not warps:
         whole = n % (COLS_PER_WARP * WIDE_WARPS) == 0  # a CTA's 256 columns must tile N
@@ -183,10 +189,11 @@ def launch_for(
     budget_stages = not stages
     if budget_stages:
         budget = STAGE_BUDGET - (WGMMA_PAD if wgmma else 0)
-        stages = max(2, min(MAX_STAGES, budget // stage_bytes(warps, token_tiles, groups_per_tile, offsets)))
+        one = stage_bytes(warps, token_tiles, groups_per_tile, offsets, bits)
+        stages = max(2, min(MAX_STAGES, budget // one))
     tiles_per_group = max(1, group // TILE)
     spec = GemmSpec(
-        warps, token_tiles, tiles_per_group, stages, slices > 1, biased, wgmma, groups_per_tile, offsets
+        warps, token_tiles, tiles_per_group, stages, slices > 1, biased, wgmma, groups_per_tile, offsets, bits
     )  # fmt: skip
     plan = GemmLaunch(spec, slices, blocks_m)
     if hopper and held is not None and budget_stages:
@@ -244,19 +251,27 @@ def deep_split(spec: GemmSpec, blocks: int, tiles: int, held: Held) -> tuple[Gem
 # down lost (one K slice: 49.7 and 153.6 against 36.4 and 112.8), at 1024 every layer.
 PREFERRED_M = (5, 384)
 SHORT_K_FIRST_M = 3  # where K has fewer than LONG_K_TILES tiles
+# int8 (twice the words a tile, never biased) from 1 to 256 tokens, against the engine's int8 dispatch before
+# (the Triton GEMVs at <= 16 tokens, the Triton tensor-core GEMM at 17-128, dequantize + cuBLAS above), H100,
+# µs per channel / groups of 32 (twenty-third session): qkv 12.3 / 12.8 against 13.5 / 18.4 at one token,
+# 13.1 / 14.3 against 14.8 / 26.9 at 16, 39.0 / 61.0 against 53.2 / 55.3 at 256; o 8.8 / 9.2 against 10.2 /
+# 13.6 at one; at 384 qkv 101.9 against 57.8 and gate_up 255.0 against 227.7 (one K slice a block).
+INT8_PREFERRED_TOP = 256
 
 
-def preferred(m: int, k: int, hopper: bool = True, group: int = TILE) -> bool:
+def preferred(m: int, k: int, hopper: bool = True, group: int = TILE, bits: int = 4) -> bool:
     """Whether this kernel is expected to beat what the dispatch ran before at m tokens and this K (the H200
     sweep, benchmarks/sweep_w4a16_gemm.py). Only measured on sm_90, where its K slices meet in a cluster;
     without clusters a launch takes one slice (48 CTAs for Qwen3-8B's qkv), so elsewhere the other kernels
-    keep it. Groups of 32 or 64 rows from one token: the decode GEMV does not take them, and the Triton
-    kernels that did ran slower than bf16 (benchmarks/bench_w4a16_groups.py)."""
+    keep it. Groups of 32 or 64 rows and int8 from one token: the decode GEMV takes neither, and the Triton
+    kernels that did ran slower (benchmarks/bench_w4a16_groups.py)."""
     first = PREFERRED_M[0] if k // TILE >= LONG_K_TILES else SHORT_K_FIRST_M
-    return hopper and (1 if group in SMALL_GROUPS else first) <= m <= PREFERRED_M[1]
+    from_one = group in SMALL_GROUPS or bits == 8
+    top = INT8_PREFERRED_TOP if bits == 8 else PREFERRED_M[1]
+    return hopper and (1 if from_one else first) <= m <= top
 
 
-def warm_up_ms(top: int, k: int, hopper: bool = True, group: int = TILE) -> list[int]:
+def warm_up_ms(top: int, k: int, hopper: bool = True, group: int = TILE, bits: int = 4) -> list[int]:
     """One M per build up to top tokens: for each count of 64-token blocks, the largest M of each token-tile
     count it takes (the build follows the tile count, and the stages and K slices follow the tile and block
     counts; 3-8 tokens share one): running each once compiles them all while the model loads (none where
@@ -268,4 +283,4 @@ def warm_up_ms(top: int, k: int, hopper: bool = True, group: int = TILE) -> list
         for tiles in range(1, MAX_TOKEN_TILES + 1)
         if -(-(8 * tiles * blocks) // per_block) == blocks  # M takes that many blocks of that many tiles
     ]
-    return [m for m in ms if m <= top and preferred(m, k, hopper, group)]
+    return [m for m in ms if m <= top and preferred(m, k, hopper, group, bits)]

@@ -100,7 +100,7 @@ __device__ __forceinline__ void wgmma_tokens<16>(float (&d)[16][4], const u32 (&
 __device__ __forceinline__ void mma_stage_wgmma(float (&acc)[2][NT][4], const char* stage, const char* x, int warp,
                                                 int lane) {
     const int g = lane >> 2;
-    u32 p[2][2][2][2];
+    Words p;
     read_words(p, stage, warp, lane);
     const u32 base = smem_at(x);
     u32 a[8][2][4];

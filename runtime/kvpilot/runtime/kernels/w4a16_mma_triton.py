@@ -263,8 +263,8 @@ def int_gemm_mma(
     cuda_kernel: bool = True,
     offsets: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x [..., K] @ W^T -> [..., N] with the bucket's launch shape (mma_dispatched M only); int4 with bf16
-    goes to w4a16_gemm.cu where that is expected to be faster (cuda_kernel False: never). offsets: as
+    """x [..., K] @ W^T -> [..., N] with the bucket's launch shape (mma_dispatched M only); int4 / int8 with
+    bf16 goes to w4a16_gemm.cu where that is expected to be faster (cuda_kernel False: never). offsets: as
     w4a16_triton.int_gemm's."""
     lead = x.shape[:-1]
     x = x.reshape(-1, x.shape[-1])
@@ -294,12 +294,12 @@ def warm_up_mma(
     for top in tops:
         x = torch.zeros(top, k, device=qweight.device, dtype=dtype)
         int_gemm_mma(x, qweight, scales, zeros, bits, None, counters, cuda_kernel=False, offsets=offsets)
-    if bits == 4 and tops and qweight.is_cuda:  # the dispatch's CUDA GEMM, up to its most tokens
+    if bits in (4, 8) and tops and qweight.is_cuda:  # the dispatch's CUDA GEMM, up to its most tokens
         from .w4a16_gemm_cuda import takes, w4a16_gemm
         from .w4a16_gemm_plan import PREFERRED_M, warm_up_ms
 
         x = torch.zeros(PREFERRED_M[1], k, device=qweight.device, dtype=dtype)
         hopper = torch.cuda.get_device_capability(qweight.device) >= (9, 0)
-        for m in warm_up_ms(PREFERRED_M[1], k, hopper, k // scales.shape[0]):
-            if takes(x[:m], qweight, scales, offsets):
+        for m in warm_up_ms(PREFERRED_M[1], k, hopper, k // scales.shape[0], bits):
+            if takes(x[:m], qweight, scales, offsets, bits):
                 w4a16_gemm(x[:m], qweight, scales, zeros, num_sms(x.device), offsets=offsets)

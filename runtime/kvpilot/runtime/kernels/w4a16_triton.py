@@ -270,7 +270,7 @@ def int_gemm(
     x = x.reshape(-1, x.shape[-1])
     x = x[:, perm] if perm is not None else (x if x.stride(-1) == 1 else x.contiguous())
     group = x.shape[1] // scales.shape[0]
-    # w4a16_gemm.cu (NVRTC) at 3-384 tokens (5-384 for a long K; from 1 for groups below 128)
+    # w4a16_gemm.cu (NVRTC) at 3-384 tokens (5-384 for a long K; from 1 for groups below 128 and int8)
     y = gemm_if_taken(x, qweight, scales, zeros, bits, offsets) if cuda_kernel else None
     if y is None:
         y = _int_gemm_rest(x, qweight, scales, zeros, bits, group, counters, cuda_kernel)

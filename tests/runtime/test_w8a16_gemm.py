@@ -1,0 +1,150 @@
+"""w4a16_gemm.cu's int8 builds (BITS 8: load-time int8, GPTQ / compressed-tensors 8-bit, GGUF Q8_0 / Q5 grids
+kept under int8): the build and dispatch rules on CPU, the sm_90 builds through NVRTC + ptxas offline, and
+the GEMM against the reference on the GPU (marked gpu)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from kvpilot.runtime.kernels.quant_reference import dequantize_int_ref
+from kvpilot.runtime.kernels.w4a16_gemm_cuda import SOURCE, unsupported
+from kvpilot.runtime.kernels.w4a16_gemm_plan import GemmSpec, launch_for, preferred, stage_bytes, warm_up_ms
+
+from tests.runtime.nvrtc_offline import ptx, sm90_resources
+from tests.runtime.w4a16_cases import int4_case, reference_gemm, sms
+
+
+def test_int8_builds_stage_twice_the_words_and_never_bias() -> None:
+    for m in (1, 8, 16, 24, 64, 256):
+        plan = launch_for(m, 6144, 4096, 4096, 132, True, wgmma_from=3, bits=8)
+        assert plan.spec.bits == 8 and not plan.spec.biased and plan.spec.macros()["BITS"] == 8
+        int4 = launch_for(m, 6144, 4096, 128, 132, True, wgmma_from=3)
+        assert plan.spec.wgmma == int4.spec.wgmma  # the same token rule
+    words = stage_bytes(4, 1, bits=8) - stage_bytes(4, 1, bits=4)
+    assert words == 128 * 64  # 128 columns x 128 K rows x 4 bits more
+    assert launch_for(1, 6144, 4096, 4096, 132, True, bits=8).spec.stages == 3  # 21 KB a stage in 75 KB
+
+
+def test_int8_takes_the_gemm_from_one_token() -> None:
+    assert [preferred(m, 4096, True, 4096, bits=8) for m in (1, 2, 256, 257)] == [True, True, True, False]
+    assert not preferred(1, 4096, True, 128, bits=4)  # int4 at group 128: the decode GEMV
+    assert not preferred(1, 4096, False, 4096, bits=8)  # only measured on sm_90
+    assert warm_up_ms(64, 4096, True, 4096, bits=8) == [8, 16, 24, 32, 40, 48, 56, 64]
+
+
+def test_the_int8_builds_compile_for_sm90_without_spills(tmp_path: Path) -> None:
+    for spec, arch in [
+        (GemmSpec(4, 1, 32, 3, True, bits=8), "90"),
+        (GemmSpec(4, 2, 1, 3, True, groups_per_tile=4, offsets=True, bits=8), "90"),
+        (GemmSpec(4, 8, 1, 2, True, wgmma=True, groups_per_tile=4, offsets=True, bits=8), "90a"),
+    ]:
+        code = ptx(SOURCE, spec.macros(), arch=arch)
+        registers, spills, report = sm90_resources(code, tmp_path, arch=arch)
+        assert spills == 0 and registers <= 200, report  # 2 CTAs of 4 warps an SM at least
+        # each byte becomes fp32 2^23 + u (a prmt against 0x4B000000 = 1258291200) less 2^23 + z: two exact
+        # subtractions, then one bf16x2 FMA a pair (scale and offset)
+        assert b"1258291200" in code
+        assert code.count(b"sub.f32") == 2 * code.count(b"fma.rn.bf16x2") > 0
+
+
+def test_an_int8_build_refuses_the_biased_mmas() -> None:
+    with pytest.raises(AssertionError, match="BITS 4, or 8 in dequantizing builds"):
+        ptx(SOURCE, GemmSpec(4, 1, 32, biased=True, bits=8).macros())
+
+
+def test_unsupported_names_int4_and_int8() -> None:
+    x = torch.zeros(1, 4096, dtype=torch.bfloat16)
+    scales = torch.zeros(1, 4096, dtype=torch.bfloat16)
+    assert "CUDA" in (unsupported(x, torch.zeros(1024, 4096, dtype=torch.int32), scales, 8) or "")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 2, 5, 8, 16, 17, 40, 64, 100, 200])
+@pytest.mark.parametrize(("n", "k"), [(2048, 4096), (1024, 1152)])
+@pytest.mark.parametrize("group", [-1, 32, 128])
+@pytest.mark.parametrize("sym", [False, True], ids=["zero-point", "sym"])
+def test_int8_matches_the_reference(m: int, n: int, k: int, group: int, sym: bool) -> None:
+    from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
+
+    x, qweight, scales, zeros = int4_case(m, n, k, group, sym, seed=m * 7 + n + group, bits=8)
+    assert qweight.shape[0] == k // 4 and unsupported(x, qweight, scales, 8) is None
+    out = w4a16_gemm(x, qweight, scales, zeros, sms())
+    want = reference_gemm(x, qweight, scales, zeros)  # the bf16 dequantized weight, as the mmas take it
+    torch.testing.assert_close(out.float(), want, atol=1e-2, rtol=1e-2)
+    assert torch.equal(w4a16_gemm(x, qweight, scales, zeros, sms()), out)  # deterministic
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 8, 16, 48, 64])
+def test_every_int8_build_computes_the_same_gemm(m: int) -> None:
+    from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
+
+    x, qweight, scales, zeros = int4_case(m, 2048, 4096, 32, False, seed=m, bits=8)
+    want = reference_gemm(x, qweight, scales, zeros)
+    hopper = torch.cuda.get_device_capability() >= (9, 0)
+    plans = [launch_for(m, 2048, 4096, 32, sms(), hopper, warps=w, bits=8) for w in (4, 8)]
+    plans += [launch_for(m, 2048, 4096, 32, sms(), hopper, stages=s, bits=8) for s in (2, 4)]
+    if torch.cuda.get_device_capability() == (9, 0):
+        plans.append(launch_for(m, 2048, 4096, 32, sms(), True, wgmma_from=1, bits=8))
+    for slices in (1, 4):
+        for plan in plans:
+            spec = dataclasses.replace(plan.spec, cluster_reduce=slices > 1 and hopper)
+            plan = dataclasses.replace(plan, slices=slices if hopper else 1, spec=spec)
+            out = w4a16_gemm(x, qweight, scales, zeros, sms(), plan)
+            torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2, msg=str(plan))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_int8_offsets_are_added_inside_the_gemm(m: int) -> None:
+    from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
+
+    x, qweight, scales, zeros = int4_case(m, 2048, 4096, 32, False, seed=m, bits=8)
+    gen = torch.Generator().manual_seed(m)
+    offsets = (0.002 * torch.randn(scales.shape, generator=gen)).bfloat16().cuda()
+    got = w4a16_gemm(x, qweight, scales, zeros, sms(), offsets=offsets).float()
+    exact = dequantize_int_ref(qweight, scales.float(), zeros.float(), 8)
+    exact += offsets.float().repeat_interleave(32, 0)
+    torch.testing.assert_close(got, x.float() @ exact.bfloat16().float(), atol=2e-2, rtol=2e-2)
+    assert (got - w4a16_gemm(x, qweight, scales, zeros, sms()).float()).abs().max() > 0.05
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 2, 16, 17, 64, 256])
+@pytest.mark.parametrize("group", [-1, 32])
+def test_the_int8_dispatch_sends_its_weights_here_from_one_token(m: int, group: int) -> None:
+    from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
+    from kvpilot.runtime.kernels.w4a16_mma_triton import int_gemm_mma, mma_dispatched
+    from kvpilot.runtime.kernels.w4a16_triton import int_gemm
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("dispatched on sm_90 (clusters)")
+    x, qweight, scales, zeros = int4_case(m, 6144, 4096, group, True, seed=m + group, bits=8)
+    direct = w4a16_gemm(x, qweight, scales, zeros, sms())
+    gemm = int_gemm_mma if mma_dispatched(m, 4096, 4096 // scales.shape[0], 8) else int_gemm
+    assert torch.equal(gemm(x, qweight, scales, zeros, 8), direct)
+    triton = gemm(x, qweight, scales, zeros, 8, cuda_kernel=False)  # what ran here before
+    # outputs of ~3: a bf16 step there is 0.016, and the Triton GEMVs round the weight differently
+    torch.testing.assert_close(direct.float(), triton.float(), atol=6e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+def test_the_int8_warm_up_compiles_every_build_the_dispatch_then_takes() -> None:
+    from kvpilot.runtime.kernels.nvrtc import compile_cuda
+    from kvpilot.runtime.kernels.split_k_triton import split_counters
+    from kvpilot.runtime.kernels.w4a16_mma_triton import int_gemm_mma, mma_dispatched, warm_up_mma
+    from kvpilot.runtime.kernels.w4a16_triton import int_gemm, warm_up_int_gemm
+
+    n, k = 3072, 1024
+    x, qweight, scales, zeros = int4_case(384, n, k, -1, True, seed=5, bits=8)
+    counters = split_counters(n, x.device)
+    warm_up_int_gemm(qweight, scales, zeros, 8, torch.bfloat16, counters)
+    warm_up_mma(qweight, scales, zeros, 8, torch.bfloat16, counters)
+    builds = compile_cuda.cache_info().misses
+    for m in range(1, 385):
+        gemm = int_gemm_mma if mma_dispatched(m, k, k, 8) else int_gemm
+        gemm(x[:m], qweight, scales, zeros, 8, None, counters)
+    assert compile_cuda.cache_info().misses == builds, "NVRTC builds after the warm-up"
