@@ -248,7 +248,7 @@ def test_a_misaligned_x_goes_to_the_triton_kernels() -> None:
     )
 
 
-def greedy_and_logprobs(path: Path) -> Greedy:
+def greedy_and_logprobs(path: Path, quantization: str = "int4") -> Greedy:
     from kvpilot.runtime.llm import LLM
     from kvpilot.runtime.sampling_params import SamplingParams
 
@@ -256,7 +256,7 @@ def greedy_and_logprobs(path: Path) -> Greedy:
         str(path),
         device="cuda",
         dtype="bfloat16",
-        quantization="int4",
+        quantization=quantization,
         kernel_backend="triton",
         max_model_len=128,
         gpu_memory_utilization=0.3,

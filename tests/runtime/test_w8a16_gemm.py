@@ -14,6 +14,12 @@ from kvpilot.runtime.kernels.w4a16_gemm_cuda import SOURCE, unsupported
 from kvpilot.runtime.kernels.w4a16_gemm_plan import GemmSpec, launch_for, preferred, stage_bytes, warm_up_ms
 
 from tests.runtime.nvrtc_offline import ptx, sm90_resources
+from tests.runtime.test_w4a16_cuda import (
+    assert_tokens_agree,
+    greedy_and_logprobs,
+    spy_on,
+    tiny_int4_checkpoint,
+)
 from tests.runtime.w4a16_cases import int4_case, reference_gemm, sms
 
 
@@ -148,3 +154,25 @@ def test_the_int8_warm_up_compiles_every_build_the_dispatch_then_takes() -> None
         gemm = int_gemm_mma if mma_dispatched(m, k, k, 8) else int_gemm
         gemm(x[:m], qweight, scales, zeros, 8, None, counters)
     assert compile_cuda.cache_info().misses == builds, "NVRTC builds after the warm-up"
+
+
+@pytest.mark.gpu
+def test_a_bf16_int8_engine_decodes_here_with_the_tokens_of_the_triton_kernels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # every projection of this checkpoint has K a multiple of 128 and N of 128: its prefill (<= 16 tokens)
+    # and decode steps run here; with int8 kept off this kernel (BITS) the Triton int8 kernels run. Both
+    # round each weight to bf16 the same way and differ in summation order only.
+    from kvpilot.runtime.kernels import w4a16_gemm_cuda
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("dispatched on sm_90 (clusters)")
+    path = tiny_int4_checkpoint(tmp_path)
+    launches = spy_on(monkeypatch, w4a16_gemm_cuda, "w4a16_gemm")
+    cuda = greedy_and_logprobs(path, "int8")
+    assert launches and min(launches) == 1
+    monkeypatch.setattr(w4a16_gemm_cuda, "BITS", (4,))
+    launches.clear()
+    triton = greedy_and_logprobs(path, "int8")
+    assert not launches
+    assert_tokens_agree(cuda, triton)
