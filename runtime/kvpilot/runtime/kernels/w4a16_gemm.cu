@@ -173,7 +173,7 @@ __device__ __forceinline__ Fetch plan_fetch(const u32* qw, const u16* scales, co
     Fetch f;
     const int tid = threadIdx.x, r0 = tid / (BN / 4), a = tid % (BN / 4);  // r0 < 4: 32 WARPS threads, BN / 4 chunks
     f.w = qw + (long long)r0 * n + n0 + 4 * a;
-    f.w_dst = X_STAGE + (a >> 3) * W_WARP_BYTES + w_chunk(r0, a & 7) * 16;
+    f.w_dst = X_STAGE + ((a >> 3) * (W_WARP_BYTES / 16) + w_chunk(r0, a & 7)) * 16;
     const int tok0 = tid >> 4, kc = tid & 15;
     f.x = x + (long long)tok0 * stride_x + 8 * kc;
     f.x_dst = x_stage_offset(tok0, kc);
