@@ -255,7 +255,7 @@ SHORT_K_FIRST_M = 3  # where K has fewer than LONG_K_TILES tiles
 # (the Triton GEMVs at <= 16 tokens, the Triton tensor-core GEMM at 17-128, dequantize + cuBLAS above), H100,
 # µs per channel / groups of 32 (twenty-third session): qkv 12.3 / 12.8 against 13.5 / 18.4 at one token,
 # 13.1 / 14.3 against 14.8 / 26.9 at 16, 39.0 / 61.0 against 53.2 / 55.3 at 256; o 8.8 / 9.2 against 10.2 /
-# 13.6 at one; at 384 qkv 101.9 against 57.8 and gate_up 255.0 against 227.7 (one K slice a block).
+# 13.6 at one; at 384 qkv 101.9 against 57.8 and gate_up 255.0 against 227.7.
 INT8_PREFERRED_TOP = 256
 
 
