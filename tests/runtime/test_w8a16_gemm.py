@@ -56,6 +56,18 @@ def test_the_int8_builds_compile_for_sm90_without_spills(tmp_path: Path) -> None
         assert code.count(b"sub.f32") == 2 * code.count(b"fma.rn.bf16x2") > 0
 
 
+def test_the_sweeps_group_wait_frees_registers_for_a_third_cta(tmp_path: Path) -> None:
+    spec = GemmSpec(4, 8, 1, 2, True, wgmma=True, groups_per_tile=4, bits=8)  # int8 g32, 64 tokens
+    counts = []
+    for group_wait in (False, True):
+        code = ptx(SOURCE, dataclasses.replace(spec, group_wait=group_wait).macros(), arch="90a")
+        registers, spills, report = sm90_resources(code, tmp_path, arch="90a")
+        assert spills == 0, report
+        counts.append(registers)
+        assert code.count(b"wgmma.wait_group") == (5 if group_wait else 1)  # 4 groups, then the tile's
+    assert counts[1] <= 168 < counts[0]  # 168: 3 CTAs of 4 warps an SM (182 without: 2)
+
+
 def test_an_int8_build_refuses_the_biased_mmas() -> None:
     with pytest.raises(AssertionError, match="BITS 4, or 8 in dequantizing builds"):
         ptx(SOURCE, GemmSpec(4, 1, 32, biased=True, bits=8).macros())

@@ -84,6 +84,10 @@ class GemmSpec:
     groups_per_tile: int = 1  # 128 / G for groups of 32 or 64 rows (tiles_per_group 1)
     offsets: bool = False  # a bf16 offset per group and column added to the weight (a GGUF grid's zero)
     bits: int = 4  # 8: int8 words (w8a16_dequant.cuh), dequantizing builds only
+    # WGMMA with groups of 32 / 64: each group's wgmmas committed, then all but the last group's awaited, so
+    # its A registers free early: int8 groups of 32 at 64 tokens take 157 registers (3 CTAs an SM) against
+    # 182 (2), offline ptxas. The sweep's (gwait=1), not dispatched: not yet timed (twenty-third session).
+    group_wait: bool = False
 
     @property
     def block_n(self) -> int:
@@ -105,6 +109,7 @@ class GemmSpec:
             "GROUPS_PER_TILE": self.groups_per_tile,
             "OFFSETS": int(self.offsets),
             "BITS": self.bits,
+            "WGMMA_GROUP_WAIT": int(self.group_wait),
         }
 
     def shared_bytes(self) -> int:

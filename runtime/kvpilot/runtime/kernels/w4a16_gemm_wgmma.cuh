@@ -115,6 +115,10 @@ __device__ __forceinline__ void mma_stage_wgmma(float (&acc)[2][NT][4], const ch
 #pragma unroll
             for (int c = 0; c < 2; ++c) wgmma_tokens<NT>(acc[c], a[j][c], x_descriptor(base, j));
         }
+#if WGMMA_GROUP_WAIT  // a group's A registers free once the next group is issued (sweep-only, see GemmSpec)
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+#endif
     }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
