@@ -56,6 +56,20 @@ def test_the_int8_builds_compile_for_sm90_without_spills(tmp_path: Path) -> None
         assert code.count(b"sub.f32") == 2 * code.count(b"fma.rn.bf16x2") > 0
 
 
+def test_the_bytes_become_exact_bf16_through_fp32_two_to_the_23() -> None:
+    """w8a16_dequant.cuh's conversion, bit for bit on the CPU: byte u in the low mantissa byte of fp32 2^23
+    (0x4B0000uu), minus 2^23 + z in fp32, truncated to its upper 16 bits, is bf16(u - z) for every byte
+    and whole zero point."""
+    u = torch.arange(256, dtype=torch.int32).view(-1, 1)
+    z = torch.arange(256, dtype=torch.float32).view(1, -1)
+    magic = (u | 0x4B000000).view(torch.float32)  # [256, 1]: 2^23 + u
+    diff = magic - (8388608.0 + z)  # [256, 256], one fp32 subtraction
+    upper = (diff.view(torch.int32) >> 16).to(torch.int16).view(torch.bfloat16)
+    want = (u.float() - z).bfloat16()
+    assert torch.equal(upper.view(torch.int16), want.view(torch.int16))
+    assert torch.equal(want.float(), u.float() - z)  # and bf16 holds u - z exactly
+
+
 def test_the_sweeps_group_wait_frees_registers_for_a_third_cta(tmp_path: Path) -> None:
     spec = GemmSpec(4, 8, 1, 2, True, wgmma=True, groups_per_tile=4, bits=8)  # int8 g32, 64 tokens
     counts = []
