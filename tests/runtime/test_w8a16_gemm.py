@@ -120,7 +120,8 @@ def test_every_int8_build_computes_the_same_gemm(m: int) -> None:
     plans = [launch_for(m, 2048, 4096, 32, sms(), hopper, warps=w, bits=8) for w in (4, 8)]
     plans += [launch_for(m, 2048, 4096, 32, sms(), hopper, stages=s, bits=8) for s in (2, 4)]
     if torch.cuda.get_device_capability() == (9, 0):
-        plans.append(launch_for(m, 2048, 4096, 32, sms(), True, wgmma_from=1, bits=8))
+        wgmma = launch_for(m, 2048, 4096, 32, sms(), True, wgmma_from=1, bits=8)
+        plans += [wgmma, dataclasses.replace(wgmma, spec=dataclasses.replace(wgmma.spec, group_wait=True))]
     for slices in (1, 4):
         for plan in plans:
             spec = dataclasses.replace(plan.spec, cluster_reduce=slices > 1 and hopper)
