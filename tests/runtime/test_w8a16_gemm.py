@@ -57,9 +57,9 @@ def test_the_int8_builds_compile_for_sm90_without_spills(tmp_path: Path) -> None
 
 
 def test_the_bytes_become_exact_bf16_through_fp32_two_to_the_23() -> None:
-    """w8a16_dequant.cuh's conversion, bit for bit on the CPU: byte u in the low mantissa byte of fp32 2^23
-    (0x4B0000uu), minus 2^23 + z in fp32, truncated to its upper 16 bits, is bf16(u - z) for every byte
-    and whole zero point."""
+    """The arithmetic w8a16_dequant.cuh relies on, emulated bit for bit on the CPU: byte u in the low mantissa
+    byte of fp32 2^23 (0x4B0000uu), minus 2^23 + z in fp32, truncated to its upper 16 bits, is bf16(u - z)
+    for every byte and whole zero point."""
     u = torch.arange(256, dtype=torch.int32).view(-1, 1)
     z = torch.arange(256, dtype=torch.float32).view(1, -1)
     magic = (u | 0x4B000000).view(torch.float32)  # [256, 1]: 2^23 + u

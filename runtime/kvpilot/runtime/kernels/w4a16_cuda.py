@@ -70,10 +70,10 @@ class W4Launch:
 
 def unsupported(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int) -> str | None:
     """Why this kernel cannot run x [M, K] @ W^T (None: it can)."""
-    return int4_cuda_unsupported(x, qweight, scales, bits, COLS, MAX_M)
+    return int_cuda_unsupported(x, qweight, scales, bits, COLS, MAX_M)
 
 
-def int4_cuda_unsupported(
+def int_cuda_unsupported(
     x: torch.Tensor,
     qweight: torch.Tensor,
     scales: torch.Tensor,
@@ -107,7 +107,7 @@ def int4_cuda_unsupported(
 def shape_unsupported(
     m: int, n: int, k: int, group: int, cols: int, max_m: int | None, small_groups: tuple[int, ...] = ()
 ) -> str | None:
-    """int4_cuda_unsupported's shape rule alone (None: the kernel takes the shape)."""
+    """int_cuda_unsupported's shape rule alone (None: the kernel takes the shape)."""
     bad_group = group % TILE != 0 and group not in small_groups
     if m < 1 or (max_m is not None and m > max_m) or k % TILE or n % cols or bad_group:
         tokens = f"1..{max_m}" if max_m is not None else "1+"

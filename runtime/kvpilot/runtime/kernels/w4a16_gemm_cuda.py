@@ -19,7 +19,7 @@ import torch
 
 from .nvrtc import allow_cluster, allow_shared_memory, compile_cuda, launch_pdl, max_active_clusters
 from .triton_utils import num_sms
-from .w4a16_cuda import int4_cuda_unsupported
+from .w4a16_cuda import int_cuda_unsupported
 from .w4a16_gemm_plan import (
     COLS_PER_WARP,
     SMALL_GROUPS,
@@ -40,7 +40,7 @@ BITS = (4, 8)
 def unsupported(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int) -> str | None:
     """Why this kernel cannot run x [M, K] @ W^T (None: it can)."""
     cols = COLS_PER_WARP * WARPS
-    return int4_cuda_unsupported(x, qweight, scales, bits, cols, None, SMALL_GROUPS, BITS)
+    return int_cuda_unsupported(x, qweight, scales, bits, cols, None, SMALL_GROUPS, BITS)
 
 
 @functools.cache

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from .nvrtc import allow_shared_memory, compile_cuda, launch_pdl
-from .w4a16_cuda import int4_cuda_unsupported
+from .w4a16_cuda import int_cuda_unsupported
 
 SOURCE = Path(__file__).with_name("w4a16_resident.cu")
 TILE = 128  # K rows per tile
@@ -71,7 +71,7 @@ def compiled(spec: ResidentSpec) -> Any:
 
 def unsupported(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int) -> str | None:
     """Why this kernel cannot run x [M, K] @ W^T (None: it can)."""
-    why = int4_cuda_unsupported(x, qweight, scales, bits, BLOCK_COLS, MAX_M)
+    why = int_cuda_unsupported(x, qweight, scales, bits, BLOCK_COLS, MAX_M)
     if why is not None:
         return why
     if torch.cuda.get_device_capability(x.device) < (9, 0):
