@@ -125,13 +125,14 @@ def test_every_small_group_build_computes_the_same_gemm(m: int) -> None:
     hopper = torch.cuda.get_device_capability() >= (9, 0)
     plans = [launch_for(m, 2048, 4096, 32, sms(), hopper, biased_max_token_tiles=b) for b in (0, 2)]
     if torch.cuda.get_device_capability() == (9, 0):
-        plans.append(launch_for(m, 2048, 4096, 32, sms(), True, wgmma_from=1))
+        wgmma = launch_for(m, 2048, 4096, 32, sms(), True, wgmma_from=1)
+        plans += [wgmma, dataclasses.replace(wgmma, spec=dataclasses.replace(wgmma.spec, group_wait=True))]
     for slices in (1, 4):
         for plan in plans:
             spec = dataclasses.replace(plan.spec, cluster_reduce=slices > 1 and hopper)
             plan = dataclasses.replace(plan, slices=slices if hopper else 1, spec=spec)
             out = w4a16_gemm(x, qweight, scales, zeros, sms(), plan)
-            torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
+            torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2, msg=str(plan))
 
 
 @pytest.mark.gpu

@@ -70,7 +70,19 @@ def test_the_bytes_become_exact_bf16_through_fp32_two_to_the_23() -> None:
     assert torch.equal(want.float(), u.float() - z)  # and bf16 holds u - z exactly
 
 
-def test_the_sweeps_group_wait_frees_registers_for_a_third_cta(tmp_path: Path) -> None:
+def test_int8_in_small_groups_waits_per_group_where_a_cta_takes_64_tokens() -> None:
+    def waits(m: int, group: int, bits: int = 8) -> bool:
+        plan = launch_for(m, 6144, 4096, group, 132, True, wgmma_from=3, bits=bits)
+        return plan.spec.group_wait and plan.spec.macros()["WGMMA_GROUP_WAIT"] == 1
+
+    assert [waits(m, 32) for m in (16, 32, 33, 64, 128, 256)] == [False, False, True, True, True, True]
+    assert waits(64, 64) and not waits(64, 128) and not waits(64, 4096)  # one group a tile: nothing to wait
+    assert not waits(64, 32, bits=4)  # int4 lost with it
+    held = launch_for(48, 4096, 4096, 32, 132, True, held=lambda spec, s: 64, wgmma_from=3, bits=8)
+    assert held.spec.group_wait and held.spec.stages == 3  # deep_split's extra stage keeps it
+
+
+def test_group_wait_frees_registers_for_a_third_cta(tmp_path: Path) -> None:
     spec = GemmSpec(4, 8, 1, 2, True, wgmma=True, groups_per_tile=4, bits=8)  # int8 g32, 64 tokens
     counts = []
     for group_wait in (False, True):
