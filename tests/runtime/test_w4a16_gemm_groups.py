@@ -126,7 +126,7 @@ def test_every_small_group_build_computes_the_same_gemm(m: int) -> None:
     plans = [launch_for(m, 2048, 4096, 32, sms(), hopper, biased_max_token_tiles=b) for b in (0, 2)]
     if torch.cuda.get_device_capability() == (9, 0):
         wgmma = launch_for(m, 2048, 4096, 32, sms(), True, wgmma_from=1)
-        plans += [wgmma, dataclasses.replace(wgmma, spec=dataclasses.replace(wgmma.spec, group_wait=True))]
+        plans += [wgmma, dataclasses.replace(wgmma, spec=dataclasses.replace(wgmma.spec, wait_steps=2))]
     for slices in (1, 4):
         for plan in plans:
             spec = dataclasses.replace(plan.spec, cluster_reduce=slices > 1 and hopper)

@@ -71,27 +71,39 @@ def test_the_bytes_become_exact_bf16_through_fp32_two_to_the_23() -> None:
 
 
 def test_int8_in_small_groups_waits_per_group_where_a_cta_takes_64_tokens() -> None:
-    def waits(m: int, group: int, bits: int = 8) -> bool:
-        plan = launch_for(m, 6144, 4096, group, 132, True, wgmma_from=3, bits=bits)
-        return plan.spec.group_wait and plan.spec.macros()["WGMMA_GROUP_WAIT"] == 1
+    def wait_steps(m: int, group: int, bits: int = 8) -> int:
+        spec = launch_for(m, 6144, 4096, group, 132, True, wgmma_from=3, bits=bits).spec
+        assert spec.macros()["WGMMA_WAIT_STEPS"] == spec.wait_steps
+        return spec.wait_steps
 
-    assert [waits(m, 32) for m in (16, 32, 33, 64, 128, 256)] == [False, False, True, True, True, True]
-    assert waits(64, 64) and not waits(64, 128) and not waits(64, 4096)  # one group a tile: nothing to wait
-    assert not waits(64, 32, bits=4)  # int4 lost with it
+    assert [wait_steps(m, 32) for m in (16, 32, 33, 64, 128, 256)] == [0, 0, 2, 2, 2, 2]  # a group: 2 k-steps
+    assert [wait_steps(64, group) for group in (64, 128, 4096)] == [4, 0, 0]  # 128+: one wait a tile
+    assert wait_steps(64, 32, bits=4) == 0  # int4 lost with it
     held = launch_for(48, 4096, 4096, 32, 132, True, held=lambda spec, s: 64, wgmma_from=3, bits=8)
-    assert held.spec.group_wait and held.spec.stages == 3  # deep_split's extra stage keeps it
+    assert held.spec.wait_steps == 2 and held.spec.stages == 3  # deep_split's extra stage keeps it
 
 
-def test_group_wait_frees_registers_for_a_third_cta(tmp_path: Path) -> None:
+def test_waiting_per_group_frees_registers_for_a_third_cta(tmp_path: Path) -> None:
     spec = GemmSpec(4, 8, 1, 2, True, wgmma=True, groups_per_tile=4, bits=8)  # int8 g32, 64 tokens
     counts = []
-    for group_wait in (False, True):
-        code = ptx(SOURCE, dataclasses.replace(spec, group_wait=group_wait).macros(), arch="90a")
+    for wait_steps in (0, 2):
+        code = ptx(SOURCE, dataclasses.replace(spec, wait_steps=wait_steps).macros(), arch="90a")
         registers, spills, report = sm90_resources(code, tmp_path, arch="90a")
         assert spills == 0, report
         counts.append(registers)
-        assert code.count(b"wgmma.wait_group") == (5 if group_wait else 1)  # 4 groups, then the tile's
+        assert code.count(b"wgmma.wait_group") == (5 if wait_steps else 1)  # 4 groups, then the tile's
     assert counts[1] <= 168 < counts[0]  # 168: 3 CTAs of 4 warps an SM (182 without: 2)
+
+
+def test_waits_every_2_or_4_k_steps_whatever_the_groups(tmp_path: Path) -> None:
+    spec = GemmSpec(4, 8, 32, 2, True, wgmma=True, bits=8)  # int8 per channel, 64 tokens
+    for wait_steps, waits in ((2, 5), (4, 3)):  # after every 2 / 4 of the tile's 8 k-steps, then the tile's
+        code = ptx(SOURCE, dataclasses.replace(spec, wait_steps=wait_steps).macros(), arch="90a")
+        registers, spills, report = sm90_resources(code, tmp_path, arch="90a")
+        assert spills == 0 and registers <= 168, report
+        assert code.count(b"wgmma.wait_group") == waits
+    with pytest.raises(AssertionError, match="WGMMA_WAIT_STEPS 0"):
+        ptx(SOURCE, dataclasses.replace(spec, wait_steps=3).macros(), arch="90a")
 
 
 def test_an_int8_build_refuses_the_biased_mmas() -> None:
@@ -133,7 +145,11 @@ def test_every_int8_build_computes_the_same_gemm(m: int) -> None:
     plans += [launch_for(m, 2048, 4096, 32, sms(), hopper, stages=s, bits=8) for s in (2, 4)]
     if torch.cuda.get_device_capability() == (9, 0):
         wgmma = launch_for(m, 2048, 4096, 32, sms(), True, wgmma_from=1, bits=8)
-        plans += [wgmma, dataclasses.replace(wgmma, spec=dataclasses.replace(wgmma.spec, group_wait=True))]
+        spec = wgmma.spec
+        plans += [
+            wgmma,
+            *(dataclasses.replace(wgmma, spec=dataclasses.replace(spec, wait_steps=s)) for s in (2, 4)),
+        ]
     for slices in (1, 4):
         for plan in plans:
             spec = dataclasses.replace(plan.spec, cluster_reduce=slices > 1 and hopper)

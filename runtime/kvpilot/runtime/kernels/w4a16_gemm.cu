@@ -2,8 +2,9 @@
 // N] = x [M, K] W^T, the weight in the canonical layout of quant_reference.py (int4: qweight int32 [K/8, N],
 // value j of word row 16T + r is K row 128T + 16j + r; int8: [K/4, N], byte j of word row 32T + r is K row
 // 128T + 32j + r; scales, zeros bf16 [K/G, N]). w4a16_gemm_cuda.py compiles it with NVRTC and macros:
-//   BITS (4, or 8: w8a16_dequant.cuh takes the words apart; dequantizing builds only), WGMMA_GROUP_WAIT (1:
-//   WGMMA builds wait for each group of 32 / 64 rows but the last one issued; w4a16_gemm_plan.GemmSpec),
+//   BITS (4, or 8: w8a16_dequant.cuh takes the words apart; dequantizing builds only), WGMMA_WAIT_STEPS (2
+//   or 4: WGMMA builds wait, every that many k-steps, for all but the last wgmmas issued; 0: once a tile;
+//   w4a16_gemm_plan.GemmSpec.wait_steps),
 //   WARPS (each warp owns 32 output columns: a CTA takes BN = 32 WARPS), NT (token tiles of 8, 1..8: a CTA
 //   takes BM = 8 NT tokens, grid.z more token blocks), STAGES (K tiles in flight through the cp.async ring),
 //   TILES_PER_GROUP (G / 128; 1 below 128), GROUPS_PER_TILE (128 / G for groups of 32 or 64 rows, else 1),
@@ -52,8 +53,11 @@ typedef unsigned short u16;
 #ifndef BITS
 #define BITS 4
 #endif
-#ifndef WGMMA_GROUP_WAIT
-#define WGMMA_GROUP_WAIT 0
+#ifndef WGMMA_WAIT_STEPS
+#define WGMMA_WAIT_STEPS 0
+#endif
+#if WGMMA_WAIT_STEPS != 0 && WGMMA_WAIT_STEPS != 2 && WGMMA_WAIT_STEPS != 4
+#error "WGMMA_WAIT_STEPS 0 (a wait a tile), 2 or 4"
 #endif
 #if BITS != 4 && (BITS != 8 || BIASED)
 #error "BITS 4, or 8 in dequantizing builds (128 + q is no bf16 past 7 bits)"

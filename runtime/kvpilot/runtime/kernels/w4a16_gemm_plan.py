@@ -67,8 +67,8 @@ WGMMA_TOKEN_TILES = (2, 4, 8, 16)
 # against 214.1 / 459.7 and 233.2 / 362.3, down 88.8 / 168.9 against 153.6 / 271.5 and 112.8 / 171.4, but qkv
 # 67.4 / 111.4 against 51.3 / 112.1 and 56.3 / 87.9; slower than 64-token CTAs at 129-384 tokens everywhere.
 WGMMA_MAX_TOKEN_TILES = 16
-# int8 WGMMA builds with groups of 32 / 64 at 64 tokens a CTA wait for each group's wgmmas
-# (GemmSpec.group_wait): int8 groups of 32 then take 157 registers against 182, so 3 CTAs an SM, not 2.
+# int8 WGMMA builds with groups of 32 / 64 at 64 tokens a CTA wait for each group's wgmmas (GemmSpec
+# .wait_steps = the group's k-steps): int8 groups of 32 then take 157 registers against 182, so 3 CTAs an SM.
 # H100, µs without -> with, groups of 32 (twenty-fourth session): at 40 tokens gate_up 65.9 -> 44.6, down
 # 42.8 -> 33.4 (qkv, o tie); the layer's four at 64 tokens 138.3 -> 115.6, at 128 259.3 -> 175.9, at 256
 # 338.4 -> 311.1 (o and down lost 1.5 / 5.5 there); groups of 64 gained or tied in every layer at 40-256.
@@ -92,9 +92,9 @@ class GemmSpec:
     groups_per_tile: int = 1  # 128 / G for groups of 32 or 64 rows (tiles_per_group 1)
     offsets: bool = False  # a bf16 offset per group and column added to the weight (a GGUF grid's zero)
     bits: int = 4  # 8: int8 words (w8a16_dequant.cuh), dequantizing builds only
-    # WGMMA with groups of 32 / 64: each group's wgmmas committed, then all but the last group's awaited, so
-    # its A registers free early (launch_for: GROUP_WAIT_TOKEN_TILES)
-    group_wait: bool = False
+    # WGMMA: every wait_steps k-steps (2 or 4) the wgmmas issued are committed and all but the newest group
+    # awaited, so the A registers of the steps before free early (0: one wait a tile; GROUP_WAIT_TOKEN_TILES)
+    wait_steps: int = 0
 
     @property
     def block_n(self) -> int:
@@ -116,7 +116,7 @@ class GemmSpec:
             "GROUPS_PER_TILE": self.groups_per_tile,
             "OFFSETS": int(self.offsets),
             "BITS": self.bits,
-            "WGMMA_GROUP_WAIT": int(self.group_wait),
+            "WGMMA_WAIT_STEPS": self.wait_steps,
         }
 
     def shared_bytes(self) -> int:
@@ -174,7 +174,7 @@ def launch_for(
     take deep_split's build. wgmma_from (> 0 on sm_90, which has warpgroup mmas; the dispatch passes
     WGMMA_FIRST_TOKEN_TILES): from that many token tiles, CTAs of 16, 32 or 64 tokens take the WGMMA build.
     offsets: the weight has per-group offsets (GemmSpec.offsets). bits: 4, or 8 (never biased; in groups of
-    32 / 64 its 64-token WGMMA CTAs take group_wait)."""
+    32 / 64 its 64-token WGMMA CTAs wait per group)."""
     blocks_m = -(-m // (8 * max_token_tiles))
     token_tiles = real_tiles = -(-m // (8 * blocks_m))
     wide_m = max_token_tiles in (MAX_TOKEN_TILES, WGMMA_MAX_TOKEN_TILES)
@@ -206,9 +206,10 @@ def launch_for(
         stages = max(2, min(MAX_STAGES, budget // one))
     tiles_per_group = max(1, group // TILE)
     group_wait = wgmma and bits == 8 and groups_per_tile > 1 and token_tiles == GROUP_WAIT_TOKEN_TILES
+    wait_steps = TILE // 16 // groups_per_tile if group_wait else 0  # a group's k-steps of 16 rows
     spec = GemmSpec(
         warps, token_tiles, tiles_per_group, stages, slices > 1, biased, wgmma, groups_per_tile,
-        offsets, bits, group_wait,
+        offsets, bits, wait_steps,
     )  # fmt: skip
     plan = GemmLaunch(spec, slices, blocks_m)
     if hopper and held is not None and budget_stages:

@@ -96,7 +96,8 @@ __device__ __forceinline__ void wgmma_tokens<16>(float (&d)[16][4], const u32 (&
 
 // acc[c] += this warp's 32 columns x the CTA's BM tokens over one K tile: each k-step's A fragments are
 // dequantized into registers of their own (the wgmmas read them asynchronously until the wait), then its two
-// wgmmas are issued; one wait at the tile's end frees the registers and the stage.
+// wgmmas are issued; one wait at the tile's end frees the registers and the stage (WGMMA_WAIT_STEPS: earlier
+// waits free the registers of all but the last steps issued, so fewer are live at once).
 __device__ __forceinline__ void mma_stage_wgmma(float (&acc)[2][NT][4], const char* stage, const char* x, int warp,
                                                 int lane) {
     const int g = lane >> 2;
@@ -114,11 +115,13 @@ __device__ __forceinline__ void mma_stage_wgmma(float (&acc)[2][NT][4], const ch
             wgmma_fence();  // this step's A registers (and the sums) are written before the wgmmas read them
 #pragma unroll
             for (int c = 0; c < 2; ++c) wgmma_tokens<NT>(acc[c], a[j][c], x_descriptor(base, j));
-        }
-#if WGMMA_GROUP_WAIT  // a group's A registers free once the next group is issued (sweep-only, see GemmSpec)
-        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+#if WGMMA_WAIT_STEPS  // the steps before the last WGMMA_WAIT_STEPS free their A registers (GemmSpec.wait_steps)
+            if ((j + 1) % WGMMA_WAIT_STEPS == 0) {
+                asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+                asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+            }
 #endif
+        }
     }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
