@@ -102,6 +102,13 @@ def test_waits_every_2_or_4_k_steps_whatever_the_groups(tmp_path: Path) -> None:
         registers, spills, report = sm90_resources(code, tmp_path, arch="90a")
         assert spills == 0 and registers <= 168, report
         assert code.count(b"wgmma.wait_group") == waits
+    # one K slice (gate_up at 65-128 tokens): 196 registers, 2 CTAs an SM; waiting every 2 steps fits 3
+    single = dataclasses.replace(spec, cluster_reduce=False)
+    counts = []
+    for wait_steps in (0, 2):
+        code = ptx(SOURCE, dataclasses.replace(single, wait_steps=wait_steps).macros(), arch="90a")
+        counts.append(sm90_resources(code, tmp_path, arch="90a")[0])
+    assert counts[1] <= 168 < counts[0]
     with pytest.raises(AssertionError, match="WGMMA_WAIT_STEPS 0"):
         ptx(SOURCE, dataclasses.replace(spec, wait_steps=3).macros(), arch="90a")
 
@@ -135,16 +142,17 @@ def test_int8_matches_the_reference(m: int, n: int, k: int, group: int, sym: boo
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 8, 16, 48, 64])
-def test_every_int8_build_computes_the_same_gemm(m: int) -> None:
+@pytest.mark.parametrize("group", [32, 4096], ids=["g32", "per-channel"])
+def test_every_int8_build_computes_the_same_gemm(m: int, group: int) -> None:
     from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
 
-    x, qweight, scales, zeros = int4_case(m, 2048, 4096, 32, False, seed=m, bits=8)
+    x, qweight, scales, zeros = int4_case(m, 2048, 4096, group, False, seed=m, bits=8)
     want = reference_gemm(x, qweight, scales, zeros)
     hopper = torch.cuda.get_device_capability() >= (9, 0)
-    plans = [launch_for(m, 2048, 4096, 32, sms(), hopper, warps=w, bits=8) for w in (4, 8)]
-    plans += [launch_for(m, 2048, 4096, 32, sms(), hopper, stages=s, bits=8) for s in (2, 4)]
+    plans = [launch_for(m, 2048, 4096, group, sms(), hopper, warps=w, bits=8) for w in (4, 8)]
+    plans += [launch_for(m, 2048, 4096, group, sms(), hopper, stages=s, bits=8) for s in (2, 4)]
     if torch.cuda.get_device_capability() == (9, 0):
-        wgmma = launch_for(m, 2048, 4096, 32, sms(), True, wgmma_from=1, bits=8)
+        wgmma = launch_for(m, 2048, 4096, group, sms(), True, wgmma_from=1, bits=8)
         spec = wgmma.spec
         plans += [
             wgmma,
