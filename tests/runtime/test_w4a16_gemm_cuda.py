@@ -14,7 +14,7 @@ from kvpilot.runtime.kernels.w4a16_gemm_cuda import SOURCE, unsupported
 from kvpilot.runtime.kernels.w4a16_gemm_plan import GemmSpec, launch_for
 
 from tests.runtime.nvrtc_offline import ptx, sm90_resources
-from tests.runtime.w4a16_cases import h200_held, int4_case, reference_gemm, sms
+from tests.runtime.w4a16_cases import h200_held, int4_case, reference_gemm, sliced, sms
 
 
 @pytest.mark.parametrize(
@@ -199,14 +199,11 @@ def test_biased_and_dequantizing_builds_compute_the_same_gemm(m: int, sym: bool)
 @pytest.mark.parametrize(("warps", "stages"), [(4, 2), (4, 4), (8, 3)])
 @pytest.mark.parametrize("m", [5, 16, 48])  # 5, 16: biased builds
 def test_every_build_and_slicing_computes_the_same_gemm(m: int, slices: int, warps: int, stages: int) -> None:
-    import dataclasses
-
     from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
 
     x, qweight, scales, zeros = int4_case(m, 2048, 4096, 128, False, seed=slices)
     plan = launch_for(m, 2048, 4096, 128, sms(), True, warps, stages)
-    spec = dataclasses.replace(plan.spec, cluster_reduce=slices > 1)
-    plan = dataclasses.replace(plan, slices=slices, spec=spec)
+    plan = sliced(plan, slices)
     out = w4a16_gemm(x, qweight, scales, zeros, sms(), plan)
     want = reference_gemm(x, qweight, scales, zeros, biased=plan.spec.biased)
     torch.testing.assert_close(out.float(), want, atol=1e-2, rtol=1e-2)
@@ -234,8 +231,7 @@ def test_the_wgmma_build_computes_the_mma_sync_builds_gemm(m: int, slices: int, 
         pytest.skip("warpgroup mmas are sm_90a's")
     x, qweight, scales, zeros = int4_case(m, 2048, 4096, 128, False, seed=m + slices)
     plan = launch_for(m, 2048, 4096, 128, sms(), True, stages=stages, wgmma_from=2)
-    spec = dataclasses.replace(plan.spec, cluster_reduce=slices > 1)
-    plan = dataclasses.replace(plan, slices=slices, spec=spec)
+    plan = sliced(plan, slices)
     assert plan.spec.wgmma and plan.spec.token_tiles == (2 if m <= 16 else 4 if m <= 32 else 8)
     sync = dataclasses.replace(plan, spec=dataclasses.replace(plan.spec, wgmma=False))
     out = w4a16_gemm(x, qweight, scales, zeros, sms(), plan)
@@ -294,8 +290,7 @@ def test_128_token_ctas_compute_the_64_token_ctas_gemm(m: int, slices: int, stag
         pytest.skip("warpgroup mmas are sm_90a's")
     x, qweight, scales, zeros = int4_case(m, 2048, 4096, 128, False, seed=m + slices)
     wide = launch_for(m, 2048, 4096, 128, sms(), True, stages=stages, wgmma_from=3, max_token_tiles=16)
-    spec = dataclasses.replace(wide.spec, cluster_reduce=slices > 1)
-    wide = dataclasses.replace(wide, slices=slices, spec=spec)
+    wide = sliced(wide, slices)
     assert wide.spec.token_tiles == WGMMA_MAX_TOKEN_TILES and wide.token_blocks == -(-m // 128)
     out = w4a16_gemm(x, qweight, scales, zeros, sms(), wide)
     torch.testing.assert_close(out.float(), reference_gemm(x, qweight, scales, zeros), atol=1e-2, rtol=1e-2)

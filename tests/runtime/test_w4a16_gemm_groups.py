@@ -15,7 +15,14 @@ from kvpilot.runtime.kernels.w4a16_gemm_cuda import SOURCE, unsupported
 from kvpilot.runtime.kernels.w4a16_gemm_plan import GemmSpec, launch_for, preferred, stage_bytes, warm_up_ms
 
 from tests.runtime.nvrtc_offline import ptx, sm90_resources
-from tests.runtime.w4a16_cases import h200_held, int4_case, reference_gemm, sms
+from tests.runtime.w4a16_cases import (
+    assert_every_plan_computes,
+    h200_held,
+    int4_case,
+    reference_gemm,
+    sms,
+    with_wait,
+)
 
 
 @pytest.mark.parametrize(("group", "per_tile"), [(32, 4), (64, 2), (128, 1), (256, 1), (4096, 1)])
@@ -118,21 +125,13 @@ def test_small_groups_match_the_reference(m: int, n: int, k: int, group: int, sy
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [8, 16, 48])
 def test_every_small_group_build_computes_the_same_gemm(m: int) -> None:
-    from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
-
-    x, qweight, scales, zeros = int4_case(m, 2048, 4096, 32, False, seed=m)
-    want = reference_gemm(x, qweight, scales, zeros, biased=False)
+    case = int4_case(m, 2048, 4096, 32, False, seed=m)
     hopper = torch.cuda.get_device_capability() >= (9, 0)
     plans = [launch_for(m, 2048, 4096, 32, sms(), hopper, biased_max_token_tiles=b) for b in (0, 2)]
     if torch.cuda.get_device_capability() == (9, 0):
         wgmma = launch_for(m, 2048, 4096, 32, sms(), True, wgmma_from=1)
-        plans += [wgmma, dataclasses.replace(wgmma, spec=dataclasses.replace(wgmma.spec, wait_steps=2))]
-    for slices in (1, 4):
-        for plan in plans:
-            spec = dataclasses.replace(plan.spec, cluster_reduce=slices > 1 and hopper)
-            plan = dataclasses.replace(plan, slices=slices if hopper else 1, spec=spec)
-            out = w4a16_gemm(x, qweight, scales, zeros, sms(), plan)
-            torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2, msg=str(plan))
+        plans += [wgmma, with_wait(wgmma, 2)]
+    assert_every_plan_computes(reference_gemm(*case, biased=False), case, plans)
 
 
 @pytest.mark.gpu

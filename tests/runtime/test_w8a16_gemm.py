@@ -20,7 +20,7 @@ from tests.runtime.test_w4a16_cuda import (
     spy_on,
     tiny_int4_checkpoint,
 )
-from tests.runtime.w4a16_cases import int4_case, reference_gemm, sms
+from tests.runtime.w4a16_cases import assert_every_plan_computes, int4_case, reference_gemm, sms, with_wait
 
 
 def test_int8_builds_stage_twice_the_words_and_never_bias() -> None:
@@ -144,26 +144,14 @@ def test_int8_matches_the_reference(m: int, n: int, k: int, group: int, sym: boo
 @pytest.mark.parametrize("m", [1, 8, 16, 48, 64])
 @pytest.mark.parametrize("group", [32, 4096], ids=["g32", "per-channel"])
 def test_every_int8_build_computes_the_same_gemm(m: int, group: int) -> None:
-    from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
-
-    x, qweight, scales, zeros = int4_case(m, 2048, 4096, group, False, seed=m, bits=8)
-    want = reference_gemm(x, qweight, scales, zeros)
+    case = int4_case(m, 2048, 4096, group, False, seed=m, bits=8)
     hopper = torch.cuda.get_device_capability() >= (9, 0)
     plans = [launch_for(m, 2048, 4096, group, sms(), hopper, warps=w, bits=8) for w in (4, 8)]
     plans += [launch_for(m, 2048, 4096, group, sms(), hopper, stages=s, bits=8) for s in (2, 4)]
     if torch.cuda.get_device_capability() == (9, 0):
         wgmma = launch_for(m, 2048, 4096, group, sms(), True, wgmma_from=1, bits=8)
-        spec = wgmma.spec
-        plans += [
-            wgmma,
-            *(dataclasses.replace(wgmma, spec=dataclasses.replace(spec, wait_steps=s)) for s in (2, 4)),
-        ]
-    for slices in (1, 4):
-        for plan in plans:
-            spec = dataclasses.replace(plan.spec, cluster_reduce=slices > 1 and hopper)
-            plan = dataclasses.replace(plan, slices=slices if hopper else 1, spec=spec)
-            out = w4a16_gemm(x, qweight, scales, zeros, sms(), plan)
-            torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2, msg=str(plan))
+        plans += [wgmma, with_wait(wgmma, 2), with_wait(wgmma, 4)]
+    assert_every_plan_computes(reference_gemm(*case), case, plans)
 
 
 @pytest.mark.gpu

@@ -1,12 +1,15 @@
 """Shared pieces of the int4 / int8 kernel tests (test_w4a16_cuda.py, test_w4a16_gemm_cuda.py,
 test_w8a16_gemm.py, test_w4a16_gemm_groups.py, test_w4a16_resident.py): a quantized case, its reference
-GEMM, the GPU's SM count and the H200's held-cluster counts."""
+GEMM, plans varied (K slices, waits) and run side by side, the GPU's SM count and the H200's held-cluster
+counts."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from kvpilot.runtime.kernels.quant_reference import dequantize_int_ref
-from kvpilot.runtime.kernels.w4a16_gemm_plan import GemmSpec
+from kvpilot.runtime.kernels.w4a16_gemm_plan import GemmLaunch, GemmSpec
 from kvpilot.runtime.quant.int_weight import quantize_rtn
 
 # cuOccupancyMaxActiveClusters on the H200 (fourteenth session) for the 4-warp builds at 33-64 tokens:
@@ -44,3 +47,28 @@ def reference_gemm(
 
 def sms() -> int:
     return torch.cuda.get_device_properties(0).multi_processor_count
+
+
+def sliced(plan: GemmLaunch, slices: int) -> GemmLaunch:
+    """plan with K split in this many slices (meeting in a cluster past one)."""
+    return dataclasses.replace(
+        plan, slices=slices, spec=dataclasses.replace(plan.spec, cluster_reduce=slices > 1)
+    )
+
+
+def with_wait(plan: GemmLaunch, steps: int) -> GemmLaunch:
+    """plan whose WGMMA build waits every `steps` k-steps (GemmSpec.wait_steps)."""
+    return dataclasses.replace(plan, spec=dataclasses.replace(plan.spec, wait_steps=steps))
+
+
+def assert_every_plan_computes(
+    want: torch.Tensor, case: tuple[torch.Tensor, ...], plans: list[GemmLaunch]
+) -> None:
+    """Each plan, in one K slice and (on sm_90) in 4, gives want from case (x, qweight, scales, zeros)."""
+    from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
+
+    hopper = torch.cuda.get_device_capability() >= (9, 0)
+    for slices in (1, 4) if hopper else (1,):
+        for plan in plans:
+            out = w4a16_gemm(*case, sms(), sliced(plan, slices))
+            torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2, msg=str(plan))

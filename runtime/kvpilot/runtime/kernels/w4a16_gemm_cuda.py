@@ -32,9 +32,7 @@ from .w4a16_gemm_plan import (
 )
 
 SOURCE = Path(__file__).with_name("w4a16_gemm.cu")
-
-
-BITS = (4, 8)
+BITS = (4, 8)  # the weight bits its builds take (BITS 8: w8a16_dequant.cuh)
 
 
 def unsupported(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int) -> str | None:

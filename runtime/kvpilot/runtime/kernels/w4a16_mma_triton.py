@@ -294,7 +294,7 @@ def warm_up_mma(
     for top in tops:
         x = torch.zeros(top, k, device=qweight.device, dtype=dtype)
         int_gemm_mma(x, qweight, scales, zeros, bits, None, counters, cuda_kernel=False, offsets=offsets)
-    if bits in (4, 8) and tops and qweight.is_cuda:  # the dispatch's CUDA GEMM, up to its most tokens
+    if tops and qweight.is_cuda:  # the dispatch's CUDA GEMM (takes: int4 / int8), up to its most tokens
         from .w4a16_gemm_cuda import takes, w4a16_gemm
         from .w4a16_gemm_plan import PREFERRED_M, warm_up_ms
 

@@ -19,8 +19,8 @@ class IntWeight:
     fractional zero point (GGUF Q4_1's -m / d, say) would be rounded there and not in the references.
     from_unpacked refuses one; from_affine keeps it as a whole zero plus `offsets` [K/G, N], a constant added
     to every weight of its group: W^T = s (q - z) + offset, so x W^T = the kernels' GEMM + (x's group sums)
-    offsets (`add_offsets`). The int4 CUDA GEMM adds them itself (w4a16_gemm.cu, OFFSETS); the other kernels
-    are untouched and the dispatch adds the term after them."""
+    offsets (`add_offsets`). The CUDA GEMM adds them itself (w4a16_gemm.cu, OFFSETS, int4 and int8); the
+    other kernels are untouched and the dispatch adds the term after them."""
 
     qweight: torch.Tensor
     scales: torch.Tensor
