@@ -11,7 +11,14 @@ import pytest
 import torch
 from kvpilot.runtime.kernels.quant_reference import dequantize_int_ref
 from kvpilot.runtime.kernels.w4a16_gemm_cuda import SOURCE, unsupported
-from kvpilot.runtime.kernels.w4a16_gemm_plan import GemmSpec, launch_for, preferred, stage_bytes, warm_up_ms
+from kvpilot.runtime.kernels.w4a16_gemm_plan import (
+    TILE,
+    GemmSpec,
+    launch_for,
+    preferred,
+    stage_bytes,
+    warm_up_ms,
+)
 
 from tests.runtime.nvrtc_offline import ptx, sm90_resources
 from tests.runtime.test_w4a16_cuda import (
@@ -70,45 +77,42 @@ def test_the_bytes_become_exact_bf16_through_fp32_two_to_the_23() -> None:
     assert torch.equal(want.float(), u.float() - z)  # and bf16 holds u - z exactly
 
 
-def test_int8_in_small_groups_waits_per_group_where_a_cta_takes_64_tokens() -> None:
+def test_int8_waits_where_a_cta_takes_64_tokens_to_fit_three_an_sm() -> None:
     def wait_steps(m: int, group: int, bits: int = 8) -> int:
         spec = launch_for(m, 6144, 4096, group, 132, True, wgmma_from=3, bits=bits).spec
         assert spec.macros()["WGMMA_WAIT_STEPS"] == spec.wait_steps
         return spec.wait_steps
 
     assert [wait_steps(m, 32) for m in (16, 32, 33, 64, 128, 256)] == [0, 0, 2, 2, 2, 2]  # a group: 2 k-steps
-    assert [wait_steps(64, group) for group in (64, 128, 4096)] == [4, 0, 0]  # 128+: one wait a tile
+    assert [wait_steps(64, group) for group in (64, 128, 4096)] == [4, 4, 0]  # clustered per channel fits
+    gate_up = [launch_for(128, 24576, 4096, g, 132, True, wgmma_from=3, bits=8).spec for g in (64, 128, 4096)]
+    assert [(spec.cluster_reduce, spec.wait_steps) for spec in gate_up] == [
+        (False, 4),
+        (False, 2),
+        (False, 2),
+    ]
     assert wait_steps(64, 32, bits=4) == 0  # int4 lost with it
     held = launch_for(48, 4096, 4096, 32, 132, True, held=lambda spec, s: 64, wgmma_from=3, bits=8)
     assert held.spec.wait_steps == 2 and held.spec.stages == 3  # deep_split's extra stage keeps it
 
 
-def test_waiting_per_group_frees_registers_for_a_third_cta(tmp_path: Path) -> None:
-    spec = GemmSpec(4, 8, 1, 2, True, wgmma=True, groups_per_tile=4, bits=8)  # int8 g32, 64 tokens
-    counts = []
-    for wait_steps in (0, 2):
-        code = ptx(SOURCE, dataclasses.replace(spec, wait_steps=wait_steps).macros(), arch="90a")
-        registers, spills, report = sm90_resources(code, tmp_path, arch="90a")
-        assert spills == 0, report
-        counts.append(registers)
-        assert code.count(b"wgmma.wait_group") == (5 if wait_steps else 1)  # 4 groups, then the tile's
-    assert counts[1] <= 168 < counts[0]  # 168: 3 CTAs of 4 warps an SM (182 without: 2)
+@pytest.mark.parametrize("group", [32, 64, 128, 4096])
+@pytest.mark.parametrize("n", [6144, 24576])  # qkv: K slices in a cluster; gate_up: one K slice
+def test_every_int8_build_at_64_tokens_a_cta_fits_three_an_sm(tmp_path: Path, group: int, n: int) -> None:
+    spec = launch_for(128, n, 4096, group, 132, True, wgmma_from=3, bits=8).spec
+    assert spec.token_tiles == 8 and spec.cluster_reduce == (n == 6144)
+    code = ptx(SOURCE, spec.macros(), arch="90a")
+    registers, spills, report = sm90_resources(code, tmp_path, arch="90a")
+    assert spills == 0 and registers <= 168, report  # 168: 3 CTAs of 4 warps an SM
+    waits = TILE // 16 // spec.wait_steps + 1 if spec.wait_steps else 1  # after every wait_steps, the tile's
+    assert code.count(b"wgmma.wait_group") == waits
+    if spec.wait_steps:  # and the wait is what fits it: without, 2 CTAs an SM
+        plain = ptx(SOURCE, dataclasses.replace(spec, wait_steps=0).macros(), arch="90a")
+        assert sm90_resources(plain, tmp_path, arch="90a")[0] > 168
 
 
-def test_waits_every_2_or_4_k_steps_whatever_the_groups(tmp_path: Path) -> None:
+def test_a_wait_other_than_2_or_4_k_steps_does_not_build() -> None:
     spec = GemmSpec(4, 8, 32, 2, True, wgmma=True, bits=8)  # int8 per channel, 64 tokens
-    for wait_steps, waits in ((2, 5), (4, 3)):  # after every 2 / 4 of the tile's 8 k-steps, then the tile's
-        code = ptx(SOURCE, dataclasses.replace(spec, wait_steps=wait_steps).macros(), arch="90a")
-        registers, spills, report = sm90_resources(code, tmp_path, arch="90a")
-        assert spills == 0 and registers <= 168, report
-        assert code.count(b"wgmma.wait_group") == waits
-    # one K slice (gate_up at 65-128 tokens): 196 registers, 2 CTAs an SM; waiting every 2 steps fits 3
-    single = dataclasses.replace(spec, cluster_reduce=False)
-    counts = []
-    for wait_steps in (0, 2):
-        code = ptx(SOURCE, dataclasses.replace(single, wait_steps=wait_steps).macros(), arch="90a")
-        counts.append(sm90_resources(code, tmp_path, arch="90a")[0])
-    assert counts[1] <= 168 < counts[0]
     with pytest.raises(AssertionError, match="WGMMA_WAIT_STEPS 0"):
         ptx(SOURCE, dataclasses.replace(spec, wait_steps=3).macros(), arch="90a")
 

@@ -205,8 +205,8 @@ def launch_for(
         one = stage_bytes(warps, token_tiles, groups_per_tile, offsets, bits)
         stages = max(2, min(MAX_STAGES, budget // one))
     tiles_per_group = max(1, group // TILE)
-    group_wait = wgmma and bits == 8 and groups_per_tile > 1 and token_tiles == GROUP_WAIT_TOKEN_TILES
-    wait_steps = TILE // 16 // groups_per_tile if group_wait else 0  # a group's k-steps of 16 rows
+    wait_steps = int8_wait_steps(groups_per_tile, tiles_per_group, slices > 1) if wgmma and bits == 8 else 0
+    wait_steps = wait_steps if token_tiles == GROUP_WAIT_TOKEN_TILES else 0
     spec = GemmSpec(
         warps, token_tiles, tiles_per_group, stages, slices > 1, biased, wgmma, groups_per_tile,
         offsets, bits, wait_steps,
@@ -215,6 +215,19 @@ def launch_for(
     if hopper and held is not None and budget_stages:
         return occupancy_launch(plan, blocks, tiles, real_tiles, held)
     return plan
+
+
+def int8_wait_steps(groups_per_tile: int, tiles_per_group: int, clustered: bool) -> int:
+    """GemmSpec.wait_steps of an int8 WGMMA build at 64 tokens a CTA: the wait that brings it to 168
+    registers or fewer, 3 CTAs of 4 warps an SM (ptxas, sm_90a; the table in BENCHMARKS, twenty-fourth
+    session). Groups of 32 / 64 wait per group (182 / 172 registers clustered, 196 / 199 in one slice, ->
+    157-168); in groups of 128 or per channel, one K slice waits every 2 k-steps (196 -> 166; every 4: 185),
+    clustered groups of 128 every 4 (174 -> 165); per channel clustered fits already (168)."""
+    if groups_per_tile > 1:
+        return TILE // 16 // groups_per_tile  # a group's k-steps of 16 rows
+    if not clustered:
+        return 2
+    return 4 if tiles_per_group == 1 else 0
 
 
 def occupancy_launch(plan: GemmLaunch, clusters: int, tiles: int, real_tiles: int, held: Held) -> GemmLaunch:
