@@ -67,13 +67,16 @@ WGMMA_TOKEN_TILES = (2, 4, 8, 16)
 # against 214.1 / 459.7 and 233.2 / 362.3, down 88.8 / 168.9 against 153.6 / 271.5 and 112.8 / 171.4, but qkv
 # 67.4 / 111.4 against 51.3 / 112.1 and 56.3 / 87.9; slower than 64-token CTAs at 129-384 tokens everywhere.
 WGMMA_MAX_TOKEN_TILES = 16
-# int8 WGMMA builds with groups of 32 / 64 at 64 tokens a CTA wait for each group's wgmmas (GemmSpec
-# .wait_steps = the group's k-steps): int8 groups of 32 then take 157 registers against 182, so 3 CTAs an SM.
+# int8 WGMMA builds at 64 tokens a CTA wait for their wgmmas every 2 or 4 k-steps where that takes them to 3
+# CTAs an SM (int8_wait_steps): int8 groups of 32 then take 157 registers against 182.
 # H100, µs without -> with, groups of 32 (twenty-fourth session): at 40 tokens gate_up 65.9 -> 44.6, down
 # 42.8 -> 33.4 (qkv, o tie); the layer's four at 64 tokens 138.3 -> 115.6, at 128 259.3 -> 175.9, at 256
 # 338.4 -> 311.1 (o and down lost 1.5 / 5.5 there); groups of 64 gained or tied in every layer at 40-256.
 # It lost where a CTA takes 32 tokens (groups of 32: 98.1 -> 108.8 over the layer) and for int4 (groups of
-# 32 at 64 tokens: gate_up 34.7 -> 42.6).
+# 32 at 64 tokens: gate_up 34.7 -> 42.6). Per channel and groups of 128 (twenty-fifth session, H100):
+# one-slice gate_up at 96 / 128 / 256 tokens 111.3 / 103.9 / 154.8 -> 71.7 / 70.0 / 140.9 per channel; in
+# groups of 128 the layer's four at 48 / 64 / 128 / 256 tokens 133.6 / 136.2 / 247.6 / 341.4 -> 101.8 / 106.6
+# / 163.6 / 286.8 (their clustered builds waiting every 2 instead of 4 tied within 1 us).
 GROUP_WAIT_TOKEN_TILES = 8
 Held = Callable[["GemmSpec", int], int]  # clusters of (build, slices) the GPU holds at once
 
