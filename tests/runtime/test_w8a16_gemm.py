@@ -41,6 +41,15 @@ def test_int8_builds_stage_twice_the_words_and_never_bias() -> None:
     assert launch_for(1, 6144, 4096, 4096, 132, True, bits=8).spec.stages == 3  # 21 KB a stage in 75 KB
 
 
+def test_int8_splits_a_long_k_within_a_portable_cluster() -> None:
+    def slices(m: int, bits: int, group: int = 128) -> int:
+        return launch_for(m, 4096, 12288, group, 132, True, wgmma_from=3, bits=bits).slices
+
+    assert [slices(m, 4) for m in (40, 64)] == [16, 16]  # int4: slices of 6 tiles
+    # int8 at 3 CTAs an SM: 32 column blocks x 16 slices = 512 CTAs would not fit 396 slots in one wave
+    assert [slices(m, 8, group) for m in (40, 64) for group in (32, 128, 12288)] == [8] * 6
+
+
 def test_int8_takes_the_gemm_from_one_token() -> None:
     assert [preferred(m, 4096, True, 4096, bits=8) for m in (1, 2, 256, 257)] == [True, True, True, False]
     assert not preferred(1, 4096, True, 128, bits=4)  # int4 at group 128: the decode GEMV

@@ -17,7 +17,10 @@ MAX_CLUSTER = 8  # the portable cluster size
 # A long K (>= 64 tiles: a down projection) at 33-64 tokens in one token block splits into slices of
 # LONG_K_SLICE_TILES, up to a non-portable cluster of 16: Qwen3-8B's down (96 tiles) at 64 tokens took
 # 29.3-29.5 us with 16 slices against 32.3-32.4 with 8 (12: 31.5), at 40-48 0.3-0.6 us less; at 80-96 tokens
-# (two token blocks) and for the 32-tile layers more slices were slower (H200, twelfth session).
+# (two token blocks) and for the 32-tile layers more slices were slower (H200, twelfth session). int8 keeps
+# portable clusters: at 3 CTAs an SM its 16-slice launch (512 CTAs) took two waves (21 of 32 clusters held),
+# and down at 40 / 48 / 64 tokens took 30.8 / 31.8 / 34.9 us with 16 slices against 30.2 / 30.4 / 30.8 with
+# 8 in groups of 128 (per channel 29.7 / 30.5 / 33.6 against 29.8 / 29.7 / 29.9; H100, twenty-fifth session).
 LONG_K_TILES = 64
 LONG_K_SLICE_TILES = 6
 MAX_NON_PORTABLE_CLUSTER = 16
@@ -200,7 +203,7 @@ def launch_for(
     if hopper:
         wanted = round(ctas_per_sm * sms / blocks)
         slices = max(1, min(wanted, MAX_CLUSTER, tiles // MIN_SLICE_TILES))
-        if tiles >= LONG_K_TILES and token_tiles > 4 and blocks_m == 1:
+        if tiles >= LONG_K_TILES and token_tiles > 4 and blocks_m == 1 and bits == 4:
             slices = max(slices, min(MAX_NON_PORTABLE_CLUSTER, tiles // LONG_K_SLICE_TILES))
     budget_stages = not stages
     if budget_stages:
