@@ -211,8 +211,8 @@ def launch_for(
         one = stage_bytes(warps, token_tiles, groups_per_tile, offsets, bits)
         stages = max(2, min(MAX_STAGES, budget // one))
     tiles_per_group = max(1, group // TILE)
-    wait_steps = int8_wait_steps(groups_per_tile, tiles_per_group, slices > 1) if wgmma and bits == 8 else 0
-    wait_steps = wait_steps if token_tiles == GROUP_WAIT_TOKEN_TILES else 0
+    int8_wait = wgmma and bits == 8 and token_tiles == GROUP_WAIT_TOKEN_TILES
+    wait_steps = int8_wait_steps(groups_per_tile, tiles_per_group, slices > 1) if int8_wait else 0
     spec = GemmSpec(
         warps, token_tiles, tiles_per_group, stages, slices > 1, biased, wgmma, groups_per_tile,
         offsets, bits, wait_steps,
