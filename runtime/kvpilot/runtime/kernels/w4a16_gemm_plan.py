@@ -175,12 +175,12 @@ def launch_for(
     """Token tiles to cover M (at most 64 tokens per CTA; balanced over the token blocks), the warps (0:
     WARPS, or WIDE_WARPS for WIDE_BLOCKS at the biased builds' token counts), the stages that fit
     STAGE_BUDGET (stages 0), then on sm_90 K slices until the CTAs number ~ctas_per_sm per SM (at most a
-    portable cluster, each slice at least MIN_SLICE_TILES tiles; a long K at 33-64 tokens: slices of
+    portable cluster, each slice at least MIN_SLICE_TILES tiles; an int4 long K at 33-64 tokens: slices of
     LONG_K_SLICE_TILES, up to 16). held (the GPU's cluster occupancy; None: not asked) lets 25-64 tokens
     take deep_split's build. wgmma_from (> 0 on sm_90, which has warpgroup mmas; the dispatch passes
     WGMMA_FIRST_TOKEN_TILES): from that many token tiles, CTAs of 16, 32 or 64 tokens take the WGMMA build.
-    offsets: the weight has per-group offsets (GemmSpec.offsets). bits: 4, or 8 (never biased; in groups of
-    32 / 64 its 64-token WGMMA CTAs wait per group)."""
+    offsets: the weight has per-group offsets (GemmSpec.offsets). bits: 4, or 8 (never biased; its 64-token
+    WGMMA CTAs wait as int8_wait_steps says; a long K splits within a portable cluster)."""
     blocks_m = -(-m // (8 * max_token_tiles))
     token_tiles = real_tiles = -(-m // (8 * blocks_m))
     wide_m = max_token_tiles in (MAX_TOKEN_TILES, WGMMA_MAX_TOKEN_TILES)
