@@ -191,20 +191,10 @@ def launch_for(
         raise ValueError(f"{token_tiles} token tiles a CTA: mma.sync builds take at most {MAX_TOKEN_TILES}")
     biased = token_tiles <= biased_max_token_tiles and not wgmma and bits == 4
     groups_per_tile = TILE // group if group in SMALL_GROUPS else 1
-    if not warps:
-        whole = n % (COLS_PER_WARP * WIDE_WARPS) == 0  # a CTA's 256 columns must tile N
-        wide = whole and WIDE_BLOCKS[0] <= n // (COLS_PER_WARP * WARPS) <= WIDE_BLOCKS[1]
-        # 8 warps at 9-16 tokens with groups of 64 / 32 take 132 / 150 registers: one CTA an SM (qkv at 16
-        # tokens, group 32: 15.5 us against 9.6 at group 128, H100)
-        fits = groups_per_tile == 1 or token_tiles == 1
-        warps = WIDE_WARPS if wide and biased and hopper and fits else WARPS
+    warps = warps or default_warps(n, token_tiles, groups_per_tile, biased and hopper)
     tiles, blocks = k // TILE, (n // (COLS_PER_WARP * warps)) * blocks_m
-    slices = 1
-    if hopper:
-        wanted = round(ctas_per_sm * sms / blocks)
-        slices = max(1, min(wanted, MAX_CLUSTER, tiles // MIN_SLICE_TILES))
-        if tiles >= LONG_K_TILES and token_tiles > 4 and blocks_m == 1 and bits == 4:
-            slices = max(slices, min(MAX_NON_PORTABLE_CLUSTER, tiles // LONG_K_SLICE_TILES))
+    long_k = tiles >= LONG_K_TILES and token_tiles > 4 and blocks_m == 1 and bits == 4
+    slices = k_slices(blocks, tiles, sms * ctas_per_sm, long_k) if hopper else 1
     budget_stages = not stages
     if budget_stages:
         budget = STAGE_BUDGET - (WGMMA_PAD if wgmma else 0)
@@ -221,6 +211,27 @@ def launch_for(
     if hopper and held is not None and budget_stages:
         return occupancy_launch(plan, blocks, tiles, real_tiles, held)
     return plan
+
+
+def default_warps(n: int, token_tiles: int, groups_per_tile: int, biased_on_hopper: bool) -> int:
+    """WIDE_WARPS for WIDE_BLOCKS in the biased builds on sm_90 (whose 256 columns a CTA must tile N), else
+    WARPS."""
+    whole = n % (COLS_PER_WARP * WIDE_WARPS) == 0
+    wide = whole and WIDE_BLOCKS[0] <= n // (COLS_PER_WARP * WARPS) <= WIDE_BLOCKS[1]
+    # 8 warps at 9-16 tokens with groups of 64 / 32 take 132 / 150 registers: one CTA an SM (qkv at 16
+    # tokens, group 32: 15.5 us against 9.6 at group 128, H100)
+    fits = groups_per_tile == 1 or token_tiles == 1
+    return WIDE_WARPS if wide and biased_on_hopper and fits else WARPS
+
+
+def k_slices(blocks: int, tiles: int, ctas: float, long_k: bool) -> int:
+    """K slices until blocks x slices ~ ctas (at most a portable cluster, each slice at least MIN_SLICE_TILES
+    tiles); long_k (an int4 long K at 33-64 tokens in one token block): slices of LONG_K_SLICE_TILES, up to
+    a non-portable cluster."""
+    slices = max(1, min(round(ctas / blocks), MAX_CLUSTER, tiles // MIN_SLICE_TILES))
+    if long_k:
+        slices = max(slices, min(MAX_NON_PORTABLE_CLUSTER, tiles // LONG_K_SLICE_TILES))
+    return slices
 
 
 def int8_wait_steps(groups_per_tile: int, tiles_per_group: int, clustered: bool) -> int:
