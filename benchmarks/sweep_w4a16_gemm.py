@@ -51,11 +51,10 @@ def variant_plan(
         m, n, k, group, sms, True, warps, stages, get("ctas", CTAS_PER_SM), tiles, biased, held, wgmma,
         bits=bits,
     )  # fmt: skip
-    slices = int(get("slices", plan.slices))
-    spec = dataclasses.replace(
-        plan.spec, cluster_reduce=slices > 1, wait_steps=int(get("wait", plan.spec.wait_steps))
+    plan = plan.sliced(int(get("slices", plan.slices)))
+    return dataclasses.replace(
+        plan, spec=dataclasses.replace(plan.spec, wait_steps=int(get("wait", plan.spec.wait_steps)))
     )
-    return dataclasses.replace(plan, spec=spec, slices=slices)
 
 
 def waves(plan: GemmLaunch, n: int) -> str:

@@ -14,7 +14,7 @@ from kvpilot.runtime.kernels.w4a16_gemm_cuda import SOURCE, unsupported
 from kvpilot.runtime.kernels.w4a16_gemm_plan import GemmSpec, launch_for
 
 from tests.runtime.nvrtc_offline import ptx, sm90_resources
-from tests.runtime.w4a16_cases import h200_held, int4_case, reference_gemm, sliced, sms
+from tests.runtime.w4a16_cases import h200_held, int4_case, reference_gemm, sms
 
 
 @pytest.mark.parametrize(
@@ -32,6 +32,9 @@ def test_k_slices_fill_the_gpu_within_a_cluster_on_hopper_only() -> None:
     assert (qkv.slices, qkv.spec.cluster_reduce, qkv.grid(6144)) == (6, True, (48, 6, 1))
     o = launch_for(64, 4096, 4096, 128, 132, hopper=True)  # 32 blocks: 9 slices wanted, a cluster holds 8
     assert o.slices == 8
+    assert (o.sliced(1).spec.cluster_reduce, o.sliced(4).spec.cluster_reduce, o.sliced(4).grid(4096)) == (
+        False, True, (32, 4, 1),
+    )  # fmt: skip
     gate_up = launch_for(64, 24576, 4096, 128, 132, hopper=True)  # 192 blocks: 2 slices
     assert (gate_up.slices, gate_up.spec.cluster_reduce) == (2, True)
     wide = launch_for(64, 65536, 4096, 128, 132, hopper=True)  # 512 blocks: one slice, no cluster
@@ -203,7 +206,7 @@ def test_every_build_and_slicing_computes_the_same_gemm(m: int, slices: int, war
 
     x, qweight, scales, zeros = int4_case(m, 2048, 4096, 128, False, seed=slices)
     plan = launch_for(m, 2048, 4096, 128, sms(), True, warps, stages)
-    plan = sliced(plan, slices)
+    plan = plan.sliced(slices)
     out = w4a16_gemm(x, qweight, scales, zeros, sms(), plan)
     want = reference_gemm(x, qweight, scales, zeros, biased=plan.spec.biased)
     torch.testing.assert_close(out.float(), want, atol=1e-2, rtol=1e-2)
@@ -231,7 +234,7 @@ def test_the_wgmma_build_computes_the_mma_sync_builds_gemm(m: int, slices: int, 
         pytest.skip("warpgroup mmas are sm_90a's")
     x, qweight, scales, zeros = int4_case(m, 2048, 4096, 128, False, seed=m + slices)
     plan = launch_for(m, 2048, 4096, 128, sms(), True, stages=stages, wgmma_from=2)
-    plan = sliced(plan, slices)
+    plan = plan.sliced(slices)
     assert plan.spec.wgmma and plan.spec.token_tiles == (2 if m <= 16 else 4 if m <= 32 else 8)
     sync = dataclasses.replace(plan, spec=dataclasses.replace(plan.spec, wgmma=False))
     out = w4a16_gemm(x, qweight, scales, zeros, sms(), plan)
@@ -290,7 +293,7 @@ def test_128_token_ctas_compute_the_64_token_ctas_gemm(m: int, slices: int, stag
         pytest.skip("warpgroup mmas are sm_90a's")
     x, qweight, scales, zeros = int4_case(m, 2048, 4096, 128, False, seed=m + slices)
     wide = launch_for(m, 2048, 4096, 128, sms(), True, stages=stages, wgmma_from=3, max_token_tiles=16)
-    wide = sliced(wide, slices)
+    wide = wide.sliced(slices)
     assert wide.spec.token_tiles == WGMMA_MAX_TOKEN_TILES and wide.token_blocks == -(-m // 128)
     out = w4a16_gemm(x, qweight, scales, zeros, sms(), wide)
     torch.testing.assert_close(out.float(), reference_gemm(x, qweight, scales, zeros), atol=1e-2, rtol=1e-2)

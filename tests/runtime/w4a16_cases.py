@@ -49,13 +49,6 @@ def sms() -> int:
     return torch.cuda.get_device_properties(0).multi_processor_count
 
 
-def sliced(plan: GemmLaunch, slices: int) -> GemmLaunch:
-    """plan with K split in this many slices (meeting in a cluster past one)."""
-    return dataclasses.replace(
-        plan, slices=slices, spec=dataclasses.replace(plan.spec, cluster_reduce=slices > 1)
-    )
-
-
 def with_wait(plan: GemmLaunch, steps: int) -> GemmLaunch:
     """plan whose WGMMA build waits every `steps` k-steps (GemmSpec.wait_steps)."""
     return dataclasses.replace(plan, spec=dataclasses.replace(plan.spec, wait_steps=steps))
@@ -70,5 +63,5 @@ def assert_every_plan_computes(
     hopper = torch.cuda.get_device_capability() >= (9, 0)
     for slices in (1, 4) if hopper else (1,):
         for plan in plans:
-            out = w4a16_gemm(*case, sms(), sliced(plan, slices))
+            out = w4a16_gemm(*case, sms(), plan.sliced(slices))
             torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2, msg=str(plan))

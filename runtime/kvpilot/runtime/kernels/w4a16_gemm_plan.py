@@ -80,7 +80,7 @@ WGMMA_MAX_TOKEN_TILES = 16
 # one-slice gate_up at 96 / 128 / 256 tokens 111.3 / 103.9 / 154.8 -> 71.7 / 70.0 / 140.9 per channel; in
 # groups of 128 the layer's four at 48 / 64 / 128 / 256 tokens 133.6 / 136.2 / 247.6 / 341.4 -> 101.8 / 106.6
 # / 163.6 / 286.8 (their clustered builds waiting every 2 instead of 4 tied within 1 us).
-GROUP_WAIT_TOKEN_TILES = 8
+INT8_WAIT_TOKEN_TILES = 8
 Held = Callable[["GemmSpec", int], int]  # clusters of (build, slices) the GPU holds at once
 
 
@@ -99,7 +99,7 @@ class GemmSpec:
     offsets: bool = False  # a bf16 offset per group and column added to the weight (a GGUF grid's zero)
     bits: int = 4  # 8: int8 words (w8a16_dequant.cuh), dequantizing builds only
     # WGMMA: every wait_steps k-steps (2 or 4) the wgmmas issued are committed and all but the newest group
-    # awaited, so the A registers of the steps before free early (0: one wait a tile; GROUP_WAIT_TOKEN_TILES)
+    # awaited, so the A registers of the steps before free early (0: one wait a tile; INT8_WAIT_TOKEN_TILES)
     wait_steps: int = 0
 
     @property
@@ -154,6 +154,10 @@ class GemmLaunch:
     def grid(self, n: int) -> tuple[int, int, int]:
         return (n // self.spec.block_n, self.slices, self.token_blocks)
 
+    def sliced(self, slices: int) -> GemmLaunch:
+        """This launch with K split in this many slices (meeting in a cluster past one)."""
+        return replace(self, slices=slices, spec=replace(self.spec, cluster_reduce=slices > 1))
+
 
 def launch_for(
     m: int,
@@ -201,7 +205,7 @@ def launch_for(
         one = stage_bytes(warps, token_tiles, groups_per_tile, offsets, bits)
         stages = max(2, min(MAX_STAGES, budget // one))
     tiles_per_group = max(1, group // TILE)
-    int8_wait = wgmma and bits == 8 and token_tiles == GROUP_WAIT_TOKEN_TILES
+    int8_wait = wgmma and bits == 8 and token_tiles == INT8_WAIT_TOKEN_TILES
     wait_steps = int8_wait_steps(groups_per_tile, tiles_per_group, slices > 1) if int8_wait else 0
     spec = GemmSpec(
         warps, token_tiles, tiles_per_group, stages, slices > 1, biased, wgmma, groups_per_tile,
