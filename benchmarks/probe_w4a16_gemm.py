@@ -6,6 +6,10 @@ the source text (a diagnostic only; their outputs are wrong by design):
              builds above 16 tokens: the biased ones at 5-16 never dequantize per pair)
   noreduce   each K slice stores its own sums (no cluster barrier, no distributed shared memory)
   nowait     no griddepcontrol.wait (the bench's x never changes): the time without the dependency
+  nox        no x tile is copied (the mmas read whatever the stage holds): the time without x's L2 reads
+  noxs       the biased builds' x sums skip their ones-mma (what sums taken from the stage would save)
+  halfx      only even column blocks copy x: half of x's L2 reads, each CTA that copies as before (what x
+             multicast to a pair of column blocks would read)
   releasemeet  the cluster's last meeting with a release arrive, as before the thirteenth session
 Parts combine with "+" (--parts nowait+noreduce).
 
@@ -43,13 +47,22 @@ PATCHES = {
         ("    if (slices > 1) {\n        __syncthreads();", "    if (false) {\n        __syncthreads();")
     ],
     "nowait": [("    gdc_wait();\n", "")],
+    "noxs": [
+        (
+            "            mma_bf16(xs[2 * pr], ones, b[0], b[1]);\n"
+            "            if (2 * pr + 1 < NT) mma_bf16(xs[2 * pr + 1], ones, b[2], b[3]);\n",
+            "",
+        )
+    ],
+    "nox": [("fetch_x(x_at(smem, ", "if (false) fetch_x(x_at(smem, ")],
+    "halfx": [("fetch_x(x_at(smem, ", "if (!(blockIdx.x & 1)) fetch_x(x_at(smem, ")],
     "releasemeet": RELEASE_MEET,
 }
 
 
 def build(name: str, spec: GemmSpec) -> object:
-    path = patched(w4a16_gemm_cuda.SOURCE, PATCHES, name, "w4a16_gemm_cluster.cuh")
-    kernel = compile_cuda(path, "w4a16_gemm", tuple(spec.macros().items()))
+    path = patched(w4a16_gemm_cuda.SOURCE, PATCHES, name, "w4a16_gemm_cluster.cuh", "w4a16_gemm_biased.cuh")
+    kernel = compile_cuda(path, "w4a16_gemm", tuple(spec.macros().items()), "90a" if spec.wgmma else None)
     allow_shared_memory(kernel, spec.shared_bytes())
     return kernel
 
@@ -77,7 +90,7 @@ def main() -> None:
     args = parser.parse_args()
     case = dict(item.split("=") for item in args.variant.split(",") if item)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    print("| layer | M | grid | " + " | ".join(f"{p} µs" for p in args.parts) + " |")
+    print("| layer | M | grid | " + " | ".join(f"{p} µs (max error)" for p in args.parts) + " |")
     for name, (n, k) in LAYERS.items():
         if args.layers and name not in args.layers:
             continue
@@ -86,12 +99,14 @@ def main() -> None:
         for m in args.ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 0.1
             plan = variant_plan(case, m, n, k, sms)
+            reference = (x @ fmt.dense["w4"].t()).float()
             cells = []
             for part in args.parts:
                 kernel = build(part, plan.spec)
 
                 run = launcher(kernel, plan, m, n, k)
-                cells.append(f"{graph_us(run, [(x, *t) for t in sets]):.1f}")
+                err = (run(x, *fmt.w4).float() - reference).abs().max().item()
+                cells.append(f"{graph_us(run, [(x, *t) for t in sets]):.1f} ({err:.0e})")
             print(f"| {name} | {m} | {plan.grid(n)} | " + " | ".join(cells) + " |", flush=True)
         del fmt, sets
         torch.cuda.empty_cache()

@@ -47,12 +47,12 @@ PATCHES = {
 }
 
 
-def patched(source: Path, patches: dict[str, list[tuple[str, str]]], name: str, inline: str = "") -> Path:
-    """A copy of source (in the temp folder) with the patches of each "+"-joined part of name applied; the
-    header inline (beside source) is pasted in place of its #include first, so patches reach it too."""
+def patched(source: Path, patches: dict[str, list[tuple[str, str]]], name: str, *inline: str) -> Path:
+    """A copy of source (in the temp folder) with the patches of each "+"-joined part of name applied; each
+    header of inline (beside source) is pasted in place of its #include first, so patches reach it too."""
     text = source.read_text()
-    if inline:
-        text = text.replace(f'#include "{inline}"', (source.parent / inline).read_text())
+    for header in inline:
+        text = text.replace(f'#include "{header}"', (source.parent / header).read_text())
     for old, new in [patch for part in name.split("+") for patch in patches.get(part, [])]:
         if old not in text:
             raise SystemExit(f"patch {name} no longer applies: {old!r}")

@@ -7,7 +7,8 @@ columns each), stages, ctas (K slices until ~ctas CTAs per SM) or slices (exactl
 CTA at most), biased (token tiles of 8 up to which the mmas take 128 + q; 0: never), deep (0: not deep_split's
 extra stage at 25-64 tokens, which asks the GPU how many clusters it holds), wgmma (warpgroup mmas from this
 many token tiles; 0: mma.sync only; default the dispatch's), wait (GemmSpec.wait_steps: 2, 4, or 0; default
-the dispatch's). Each cell ends with its launch's clusters against those held at once. --group 32 / 64
+the dispatch's), after (1: biased builds take GemmSpec.scale_after; default the dispatch's). Each cell ends
+with its launch's clusters against those held at once. --group 32 / 64
 quantizes the weight in groups of that many K rows (default 128); --bits 8 times the int8 builds (symmetric;
 --group -1: one scale per output channel), their before the engine's dispatch without the CUDA kernels.
 
@@ -29,6 +30,7 @@ from kvpilot.runtime.kernels.w4a16_gemm_plan import (
     BIASED_MAX_TOKEN_TILES,
     CTAS_PER_SM,
     MAX_TOKEN_TILES,
+    SCALE_AFTER,
     STAGES,
     WGMMA_FIRST_TOKEN_TILES,
     GemmLaunch,
@@ -46,10 +48,10 @@ def variant_plan(
     warps, stages = int(get("warps", 0)), int(get("stages", STAGES))
     tiles, biased = int(get("tt", MAX_TOKEN_TILES)), int(get("biased", BIASED_MAX_TOKEN_TILES))
     held = clusters_held if get("deep", 1) else None  # deep=0: the budget's stages at 25-64 tokens
-    wgmma = int(get("wgmma", WGMMA_FIRST_TOKEN_TILES))
+    wgmma, after = int(get("wgmma", WGMMA_FIRST_TOKEN_TILES)), bool(get("after", SCALE_AFTER))
     plan = launch_for(
         m, n, k, group, sms, True, warps, stages, get("ctas", CTAS_PER_SM), tiles, biased, held, wgmma,
-        bits=bits,
+        bits=bits, scale_after=after,
     )  # fmt: skip
     plan = plan.sliced(int(get("slices", plan.slices)))
     return dataclasses.replace(

@@ -10,6 +10,7 @@
 //   TILES_PER_GROUP (G / 128; 1 below 128), GROUPS_PER_TILE (128 / G for groups of 32 or 64 rows, else 1),
 //   CLUSTER_REDUCE (1: sm_90, a column block's S <= 16 K slices are one cluster),
 //   BIASED (1: the mmas take 128 + q, each tile's sums corrected in fp32; w4a16_gemm_biased.cuh),
+//   SCALE_AFTER (1, BIASED without OFFSETS: the mmas take q - z exactly, each group's sums scaled in fp32),
 //   WGMMA (1: sm_90a, 16, 32 or 64 tokens a CTA: the K tile on warpgroup mmas, w4a16_gemm_wgmma.cuh),
 //   OFFSETS (1: a bf16 offset per group and column, offsets [K/G, N], is added to each weight: a GGUF grid's
 //   fractional zero point, quant/int_weight.from_affine; dequantizing builds add it in the FMA that scales,
@@ -50,6 +51,9 @@ typedef unsigned short u16;
 #ifndef OFFSETS
 #define OFFSETS 0
 #endif
+#ifndef SCALE_AFTER
+#define SCALE_AFTER 0
+#endif
 #ifndef BITS
 #define BITS 4
 #endif
@@ -58,6 +62,9 @@ typedef unsigned short u16;
 #endif
 #if WGMMA_WAIT_STEPS != 0 && WGMMA_WAIT_STEPS != 2 && WGMMA_WAIT_STEPS != 4
 #error "WGMMA_WAIT_STEPS 0 (a wait a tile), 2 or 4"
+#endif
+#if SCALE_AFTER && (!BIASED || OFFSETS)
+#error "SCALE_AFTER: biased builds without offsets (an offset needs the x sums it drops)"
 #endif
 #if BITS != 4 && (BITS != 8 || BIASED)
 #error "BITS 4, or 8 in dequantizing builds (128 + q is no bf16 past 7 bits)"

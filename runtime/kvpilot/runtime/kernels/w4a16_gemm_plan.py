@@ -44,6 +44,7 @@ MAX_STAGES = 6
 CTAS_PER_SM = 2.2
 MIN_SLICE_TILES = 2  # a slice shorter than this spends more on its fixup than on its tiles
 BIASED_MAX_TOKEN_TILES = 2  # up to 16 tokens a CTA the mmas take 128 + q (its fp32 correction costs per sum)
+SCALE_AFTER = False  # biased builds without offsets take GemmSpec.scale_after
 # 25-64 tokens (4-8 token tiles) below a long K: one stage more than STAGE_BUDGET's (4 at 33-64, 5 at 25-32),
 # and the most slices (at least DEEP_MIN_SLICES) whose clusters the GPU holds in one wave (held: it counts
 # GPC fragmentation, cuOccupancyMaxActiveClusters). Qwen3-8B's qkv took 13.1 / 14.2 / 16.4 / 16.2 us at 40 /
@@ -101,6 +102,9 @@ class GemmSpec:
     # WGMMA: every wait_steps k-steps (2 or 4) the wgmmas issued are committed and all but the newest group
     # awaited, so the A registers of the steps before free early (0: one wait a tile; INT8_WAIT_TOKEN_TILES)
     wait_steps: int = 0
+    # biased builds without offsets: the mmas take q - z exactly and each group's sums are scaled in fp32, in
+    # place of 128 + q corrected by x sums (a ones-mma a token tile and k-step)
+    scale_after: bool = False
 
     @property
     def block_n(self) -> int:
@@ -123,6 +127,7 @@ class GemmSpec:
             "OFFSETS": int(self.offsets),
             "BITS": self.bits,
             "WGMMA_WAIT_STEPS": self.wait_steps,
+            "SCALE_AFTER": int(self.scale_after),
         }
 
     def shared_bytes(self) -> int:
@@ -175,6 +180,7 @@ def launch_for(
     wgmma_from: int = 0,
     offsets: bool = False,
     bits: int = 4,
+    scale_after: bool = SCALE_AFTER,
 ) -> GemmLaunch:
     """Token tiles to cover M (at most 64 tokens per CTA; balanced over the token blocks), the warps (0:
     WARPS, or WIDE_WARPS for WIDE_BLOCKS at the biased builds' token counts), the stages that fit
@@ -184,7 +190,8 @@ def launch_for(
     take deep_split's build. wgmma_from (> 0 on sm_90, which has warpgroup mmas; the dispatch passes
     WGMMA_FIRST_TOKEN_TILES): from that many token tiles, CTAs of 16, 32 or 64 tokens take the WGMMA build.
     offsets: the weight has per-group offsets (GemmSpec.offsets). bits: 4, or 8 (never biased; its 64-token
-    WGMMA CTAs wait as int8_wait_steps says; a long K splits within a portable cluster)."""
+    WGMMA CTAs wait as int8_wait_steps says; a long K splits within a portable cluster). scale_after:
+    biased builds without offsets take GemmSpec.scale_after."""
     blocks_m = -(-m // (8 * max_token_tiles))
     token_tiles = real_tiles = -(-m // (8 * blocks_m))
     wide_m = max_token_tiles in (MAX_TOKEN_TILES, WGMMA_MAX_TOKEN_TILES)
@@ -209,7 +216,7 @@ def launch_for(
     wait_steps = int8_wait_steps(groups_per_tile, tiles_per_group, slices > 1) if int8_wait else 0
     spec = GemmSpec(
         warps, token_tiles, tiles_per_group, stages, slices > 1, biased, wgmma, groups_per_tile,
-        offsets, bits, wait_steps,
+        offsets, bits, wait_steps, scale_after and biased and not offsets,
     )  # fmt: skip
     plan = GemmLaunch(spec, slices, blocks_m)
     if hopper and held is not None and budget_stages:

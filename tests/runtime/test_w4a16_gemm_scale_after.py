@@ -1,0 +1,73 @@
+"""w4a16_gemm.cu's SCALE_AFTER builds (GemmSpec.scale_after): biased int4 builds whose mmas take q - z exactly
+and whose group sums are scaled in fp32, without x sums. The rule and the sm_90 build on CPU (offline); the
+GEMM against the exact reference and the x-sum build on the GPU (marked gpu)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from kvpilot.runtime.kernels.w4a16_gemm_cuda import SOURCE
+from kvpilot.runtime.kernels.w4a16_gemm_plan import GemmSpec, launch_for
+
+from tests.runtime.nvrtc_offline import ptx, sm90_resources
+from tests.runtime.w4a16_cases import int4_case, reference_gemm, sms
+
+
+def test_only_biased_builds_without_offsets_scale_after() -> None:
+    def after(m: int, **kw: object) -> bool:
+        return launch_for(
+            m, 4096, 4096, 128, 132, True, wgmma_from=3, scale_after=True, **kw
+        ).spec.scale_after
+
+    assert [after(m) for m in (3, 8, 16, 17, 64)] == [True, True, True, False, False]  # biased: <= 16 tokens
+    assert not after(8, offsets=True)  # an offset needs the x sums
+    assert not after(8, bits=8)  # int8 is never biased
+    assert not launch_for(8, 4096, 4096, 128, 132, True, scale_after=False).spec.scale_after
+
+
+@pytest.mark.parametrize(("nt", "per_tile", "warps"), [(1, 1, 4), (2, 1, 8), (2, 4, 4), (1, 2, 4)])
+def test_compiles_for_sm90_with_one_fma_a_pair_and_no_ones_mma(
+    nt: int, per_tile: int, warps: int, tmp_path: Path
+) -> None:
+    spec = GemmSpec(warps, nt, 1, 3, True, biased=True, groups_per_tile=per_tile, scale_after=True)
+    code = ptx(SOURCE, spec.macros())
+    registers, spills, report = sm90_resources(code, tmp_path)
+    assert spills == 0 and registers <= (128 if warps == 8 else 168), report  # 2 / 3 CTAs an SM
+    x_sums = ptx(SOURCE, dataclasses.replace(spec, scale_after=False).macros())
+    # a k-step's A pairs: 8 FMAs (q - z), and NT weight mmas a column block with no ones-mma beside them
+    assert code.count(b"fma.rn.bf16x2") > 0 == x_sums.count(b"fma.rn.bf16x2")
+    assert code.count(b"mma.sync.aligned") < x_sums.count(b"mma.sync.aligned")
+
+
+def test_an_offsets_build_refuses_scale_after() -> None:
+    spec = GemmSpec(4, 1, 1, biased=True, offsets=True, scale_after=True)
+    with pytest.raises(AssertionError, match="SCALE_AFTER: biased builds without offsets"):
+        ptx(SOURCE, spec.macros())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [3, 8, 13, 16])
+@pytest.mark.parametrize(("n", "k", "group"), [(6144, 4096, 128), (2048, 4096, 32), (1024, 2048, -1)])
+@pytest.mark.parametrize("sym", [False, True], ids=["zero-point", "sym"])
+def test_matches_the_exact_reference_and_the_x_sum_build(
+    m: int, n: int, k: int, group: int, sym: bool
+) -> None:
+    from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
+
+    x, qweight, scales, zeros = int4_case(m, n, k, group, sym, seed=m + n)
+    g = k if group == -1 else group
+    after, x_sums = (launch_for(m, n, k, g, sms(), True, scale_after=s) for s in (True, False))
+    assert after.spec.scale_after and after.spec.biased and not x_sums.spec.scale_after
+    exact = reference_gemm(x, qweight, scales, zeros, biased=True)
+    for slices in (1, 4):
+        out = w4a16_gemm(x, qweight, scales, zeros, sms(), after.sliced(slices)).float()
+        torch.testing.assert_close(out, exact, atol=1e-2, rtol=1e-2)
+        other = w4a16_gemm(x, qweight, scales, zeros, sms(), x_sums.sliced(slices)).float()
+        torch.testing.assert_close(out, other, atol=1e-2, rtol=1e-2)
+    assert torch.equal(
+        w4a16_gemm(x, qweight, scales, zeros, sms(), after),
+        w4a16_gemm(x, qweight, scales, zeros, sms(), after),
+    )
