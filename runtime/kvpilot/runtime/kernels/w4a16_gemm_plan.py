@@ -44,7 +44,11 @@ MAX_STAGES = 6
 CTAS_PER_SM = 2.2
 MIN_SLICE_TILES = 2  # a slice shorter than this spends more on its fixup than on its tiles
 BIASED_MAX_TOKEN_TILES = 2  # up to 16 tokens a CTA the mmas take 128 + q (its fp32 correction costs per sum)
-SCALE_AFTER = False  # biased builds without offsets take GemmSpec.scale_after
+# Biased builds without offsets take GemmSpec.scale_after (q - z in the mmas, no x sums): H100, µs at 5 / 8 / 12 /
+# 16 tokens against the x-sum build, same call (twenty-sixth session): o 6.7 / 6.7 / 7.2 / 7.3 -> 6.4 / 6.4 /
+# 7.0 / 7.2, gate_up 20.9 / 21.0 / 23.4 / 23.1 -> 20.3 / 20.5 / 22.6 / 22.6, down 14.9 / 15.0 / 17.0 / 17.1 ->
+# 14.8 / 14.8 / 16.4 / 16.5, qkv 8.2 / 8.2 / 9.3 / 9.5 -> 8.1 / 8.2 / 9.3 / 9.5.
+SCALE_AFTER = True
 # 25-64 tokens (4-8 token tiles) below a long K: one stage more than STAGE_BUDGET's (4 at 33-64, 5 at 25-32),
 # and the most slices (at least DEEP_MIN_SLICES) whose clusters the GPU holds in one wave (held: it counts
 # GPC fragmentation, cuOccupancyMaxActiveClusters). Qwen3-8B's qkv took 13.1 / 14.2 / 16.4 / 16.2 us at 40 /
