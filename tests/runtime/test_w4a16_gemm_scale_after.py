@@ -1,5 +1,6 @@
-"""w4a16_gemm.cu's SCALE_AFTER builds (GemmSpec.scale_after): biased int4 builds whose mmas take q - z exactly
-and whose group sums are scaled in fp32, without x sums. The rule and the sm_90 build on CPU (offline); the
+"""w4a16_gemm.cu's SCALE_AFTER builds (GemmSpec.scale_after): int4 builds whose mmas take q - z exactly and
+whose group sums are scaled in fp32 (biased builds, without x sums; WGMMA builds at 16 tokens a CTA, with one
+FMA a pair in place of two). The rule and the sm_90 build on CPU (offline); the
 GEMM against the exact reference and the x-sum build on the GPU (marked gpu)."""
 
 from __future__ import annotations
@@ -16,16 +17,28 @@ from tests.runtime.nvrtc_offline import ptx, sm90_resources
 from tests.runtime.w4a16_cases import int4_case, reference_gemm, sms
 
 
-def test_only_biased_builds_without_offsets_scale_after() -> None:
-    def after(m: int, **kw: object) -> bool:
-        return launch_for(
-            m, 4096, 4096, 128, 132, True, wgmma_from=3, scale_after=True, **kw
-        ).spec.scale_after
+def test_biased_builds_and_16_token_wgmma_builds_without_offsets_scale_after() -> None:
+    def after(m: int, wgmma_from: int = 3, offsets: bool = False, bits: int = 4, group: int = 128) -> bool:
+        plan = launch_for(
+            m,
+            4096,
+            4096,
+            group,
+            132,
+            True,
+            wgmma_from=wgmma_from,
+            offsets=offsets,
+            bits=bits,
+            scale_after=True,
+        )
+        return plan.spec.scale_after
 
     assert [after(m) for m in (3, 8, 16, 17, 64)] == [True, True, True, False, False]  # biased: <= 16 tokens
     assert not after(8, offsets=True)  # an offset needs the x sums
     assert not after(8, bits=8)  # int8 is never biased
     assert not launch_for(8, 4096, 4096, 128, 132, True, scale_after=False).spec.scale_after
+    assert after(16, wgmma_from=2)  # 16-token WGMMA CTAs in one group a tile
+    assert not after(16, wgmma_from=2, group=32)
 
 
 @pytest.mark.parametrize(("nt", "per_tile", "warps"), [(1, 1, 4), (2, 1, 8), (2, 4, 4), (1, 2, 4)])
@@ -42,9 +55,19 @@ def test_compiles_for_sm90_with_one_fma_a_pair_and_no_ones_mma(
     assert code.count(b"mma.sync.aligned") < x_sums.count(b"mma.sync.aligned")
 
 
+def test_the_16_token_wgmma_build_compiles_with_one_fma_a_pair(tmp_path: Path) -> None:
+    spec = GemmSpec(4, 2, 1, 5, True, wgmma=True, scale_after=True)
+    code = ptx(SOURCE, spec.macros(), arch="90a")
+    registers, spills, report = sm90_resources(code, tmp_path, arch="90a")
+    assert spills == 0 and registers <= 168, report
+    dequantizing = ptx(SOURCE, dataclasses.replace(spec, scale_after=False).macros(), arch="90a")
+    assert 2 * code.count(b"fma.rn.bf16x2") == dequantizing.count(b"fma.rn.bf16x2") > 0
+    assert code.count(b"wgmma.mma_async") == dequantizing.count(b"wgmma.mma_async") > 0
+
+
 def test_an_offsets_build_refuses_scale_after() -> None:
     spec = GemmSpec(4, 1, 1, biased=True, offsets=True, scale_after=True)
-    with pytest.raises(AssertionError, match="SCALE_AFTER: biased builds without offsets"):
+    with pytest.raises(AssertionError, match="SCALE_AFTER: biased builds, or WGMMA at 16 tokens"):
         ptx(SOURCE, spec.macros())
 
 
@@ -71,3 +94,23 @@ def test_matches_the_exact_reference_and_the_x_sum_build(
         w4a16_gemm(x, qweight, scales, zeros, sms(), after),
         w4a16_gemm(x, qweight, scales, zeros, sms(), after),
     )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [9, 16])
+@pytest.mark.parametrize(("n", "k", "group"), [(6144, 4096, 128), (1024, 2048, -1)])
+@pytest.mark.parametrize("sym", [False, True], ids=["zero-point", "sym"])
+def test_the_16_token_wgmma_build_matches_the_exact_reference(
+    m: int, n: int, k: int, group: int, sym: bool
+) -> None:
+    from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("warpgroup mmas need sm_90")
+    x, qweight, scales, zeros = int4_case(m, n, k, group, sym, seed=m + n)
+    plan = launch_for(m, n, k, k if group == -1 else group, sms(), True, wgmma_from=2, scale_after=True)
+    assert plan.spec.wgmma and plan.spec.scale_after and plan.spec.token_tiles == 2
+    exact = reference_gemm(x, qweight, scales, zeros, biased=True)
+    for slices in (1, 4):
+        out = w4a16_gemm(x, qweight, scales, zeros, sms(), plan.sliced(slices)).float()
+        torch.testing.assert_close(out, exact, atol=1e-2, rtol=1e-2)

@@ -10,7 +10,8 @@
 //   TILES_PER_GROUP (G / 128; 1 below 128), GROUPS_PER_TILE (128 / G for groups of 32 or 64 rows, else 1),
 //   CLUSTER_REDUCE (1: sm_90, a column block's S <= 16 K slices are one cluster),
 //   BIASED (1: the mmas take 128 + q, each tile's sums corrected in fp32; w4a16_gemm_biased.cuh),
-//   SCALE_AFTER (1, BIASED without OFFSETS: the mmas take q - z exactly, each group's sums scaled in fp32),
+//   SCALE_AFTER (1, BIASED or WGMMA at 16 tokens, without OFFSETS: the mmas take q - z exactly, each group's
+//   sums scaled in fp32),
 //   WGMMA (1: sm_90a, 16, 32 or 64 tokens a CTA: the K tile on warpgroup mmas, w4a16_gemm_wgmma.cuh),
 //   OFFSETS (1: a bf16 offset per group and column, offsets [K/G, N], is added to each weight: a GGUF grid's
 //   fractional zero point, quant/int_weight.from_affine; dequantizing builds add it in the FMA that scales,
@@ -63,8 +64,8 @@ typedef unsigned short u16;
 #if WGMMA_WAIT_STEPS != 0 && WGMMA_WAIT_STEPS != 2 && WGMMA_WAIT_STEPS != 4
 #error "WGMMA_WAIT_STEPS 0 (a wait a tile), 2 or 4"
 #endif
-#if SCALE_AFTER && (!BIASED || OFFSETS)
-#error "SCALE_AFTER: biased builds without offsets (an offset needs the x sums it drops)"
+#if SCALE_AFTER && (!(BIASED || (WGMMA && NT == 2 && GROUPS_PER_TILE == 1)) || OFFSETS)
+#error "SCALE_AFTER: biased builds, or WGMMA at 16 tokens in one group a tile, without offsets"
 #endif
 #if BITS != 4 && (BITS != 8 || BIASED)
 #error "BITS 4, or 8 in dequantizing builds (128 + q is no bf16 past 7 bits)"
@@ -220,6 +221,18 @@ __device__ __forceinline__ void dequant_step(u32 (&a)[2][4], const Words& p, con
         a[c][1] = dequant(p[0][1][c][j / 4], j % 4, s[1][c], nz[1][c], o[1][c]);  // row g + 8
         a[c][2] = dequant(p[1][0][c][j / 4], j % 4, s[0][c], nz[0][c], o[0][c]);  // row g, K 16j + 2t + 8
         a[c][3] = dequant(p[1][1][c][j / 4], j % 4, s[1][c], nz[1][c], o[1][c]);
+    }
+}
+
+// k-step j's A fragments as (q - z) exactly, unscaled (SCALE_AFTER builds): 128 + q less 128 + z, integers below
+// 256, in one bf16x2 FMA.
+__device__ __forceinline__ void unscaled_step(u32 (&a)[2][4], const Words& p, const u32 (&nz)[2][2], int j) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+        a[c][0] = fma_bf16x2(biased_pair(p[0][0][c][j / 4], j % 4), ONES, nz[0][c]);
+        a[c][1] = fma_bf16x2(biased_pair(p[0][1][c][j / 4], j % 4), ONES, nz[1][c]);
+        a[c][2] = fma_bf16x2(biased_pair(p[1][0][c][j / 4], j % 4), ONES, nz[0][c]);
+        a[c][3] = fma_bf16x2(biased_pair(p[1][1][c][j / 4], j % 4), ONES, nz[1][c]);
     }
 }
 #else

@@ -70,13 +70,7 @@ __device__ __forceinline__ void mma_stage_biased(float (&acc)[2][2 * NT_PAIRS][4
 #pragma unroll
         for (int j = gi * STEPS_PER_GROUP; j < (gi + 1) * STEPS_PER_GROUP; ++j) {
             u32 a[2][4];
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {  // as dequant_step's, without the scale
-                a[c][0] = fma_bf16x2(biased_pair(p[0][0][c][j / 4], j % 4), ONES, nz[0][c]);
-                a[c][1] = fma_bf16x2(biased_pair(p[0][1][c][j / 4], j % 4), ONES, nz[1][c]);
-                a[c][2] = fma_bf16x2(biased_pair(p[1][0][c][j / 4], j % 4), ONES, nz[0][c]);
-                a[c][3] = fma_bf16x2(biased_pair(p[1][1][c][j / 4], j % 4), ONES, nz[1][c]);
-            }
+            unscaled_step(a, p, nz, j);
 #pragma unroll
             for (int pr = 0; pr < NT_PAIRS; ++pr) {
                 u32 b[4];

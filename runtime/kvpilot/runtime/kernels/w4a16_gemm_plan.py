@@ -44,10 +44,10 @@ MAX_STAGES = 6
 CTAS_PER_SM = 2.2
 MIN_SLICE_TILES = 2  # a slice shorter than this spends more on its fixup than on its tiles
 BIASED_MAX_TOKEN_TILES = 2  # up to 16 tokens a CTA the mmas take 128 + q (its fp32 correction costs per sum)
-# Biased builds without offsets take GemmSpec.scale_after (q - z in the mmas, no x sums): H100, µs at 5 / 8 / 12 /
-# 16 tokens against the x-sum build, same call (twenty-sixth session): o 6.7 / 6.7 / 7.2 / 7.3 -> 6.4 / 6.4 /
-# 7.0 / 7.2, gate_up 20.9 / 21.0 / 23.4 / 23.1 -> 20.3 / 20.5 / 22.6 / 22.6, down 14.9 / 15.0 / 17.0 / 17.1 ->
-# 14.8 / 14.8 / 16.4 / 16.5, qkv 8.2 / 8.2 / 9.3 / 9.5 -> 8.1 / 8.2 / 9.3 / 9.5.
+# Biased builds without offsets take GemmSpec.scale_after (q - z in the mmas, no x sums): H100, µs at 5 / 8 /
+# 12 / 16 tokens against the x-sum build, same call (twenty-sixth session): o 6.7 / 6.7 / 7.2 / 7.3 -> 6.4 /
+# 6.4 / 7.0 / 7.2, gate_up 20.9 / 21.0 / 23.4 / 23.1 -> 20.3 / 20.5 / 22.6 / 22.6, down 14.9 / 15.0 / 17.0 /
+# 17.1 -> 14.8 / 14.8 / 16.4 / 16.5, qkv 8.2 / 8.2 / 9.3 / 9.5 -> 8.1 / 8.2 / 9.3 / 9.5.
 SCALE_AFTER = True
 # 25-64 tokens (4-8 token tiles) below a long K: one stage more than STAGE_BUDGET's (4 at 33-64, 5 at 25-32),
 # and the most slices (at least DEEP_MIN_SLICES) whose clusters the GPU holds in one wave (held: it counts
@@ -106,8 +106,9 @@ class GemmSpec:
     # WGMMA: every wait_steps k-steps (2 or 4) the wgmmas issued are committed and all but the newest group
     # awaited, so the A registers of the steps before free early (0: one wait a tile; INT8_WAIT_TOKEN_TILES)
     wait_steps: int = 0
-    # biased builds without offsets: the mmas take q - z exactly and each group's sums are scaled in fp32, in
-    # place of 128 + q corrected by x sums (a ones-mma a token tile and k-step)
+    # the mmas take q - z exactly and each group's sums are scaled in fp32 (unscaled_mmas): in biased
+    # builds in place of 128 + q corrected by x sums (a ones-mma a token tile and k-step), in WGMMA builds
+    # at 16 tokens in place of dequantized pairs (two FMAs a pair, not one)
     scale_after: bool = False
 
     @property
@@ -195,7 +196,7 @@ def launch_for(
     WGMMA_FIRST_TOKEN_TILES): from that many token tiles, CTAs of 16, 32 or 64 tokens take the WGMMA build.
     offsets: the weight has per-group offsets (GemmSpec.offsets). bits: 4, or 8 (never biased; its 64-token
     WGMMA CTAs wait as int8_wait_steps says; a long K splits within a portable cluster). scale_after:
-    biased builds without offsets take GemmSpec.scale_after."""
+    the builds unscaled_mmas allows take GemmSpec.scale_after."""
     blocks_m = -(-m // (8 * max_token_tiles))
     token_tiles = real_tiles = -(-m // (8 * blocks_m))
     wide_m = max_token_tiles in (MAX_TOKEN_TILES, WGMMA_MAX_TOKEN_TILES)
@@ -218,14 +219,23 @@ def launch_for(
     tiles_per_group = max(1, group // TILE)
     int8_wait = wgmma and bits == 8 and token_tiles == INT8_WAIT_TOKEN_TILES
     wait_steps = int8_wait_steps(groups_per_tile, tiles_per_group, slices > 1) if int8_wait else 0
+    unscaled = scale_after and unscaled_mmas(biased, wgmma, token_tiles, groups_per_tile, offsets)
     spec = GemmSpec(
         warps, token_tiles, tiles_per_group, stages, slices > 1, biased, wgmma, groups_per_tile,
-        offsets, bits, wait_steps, scale_after and biased and not offsets,
+        offsets, bits, wait_steps, unscaled,
     )  # fmt: skip
     plan = GemmLaunch(spec, slices, blocks_m)
     if hopper and held is not None and budget_stages:
         return occupancy_launch(plan, blocks, tiles, real_tiles, held)
     return plan
+
+
+def unscaled_mmas(biased: bool, wgmma: bool, token_tiles: int, groups_per_tile: int, offsets: bool) -> bool:
+    """Whether a build can take GemmSpec.scale_after: a biased one, or a WGMMA one at 16 tokens a CTA in one
+    group a tile (its tile's sums are then scaled after the tile's wait), never with offsets (they need x
+    sums)."""
+    wgmma_16 = wgmma and token_tiles == 2 and groups_per_tile == 1
+    return (biased or wgmma_16) and not offsets
 
 
 def default_warps(n: int, token_tiles: int, groups_per_tile: int, biased_on_hopper: bool) -> int:

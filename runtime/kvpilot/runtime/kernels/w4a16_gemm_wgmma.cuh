@@ -98,6 +98,8 @@ __device__ __forceinline__ void wgmma_tokens<16>(float (&d)[16][4], const u32 (&
 // dequantized into registers of their own (the wgmmas read them asynchronously until the wait), then its two
 // wgmmas are issued; one wait at the tile's end frees the registers and the stage (WGMMA_WAIT_STEPS: earlier
 // waits free the registers of all but the last steps issued, so fewer are live at once).
+// SCALE_AFTER (16 tokens a CTA, one group a tile, no offsets): the A pairs are q - z exactly (one bf16x2 FMA,
+// as w4a16_gemm_biased.cuh's), the tile's wgmmas sum into t, and after the tile's wait acc += s t in fp32.
 __device__ __forceinline__ void mma_stage_wgmma(float (&acc)[2][NT][4], const char* stage, const char* x, int warp,
                                                 int lane) {
     const int g = lane >> 2;
@@ -105,16 +107,26 @@ __device__ __forceinline__ void mma_stage_wgmma(float (&acc)[2][NT][4], const ch
     read_words(p, stage, warp, lane);
     const u32 base = smem_at(x);
     u32 a[8][2][4];
+#if SCALE_AFTER
+    float t[2][NT][4] = {};
+    float (&sums)[2][NT][4] = t;
+#else
+    float (&sums)[2][NT][4] = acc;
+#endif
+    u32 s[2][2], nz[2][2], o[2][2];
 #pragma unroll
     for (int gi = 0; gi < GROUPS_PER_TILE; ++gi) {
-        u32 s[2][2], nz[2][2], o[2][2];
         read_group(s, nz, o, stage, warp, g, gi);
 #pragma unroll
         for (int j = gi * STEPS_PER_GROUP; j < (gi + 1) * STEPS_PER_GROUP; ++j) {
+#if SCALE_AFTER
+            unscaled_step(a[j], p, nz, j);
+#else
             dequant_step(a[j], p, s, nz, o, j);  // as mma_stage's fragments
+#endif
             wgmma_fence();  // this step's A registers (and the sums) are written before the wgmmas read them
 #pragma unroll
-            for (int c = 0; c < 2; ++c) wgmma_tokens<NT>(acc[c], a[j][c], x_descriptor(base, j));
+            for (int c = 0; c < 2; ++c) wgmma_tokens<NT>(sums[c], a[j][c], x_descriptor(base, j));
 #if WGMMA_WAIT_STEPS  // the steps before the last WGMMA_WAIT_STEPS free their A registers (GemmSpec.wait_steps)
             if ((j + 1) % WGMMA_WAIT_STEPS == 0) {
                 asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
@@ -125,4 +137,13 @@ __device__ __forceinline__ void mma_stage_wgmma(float (&acc)[2][NT][4], const ch
     }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#if SCALE_AFTER
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)  // e: (token 2t | 2t + 1) x (row g | g + 8)
+                acc[c][nt][e] = fmaf(bf16_half(s[e >> 1][c], 0), t[c][nt][e], acc[c][nt][e]);
+#endif
 }
