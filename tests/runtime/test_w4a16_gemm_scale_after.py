@@ -39,6 +39,7 @@ def test_biased_builds_and_16_token_wgmma_builds_without_offsets_scale_after() -
     assert not launch_for(8, 4096, 4096, 128, 132, True, scale_after=False).spec.scale_after
     assert after(16, wgmma_from=2)  # 16-token WGMMA CTAs in one group a tile
     assert not after(16, wgmma_from=2, group=32)
+    assert not after(16, wgmma_from=2, bits=8)  # its pairs are int4's
 
 
 @pytest.mark.parametrize(("nt", "per_tile", "warps"), [(1, 1, 4), (2, 1, 8), (2, 4, 4), (1, 2, 4)])

@@ -64,7 +64,7 @@ typedef unsigned short u16;
 #if WGMMA_WAIT_STEPS != 0 && WGMMA_WAIT_STEPS != 2 && WGMMA_WAIT_STEPS != 4
 #error "WGMMA_WAIT_STEPS 0 (a wait a tile), 2 or 4"
 #endif
-#if SCALE_AFTER && (!(BIASED || (WGMMA && NT == 2 && GROUPS_PER_TILE == 1)) || OFFSETS)
+#if SCALE_AFTER && (!(BIASED || (WGMMA && NT == 2 && GROUPS_PER_TILE == 1)) || OFFSETS || BITS != 4)
 #error "SCALE_AFTER: biased builds, or WGMMA at 16 tokens in one group a tile, without offsets"
 #endif
 #if BITS != 4 && (BITS != 8 || BIASED)
@@ -239,7 +239,39 @@ __device__ __forceinline__ void unscaled_step(u32 (&a)[2][4], const Words& p, co
 #include "w8a16_dequant.cuh"
 #endif
 
-// acc[c][nt] += this warp's 32 columns x the CTA's tokens over one K tile.
+// d[c][nt] += A (the k-step's fragments a[c]) x the CTA's tokens of K chunk pair j.
+__device__ __forceinline__ void mma_step(float (&d)[2][2 * NT_PAIRS][4], const u32 (&a)[2][4], const char* stage,
+                                         int j, int lane) {
+#pragma unroll
+    for (int pr = 0; pr < NT_PAIRS; ++pr) {
+        u32 b[4];
+        read_x(b, stage, j, pr, lane);
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            mma_bf16(d[c][2 * pr], a[c], b[0], b[1]);
+            if (2 * pr + 1 < NT) mma_bf16(d[c][2 * pr + 1], a[c], b[2], b[3]);
+        }
+    }
+}
+
+#if SCALE_AFTER
+// acc += s t: a group's fp32 sums of x (q - z) t, scaled once per column (s from read_group, bf16x2 (s, s)).
+template <int TILES>
+__device__ __forceinline__ void add_scaled(float (&acc)[2][TILES][4], const float (&t)[2][TILES][4],
+                                           const u32 (&s)[2][2]) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)  // e: (token 2t | 2t + 1) x (row g | g + 8)
+                acc[c][nt][e] = fmaf(bf16_half(s[e >> 1][c], 0), t[c][nt][e], acc[c][nt][e]);
+}
+#endif
+
+// acc[c][nt] += this warp's 32 columns x the CTA's tokens over one K tile: dequantized pairs, or with
+// SCALE_AFTER (biased builds without offsets) q - z summed per group and scaled once, which needs no x sums
+// (w4a16_gemm_biased.cuh's ones-mma) and one FMA a pair, not two.
 __device__ __forceinline__ void mma_stage(float (&acc)[2][2 * NT_PAIRS][4], const char* stage, int warp, int lane) {
     const int g = lane >> 2;
     Words p;
@@ -248,25 +280,28 @@ __device__ __forceinline__ void mma_stage(float (&acc)[2][2 * NT_PAIRS][4], cons
     for (int gi = 0; gi < GROUPS_PER_TILE; ++gi) {
         u32 s[2][2], nz[2][2], o[2][2];
         read_group(s, nz, o, stage, warp, g, gi);
+#if SCALE_AFTER
+        float t[2][2 * NT_PAIRS][4] = {};
+#else
+        float (&t)[2][2 * NT_PAIRS][4] = acc;
+#endif
 #pragma unroll
         for (int j = gi * STEPS_PER_GROUP; j < (gi + 1) * STEPS_PER_GROUP; ++j) {
             u32 a[2][4];
+#if SCALE_AFTER
+            unscaled_step(a, p, nz, j);
+#else
             dequant_step(a, p, s, nz, o, j);
-#pragma unroll
-            for (int pr = 0; pr < NT_PAIRS; ++pr) {
-                u32 b[4];
-                read_x(b, stage, j, pr, lane);
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    mma_bf16(acc[c][2 * pr], a[c], b[0], b[1]);
-                    if (2 * pr + 1 < NT) mma_bf16(acc[c][2 * pr + 1], a[c], b[2], b[3]);
-                }
-            }
+#endif
+            mma_step(t, a, stage, j, lane);
         }
+#if SCALE_AFTER
+        add_scaled(acc, t, s);
+#endif
     }
 }
 
-#if BIASED
+#if BIASED && !SCALE_AFTER
 #include "w4a16_gemm_biased.cuh"
 #endif
 #if WGMMA
@@ -321,7 +356,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) w4a16_gemm(
             fetch_x(x_at(smem, ahead % STAGES), f, t_lo + ahead, stride_x);
         }
         cp_async_commit();
-#if BIASED
+#if BIASED && !SCALE_AFTER
         mma_stage_biased(acc, stage_at(smem, i % STAGES), warp, lane);
 #elif WGMMA
         mma_stage_wgmma(acc, stage_at(smem, i % STAGES), x_at(smem, i % STAGES), warp, lane);

@@ -54,44 +54,6 @@ __device__ __forceinline__ void biased_steps(float (&t)[2][2 * NT_PAIRS][4], flo
     }
 }
 
-#if SCALE_AFTER
-// SCALE_AFTER builds (no OFFSETS): the pairs go to the mmas as (q - z) exactly, 128 + q less 128 + z in one
-// bf16x2 FMA (integers below 256: exact in bf16), and each group's fp32 sums are scaled once: acc += s T. No x
-// sums, so a token tile costs 2 mmas a k-step, not 3 (the ones-mma above), for one FMA a pair.
-__device__ __forceinline__ void mma_stage_biased(float (&acc)[2][2 * NT_PAIRS][4], const char* stage, int warp,
-                                                 int lane) {
-    Words p;
-    read_words(p, stage, warp, lane);
-#pragma unroll
-    for (int gi = 0; gi < GROUPS_PER_TILE; ++gi) {
-        u32 s[2][2], nz[2][2], o[2][2];  // o: -0 without OFFSETS
-        read_group(s, nz, o, stage, warp, lane >> 2, gi);
-        float t[2][2 * NT_PAIRS][4] = {};
-#pragma unroll
-        for (int j = gi * STEPS_PER_GROUP; j < (gi + 1) * STEPS_PER_GROUP; ++j) {
-            u32 a[2][4];
-            unscaled_step(a, p, nz, j);
-#pragma unroll
-            for (int pr = 0; pr < NT_PAIRS; ++pr) {
-                u32 b[4];
-                read_x(b, stage, j, pr, lane);
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    mma_bf16(t[c][2 * pr], a[c], b[0], b[1]);
-                    if (2 * pr + 1 < NT) mma_bf16(t[c][2 * pr + 1], a[c], b[2], b[3]);
-                }
-            }
-        }
-#pragma unroll
-        for (int c = 0; c < 2; ++c)
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)  // e: (token 2t | 2t + 1) x (row g | g + 8)
-                    acc[c][nt][e] = fmaf(bf16_half(s[e >> 1][c], 0), t[c][nt][e], acc[c][nt][e]);
-    }
-}
-#else
 __device__ __forceinline__ void mma_stage_biased(float (&acc)[2][2 * NT_PAIRS][4], const char* stage, int warp,
                                                  int lane) {
     Words p;
@@ -113,4 +75,3 @@ __device__ __forceinline__ void mma_stage_biased(float (&acc)[2][2 * NT_PAIRS][4
                 }
     }
 }
-#endif

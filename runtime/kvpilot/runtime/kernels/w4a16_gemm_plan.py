@@ -219,23 +219,23 @@ def launch_for(
     tiles_per_group = max(1, group // TILE)
     int8_wait = wgmma and bits == 8 and token_tiles == INT8_WAIT_TOKEN_TILES
     wait_steps = int8_wait_steps(groups_per_tile, tiles_per_group, slices > 1) if int8_wait else 0
-    unscaled = scale_after and unscaled_mmas(biased, wgmma, token_tiles, groups_per_tile, offsets)
     spec = GemmSpec(
         warps, token_tiles, tiles_per_group, stages, slices > 1, biased, wgmma, groups_per_tile,
-        offsets, bits, wait_steps, unscaled,
+        offsets, bits, wait_steps,
     )  # fmt: skip
+    spec = replace(spec, scale_after=scale_after and unscaled_mmas(spec))
     plan = GemmLaunch(spec, slices, blocks_m)
     if hopper and held is not None and budget_stages:
         return occupancy_launch(plan, blocks, tiles, real_tiles, held)
     return plan
 
 
-def unscaled_mmas(biased: bool, wgmma: bool, token_tiles: int, groups_per_tile: int, offsets: bool) -> bool:
-    """Whether a build can take GemmSpec.scale_after: a biased one, or a WGMMA one at 16 tokens a CTA in one
-    group a tile (its tile's sums are then scaled after the tile's wait), never with offsets (they need x
+def unscaled_mmas(spec: GemmSpec) -> bool:
+    """Whether a build can take GemmSpec.scale_after: a biased one, or an int4 WGMMA one at 16 tokens a CTA in
+    one group a tile (its tile's sums are then scaled after the tile's wait), never with offsets (they need x
     sums)."""
-    wgmma_16 = wgmma and token_tiles == 2 and groups_per_tile == 1
-    return (biased or wgmma_16) and not offsets
+    wgmma_16 = spec.wgmma and spec.bits == 4 and spec.token_tiles == 2 and spec.groups_per_tile == 1
+    return (spec.biased or wgmma_16) and not spec.offsets
 
 
 def default_warps(n: int, token_tiles: int, groups_per_tile: int, biased_on_hopper: bool) -> int:

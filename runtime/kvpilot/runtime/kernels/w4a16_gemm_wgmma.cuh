@@ -138,12 +138,6 @@ __device__ __forceinline__ void mma_stage_wgmma(float (&acc)[2][NT][4], const ch
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #if SCALE_AFTER
-#pragma unroll
-    for (int c = 0; c < 2; ++c)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)  // e: (token 2t | 2t + 1) x (row g | g + 8)
-                acc[c][nt][e] = fmaf(bf16_half(s[e >> 1][c], 0), t[c][nt][e], acc[c][nt][e]);
+    add_scaled(acc, t, s);
 #endif
 }
