@@ -1,5 +1,6 @@
-// w4a16_gemm.cu's K tile for BIASED builds, included where read_words, read_x, group_words, mma_bf16, ONES
-// and the stage layout are defined.
+// w4a16_gemm.cu's K tile for BIASED builds that keep x sums (the dispatch: those with OFFSETS; without them
+// SCALE_AFTER's mma_stage runs, one FMA a pair and no ones-mma), included where read_words, read_x,
+// group_words, mma_bf16, ONES and the stage layout are defined.
 #pragma once
 
 // BIASED builds (few token tiles): the A pairs go to the mmas as the lop3 makes them, bf16 (128 + q, 128 + q'),

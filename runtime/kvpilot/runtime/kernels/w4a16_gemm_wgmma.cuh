@@ -98,8 +98,8 @@ __device__ __forceinline__ void wgmma_tokens<16>(float (&d)[16][4], const u32 (&
 // dequantized into registers of their own (the wgmmas read them asynchronously until the wait), then its two
 // wgmmas are issued; one wait at the tile's end frees the registers and the stage (WGMMA_WAIT_STEPS: earlier
 // waits free the registers of all but the last steps issued, so fewer are live at once).
-// SCALE_AFTER (16 tokens a CTA, one group a tile, no offsets): the A pairs are q - z exactly (one bf16x2 FMA,
-// as w4a16_gemm_biased.cuh's), the tile's wgmmas sum into t, and after the tile's wait acc += s t in fp32.
+// SCALE_AFTER (16 tokens a CTA, one group a tile, no offsets): the A pairs are q - z exactly (unscaled_step,
+// one bf16x2 FMA), the tile's wgmmas sum into t, and after the tile's wait acc += s t in fp32.
 __device__ __forceinline__ void mma_stage_wgmma(float (&acc)[2][NT][4], const char* stage, const char* x, int warp,
                                                 int lane) {
     const int g = lane >> 2;
