@@ -7,7 +7,8 @@ the source text (a diagnostic only; their outputs are wrong by design):
   noreduce   each K slice stores its own sums (no cluster barrier, no distributed shared memory)
   nowait     no griddepcontrol.wait (the bench's x never changes): the time without the dependency
   nox        no x tile is copied (the mmas read whatever the stage holds): the time without x's L2 reads
-  noxs       the biased builds' x sums skip their ones-mma (what sums taken from the stage would save)
+  noxs       the biased builds' x sums skip their ones-mma (with --variant after=0: the dispatch's biased
+             builds take no x sums since the twenty-sixth session)
   halfx      only even column blocks copy x: half of x's L2 reads, each CTA that copies as before (what x
              multicast to a pair of column blocks would read)
   releasemeet  the cluster's last meeting with a release arrive, as before the thirteenth session

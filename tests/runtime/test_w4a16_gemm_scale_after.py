@@ -1,7 +1,7 @@
 """w4a16_gemm.cu's SCALE_AFTER builds (GemmSpec.scale_after): int4 builds whose mmas take q - z exactly and
 whose group sums are scaled in fp32 (biased builds, without x sums; WGMMA builds at 16 tokens a CTA, with one
-FMA a pair in place of two). The rule and the sm_90 build on CPU (offline); the
-GEMM against the exact reference and the x-sum build on the GPU (marked gpu)."""
+FMA a pair in place of two). The rule and the sm_90 build on CPU (offline); the GEMM against the exact
+reference and the x-sum build on the GPU (marked gpu)."""
 
 from __future__ import annotations
 
