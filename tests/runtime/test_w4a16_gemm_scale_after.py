@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -40,6 +41,31 @@ def test_biased_builds_and_16_token_wgmma_builds_without_offsets_scale_after() -
     assert after(16, wgmma_from=2)  # 16-token WGMMA CTAs in one group a tile
     assert not after(16, wgmma_from=2, group=32)
     assert not after(16, wgmma_from=2, bits=8)  # its pairs are int4's
+
+
+QWEN3_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
+
+
+@pytest.mark.parametrize("m", [9, 12, 16])
+def test_9_to_16_tokens_take_16_token_wgmma_ctas_where_k_slices_are_long(m: int) -> None:
+    def plan(layer: str, group: int = 128, **kw: Any) -> GemmSpec:
+        n, k = QWEN3_8B[layer]
+        return launch_for(m, n, k, group, 132, True, **{"wgmma_from": 3, **kw}).spec
+
+    # gate_up: 2 K slices of 16 tiles, down: 8 of 12; qkv and o slices of 4-6 tiles keep the biased build
+    for layer in ("gate_up", "down"):
+        spec = plan(layer)
+        assert spec.wgmma and spec.scale_after and spec.token_tiles == 2 and not spec.biased, layer
+    for layer in ("qkv", "o"):
+        spec = plan(layer)
+        assert spec.biased and spec.scale_after and not spec.wgmma, layer
+    # only where the measured build applies: not groups of 32, offsets, int8, x-sum builds or mma.sync GPUs
+    assert plan("gate_up", group=32).biased
+    assert plan("down", offsets=True).biased
+    assert not plan("down", bits=8).wgmma
+    assert plan("gate_up", scale_after=False).biased
+    assert not plan("gate_up", wgmma_from=0).wgmma
+    assert plan("down", group=12288).wgmma  # per channel: one group of all K rows
 
 
 @pytest.mark.parametrize(("nt", "per_tile", "warps"), [(1, 1, 4), (2, 1, 8), (2, 4, 4), (1, 2, 4)])
@@ -112,6 +138,29 @@ def test_the_16_token_wgmma_build_matches_the_exact_reference(
     plan = launch_for(m, n, k, k if group == -1 else group, sms(), True, wgmma_from=2, scale_after=True)
     assert plan.spec.wgmma and plan.spec.scale_after and plan.spec.token_tiles == 2
     exact = reference_gemm(x, qweight, scales, zeros, biased=True)
+    biased = launch_for(m, n, k, k if group == -1 else group, sms(), True, scale_after=True)  # mma.sync
+    assert biased.spec.biased and biased.spec.scale_after and not biased.spec.wgmma
     for slices in (1, 4):
         out = w4a16_gemm(x, qweight, scales, zeros, sms(), plan.sliced(slices)).float()
         torch.testing.assert_close(out, exact, atol=1e-2, rtol=1e-2)
+        other = w4a16_gemm(x, qweight, scales, zeros, sms(), biased.sliced(slices)).float()
+        torch.testing.assert_close(out, other, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [9, 16])
+@pytest.mark.parametrize(("n", "k"), [(1024, 12288), (12288, 4096)])  # 8 slices of 12 tiles, 3 of 10
+def test_the_dispatch_takes_16_token_wgmma_ctas_where_k_slices_are_long(m: int, n: int, k: int) -> None:
+    from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("warpgroup mmas are sm_90a's")
+    x, qweight, scales, zeros = int4_case(m, n, k, 128, False, seed=m + k)
+    assert launch_for(m, n, k, 128, sms(), True, wgmma_from=3).spec.wgmma
+    out = w4a16_gemm(x, qweight, scales, zeros, sms())  # the dispatch's launch
+    exact = reference_gemm(x, qweight, scales, zeros, biased=True)
+    torch.testing.assert_close(out.float(), exact, atol=1e-2, rtol=1e-2)
+    biased = launch_for(m, n, k, 128, sms(), True)  # mma.sync only
+    assert biased.spec.biased
+    other = w4a16_gemm(x, qweight, scales, zeros, sms(), biased)
+    torch.testing.assert_close(out.float(), other.float(), atol=1e-2, rtol=1e-2)

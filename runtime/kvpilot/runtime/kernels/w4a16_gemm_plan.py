@@ -68,6 +68,12 @@ DEEP_MIN_SLICES = 4
 # tokens gate_up and down gained, o lost 0.3 (8.5 against 8.2); at 12-16 tokens 16-token CTAs lost to the
 # biased mma.sync builds (qkv 13.8-14.1 against 8.9-9.1).
 WGMMA_FIRST_TOKEN_TILES = 3
+# 9-16 tokens take 16-token WGMMA CTAs with GemmSpec.scale_after where K slices are at least this many tiles
+# long (long_slice_wgmma): the tensor cores' gain over mma.sync grows with the K loop, their fixed cost does
+# not. H100, µs at 12 / 16 tokens against the biased mma.sync build, same call (twenty-seventh session):
+# gate_up (2 slices of 16 tiles) 22.7 / 22.7 -> 21.9 / 21.9, down (8 of 12) 16.4 / 16.6 -> 16.0 / 16.2; qkv
+# (6 of 5-6) 9.4 / 9.6 -> 9.5 / 9.6 and o (8 of 4) 7.0 / 7.1 -> 7.3 / 7.4 keep mma.sync.
+WGMMA_16_SLICE_TILES = 8
 WGMMA_TOKEN_TILES = (2, 4, 8, 16)
 # 128 tokens a CTA (m64n128k16: 128 fp32 sums a thread, 236 registers) where max_token_tiles asks for it:
 # the sweep's (tt=16), not dispatched. H100, seventeenth session, µs at 512 / 1024 tokens against 64-token
@@ -193,14 +199,17 @@ def launch_for(
     portable cluster, each slice at least MIN_SLICE_TILES tiles; an int4 long K at 33-64 tokens: slices of
     LONG_K_SLICE_TILES, up to 16). held (the GPU's cluster occupancy; None: not asked) lets 25-64 tokens
     take deep_split's build. wgmma_from (> 0 on sm_90, which has warpgroup mmas; the dispatch passes
-    WGMMA_FIRST_TOKEN_TILES): from that many token tiles, CTAs of 16, 32 or 64 tokens take the WGMMA build.
+    WGMMA_FIRST_TOKEN_TILES): from that many token tiles, CTAs of 16, 32 or 64 tokens take the WGMMA build,
+    and at 9-16 tokens where long_slice_wgmma says.
     offsets: the weight has per-group offsets (GemmSpec.offsets). bits: 4, or 8 (never biased; its 64-token
     WGMMA CTAs wait as int8_wait_steps says; a long K splits within a portable cluster). scale_after:
     the builds unscaled_mmas allows take GemmSpec.scale_after."""
     blocks_m = -(-m // (8 * max_token_tiles))
     token_tiles = real_tiles = -(-m // (8 * blocks_m))
     wide_m = max_token_tiles in (MAX_TOKEN_TILES, WGMMA_MAX_TOKEN_TILES)
-    wgmma = 0 < wgmma_from <= token_tiles and warps % 4 == 0 and wide_m
+    ctas = sms * ctas_per_sm
+    wgmma_16 = token_tiles == 2 and long_slice_wgmma(n, k, group, ctas, offsets, bits, scale_after)
+    wgmma = wgmma_from > 0 and (wgmma_from <= token_tiles or wgmma_16) and warps % 4 == 0 and wide_m
     if wgmma:
         token_tiles = next(tiles for tiles in WGMMA_TOKEN_TILES if tiles >= token_tiles)
     elif token_tiles > MAX_TOKEN_TILES:
@@ -210,7 +219,7 @@ def launch_for(
     warps = warps or default_warps(n, token_tiles, groups_per_tile, biased and hopper)
     tiles, blocks = k // TILE, (n // (COLS_PER_WARP * warps)) * blocks_m
     long_k = tiles >= LONG_K_TILES and token_tiles > 4 and blocks_m == 1 and bits == 4
-    slices = k_slices(blocks, tiles, sms * ctas_per_sm, long_k) if hopper else 1
+    slices = k_slices(blocks, tiles, ctas, long_k) if hopper else 1
     budget_stages = not stages
     if budget_stages:
         budget = STAGE_BUDGET - (WGMMA_PAD if wgmma else 0)
@@ -228,6 +237,18 @@ def launch_for(
     if hopper and held is not None and budget_stages:
         return occupancy_launch(plan, blocks, tiles, real_tiles, held)
     return plan
+
+
+def long_slice_wgmma(
+    n: int, k: int, group: int, ctas: float, offsets: bool, bits: int, scale_after: bool
+) -> bool:
+    """Whether 9-16 tokens take 16-token WGMMA CTAs (where warpgroup mmas are asked for at all): int4 in one
+    group a tile or more, without offsets, with scale_after (the builds measured), where a K slice of that
+    launch (4 warps, k_slices until ~ctas CTAs) is at least WGMMA_16_SLICE_TILES long."""
+    if not scale_after or offsets or bits != 4 or group in SMALL_GROUPS:
+        return False
+    tiles = k // TILE
+    return tiles // k_slices(n // (COLS_PER_WARP * WARPS), tiles, ctas, False) >= WGMMA_16_SLICE_TILES
 
 
 def unscaled_mmas(spec: GemmSpec) -> bool:
