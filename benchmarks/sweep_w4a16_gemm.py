@@ -6,12 +6,12 @@ pairs joined by commas, each defaulting to launch_for's ("stages=0" is launch_fo
 columns each), stages, ctas (K slices until ~ctas CTAs per SM) or slices (exactly), tt (token tiles of 8 per
 CTA at most), biased (token tiles of 8 up to which the mmas take 128 + q; 0: never), deep (0: not deep_split's
 extra stage at 25-64 tokens, which asks the GPU how many clusters it holds), wgmma (warpgroup mmas from this
-many token tiles, and at 9-16 tokens where long_slice_wgmma says; 0: mma.sync only; default the dispatch's),
-wait (GemmSpec.wait_steps: 2, 4, or 0; default the dispatch's), after (1: the builds unscaled_mmas allows take
-GemmSpec.scale_after; 0: x sums or dequantized pairs; default the dispatch's). Each cell ends with its
-launch's clusters against those held at once. --group 32 / 64 quantizes the weight in groups of that many K
-rows (default 128); --bits 8 times the int8 builds (symmetric; --group -1: one scale per output channel),
-their before the engine's dispatch without the CUDA kernels.
+many token tiles, and at 9-16 tokens where sixteen_token_wgmma says; 0: mma.sync only; default the
+dispatch's), wait (GemmSpec.wait_steps: 2, 4, or 0; default the dispatch's), after (1: the builds
+unscaled_mmas allows take GemmSpec.scale_after; 0: x sums or dequantized pairs; default the dispatch's). Each
+cell ends with its launch's clusters against those held at once. --group 32 / 64 quantizes the weight in
+groups of that many K rows (default 128); --bits 8 times the int8 builds (symmetric; --group -1: one scale per
+output channel), their before the engine's dispatch without the CUDA kernels.
 
 source benchmarks/gpu_env.sh && python benchmarks/sweep_w4a16_gemm.py --ms 32 64 --variants warps=4 warps=8
 """

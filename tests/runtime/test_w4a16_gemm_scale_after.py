@@ -47,18 +47,18 @@ QWEN3_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "d
 
 
 @pytest.mark.parametrize("m", [9, 12, 16])
-def test_9_to_16_tokens_take_16_token_wgmma_ctas_where_k_slices_are_long(m: int) -> None:
+def test_9_to_16_tokens_take_16_token_wgmma_ctas_where_k_slices_are_long_or_the_output_wide(m: int) -> None:
     def plan(layer: str, group: int = 128, **kw: Any) -> GemmSpec:
         n, k = QWEN3_8B[layer]
         return launch_for(m, n, k, group, 132, True, **{"wgmma_from": 3, **kw}).spec
 
-    # gate_up: 2 K slices of 16 tiles, down: 8 of 12; qkv and o slices of 4-6 tiles keep the biased build
-    for layer in ("gate_up", "down"):
+    # gate_up: 2 K slices of 16 tiles, down: 8 of 12 (4 warps); qkv: 8 warps, as its biased build
+    for layer, warps in (("gate_up", 4), ("down", 4), ("qkv", 8)):
         spec = plan(layer)
-        assert spec.wgmma and spec.scale_after and spec.token_tiles == 2 and not spec.biased, layer
-    for layer in ("qkv", "o"):
-        spec = plan(layer)
-        assert spec.biased and spec.scale_after and not spec.wgmma, layer
+        assert spec.wgmma and spec.scale_after and spec.token_tiles == 2 and spec.warps == warps, layer
+        assert not spec.biased and spec.stages == 5 - 2 * (warps == 8), layer  # 2 CTAs an SM in 8 warps
+    spec = plan("o")  # 8 slices of 4 tiles in 4 warps: the biased build
+    assert spec.biased and spec.scale_after and not spec.wgmma
     # only where the measured build applies: not groups of 32, offsets, int8, x-sum builds or mma.sync GPUs
     assert plan("gate_up", group=32).biased
     assert plan("down", offsets=True).biased
@@ -66,6 +66,13 @@ def test_9_to_16_tokens_take_16_token_wgmma_ctas_where_k_slices_are_long(m: int)
     assert plan("gate_up", scale_after=False).biased
     assert not plan("gate_up", wgmma_from=0).wgmma
     assert plan("down", group=12288).wgmma  # per channel: one group of all K rows
+
+
+def test_the_8_warp_16_token_wgmma_build_fits_2_ctas_an_sm(tmp_path: Path) -> None:
+    spec = launch_for(16, 6144, 4096, 128, 132, True, wgmma_from=3).spec
+    assert spec.warps == 8 and spec.wgmma and spec.scale_after
+    registers, spills, report = sm90_resources(ptx(SOURCE, spec.macros(), arch="90a"), tmp_path, arch="90a")
+    assert spills == 0 and registers <= 128, report  # 256 threads x 128 registers: 2 CTAs an SM
 
 
 @pytest.mark.parametrize(("nt", "per_tile", "warps"), [(1, 1, 4), (2, 1, 8), (2, 4, 4), (1, 2, 4)])
@@ -149,8 +156,11 @@ def test_the_16_token_wgmma_build_matches_the_exact_reference(
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [9, 16])
-@pytest.mark.parametrize(("n", "k"), [(1024, 12288), (12288, 4096)])  # 8 slices of 12 tiles, 3 of 10
-def test_the_dispatch_takes_16_token_wgmma_ctas_where_k_slices_are_long(m: int, n: int, k: int) -> None:
+# 8 slices of 12 tiles, 3 of 10, 8 warps (qkv's width)
+@pytest.mark.parametrize(("n", "k"), [(1024, 12288), (12288, 4096), (6144, 4096)])
+def test_the_dispatch_takes_16_token_wgmma_ctas_where_k_slices_are_long_or_the_output_wide(
+    m: int, n: int, k: int
+) -> None:
     from kvpilot.runtime.kernels.w4a16_gemm_cuda import w4a16_gemm
 
     if torch.cuda.get_device_capability() != (9, 0):

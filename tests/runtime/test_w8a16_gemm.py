@@ -35,7 +35,8 @@ def test_int8_builds_stage_twice_the_words_and_never_bias() -> None:
         plan = launch_for(m, 6144, 4096, 4096, 132, True, wgmma_from=3, bits=8)
         assert plan.spec.bits == 8 and not plan.spec.biased and plan.spec.macros()["BITS"] == 8
         int4 = launch_for(m, 6144, 4096, 128, 132, True, wgmma_from=3)
-        assert plan.spec.wgmma == int4.spec.wgmma  # the same token rule
+        assert plan.spec.wgmma == (m > 16)  # warpgroup mmas from 17 tokens
+        assert int4.spec.wgmma == (m > 8)  # int4 also at 9-16 tokens (sixteen_token_wgmma: 8 warps)
     words = stage_bytes(4, 1, bits=8) - stage_bytes(4, 1, bits=4)
     assert words == 128 * 64  # 128 columns x 128 K rows x 4 bits more
     assert launch_for(1, 6144, 4096, 4096, 132, True, bits=8).spec.stages == 3  # 21 KB a stage in 75 KB

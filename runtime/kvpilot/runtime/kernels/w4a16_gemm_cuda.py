@@ -1,7 +1,7 @@
 """Host side of w4a16_gemm.cu: the int4 / int8 weight-only GEMM on mma.sync (CUDA sm_80+, bf16; dispatched
 on sm_90 at 5-384 tokens, from 3 below a long K, from 1 for groups of 32 or 64 rows and for int8, see
 preferred), from 17 tokens on sm_90 on warpgroup mmas (WGMMA_FIRST_TOKEN_TILES), and at 9-16 tokens where
-K slices are long (long_slice_wgmma).
+K slices are long or the output wide (sixteen_token_wgmma).
 
 Compiled at run time by NVRTC (nvrtc.py), once per GemmSpec, launched on the current stream (CUDA-graph
 capturable once compiled). The weight stays in the canonical layout of quant_reference.py, so every int4

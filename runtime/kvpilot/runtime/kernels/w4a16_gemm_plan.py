@@ -68,11 +68,14 @@ DEEP_MIN_SLICES = 4
 # tokens gate_up and down gained, o lost 0.3 (8.5 against 8.2); at 12-16 tokens 16-token CTAs lost to the
 # biased mma.sync builds (qkv 13.8-14.1 against 8.9-9.1).
 WGMMA_FIRST_TOKEN_TILES = 3
-# 9-16 tokens take 16-token WGMMA CTAs with GemmSpec.scale_after where K slices are at least this many tiles
-# long (long_slice_wgmma): the tensor cores' gain over mma.sync grows with the K loop, their fixed cost does
-# not. H100, µs at 12 / 16 tokens against the biased mma.sync build, same call (twenty-seventh session):
-# gate_up (2 slices of 16 tiles) 22.7 / 22.7 -> 21.9 / 21.9, down (8 of 12) 16.4 / 16.6 -> 16.0 / 16.2; qkv
-# (6 of 5-6) 9.4 / 9.6 -> 9.5 / 9.6 and o (8 of 4) 7.0 / 7.1 -> 7.3 / 7.4 keep mma.sync.
+# 9-16 tokens take 16-token WGMMA CTAs with GemmSpec.scale_after (sixteen_token_wgmma) where K slices are
+# at least this many tiles long (the tensor cores' gain over mma.sync grows with the K loop, their fixed cost
+# does not) or where the output takes WIDE_WARPS. H100, µs at 9 / 12 / 16 tokens against the biased mma.sync
+# build, same call, two rounds alike (twenty-seventh session): gate_up (2 slices of 16 tiles) 22.6 / 22.6 /
+# 22.5 -> 21.8 / 21.9 / 21.9, down (8 of 12) 16.4 / 16.5 / 16.5 -> 15.9 / 16.0 / 16.2, qkv in 8 warps (8 of
+# 4) 9.1 / 9.2 / 9.5 -> 8.8 / 8.9 / 9.2 (in 4 warps and 6 slices 9.5 / 9.6 at 12 / 16: a tie). o
+# (4 warps, 8 slices of 4) lost: 7.0 / 7.1 -> 7.3 / 7.4 at 12 / 16, in 8 warps 9.0 at 16; so did 5-8 tokens
+# padded to 16 (gate_up 20.2 -> 21.4, down 14.7 -> 15.7-15.9, qkv 8.1-8.2 -> 8.7-8.8 in 8 warps).
 WGMMA_16_SLICE_TILES = 8
 WGMMA_TOKEN_TILES = (2, 4, 8, 16)
 # 128 tokens a CTA (m64n128k16: 128 fp32 sums a thread, 236 registers) where max_token_tiles asks for it:
@@ -200,7 +203,7 @@ def launch_for(
     LONG_K_SLICE_TILES, up to 16). held (the GPU's cluster occupancy; None: not asked) lets 25-64 tokens
     take deep_split's build. wgmma_from (> 0 on sm_90, which has warpgroup mmas; the dispatch passes
     WGMMA_FIRST_TOKEN_TILES): from that many token tiles, CTAs of 16, 32 or 64 tokens take the WGMMA build,
-    and at 9-16 tokens where long_slice_wgmma says.
+    and at 9-16 tokens where sixteen_token_wgmma says.
     offsets: the weight has per-group offsets (GemmSpec.offsets). bits: 4, or 8 (never biased; its 64-token
     WGMMA CTAs wait as int8_wait_steps says; a long K splits within a portable cluster). scale_after:
     the builds unscaled_mmas allows take GemmSpec.scale_after."""
@@ -208,7 +211,7 @@ def launch_for(
     token_tiles = real_tiles = -(-m // (8 * blocks_m))
     wide_m = max_token_tiles in (MAX_TOKEN_TILES, WGMMA_MAX_TOKEN_TILES)
     ctas = sms * ctas_per_sm
-    wgmma_16 = token_tiles == 2 and long_slice_wgmma(n, k, group, ctas, offsets, bits, scale_after)
+    wgmma_16 = token_tiles == 2 and sixteen_token_wgmma(n, k, group, ctas, offsets, bits, scale_after)
     wgmma = wgmma_from > 0 and (wgmma_from <= token_tiles or wgmma_16) and warps % 4 == 0 and wide_m
     if wgmma:
         token_tiles = next(tiles for tiles in WGMMA_TOKEN_TILES if tiles >= token_tiles)
@@ -216,7 +219,8 @@ def launch_for(
         raise ValueError(f"{token_tiles} token tiles a CTA: mma.sync builds take at most {MAX_TOKEN_TILES}")
     biased = token_tiles <= biased_max_token_tiles and not wgmma and bits == 4
     groups_per_tile = TILE // group if group in SMALL_GROUPS else 1
-    warps = warps or default_warps(n, token_tiles, groups_per_tile, biased and hopper)
+    wide_ok = (biased or (wgmma and token_tiles == 2)) and hopper
+    warps = warps or default_warps(n, token_tiles, groups_per_tile, wide_ok)
     tiles, blocks = k // TILE, (n // (COLS_PER_WARP * warps)) * blocks_m
     long_k = tiles >= LONG_K_TILES and token_tiles > 4 and blocks_m == 1 and bits == 4
     slices = k_slices(blocks, tiles, ctas, long_k) if hopper else 1
@@ -239,16 +243,18 @@ def launch_for(
     return plan
 
 
-def long_slice_wgmma(
+def sixteen_token_wgmma(
     n: int, k: int, group: int, ctas: float, offsets: bool, bits: int, scale_after: bool
 ) -> bool:
     """Whether 9-16 tokens take 16-token WGMMA CTAs (where warpgroup mmas are asked for at all): int4 in one
-    group a tile or more, without offsets, with scale_after (the builds measured), where a K slice of that
-    launch (4 warps, k_slices until ~ctas CTAs) is at least WGMMA_16_SLICE_TILES long."""
+    group a tile or more, without offsets, with scale_after (the builds measured), where the output takes
+    WIDE_WARPS or a K slice of the 4-warp launch (k_slices until ~ctas CTAs) is at least
+    WGMMA_16_SLICE_TILES long."""
     if not scale_after or offsets or bits != 4 or group in SMALL_GROUPS:
         return False
     tiles = k // TILE
-    return tiles // k_slices(n // (COLS_PER_WARP * WARPS), tiles, ctas, False) >= WGMMA_16_SLICE_TILES
+    long_slices = tiles // k_slices(n // (COLS_PER_WARP * WARPS), tiles, ctas, False) >= WGMMA_16_SLICE_TILES
+    return long_slices or default_warps(n, 2, 1, True) == WIDE_WARPS
 
 
 def unscaled_mmas(spec: GemmSpec) -> bool:
@@ -259,15 +265,15 @@ def unscaled_mmas(spec: GemmSpec) -> bool:
     return (spec.biased or wgmma_16) and not spec.offsets
 
 
-def default_warps(n: int, token_tiles: int, groups_per_tile: int, biased_on_hopper: bool) -> int:
-    """WIDE_WARPS for WIDE_BLOCKS in the biased builds on sm_90 (whose 256 columns a CTA must tile N), else
-    WARPS."""
+def default_warps(n: int, token_tiles: int, groups_per_tile: int, wide_ok: bool) -> int:
+    """WIDE_WARPS for WIDE_BLOCKS where wide_ok (on sm_90, the biased builds and 16-token WGMMA CTAs), whose
+    256 columns a CTA must tile N; else WARPS."""
     whole = n % (COLS_PER_WARP * WIDE_WARPS) == 0
     wide = whole and WIDE_BLOCKS[0] <= n // (COLS_PER_WARP * WARPS) <= WIDE_BLOCKS[1]
     # 8 warps at 9-16 tokens with groups of 64 / 32 take 132 / 150 registers: one CTA an SM (qkv at 16
     # tokens, group 32: 15.5 us against 9.6 at group 128, H100)
     fits = groups_per_tile == 1 or token_tiles == 1
-    return WIDE_WARPS if wide and biased_on_hopper and fits else WARPS
+    return WIDE_WARPS if wide and wide_ok and fits else WARPS
 
 
 def k_slices(blocks: int, tiles: int, ctas: float, long_k: bool) -> int:
