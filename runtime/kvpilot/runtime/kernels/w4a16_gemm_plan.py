@@ -197,7 +197,7 @@ def launch_for(
     scale_after: bool = SCALE_AFTER,
 ) -> GemmLaunch:
     """Token tiles to cover M (at most 64 tokens per CTA; balanced over the token blocks), the warps (0:
-    WARPS, or WIDE_WARPS for WIDE_BLOCKS at the biased builds' token counts), the stages that fit
+    WARPS, or WIDE_WARPS for WIDE_BLOCKS in the biased builds and 16-token WGMMA CTAs), the stages that fit
     STAGE_BUDGET (stages 0), then on sm_90 K slices until the CTAs number ~ctas_per_sm per SM (at most a
     portable cluster, each slice at least MIN_SLICE_TILES tiles; an int4 long K at 33-64 tokens: slices of
     LONG_K_SLICE_TILES, up to 16). held (the GPU's cluster occupancy; None: not asked) lets 25-64 tokens
@@ -211,8 +211,11 @@ def launch_for(
     token_tiles = real_tiles = -(-m // (8 * blocks_m))
     wide_m = max_token_tiles in (MAX_TOKEN_TILES, WGMMA_MAX_TOKEN_TILES)
     ctas = sms * ctas_per_sm
-    wgmma_16 = token_tiles == 2 and sixteen_token_wgmma(n, k, group, ctas, offsets, bits, scale_after)
-    wgmma = wgmma_from > 0 and (wgmma_from <= token_tiles or wgmma_16) and warps % 4 == 0 and wide_m
+    asked = wgmma_from > 0 and warps % 4 == 0 and wide_m
+    wgmma = asked and (
+        wgmma_from <= token_tiles
+        or (token_tiles == 2 and sixteen_token_wgmma(n, k, group, ctas, offsets, bits, scale_after))
+    )
     if wgmma:
         token_tiles = next(tiles for tiles in WGMMA_TOKEN_TILES if tiles >= token_tiles)
     elif token_tiles > MAX_TOKEN_TILES:
